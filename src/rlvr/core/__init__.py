@@ -1,0 +1,30 @@
+"""Pure tensor math of policy-gradient RL: no models, no I/O."""
+
+from rlvr.core.advantages import DELTA_MODES, compute_deltas
+from rlvr.core.kl import KL_ESTIMATORS, kl_penalty
+from rlvr.core.losses import (
+    AGGREGATIONS,
+    LOSS_MODES,
+    aggregate_loss,
+    aggregation_weights,
+    policy_loss,
+    weighted_sum,
+)
+from rlvr.core.masked import entropy_from_logits, masked_mean, masked_normalize, masked_sum
+
+__all__ = [
+    "AGGREGATIONS",
+    "DELTA_MODES",
+    "KL_ESTIMATORS",
+    "LOSS_MODES",
+    "aggregate_loss",
+    "aggregation_weights",
+    "compute_deltas",
+    "entropy_from_logits",
+    "kl_penalty",
+    "masked_mean",
+    "masked_normalize",
+    "masked_sum",
+    "policy_loss",
+    "weighted_sum",
+]

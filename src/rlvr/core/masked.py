@@ -1,0 +1,49 @@
+"""Masked reductions over response tokens.
+
+``mask`` is True (or 1) on the entries that count, e.g. real response tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Sum of ``x`` where ``mask`` is set: ``sum(x * mask)`` over ``dim`` (all dims if None).
+
+    x, mask: same shape (mask broadcastable to x).
+    """
+    masked = torch.where(mask.bool(), x, torch.zeros_like(x))
+    return masked.sum() if dim is None else masked.sum(dim=dim)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Mean of ``x`` over the masked entries: ``sum(x * mask) / sum(mask)``.
+
+    A row with no masked entry has mean 0 (not NaN): it contributes nothing.
+    x, mask: same shape (mask broadcastable to x).
+    """
+    mask = mask.bool().expand_as(x)
+    count = mask.sum() if dim is None else mask.sum(dim=dim)
+    total = masked_sum(x, mask, dim)
+    return total / count.clamp(min=1).to(total.dtype)
+
+
+def masked_normalize(
+    x: torch.Tensor, mask: torch.Tensor, normalizer: float, dim: int | None = None
+) -> torch.Tensor:
+    """Masked sum divided by a constant: ``sum(x * mask) / normalizer`` (Dr. GRPO's form)."""
+    if normalizer <= 0:
+        raise ValueError(f"normalizer must be positive, got {normalizer}")
+    return masked_sum(x, mask, dim) / normalizer
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy ``-sum_v p_v log p_v`` over the last axis; logits [..., V] -> [...].
+
+    Computed as ``logsumexp(z) - sum softmax(z) * z``, finite for extreme logits.
+    """
+    logits = logits.float()
+    log_z = torch.logsumexp(logits, dim=-1)
+    probs = torch.softmax(logits, dim=-1)
+    return log_z - (probs * logits).sum(dim=-1)

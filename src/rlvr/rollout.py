@@ -1,0 +1,94 @@
+"""The batch that flows through one epoch, and the interfaces that produce it.
+
+Shapes: B prompts, G responses per prompt (the group), N = B*G responses (row
+``b * G + g`` is response g of prompt b), P prompt tokens, T response tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+
+@dataclass
+class Samples:
+    """What a policy returns from sampling G responses for each of B prompts.
+
+    responses:        the responses in the task's own form, grouped by prompt (the
+                      sorting task: LongTensor [B, G, n]; text tasks: list of B lists of
+                      G strings). Rewards are computed from these.
+    response_ids:     [N, T] long, the sampled tokens (padding where the mask is False)
+    response_mask:    [N, T] bool, True on real response tokens (EOS included)
+    prompt_ids:       [N, P] long, each response's prompt (left-padded for LMs)
+    prompt_mask:      [N, P] bool, True on real prompt tokens
+    sample_log_probs: [N, T] log-probs recorded while sampling, or None. At the
+                      training temperature they are the old policy's log-probs.
+    """
+
+    responses: Any
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    sample_log_probs: torch.Tensor | None = None
+
+    @property
+    def num_responses(self) -> int:
+        return self.response_ids.shape[0]
+
+    def rows(self, index: torch.Tensor) -> "Samples":
+        """The responses at ``index`` [n] (token tensors only; ``responses`` is dropped)."""
+        lp = None if self.sample_log_probs is None else self.sample_log_probs[index]
+        return Samples(
+            responses=None,
+            response_ids=self.response_ids[index],
+            response_mask=self.response_mask[index],
+            prompt_ids=self.prompt_ids[index],
+            prompt_mask=self.prompt_mask[index],
+            sample_log_probs=lp,
+        )
+
+
+class Policy(Protocol):
+    """Something that samples responses and scores their log-probs.
+
+    ``module`` is the torch module whose parameters the trainer optimises.
+    """
+
+    module: torch.nn.Module
+
+    def sample(
+        self, prompts: Any, group_size: int, temperature: float, generator: torch.Generator
+    ) -> Samples: ...
+
+    def log_probs(
+        self, samples: Samples, temperature: float, with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Per-token log pi(a_t | s_t) [n, T] of ``samples``' responses, and entropy [n, T]."""
+        ...
+
+    def greedy(self, prompts: Any) -> Any:
+        """One greedy (argmax) response per prompt, in the task's form grouped as G = 1."""
+        ...
+
+
+class Task(Protocol):
+    """A verifiable task: prompts, a reward and a gold check."""
+
+    def sample_prompts(self, num_prompts: int, generator: torch.Generator) -> Any:
+        """``num_prompts`` training prompts (same seed, same prompts)."""
+        ...
+
+    def eval_prompts(self) -> Any:
+        """The fixed held-out prompts."""
+        ...
+
+    def rewards(self, prompts: Any, responses: Any) -> torch.Tensor:
+        """Rewards [B, G] float; NaN where the reward abstains."""
+        ...
+
+    def is_correct(self, prompts: Any, responses: Any) -> torch.Tensor:
+        """Gold check [B, G] bool: is the response right?"""
+        ...
