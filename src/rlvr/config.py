@@ -1,0 +1,294 @@
+"""One typed config: dataclasses per concern, YAML in and out, ``key=value`` overrides.
+
+Validation names the bad field, its value and what is allowed, before any work is
+done. Defaults reproduce the lecture's sorting experiment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import warnings
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, get_args, get_origin, get_type_hints
+
+import yaml
+
+from rlvr.core import AGGREGATIONS, DELTA_MODES, KL_ESTIMATORS, LOSS_MODES
+from rlvr.tasks.sorting import LECTURE_PROMPTS, REWARDS
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message names the field."""
+
+
+@dataclass
+class TaskConfig:
+    name: str = field(default="sorting", metadata={"help": "task: sorting | sort_text | arithmetic | gsm8k"})
+    reward: str = field(default="inclusion_ordering", metadata={"help": "sorting reward: " + " | ".join(REWARDS)})
+    num_numbers: int = field(default=3, metadata={"help": "numbers per prompt (n)"})
+    vocab_size: int = field(default=5, metadata={"help": "numbers are drawn from range(vocab_size)"})
+    prompts: list | None = field(
+        default_factory=lambda: [list(p) for p in LECTURE_PROMPTS],
+        metadata={"help": "fixed prompts used every epoch and for evaluation; null to sample fresh ones"},
+    )
+    allow_repeats: bool = field(default=False, metadata={"help": "random prompts may repeat a number"})
+    prompts_per_epoch: int = field(default=3, metadata={"help": "B: prompts sampled per epoch (random prompts)"})
+    eval_size: int = field(default=64, metadata={"help": "held-out prompts (random prompts)"})
+    options: dict = field(default_factory=dict, metadata={"help": "task-specific options (text tasks)"})
+
+
+@dataclass
+class PolicyConfig:
+    name: str = field(default="positional", metadata={"help": "policy: positional | causal_lm"})
+    embedding_dim: int = field(default=10, metadata={"help": "positional model: embedding size D"})
+    temperature: float = field(default=1.0, metadata={"help": "sampling and scoring temperature"})
+    options: dict = field(default_factory=dict, metadata={"help": "policy-specific options (causal_lm)"})
+
+
+@dataclass
+class AlgoConfig:
+    epochs: int = field(default=100, metadata={"help": "outer loop: sample a batch of responses each epoch"})
+    inner_steps: int = field(default=10, metadata={"help": "optimizer steps on each epoch's responses"})
+    group_size: int = field(default=10, metadata={"help": "G: responses sampled per prompt"})
+    deltas: str = field(default="centered", metadata={"help": "delta mode: " + " | ".join(DELTA_MODES)})
+    loss: str = field(default="naive", metadata={"help": "loss: " + " | ".join(LOSS_MODES)})
+    clip_eps: float = field(default=0.2, metadata={"help": "clipped loss: lower clip range"})
+    clip_eps_high: float | None = field(default=None, metadata={"help": "clipped loss: upper range (default clip_eps)"})
+    aggregation: str = field(default="seq_mean_token_mean", metadata={"help": "loss aggregation: " + " | ".join(AGGREGATIONS)})
+    normalizer: float | None = field(default=None, metadata={"help": "seq_mean_token_sum divisor (default T)"})
+    kl_coef: float = field(default=0.0, metadata={"help": "KL penalty weight toward the reference (0: no reference)"})
+    kl_estimator: str = field(default="k3", metadata={"help": "KL estimator: " + " | ".join(KL_ESTIMATORS)})
+    ref_update_every: int = field(default=10, metadata={"help": "refresh the reference copy every K epochs"})
+    adv_eps: float = field(default=1e-6, metadata={"help": "normalized deltas: std + eps"})
+
+
+@dataclass
+class OptimConfig:
+    name: str = field(default="adam", metadata={"help": "optimizer: adam | adamw"})
+    lr: float = field(default=1e-3, metadata={"help": "learning rate"})
+    weight_decay: float = field(default=0.0, metadata={"help": "weight decay"})
+    betas: list = field(default_factory=lambda: [0.9, 0.999], metadata={"help": "Adam betas"})
+    max_grad_norm: float | None = field(default=None, metadata={"help": "clip the gradient norm (null: no clipping)"})
+    micro_batches: int = field(default=1, metadata={"help": "split each step's N responses into this many micro-batches"})
+
+
+@dataclass
+class LogConfig:
+    eval_every: int = field(default=10, metadata={"help": "evaluate the held-out prompts every k epochs"})
+    eval_samples: int = field(default=8, metadata={"help": "sampled responses per held-out prompt"})
+    progress: bool = field(default=True, metadata={"help": "show a progress bar"})
+    plot: bool = field(default=True, metadata={"help": "write plot.png into the run directory"})
+
+
+@dataclass
+class Config:
+    name: str = field(default="lecture", metadata={"help": "run name (runs/<name> by default)"})
+    out_dir: str | None = field(default=None, metadata={"help": "run directory (default runs/<name>)"})
+    seed: int = field(default=0, metadata={"help": "seed for prompts, sampling and initialisation"})
+    threads: int = field(default=1, metadata={"help": "torch CPU threads (0: torch's default)"})
+    task: TaskConfig = field(default_factory=TaskConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.out_dir) if self.out_dir else Path("runs") / self.name
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+# ---------------------------------------------------------------- building
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    return get_type_hints(cls)
+
+
+def _suggest(key: str, options: list[str]) -> str:
+    close = difflib.get_close_matches(key, options, n=1, cutoff=0.5)
+    return f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(options)}"
+
+
+def _coerce(path: str, value: Any, hint: Any) -> Any:
+    """Check ``value`` against the annotation ``hint``; ints are accepted for floats."""
+    origin, args = get_origin(hint), get_args(hint)
+    if args and type(None) in args:  # Optional[X]
+        if value is None:
+            return None
+        hint = next(a for a in args if a is not type(None))
+        origin, args = get_origin(hint), get_args(hint)
+    base = origin or hint
+    if base is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if base is bool and isinstance(value, bool):
+        return value
+    if base is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if base in (str, list, dict) and isinstance(value, base):
+        return value
+    name = getattr(base, "__name__", str(base))
+    raise ConfigError(f"{path}: expected {name}, got {value!r} ({type(value).__name__})")
+
+
+def _build(cls: type, data: dict, prefix: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {data!r}")
+    hints = _field_types(cls)
+    names = [f.name for f in fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if key not in names:
+            raise ConfigError(f"unknown key {path!r}{_suggest(key, names)}")
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            kwargs[key] = _build(hint, value or {}, path + ".")
+        else:
+            kwargs[key] = _coerce(path, value, hint)
+    return cls(**kwargs)
+
+
+def config_from_dict(data: dict) -> Config:
+    """A validated Config from a nested mapping (missing keys take the defaults)."""
+    config = _build(Config, data or {}, "")
+    validate(config)
+    return config
+
+
+def parse_overrides(overrides: list[str]) -> dict:
+    """``["algo.lr=1e-2", "task.prompts=null"]`` -> nested dict, values parsed as YAML."""
+    data: dict = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not key=value (e.g. algo.group_size=16)")
+        key, raw = item.split("=", 1)
+        value = yaml.safe_load(raw) if raw.strip() else ""
+        node = data
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {part!r} is not a section")
+        node[parts[-1]] = value
+    return data
+
+
+def merge(base: dict, update: dict) -> dict:
+    """Recursive dict merge: ``update`` wins; sections merge key by key."""
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and key not in ("options",):
+            out[key] = merge(out[key], value)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = {**out[key], **value}
+        else:
+            out[key] = value
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Defaults <- YAML file <- ``key=value`` overrides, then validation."""
+    data: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML: {err}") from err
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: expected a mapping at the top level")
+    if overrides:
+        data = merge(data, parse_overrides(overrides))
+    return config_from_dict(data)
+
+
+# ---------------------------------------------------------------- validation
+
+
+def _choice(path: str, value: str, allowed: tuple[str, ...] | list[str]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{path}={value!r} is not allowed; choose one of: {', '.join(allowed)}")
+
+
+def _positive(path: str, value: float, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ConfigError(f"{path}={value!r} must be {bound}")
+
+
+TASKS = ("sorting", "sort_text", "arithmetic", "gsm8k")
+POLICIES = ("positional", "causal_lm")
+OPTIMIZERS = ("adam", "adamw")
+
+
+def validate(config: Config) -> None:
+    """Reject configurations that cannot run; warn about ones that run but make no sense."""
+    t, p, a, o, lg = config.task, config.policy, config.algo, config.optim, config.log
+    _choice("task.name", t.name, TASKS)
+    _choice("policy.name", p.name, POLICIES)
+    _choice("algo.deltas", a.deltas, DELTA_MODES)
+    _choice("algo.loss", a.loss, LOSS_MODES)
+    _choice("algo.aggregation", a.aggregation, AGGREGATIONS)
+    _choice("algo.kl_estimator", a.kl_estimator, KL_ESTIMATORS)
+    _choice("optim.name", o.name, OPTIMIZERS)
+    if t.name == "sorting":
+        _choice("task.reward", t.reward, REWARDS)
+        if p.name != "positional":
+            raise ConfigError("task.name='sorting' needs policy.name='positional' (use sort_text for LMs)")
+        for key in ("num_numbers", "vocab_size", "prompts_per_epoch", "eval_size"):
+            _positive(f"task.{key}", getattr(t, key))
+        if t.num_numbers < 2:
+            raise ConfigError(f"task.num_numbers={t.num_numbers} must be >= 2 to sort")
+    elif p.name == "positional":
+        raise ConfigError(f"policy.name='positional' only fits task.name='sorting', not {t.name!r}")
+    for key in ("epochs", "inner_steps", "group_size", "ref_update_every"):
+        _positive(f"algo.{key}", getattr(a, key))
+    if a.group_size < 2 and a.deltas in ("centered", "normalized", "leave_one_out"):
+        raise ConfigError(
+            f"algo.group_size={a.group_size} with algo.deltas={a.deltas!r}: a group baseline needs G >= 2 "
+            "(every delta would be 0); use deltas=raw or a larger group"
+        )
+    _positive("policy.temperature", p.temperature)
+    _positive("optim.lr", o.lr)
+    _positive("optim.weight_decay", o.weight_decay, allow_zero=True)
+    _positive("algo.kl_coef", a.kl_coef, allow_zero=True)
+    _positive("algo.clip_eps", a.clip_eps)
+    if a.clip_eps >= 1:
+        raise ConfigError(f"algo.clip_eps={a.clip_eps} must be < 1 (the ratio is clipped to [1 - eps, ...])")
+    if a.clip_eps_high is not None:
+        _positive("algo.clip_eps_high", a.clip_eps_high)
+    if a.normalizer is not None:
+        _positive("algo.normalizer", a.normalizer)
+    if o.max_grad_norm is not None:
+        _positive("optim.max_grad_norm", o.max_grad_norm)
+    if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
+        raise ConfigError(f"optim.betas={o.betas!r} must be two numbers in [0, 1)")
+    _positive("optim.micro_batches", o.micro_batches)
+    _positive("log.eval_every", lg.eval_every)
+    _positive("log.eval_samples", lg.eval_samples)
+    if config.threads < 0:
+        raise ConfigError(f"threads={config.threads} must be >= 0")
+    if t.name == "sorting":
+        batch = len(t.prompts) if t.prompts is not None else t.prompts_per_epoch
+        n = batch * a.group_size
+        if n % o.micro_batches:
+            raise ConfigError(
+                f"optim.micro_batches={o.micro_batches} does not divide the {n} responses per epoch "
+                f"({batch} prompts x group_size {a.group_size})"
+            )
+    if a.loss in ("ratio", "clipped") and a.inner_steps == 1:
+        warnings.warn(
+            f"algo.loss={a.loss!r} with algo.inner_steps=1: the ratio pi/pi_old is always 1 at the only step, "
+            "so the loss equals the naive one",
+            stacklevel=2,
+        )

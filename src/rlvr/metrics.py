@@ -1,0 +1,103 @@
+"""Metric sinks (JSONL on disk, optional TensorBoard) and plots of a run."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Iterable
+
+Record = dict[str, Any]
+
+
+class JsonlSink:
+    """Appends one JSON object per record to ``path``, flushed line by line."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._file = self.path.open("a", encoding="utf-8")
+
+    def __call__(self, record: Record) -> None:
+        self._file.write(json.dumps(record, allow_nan=True) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_records(path: Path) -> list[Record]:
+    """Records from a ``metrics.jsonl`` file (or a run directory holding one)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"no metrics file at {path}")
+    records = []
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{number}: not a JSON record ({err.msg})") from err
+    return records
+
+
+def series(records: Iterable[Record], kind: str, key: str) -> tuple[list[float], list[float]]:
+    """(steps, values) of ``key`` over the records of ``kind`` that have it."""
+    xs, ys = [], []
+    for r in records:
+        if r.get("kind") == kind and key in r and r[key] is not None:
+            xs.append(r["step"])
+            ys.append(r[key])
+    return xs, ys
+
+
+def summary(records: list[Record]) -> dict[str, float]:
+    """Start and end of the headline numbers of a run."""
+    train = [r for r in records if r.get("kind") == "train"]
+    evals = [r for r in records if r.get("kind") == "eval"]
+    out: dict[str, float] = {}
+    if train:
+        out["reward_start"] = train[0]["reward_mean"]
+        out["reward_end"] = train[-1]["reward_mean"]
+        out["solve_rate_end"] = train[-1]["solve_rate"]
+        out["frac_zero_delta_groups_end"] = train[-1]["frac_zero_delta_groups"]
+    if evals:
+        out["eval_greedy_solve_rate"] = evals[-1]["greedy_solve_rate"]
+        out["eval_sampled_solve_rate"] = evals[-1]["sampled_solve_rate"]
+    return out
+
+
+PANELS = (("train", "loss", "train loss"), ("train", "reward_mean", "mean reward"), ("eval", "greedy_solve_rate", "held-out greedy solve rate"))
+
+
+def plot_runs(runs: dict[str, list[Record]], path: Path, title: str = "") -> Path:
+    """The lecture's two panels (train loss, mean reward vs step) plus held-out solve rate.
+
+    ``runs`` maps a label to its records; several runs are overlaid in each panel.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 3.8))
+    for ax, (kind, key, label) in zip(axes, PANELS):
+        for name, records in runs.items():
+            xs, ys = series(records, kind, key)
+            ys = [y if y is not None and math.isfinite(y) else float("nan") for y in ys]
+            ax.plot(xs, ys, label=name, marker="o" if kind == "eval" else None, markersize=3)
+        ax.set_title(label)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    if len(runs) > 1 or any(runs):
+        axes[1].legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

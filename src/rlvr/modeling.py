@@ -1,0 +1,203 @@
+"""Tiny causal LMs built offline, and loading any causal LM from a folder or hub name.
+
+``init_model`` writes a character tokenizer and a randomly initialised model with
+``save_pretrained``, so plain ``AutoTokenizer.from_pretrained(dir)`` and
+``AutoModelForCausalLM.from_pretrained(dir)`` load them back: the toy tasks train the
+same kind of object a real checkpoint is, and the tests need no download.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
+# 10 digits, space, '>' (prompt/answer separator), '+', '='; with the three special
+# tokens above the vocabulary has 17 entries. There is no unknown token: a character
+# outside the vocabulary is an error when encoding, never a silent <unk>.
+DEFAULT_CHARS = "0123456789 >+="
+ARCHS = ("llama", "gpt2")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def build_char_tokenizer(chars: str | list[str] = DEFAULT_CHARS, out_dir: str | Path | None = None):
+    """A character-level ``PreTrainedTokenizerFast``: one token per character.
+
+    Ids: ``<pad>`` 0, ``<bos>`` 1, ``<eos>`` 2, then ``chars`` in order (duplicates
+    rejected). Encoding adds no special tokens and decoding concatenates characters, so
+    ``decode(encode(s)) == s`` for any string over ``chars``. Saved to ``out_dir`` with
+    ``save_pretrained`` when given.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = list(chars)
+    bad = [c for c in chars if len(c) != 1 or c in SPECIAL_TOKENS]
+    if bad or len(set(chars)) != len(chars) or not chars:
+        raise ValueError(f"chars must be distinct single characters, got {chars!r}")
+    vocab = {token: i for i, token in enumerate([*SPECIAL_TOKENS, *chars])}
+    # WordLevel needs an unk name; it is not in the vocabulary, so unknown characters raise.
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token="<pad>",
+        bos_token="<bos>",
+        eos_token="<eos>",
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+    )
+    if out_dir is not None:
+        tokenizer.save_pretrained(str(out_dir))
+    return tokenizer
+
+
+def _model_config(arch: str, vocab_size: int, hidden_size: int, intermediate_size: int,
+                  num_layers: int, num_heads: int, tie_embeddings: bool, max_positions: int):
+    """A transformers config for ``arch`` with special ids 0 (pad), 1 (bos), 2 (eos)."""
+    from transformers import GPT2Config, LlamaConfig
+
+    special = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+    if arch == "llama":
+        return LlamaConfig(
+            vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+            num_hidden_layers=num_layers, num_attention_heads=num_heads,
+            num_key_value_heads=num_heads, max_position_embeddings=max_positions,
+            tie_word_embeddings=tie_embeddings, **special,
+        )
+    if arch == "gpt2":
+        return GPT2Config(
+            vocab_size=vocab_size, n_embd=hidden_size, n_inner=intermediate_size,
+            n_layer=num_layers, n_head=num_heads, n_positions=max_positions,
+            tie_word_embeddings=tie_embeddings, **special,
+        )
+    raise ValueError(f"unknown arch {arch!r}; allowed: {', '.join(ARCHS)}")
+
+
+def init_model(
+    out_dir: str | Path,
+    arch: str = "llama",
+    hidden_size: int = 128,
+    intermediate_size: int = 384,
+    num_layers: int = 4,
+    num_heads: int = 4,
+    tie_embeddings: bool = True,
+    chars: str | list[str] = DEFAULT_CHARS,
+    max_positions: int = 256,
+    seed: int = 0,
+) -> Path:
+    """Write a character tokenizer and a randomly initialised causal LM to ``out_dir``.
+
+    The same arguments and seed give the same weights; the global torch RNG is left
+    as it was. Returns ``out_dir`` as a Path.
+    """
+    from transformers import AutoModelForCausalLM
+
+    if hidden_size % num_heads:
+        raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}")
+    out_dir = Path(out_dir)
+    tokenizer = build_char_tokenizer(chars, out_dir)
+    config = _model_config(arch, len(tokenizer), hidden_size, intermediate_size, num_layers,
+                           num_heads, tie_embeddings, max_positions)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    model.save_pretrained(str(out_dir))
+    return out_dir
+
+
+def add_init_model_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add ``init_model``'s options to ``parser`` (for ``rlvr init-model``)."""
+    parser.add_argument("--out", required=True, help="folder to write the tokenizer and model to")
+    parser.add_argument("--arch", default="llama", choices=ARCHS, help="model family")
+    parser.add_argument("--hidden-size", type=int, default=128, help="model width")
+    parser.add_argument("--intermediate-size", type=int, default=384, help="MLP width")
+    parser.add_argument("--num-layers", type=int, default=4, help="transformer blocks")
+    parser.add_argument("--num-heads", type=int, default=4, help="attention heads")
+    parser.add_argument("--untie-embeddings", action="store_true",
+                        help="separate input embedding and output head (tied by default)")
+    parser.add_argument("--chars", default=DEFAULT_CHARS,
+                        help="characters of the vocabulary (pad, bos, eos are added)")
+    parser.add_argument("--max-positions", type=int, default=256, help="longest sequence")
+    parser.add_argument("--seed", type=int, default=0, help="initialisation seed")
+    return parser
+
+
+def run_init_model(args: argparse.Namespace) -> Path:
+    """Run ``init_model`` from parsed ``add_init_model_arguments`` options."""
+    return init_model(
+        args.out, arch=args.arch, hidden_size=args.hidden_size,
+        intermediate_size=args.intermediate_size, num_layers=args.num_layers,
+        num_heads=args.num_heads, tie_embeddings=not args.untie_embeddings,
+        chars=args.chars, max_positions=args.max_positions, seed=args.seed,
+    )
+
+
+def _torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; allowed: {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def add_lora(model: torch.nn.Module, lora: dict[str, Any]) -> torch.nn.Module:
+    """Wrap ``model`` with LoRA adapters (peft); only the adapters stay trainable.
+
+    ``lora`` holds ``peft.LoraConfig`` fields, e.g. ``{"r": 8, "lora_alpha": 16}``;
+    ``target_modules`` defaults to ``"all-linear"``.
+    """
+    try:
+        import peft
+    except ImportError as err:
+        raise ImportError("LoRA needs peft: pip install 'rlvr[lora]'") from err
+    settings = {"target_modules": "all-linear", **lora}
+    try:
+        config = peft.LoraConfig(task_type="CAUSAL_LM", **settings)
+    except TypeError as err:
+        raise ValueError(f"bad LoRA settings {lora!r}: {err}") from err
+    return peft.get_peft_model(model, config)
+
+
+def load_model_and_tokenizer(
+    name_or_path: str | Path,
+    dtype: str | torch.dtype = "float32",
+    device: str | torch.device = "cpu",
+    lora: dict[str, Any] | None = None,
+):
+    """Load ``(model, tokenizer)`` with ``from_pretrained`` from a folder or a hub name.
+
+    dtype: "float32", "bfloat16" or "float16". lora: None, or ``peft.LoraConfig``
+    fields (see ``add_lora``). The model is put in train mode on ``device``; the
+    tokenizer pads on the left (prompts for generation). Raises FileNotFoundError
+    naming ``name_or_path`` when it is neither a local folder nor fetchable.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch_dtype = _torch_dtype(dtype)
+    source = str(name_or_path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype)
+    except (OSError, ValueError) as err:
+        if Path(source).exists():
+            raise
+        raise FileNotFoundError(
+            f"no model at {source!r}: it is not a local folder and could not be fetched "
+            f"from the hub ({type(err).__name__}: {err})"
+        ) from err
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.to(device)
+    model.train()
+    if lora is not None:
+        model = add_lora(model, lora)
+    return model, tokenizer

@@ -1,0 +1,84 @@
+"""The lecture's non-autoregressive positional model for the sorting task.
+
+Embed each prompt token, encode every position with its own D x D matrix and sum over
+positions into one state vector, decode one vector per response position with its own
+D x D matrix, and read logits through the (tied) embedding. Response positions are
+sampled independently given the prompt.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from rlvr.rollout import Samples
+
+
+class PositionalModel(nn.Module):
+    """prompts [B, n] -> logits [B, n, V]."""
+
+    def __init__(self, vocab_size: int, embedding_dim: int, num_positions: int):
+        super().__init__()
+        d = embedding_dim
+        self.embedding = nn.Embedding(vocab_size, d)
+        self.encode = nn.Parameter(torch.randn(num_positions, d, d) / math.sqrt(d))  # [n, D, D]
+        self.decode = nn.Parameter(torch.randn(num_positions, d, d) / math.sqrt(d))  # [n, D, D]
+
+    def forward(self, prompts: torch.Tensor) -> torch.Tensor:
+        b, n = prompts.shape
+        d = self.embedding.embedding_dim
+        x = self.embedding(prompts)  # [B, n, D]
+        # Encode each position with its own matrix and sum over positions: one matmul
+        # over the flattened (position, dim) axis, the same as einsum("bpd,pde->be").
+        state = x.reshape(b, n * d) @ self.encode.reshape(n * d, d)  # [B, D]
+        # Decode one vector per position: einsum("be,pef->bpf") as one matmul.
+        decode = self.decode.transpose(0, 1).reshape(d, n * d)  # [D, n*D]
+        out = (state @ decode).reshape(b * n, d)  # [B*n, D]
+        return (out @ self.embedding.weight.T).reshape(b, n, -1)  # [B, n, V], tied output
+
+
+class PositionalPolicy:
+    """Policy over fixed-length responses of n tokens; see ``rlvr.rollout.Policy``."""
+
+    def __init__(self, vocab_size: int, embedding_dim: int, num_positions: int):
+        self.module = PositionalModel(vocab_size, embedding_dim, num_positions)
+
+    @torch.no_grad()
+    def sample(
+        self, prompts: torch.Tensor, group_size: int, temperature: float, generator: torch.Generator
+    ) -> Samples:
+        """G responses per prompt: prompts [B, n] -> Samples with responses [B, G, n]."""
+        b, n = prompts.shape
+        logits = self.module(prompts) / temperature  # [B, n, V]
+        log_probs = torch.log_softmax(logits, dim=-1)
+        flat = log_probs.exp().reshape(b * n, -1)  # [B*n, V]
+        tokens = torch.multinomial(flat, group_size, replacement=True, generator=generator)  # [B*n, G]
+        responses = tokens.reshape(b, n, group_size).transpose(1, 2).contiguous()  # [B, G, n]
+        response_ids = responses.reshape(b * group_size, n)  # [N, n]
+        sample_lp = log_probs.unsqueeze(1).expand(b, group_size, n, -1)  # [B, G, n, V]
+        sample_lp = sample_lp.gather(-1, responses.unsqueeze(-1)).squeeze(-1).reshape(b * group_size, n)
+        prompt_ids = prompts.repeat_interleave(group_size, dim=0)  # [N, n]
+        mask = torch.ones_like(response_ids, dtype=torch.bool)
+        return Samples(responses, response_ids, mask, prompt_ids, mask.clone(), sample_lp)
+
+    def log_probs(
+        self, samples: Samples, temperature: float = 1.0, with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """log pi(response_t | prompt) [n_rows, n], and per-position entropy if asked."""
+        logits = self.module(samples.prompt_ids)  # [N, n, V]
+        if temperature != 1.0:
+            logits = logits / temperature
+        all_log_probs = torch.log_softmax(logits, dim=-1)  # [N, n, V]; V is tiny here
+        log_probs = all_log_probs.gather(-1, samples.response_ids.unsqueeze(-1)).squeeze(-1)  # [N, n]
+        entropy = None
+        if with_entropy:
+            with torch.no_grad():
+                entropy = -(all_log_probs.exp() * all_log_probs).sum(dim=-1)  # [N, n]
+        return log_probs, entropy
+
+    @torch.no_grad()
+    def greedy(self, prompts: torch.Tensor) -> torch.Tensor:
+        """The argmax response per prompt: [B, n] -> [B, 1, n]."""
+        return self.module(prompts).argmax(dim=-1).unsqueeze(1)

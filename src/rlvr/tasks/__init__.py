@@ -1,0 +1,1 @@
+"""Verifiable tasks: prompts, reward functions and a gold check, one task per file."""

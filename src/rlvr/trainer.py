@@ -1,0 +1,264 @@
+"""The RL loop, top to bottom.
+
+Each epoch: sample G responses per prompt, score them, turn rewards into deltas,
+cache the old policy's log-probs once (a tensor, not a model), and take
+``inner_steps`` optimizer steps on that batch (micro-batches with gradient
+accumulation). A frozen reference copy exists only when ``kl_coef > 0``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from rlvr import core
+from rlvr.config import Config, ConfigError
+from rlvr.rollout import Policy, Samples, Task
+
+Record = dict[str, Any]
+
+
+def build_task(config: Config) -> Task:
+    t = config.task
+    if t.name == "sorting":
+        from rlvr.tasks.sorting import SortingTask
+
+        try:
+            return SortingTask(
+                num_numbers=t.num_numbers,
+                vocab_size=t.vocab_size,
+                reward=t.reward,
+                allow_repeats=t.allow_repeats,
+                fixed_prompts=t.prompts,
+                eval_size=t.eval_size,
+            )
+        except ValueError as err:
+            raise ConfigError(f"task: {err}") from err
+    from rlvr.tasks import build_text_task
+
+    return build_text_task(t)
+
+
+def build_policy(config: Config) -> Policy:
+    p = config.policy
+    if p.name == "positional":
+        from rlvr.policies.positional import PositionalPolicy
+
+        return PositionalPolicy(config.task.vocab_size, p.embedding_dim, config.task.num_numbers)
+    from rlvr.policies.causal_lm import build_causal_lm_policy
+
+    return build_causal_lm_policy(p)
+
+
+def build_optimizer(config: Config, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    o = config.optim
+    cls = torch.optim.Adam if o.name == "adam" else torch.optim.AdamW
+    # fused: one kernel for all parameters; the per-step cost of the toy is mostly overhead.
+    fused = all(p.dtype in (torch.float32, torch.float64) for p in params)
+    return cls(params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay, fused=fused or None)
+
+
+def seed_everything(seed: int) -> torch.Generator:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    return torch.Generator().manual_seed(seed)
+
+
+@dataclass
+class TrainState:
+    """Everything that changes during a run: enough to resume it."""
+
+    policy: Policy
+    optimizer: torch.optim.Optimizer
+    generator: torch.Generator
+    ref_module: torch.nn.Module | None = None
+    epoch: int = 0
+    step: int = 0
+    records: list[Record] = field(default_factory=list)
+
+
+def setup(config: Config) -> tuple[Task, TrainState]:
+    """Build the task, the policy (seeded) and the optimizer."""
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    task = build_task(config)
+    generator = seed_everything(config.seed)
+    policy = build_policy(config)
+    params = [p for p in policy.module.parameters() if p.requires_grad]
+    return task, TrainState(policy, build_optimizer(config, params), generator)
+
+
+def train(
+    config: Config,
+    on_record: Callable[[Record], None] | None = None,
+    state: tuple[Task, TrainState] | None = None,
+) -> list[Record]:
+    """Run the configured epochs; return the records (one per inner step, plus evals).
+
+    ``on_record`` sees every record as it is made (the CLI writes them to disk).
+    ``state`` continues a run built by ``setup`` (or restored from a checkpoint).
+    """
+    task, st = state if state is not None else setup(config)
+    a = config.algo
+    emit = on_record or (lambda record: None)
+    while st.epoch < a.epochs:
+        if a.kl_coef > 0 and (st.ref_module is None or st.epoch % a.ref_update_every == 0):
+            st.ref_module = frozen_copy(st.policy.module)
+        for record in train_epoch(config, task, st):
+            st.records.append(record)
+            emit(record)
+        st.epoch += 1
+        if st.epoch % config.log.eval_every == 0 or st.epoch == a.epochs:
+            record = evaluate(config, task, st.policy, st.epoch, st.step)
+            st.records.append(record)
+            emit(record)
+    return st.records
+
+
+def frozen_copy(module: torch.nn.Module) -> torch.nn.Module:
+    ref = copy.deepcopy(module)
+    ref.requires_grad_(False)
+    return ref.eval()
+
+
+def train_epoch(config: Config, task: Task, st: TrainState) -> list[Record]:
+    """One epoch: sample, score, compute deltas, then ``inner_steps`` optimizer steps."""
+    a, policy, temp = config.algo, st.policy, config.policy.temperature
+    prompts = task.sample_prompts(config.task.prompts_per_epoch, st.generator)
+    samples = policy.sample(prompts, a.group_size, temp, st.generator)
+    rewards = task.rewards(prompts, samples.responses)  # [B, G], NaN = abstain
+    correct = task.is_correct(prompts, samples.responses)  # [B, G]
+    deltas = core.compute_deltas(rewards, a.deltas, eps=a.adv_eps).reshape(-1)  # [N]
+    mask = samples.response_mask  # [N, T]
+
+    # no_grad: old and reference log-probs are constants. If they carried gradient,
+    # pi/pi_old would be identically 1 and its gradient silently 0.
+    old_log_probs = ref_log_probs = None
+    with torch.no_grad():
+        if a.loss != "naive":
+            old_log_probs = samples.sample_log_probs
+            if old_log_probs is None:
+                old_log_probs, _ = policy.log_probs(samples, temp)
+        if a.kl_coef > 0:
+            ref_log_probs, _ = reference_log_probs(policy, st.ref_module, samples, temp)
+
+    weights = core.aggregation_weights(mask, a.aggregation, a.normalizer)  # [N, T]
+    batches = micro_batches(samples, config.optim.micro_batches)
+    epoch_stats = rollout_stats(rewards, correct, deltas, a.group_size)
+    step_stats = []
+    for _ in range(a.inner_steps):
+        st.optimizer.zero_grad(set_to_none=True)
+        sums = []
+        for rows, mb in batches:
+            log_probs, entropy = policy.log_probs(mb, temp, with_entropy=True)  # [n, T]
+            old = None if old_log_probs is None else old_log_probs[rows]
+            pg, stats = core.policy_loss(log_probs, deltas[rows], a.loss, old, a.clip_eps, a.clip_eps_high)
+            kl = None
+            if ref_log_probs is not None:
+                kl = core.kl_penalty(log_probs, ref_log_probs[rows], a.kl_estimator)
+                per_token = pg + a.kl_coef * kl
+            else:
+                per_token = pg
+            w = weights[rows]
+            loss = core.weighted_sum(per_token, w)
+            loss.backward()
+            sums.append(weighted_stats(w, loss, pg, kl, stats["clipped"], entropy))
+        grad_norm = clip_gradients(policy.module, config.optim.max_grad_norm)
+        st.optimizer.step()
+        step_stats.append(torch.cat([sum(sums), grad_norm.reshape(1)]))
+        st.step += 1
+    return step_records(st, epoch_stats, torch.stack(step_stats))
+
+
+def micro_batches(samples: Samples, count: int) -> list[tuple[Any, Samples]]:
+    """(rows, samples at those rows) per micro-batch; the whole batch when count is 1."""
+    if count == 1:
+        return [(slice(None), samples)]
+    return [(rows, samples.rows(rows)) for rows in torch.arange(samples.num_responses).chunk(count)]
+
+
+@torch.no_grad()
+def weighted_stats(w, loss, pg, kl, clipped, entropy) -> torch.Tensor:
+    """[loss, pg_loss, kl, clip_frac, entropy], each aggregated with the loss weights w [n, T]."""
+    parts = [pg, clipped.float(), entropy]
+    if kl is not None:
+        parts.insert(1, kl)
+    values = (torch.stack(parts) * w).sum(dim=(1, 2))
+    if kl is None:
+        values = torch.cat([values[:1], values.new_zeros(1), values[1:]])
+    return torch.cat([loss.detach().reshape(1), values])
+
+
+def reference_log_probs(
+    policy: Policy, ref_module: torch.nn.Module, samples: Samples, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs under the frozen reference: the policy's scorer with the reference weights."""
+    current, policy.module = policy.module, ref_module
+    try:
+        return policy.log_probs(samples, temperature)
+    finally:
+        policy.module = current
+
+
+def clip_gradients(module: torch.nn.Module, max_norm: float | None) -> torch.Tensor:
+    """The total gradient norm (before clipping); clips in place when ``max_norm`` is set."""
+    grads = [p.grad for p in module.parameters() if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    norm = torch.nn.utils.get_total_norm(grads, foreach=True)
+    if max_norm is not None:
+        torch.nn.utils.clip_grads_with_norm_(grads, max_norm, norm, foreach=True)
+    return norm
+
+
+def rollout_stats(rewards: torch.Tensor, correct: torch.Tensor, deltas: torch.Tensor, group_size: int) -> Record:
+    """Per-epoch numbers about the sampled batch; rewards, correct [B, G], deltas [N]."""
+    valid = torch.isfinite(rewards)
+    r = rewards[valid]
+    zero_groups = (deltas.reshape(-1, group_size) == 0).all(dim=1)
+    return {
+        "reward_mean": r.mean().item() if r.numel() else float("nan"),
+        "reward_std": r.std().item() if r.numel() > 1 else 0.0,
+        "solve_rate": correct.float().mean().item(),
+        "frac_zero_delta_groups": zero_groups.float().mean().item(),
+        "abstain_frac": 1.0 - valid.float().mean().item(),
+    }
+
+
+STEP_KEYS = ("loss", "pg_loss", "kl", "clip_frac", "entropy", "grad_norm")
+
+
+def step_records(st: TrainState, epoch_stats: Record, values: torch.Tensor) -> list[Record]:
+    """One record per inner step; values [inner_steps, len(STEP_KEYS)]."""
+    first = st.step - values.shape[0]
+    return [
+        {"kind": "train", "epoch": st.epoch, "step": first + i, **dict(zip(STEP_KEYS, row)), **epoch_stats}
+        for i, row in enumerate(values.tolist())
+    ]
+
+
+@torch.no_grad()
+def evaluate(config: Config, task: Task, policy: Policy, epoch: int, step: int) -> Record:
+    """Greedy and sampled solve rate and mean reward on the fixed held-out prompts."""
+    prompts = task.eval_prompts()
+    greedy = policy.greedy(prompts)
+    # A separate generator: evaluation must not change the training random stream.
+    gen = torch.Generator().manual_seed(config.seed + 1_000_003 + epoch)
+    samples = policy.sample(prompts, config.log.eval_samples, config.policy.temperature, gen)
+    sampled_rewards = task.rewards(prompts, samples.responses)
+    return {
+        "kind": "eval",
+        "epoch": epoch,
+        "step": step,
+        "greedy_solve_rate": task.is_correct(prompts, greedy).float().mean().item(),
+        "greedy_reward": task.rewards(prompts, greedy).nanmean().item(),
+        "sampled_solve_rate": task.is_correct(prompts, samples.responses).float().mean().item(),
+        "sampled_reward": sampled_rewards.nanmean().item(),
+    }
