@@ -128,6 +128,12 @@ def _coerce(path: str, value: Any, hint: Any) -> Any:
     base = origin or hint
     if base is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
+    if base is float and isinstance(value, str):
+        # YAML 1.1 reads "1e-3" (no dot) as a string; accept what float() accepts.
+        try:
+            return float(value)
+        except ValueError:
+            pass
     if base is bool and isinstance(value, bool):
         return value
     if base is int and isinstance(value, int) and not isinstance(value, bool):

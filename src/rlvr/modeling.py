@@ -70,12 +70,45 @@ def _model_config(arch: str, vocab_size: int, hidden_size: int, intermediate_siz
             tie_word_embeddings=tie_embeddings, **special,
         )
     if arch == "gpt2":
+        # no dropout: sampling and scoring must see the same policy
         return GPT2Config(
             vocab_size=vocab_size, n_embd=hidden_size, n_inner=intermediate_size,
             n_layer=num_layers, n_head=num_heads, n_positions=max_positions,
-            tie_word_embeddings=tie_embeddings, **special,
+            tie_word_embeddings=tie_embeddings, resid_pdrop=0.0, embd_pdrop=0.0,
+            attn_pdrop=0.0, **special,
         )
     raise ValueError(f"unknown arch {arch!r}; allowed: {', '.join(ARCHS)}")
+
+
+def build_model(
+    arch: str = "llama",
+    vocab_size: int = len(SPECIAL_TOKENS) + len(DEFAULT_CHARS),
+    hidden_size: int = 128,
+    intermediate_size: int = 384,
+    num_layers: int = 4,
+    num_heads: int = 4,
+    tie_embeddings: bool = True,
+    max_positions: int = 256,
+    seed: int = 0,
+):
+    """A randomly initialised causal LM (in memory) with special ids pad 0, bos 1, eos 2.
+
+    The same arguments and seed give the same weights; the global torch RNG is left
+    as it was.
+    """
+    from transformers import AutoModelForCausalLM
+
+    if hidden_size % num_heads:
+        raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}")
+    config = _model_config(arch, vocab_size, hidden_size, intermediate_size, num_layers,
+                           num_heads, tie_embeddings, max_positions)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config)
+    model.generation_config.pad_token_id = 0
+    model.generation_config.bos_token_id = 1
+    model.generation_config.eos_token_id = 2
+    return model
 
 
 def init_model(
@@ -90,25 +123,16 @@ def init_model(
     max_positions: int = 256,
     seed: int = 0,
 ) -> Path:
-    """Write a character tokenizer and a randomly initialised causal LM to ``out_dir``.
+    """Write a character tokenizer over ``chars`` and ``build_model(...)`` to ``out_dir``.
 
-    The same arguments and seed give the same weights; the global torch RNG is left
-    as it was. Returns ``out_dir`` as a Path.
+    Both load back with plain ``AutoTokenizer`` / ``AutoModelForCausalLM``
+    ``.from_pretrained(out_dir)``. Returns ``out_dir`` as a Path.
     """
-    from transformers import AutoModelForCausalLM
-
-    if hidden_size % num_heads:
-        raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}")
     out_dir = Path(out_dir)
-    tokenizer = build_char_tokenizer(chars, out_dir)
-    config = _model_config(arch, len(tokenizer), hidden_size, intermediate_size, num_layers,
-                           num_heads, tie_embeddings, max_positions)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    tokenizer = build_char_tokenizer(chars)
+    model = build_model(arch, len(tokenizer), hidden_size, intermediate_size, num_layers,
+                        num_heads, tie_embeddings, max_positions, seed)
+    tokenizer.save_pretrained(str(out_dir))
     model.save_pretrained(str(out_dir))
     return out_dir
 

@@ -109,8 +109,6 @@ def train(
     a = config.algo
     emit = on_record or (lambda record: None)
     while st.epoch < a.epochs:
-        if a.kl_coef > 0 and (st.ref_module is None or st.epoch % a.ref_update_every == 0):
-            st.ref_module = frozen_copy(st.policy.module)
         for record in train_epoch(config, task, st):
             st.records.append(record)
             emit(record)
@@ -131,6 +129,8 @@ def frozen_copy(module: torch.nn.Module) -> torch.nn.Module:
 def train_epoch(config: Config, task: Task, st: TrainState) -> list[Record]:
     """One epoch: sample, score, compute deltas, then ``inner_steps`` optimizer steps."""
     a, policy, temp = config.algo, st.policy, config.policy.temperature
+    if a.kl_coef > 0 and (st.ref_module is None or st.epoch % a.ref_update_every == 0):
+        st.ref_module = frozen_copy(policy.module)  # the reference: a frozen copy, refreshed every K epochs
     prompts = task.sample_prompts(config.task.prompts_per_epoch, st.generator)
     samples = policy.sample(prompts, a.group_size, temp, st.generator)
     rewards = task.rewards(prompts, samples.responses)  # [B, G], NaN = abstain

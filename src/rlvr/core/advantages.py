@@ -12,10 +12,18 @@ DELTA_MODES = ("raw", "centered", "normalized", "max_only", "leave_one_out")
 
 
 def _group_mean(rewards: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean over the valid entries of each group, and their count. [B, G] -> [B, 1] each."""
+    """Mean over the valid entries of each group, and their count. [B, G] -> [B, 1] each.
+
+    rewards: [B, G] with G > 0 and invalid entries already zeroed.
+    """
     count = valid.sum(dim=1, keepdim=True).to(rewards.dtype)
-    total = torch.where(valid, rewards, torch.zeros_like(rewards)).sum(dim=1, keepdim=True)
-    return total / count.clamp(min=1), count
+    # Sum offsets from the group's first valid reward: a constant group then has a mean
+    # exactly equal to its value, so its centered deltas are exactly 0. A plain sum
+    # leaves rounding (0.1 seven times: centered -7e-9, normalized -0.007).
+    first = valid.to(torch.int8).argmax(dim=1, keepdim=True)  # [B, 1]; 0 if none valid
+    shift = rewards.gather(1, first)  # [B, 1]
+    offsets = torch.where(valid, rewards - shift, torch.zeros_like(rewards))
+    return shift + offsets.sum(dim=1, keepdim=True) / count.clamp(min=1), count
 
 
 def compute_deltas(
@@ -44,6 +52,10 @@ def compute_deltas(
         raise ValueError(f"rewards must be [B, G], got shape {tuple(rewards.shape)}")
     if mode not in DELTA_MODES:
         raise ValueError(f"unknown delta mode {mode!r}; allowed: {', '.join(DELTA_MODES)}")
+    if valid is not None and valid.shape != rewards.shape:
+        raise ValueError(f"valid shape {tuple(valid.shape)} != rewards shape {tuple(rewards.shape)}")
+    if rewards.numel() == 0:  # B = 0 or G = 0: no group statistics to take
+        return torch.zeros_like(rewards)
     finite = torch.isfinite(rewards)
     valid = finite if valid is None else (valid.bool() & finite)
     zero = torch.zeros_like(rewards)

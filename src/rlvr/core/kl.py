@@ -28,4 +28,6 @@ def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, estimator: 
     if estimator == "k2":
         return 0.5 * log_ratio.square()
     log_ratio = log_ratio.clamp(min=-20.0, max=20.0)
-    return torch.exp(log_ratio) - log_ratio - 1.0
+    # expm1 keeps the small-|log r| terms accurate; exp(x) - x - 1 rounds to -6e-8 in
+    # float32 for many small x. The clamp makes the k3 >= 0 guarantee exact.
+    return (torch.expm1(log_ratio) - log_ratio).clamp(min=0.0)

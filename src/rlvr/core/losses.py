@@ -86,32 +86,48 @@ def aggregate_loss(
         raise ValueError(f"unknown aggregation {mode!r}; allowed: {', '.join(AGGREGATIONS)}")
     if per_token_loss.shape != mask.shape:
         raise ValueError(f"loss shape {tuple(per_token_loss.shape)} != mask shape {tuple(mask.shape)}")
+    n = max(per_token_loss.shape[0], 1)  # sum / max(N, 1), not .mean(): N = 0 gives 0, not NaN
     if mode == "token_mean":
         return masked_mean(per_token_loss, mask)
     if mode == "seq_mean_token_mean":
-        return masked_mean(per_token_loss, mask, dim=-1).mean()
-    norm = float(per_token_loss.shape[-1]) if normalizer is None else normalizer
-    return masked_normalize(per_token_loss, mask, norm, dim=-1).mean()
+        return masked_mean(per_token_loss, mask, dim=-1).sum() / n
+    norm = _normalizer(per_token_loss.shape[-1], normalizer)
+    return masked_normalize(per_token_loss, mask, norm, dim=-1).sum() / n
 
 
-def aggregation_weights(mask: torch.Tensor, mode: str, normalizer: float | None = None) -> torch.Tensor:
+def _normalizer(max_len: int, normalizer: float | None) -> float:
+    """Dr. GRPO's constant: the given one, else T (1 when T = 0: there is nothing to sum)."""
+    if normalizer is None:
+        return float(max(max_len, 1))
+    if normalizer <= 0:
+        raise ValueError(f"normalizer must be positive, got {normalizer}")
+    return normalizer
+
+
+def aggregation_weights(
+    mask: torch.Tensor,
+    mode: str,
+    normalizer: float | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
     """Per-token weights w [N, T] such that ``aggregate_loss(x) == sum(w * x)`` over the batch.
 
     Used for micro-batching: a micro-batch's loss is ``sum(w[mb] * x[mb])`` with w
     computed on the whole batch, so accumulated gradients equal the full-batch gradient.
+    ``dtype``: pass the loss's dtype when it is wider than float32 (e.g. float64), or the
+    weights' rounding limits how exactly the two gradients agree.
     """
     if mode not in AGGREGATIONS:
         raise ValueError(f"unknown aggregation {mode!r}; allowed: {', '.join(AGGREGATIONS)}")
-    maskf = mask.float()
+    maskf = mask.to(dtype)
     n = mask.shape[0]
     if mode == "token_mean":
         return maskf / maskf.sum().clamp(min=1)
     if mode == "seq_mean_token_mean":
         return maskf / maskf.sum(dim=-1, keepdim=True).clamp(min=1) / max(n, 1)
-    norm = float(mask.shape[-1]) if normalizer is None else normalizer
-    return maskf / norm / max(n, 1)
+    return maskf / _normalizer(mask.shape[-1], normalizer) / max(n, 1)
 
 
 def weighted_sum(per_token_loss: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """``sum(weights * per_token_loss)``: the micro-batch share of an aggregated loss."""
-    return masked_sum(per_token_loss * weights, weights > 0)
+    return torch.where(weights > 0, per_token_loss * weights, 0.0).sum()

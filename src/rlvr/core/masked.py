@@ -41,9 +41,17 @@ def masked_normalize(
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """Entropy ``-sum_v p_v log p_v`` over the last axis; logits [..., V] -> [...].
 
-    Computed as ``logsumexp(z) - sum softmax(z) * z``, finite for extreme logits.
+    Computed as ``logsumexp(z) - sum softmax(z) * z``, finite for extreme logits and for
+    -inf logits (masked vocabulary entries, probability 0, contribute 0). Half-precision
+    logits are upcast to float32; float32 and float64 keep their dtype.
     """
-    logits = logits.float()
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    # H is shift-invariant; subtracting the max keeps logsumexp(z) - E[z] from cancelling
+    # (at logits 1e4 the float32 spacing is 1e-3, which swamped ln 2).
+    logits = logits - logits.amax(dim=-1, keepdim=True).detach()
     log_z = torch.logsumexp(logits, dim=-1)
     probs = torch.softmax(logits, dim=-1)
-    return log_z - (probs * logits).sum(dim=-1)
+    # 0 * -inf is NaN: replace the logit, not the product, so the gradient stays finite too.
+    finite_logits = torch.where(probs > 0, logits, torch.zeros_like(logits))
+    return log_z - (probs * finite_logits).sum(dim=-1)

@@ -1,0 +1,340 @@
+"""A Hugging Face causal LM as an rlvr ``Policy``: sampling with a KV cache, and scoring.
+
+Shapes: B prompts, G responses per prompt, N = B*G responses (row ``b * G + g`` is
+response g of prompt b), n any number of rows, P prompt tokens (left-padded), T
+response tokens (right-padded), V vocabulary.
+
+Log-probs are always those of the policy pi_tau(a | s) = softmax(logits / tau) over the
+whole vocabulary. ``top_k``, ``top_p`` and ``min_new_tokens`` change which token is
+drawn (the sampler is then not exactly pi_tau), never the recorded log-probs, so
+``sample(...).sample_log_probs`` equals ``log_probs(samples, tau)`` and serves as the
+old policy's log-probs without another forward pass.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+from rlvr.core import entropy_from_logits
+from rlvr.rollout import Samples
+
+# float32 elements of one chunk of logits turned into log-probs: bounds the extra memory
+# of the log-softmax (1 GiB at 2**28) whatever N, T and V are.
+DEFAULT_CHUNK_ELEMENTS = 2**28
+
+# (logits [n, V] of the next token, step) -> (tokens [n], log pi_tau of them [n])
+TokenPicker = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
+
+
+class _TokenLogProbs(torch.autograd.Function):
+    """log softmax(logits / tau)[token], computed chunk by chunk over rows.
+
+    Forward: ``z[token] - logsumexp(z)`` with ``z = logits.float() / tau``; backward:
+    ``(onehot(token) - softmax(z)) * grad / tau``. Only the logits (in their own dtype)
+    and logsumexp [n, T] are kept for backward, never a float32 [n, T, V] log-softmax.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, tokens, temperature, chunk_rows):
+        # logits [n, T, V], tokens [n, T] -> log-probs [n, T] float32
+        log_z = torch.empty(tokens.shape, dtype=torch.float32, device=logits.device)
+        log_probs = torch.empty_like(log_z)
+        for rows in _row_chunks(tokens.shape[0], chunk_rows):
+            z = logits[rows].float() / temperature  # [c, T, V]
+            log_z[rows] = torch.logsumexp(z, dim=-1)
+            log_probs[rows] = z.gather(-1, tokens[rows].unsqueeze(-1)).squeeze(-1) - log_z[rows]
+        ctx.save_for_backward(logits, tokens, log_z)
+        ctx.temperature = temperature
+        ctx.chunk_rows = chunk_rows
+        return log_probs
+
+    @staticmethod
+    def backward(ctx, grad_log_probs):
+        logits, tokens, log_z = ctx.saved_tensors
+        grad_logits = torch.empty_like(logits)
+        for rows in _row_chunks(tokens.shape[0], ctx.chunk_rows):
+            grad = grad_log_probs[rows].unsqueeze(-1)  # [c, T, 1]
+            probs = torch.exp(logits[rows].float() / ctx.temperature - log_z[rows].unsqueeze(-1))
+            chunk = (-probs * grad).scatter_add_(-1, tokens[rows].unsqueeze(-1), grad)
+            grad_logits[rows] = (chunk / ctx.temperature).to(logits.dtype)
+        return grad_logits, None, None, None
+
+
+def _row_chunks(n: int, chunk_rows: int) -> list[slice]:
+    return [slice(start, min(start + chunk_rows, n)) for start in range(0, n, chunk_rows)]
+
+
+def token_log_probs(
+    logits: torch.Tensor, tokens: torch.Tensor, temperature: float, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS
+) -> torch.Tensor:
+    """log softmax(logits / temperature) at ``tokens``: logits [n, T, V], tokens [n, T] -> [n, T] float32.
+
+    Differentiable with respect to ``logits``; rows are processed in chunks of about
+    ``chunk_elements`` float32 logits.
+    """
+    chunk_rows = max(1, chunk_elements // max(1, logits.shape[1] * logits.shape[2]))
+    return _TokenLogProbs.apply(logits, tokens, temperature, chunk_rows)
+
+
+def _truncate(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Set to -inf the logits [n, V] outside the top-k tokens and the top-p nucleus."""
+    if 0 < top_k < scaled.shape[-1]:
+        kth = torch.topk(scaled, top_k, dim=-1).values[:, -1:]
+        scaled = scaled.masked_fill(scaled < kth, -torch.inf)
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # drop a token when the tokens strictly more likely already reach top_p (keeps >= 1)
+        drop_sorted = (torch.cumsum(probs, dim=-1) - probs) >= top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        scaled = scaled.masked_fill(drop, -torch.inf)
+    return scaled
+
+
+class CausalLMPolicy:
+    """Samples and scores responses of a transformers causal LM (``AutoModelForCausalLM``).
+
+    model:            the LM (optionally peft-wrapped); ``module`` is this model.
+    tokenizer:        its tokenizer; prompts are encoded with ``add_special_tokens``.
+    max_new_tokens:   longest response, in tokens.
+    min_new_tokens:   EOS cannot be drawn before this many tokens.
+    top_k, top_p:     sampling truncation (0 and 1.0 disable them); log-probs ignore it.
+    stop_strings:     a response ends with the token that completes one of these. The
+                      text keeps the stop string and drops what follows it in that
+                      token; the token stays in ``response_ids`` and in the mask.
+    device, dtype:    where and in which precision to put the model (None: as it is).
+    gradient_checkpointing: recompute activations in backward (train mode only).
+    chunk_elements:   float32 logits per chunk when turning logits into log-probs.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        max_new_tokens: int = 64,
+        min_new_tokens: int = 0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        stop_strings: Sequence[str] = (),
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        gradient_checkpointing: bool = False,
+        add_special_tokens: bool = True,
+        chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    ):
+        if max_new_tokens < 1 or not 0 <= min_new_tokens <= max_new_tokens:
+            raise ValueError(f"need 1 <= max_new_tokens and 0 <= min_new_tokens <= max_new_tokens, "
+                             f"got {max_new_tokens=}, {min_new_tokens=}")
+        if top_k < 0 or not 0.0 < top_p <= 1.0:
+            raise ValueError(f"need top_k >= 0 and 0 < top_p <= 1, got {top_k=}, {top_p=}")
+        if isinstance(stop_strings, str) or any(not s for s in stop_strings):
+            raise ValueError(f"stop_strings must be a list of non-empty strings, got {stop_strings!r}")
+        self.module = model.to(device=device, dtype=dtype)
+        self.tokenizer = tokenizer
+        self.max_new_tokens, self.min_new_tokens = max_new_tokens, min_new_tokens
+        self.top_k, self.top_p = top_k, top_p
+        self.stop_strings = list(stop_strings)
+        self.add_special_tokens = add_special_tokens
+        self.chunk_elements = chunk_elements
+        self.device = next(model.parameters()).device
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.eos_ids = self._eos_ids(model, tokenizer)
+        if gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str, dtype: str = "float32", device: str = "cpu",
+                        lora: dict | None = None, **settings: Any) -> "CausalLMPolicy":
+        """Load with ``rlvr.modeling.load_model_and_tokenizer``; ``settings`` go to the constructor."""
+        from rlvr.modeling import load_model_and_tokenizer
+
+        model, tokenizer = load_model_and_tokenizer(name_or_path, dtype=dtype, device=device, lora=lora)
+        return cls(model, tokenizer, **settings)
+
+    @staticmethod
+    def _eos_ids(model: torch.nn.Module, tokenizer: Any) -> torch.Tensor:
+        """The token ids that end a response: the tokenizer's EOS and the generation config's."""
+        ids = {tokenizer.eos_token_id}
+        config_ids = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        ids.update(config_ids if isinstance(config_ids, list) else [config_ids])
+        ids.discard(None)
+        if not ids:
+            raise ValueError("the tokenizer and the model's generation config define no EOS token")
+        return torch.tensor(sorted(ids), device=next(model.parameters()).device)
+
+    # ---- prompts ------------------------------------------------------------------
+
+    def encode_prompts(self, prompts: Sequence[str | dict]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tokenize B prompts (strings, or dicts with a "prompt" key), left-padded.
+
+        Returns prompt_ids [B, P] long and prompt_mask [B, P] bool (True on real tokens).
+        """
+        texts = [p["prompt"] if isinstance(p, dict) else p for p in prompts]
+        encoded = self.tokenizer(texts, add_special_tokens=self.add_special_tokens)["input_ids"]
+        if not encoded or any(len(ids) == 0 for ids in encoded):
+            raise ValueError("every prompt must have at least one token (and there must be a prompt)")
+        width = max(len(ids) for ids in encoded)
+        prompt_ids = torch.full((len(encoded), width), self.pad_id, dtype=torch.long)
+        prompt_mask = torch.zeros((len(encoded), width), dtype=torch.bool)
+        for row, ids in enumerate(encoded):
+            prompt_ids[row, width - len(ids):] = torch.tensor(ids)
+            prompt_mask[row, width - len(ids):] = True
+        return prompt_ids.to(self.device), prompt_mask.to(self.device)
+
+    # ---- generation ---------------------------------------------------------------
+
+    def sample(self, prompts: Sequence[str | dict], group_size: int, temperature: float,
+               generator: torch.Generator) -> Samples:
+        """G responses to each of B prompts, drawn with ``generator`` (same seed, same samples).
+
+        ``responses`` is a list of B lists of G strings; ``sample_log_probs`` [N, T] are
+        log pi_tau of the drawn tokens (see the module docstring), 0 where the mask is False.
+        """
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0 for sampling, got {temperature} (use greedy)")
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {group_size}")
+
+        def pick(logits: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+            scaled = logits.float() / temperature  # [n, V]
+            log_probs = torch.log_softmax(scaled, dim=-1)
+            probs = torch.softmax(_truncate(self._block_eos(scaled, step), self.top_k, self.top_p), dim=-1)
+            tokens = torch.multinomial(probs.to(generator.device), 1, generator=generator)
+            tokens = tokens.squeeze(-1).to(logits.device)  # [n]
+            return tokens, log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+        return self._generate(prompts, group_size, pick)
+
+    def greedy(self, prompts: Sequence[str | dict]) -> list[list[str]]:
+        """The argmax response to each prompt, as B lists of one string."""
+
+        def pick(logits: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+            scaled = self._block_eos(logits.float(), step)
+            tokens = scaled.argmax(dim=-1)
+            return tokens, torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+        return self._generate(prompts, 1, pick).responses
+
+    def _block_eos(self, scaled: torch.Tensor, step: int) -> torch.Tensor:
+        """Logits [n, V] with EOS at -inf while fewer than ``min_new_tokens`` tokens exist."""
+        if step >= self.min_new_tokens:
+            return scaled
+        return scaled.index_fill(-1, self.eos_ids, -torch.inf)
+
+    @torch.no_grad()
+    def _generate(self, prompts: Sequence[str | dict], group_size: int, pick: TokenPicker) -> Samples:
+        """Decode G responses per prompt with a KV cache; the prompt is encoded once, not G times."""
+        prompt_ids, prompt_mask = self.encode_prompts(prompts)  # [B, P]
+        was_training = self.module.training
+        self.module.eval()  # no dropout while sampling; checkpointing is off in eval mode
+        try:
+            response_ids, lengths, log_probs = self._decode(prompt_ids, prompt_mask, group_size, pick)
+        finally:
+            self.module.train(was_training)
+        response_mask = torch.arange(response_ids.shape[1], device=self.device) < lengths.unsqueeze(-1)
+        texts = [self._response_text(ids[:length]) for ids, length in zip(response_ids.tolist(), lengths.tolist())]
+        return Samples(
+            responses=[texts[b * group_size:(b + 1) * group_size] for b in range(len(prompts))],
+            response_ids=response_ids,
+            response_mask=response_mask,
+            prompt_ids=prompt_ids.repeat_interleave(group_size, dim=0),
+            prompt_mask=prompt_mask.repeat_interleave(group_size, dim=0),
+            sample_log_probs=log_probs.masked_fill(~response_mask, 0.0),
+        )
+
+    def _decode(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int,
+                pick: TokenPicker) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The token loop. Returns response_ids [N, T], lengths [N] and log-probs [N, T].
+
+        Finished rows leave the batch (and the cache), so late steps cost only the rows
+        still running; the loop stops when none is.
+        """
+        n = prompt_ids.shape[0] * group_size
+        positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # [B, P], 0 on left padding
+        out = self.module(input_ids=prompt_ids, attention_mask=prompt_mask.long(), position_ids=positions,
+                          use_cache=True, logits_to_keep=1)
+        cache = out.past_key_values
+        cache.batch_repeat_interleave(group_size)  # [B, ...] -> [N, ...], row b*G + g
+        logits = out.logits[:, -1].repeat_interleave(group_size, dim=0)  # [N, V]
+        attention = prompt_mask.long().repeat_interleave(group_size, dim=0)  # [n, P + t]
+        next_position = prompt_mask.sum(-1).repeat_interleave(group_size)  # [n]
+        rows = torch.arange(n, device=self.device)  # global index of each running row
+        response_ids = torch.full((n, self.max_new_tokens), self.pad_id, dtype=torch.long, device=self.device)
+        log_probs = torch.zeros((n, self.max_new_tokens), device=self.device)
+        lengths = torch.full((n,), self.max_new_tokens, dtype=torch.long, device=self.device)
+        for step in range(self.max_new_tokens):
+            tokens, picked_log_probs = pick(logits, step)  # [n], [n]
+            response_ids[rows, step] = tokens
+            log_probs[rows, step] = picked_log_probs
+            done = torch.isin(tokens, self.eos_ids) | self._stop_string_hits(response_ids[rows, : step + 1])
+            lengths[rows[done]] = step + 1
+            running = ~done
+            if step + 1 == self.max_new_tokens or not running.any():
+                break
+            if not running.all():
+                pass
+                rows, tokens = rows[running], tokens[running]
+                attention, next_position = attention[running], next_position[running]
+            attention = torch.cat([attention, attention.new_ones((rows.shape[0], 1))], dim=-1)
+            out = self.module(input_ids=tokens.unsqueeze(-1), attention_mask=attention,
+                              position_ids=next_position.unsqueeze(-1), past_key_values=cache, use_cache=True)
+            logits = out.logits[:, -1]
+            next_position = next_position + 1
+        width = int(lengths.max())
+        return response_ids[:, :width], lengths, log_probs[:, :width]
+
+    def _stop_string_hits(self, response_ids: torch.Tensor) -> torch.Tensor:
+        """[n] bool: does the response [n, t] now contain a stop string?
+
+        Only the last few tokens are decoded (every token adds at least one character,
+        so a stop string just completed lies within its length in tokens, plus margin).
+        """
+        hits = torch.zeros(response_ids.shape[0], dtype=torch.bool, device=response_ids.device)
+        if not self.stop_strings:
+            return hits
+        window = max(len(s) for s in self.stop_strings) + 2
+        tails = self.tokenizer.batch_decode(response_ids[:, -window:].tolist(), skip_special_tokens=True)
+        for row, text in enumerate(tails):
+            hits[row] = any(s in text for s in self.stop_strings)
+        return hits
+
+    def _response_text(self, ids: list[int]) -> str:
+        """Decoded response, cut right after the first stop string in it."""
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        ends = [text.find(s) + len(s) for s in self.stop_strings if s in text]
+        return text[: min(ends)] if ends else text
+
+    # ---- scoring ------------------------------------------------------------------
+
+    def log_probs(self, samples: Samples, temperature: float,
+                  with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """log pi_tau(a_t | s_t) [n, T] of the response tokens, 0 where the mask is False.
+
+        One forward pass over prompt + response (left-padded prompt, right-padded
+        response, positions counted over real tokens only); logits are kept only for
+        the T positions that predict response tokens. With ``with_entropy``, also the
+        entropy [n, T] of pi_tau at each position (detached: a metric; 0 off the mask).
+        Gradients flow to the module's parameters unless called under no_grad.
+        """
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        response_ids, response_mask = samples.response_ids, samples.response_mask  # [n, T]
+        num_tokens = response_ids.shape[1]
+        input_ids = torch.cat([samples.prompt_ids, response_ids], dim=1)  # [n, P + T]
+        attention = torch.cat([samples.prompt_mask, response_mask], dim=1).long()
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        logits = self.module(input_ids=input_ids, attention_mask=attention, position_ids=positions,
+                             use_cache=False, logits_to_keep=num_tokens + 1).logits[:, :-1]  # [n, T, V]
+        log_probs = token_log_probs(logits, response_ids, temperature, self.chunk_elements)
+        log_probs = log_probs.masked_fill(~response_mask, 0.0)
+        entropy = self._entropy(logits.detach(), temperature, response_mask) if with_entropy else None
+        return log_probs, entropy
+
+    def _entropy(self, logits: torch.Tensor, temperature: float, response_mask: torch.Tensor) -> torch.Tensor:
+        """Entropy [n, T] of softmax(logits / tau), logits [n, T, V], chunked like the log-probs."""
+        chunk_rows = max(1, self.chunk_elements // max(1, logits.shape[1] * logits.shape[2]))
+        entropy = torch.cat([entropy_from_logits(logits[rows].float() / temperature)
+                             for rows in _row_chunks(logits.shape[0], chunk_rows)])
+        return entropy.masked_fill(~response_mask, 0.0)

@@ -1,0 +1,212 @@
+"""CausalLMPolicy against slow, obviously-correct references on tiny random models.
+
+Shapes: B prompts, G responses per prompt, N = B*G, P prompt tokens, T response tokens.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlvr.modeling import init_model, load_model_and_tokenizer
+from rlvr.policies.causal_lm import CausalLMPolicy, token_log_probs
+
+PROMPTS = ["123456>", "98>", {"prompt": "5"}]  # different lengths: left padding
+TINY = dict(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, max_positions=64)
+
+
+@pytest.fixture(scope="module", params=["llama", "gpt2"])
+def model_dir(request, tmp_path_factory):
+    return init_model(tmp_path_factory.mktemp(request.param), arch=request.param, **TINY)
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    return init_model(tmp_path_factory.mktemp("llama"), arch="llama", **TINY)
+
+
+def make_policy(path, **settings) -> CausalLMPolicy:
+    model, tokenizer = load_model_and_tokenizer(path)
+    return CausalLMPolicy(model, tokenizer, **{"max_new_tokens": 12, **settings})
+
+
+def sample(policy, seed=0, group_size=4, temperature=1.0, prompts=PROMPTS):
+    return policy.sample(prompts, group_size, temperature, torch.Generator().manual_seed(seed))
+
+
+def real_tokens(samples, row):
+    """Row ``row``'s unpadded prompt and response token lists."""
+    prompt = samples.prompt_ids[row][samples.prompt_mask[row]].tolist()
+    response = samples.response_ids[row][samples.response_mask[row]].tolist()
+    return prompt, response
+
+
+def reference_log_probs(policy, samples, temperature):
+    """Per row: one unpadded forward of prompt + response, log_softmax, gather. [N, T]."""
+    expected = torch.zeros(samples.response_ids.shape)
+    entropy = torch.zeros(samples.response_ids.shape)
+    with torch.no_grad():
+        for row in range(samples.num_responses):
+            prompt, response = real_tokens(samples, row)
+            logits = policy.module(torch.tensor([prompt + response])).logits[0] / temperature
+            log_softmax = torch.log_softmax(logits[len(prompt) - 1: -1], dim=-1)  # [t, V]
+            expected[row, : len(response)] = log_softmax.gather(-1, torch.tensor(response)[:, None])[:, 0]
+            entropy[row, : len(response)] = -(log_softmax.exp() * log_softmax).sum(-1)
+    return expected, entropy
+
+
+def reference_greedy(policy, prompt: str) -> str:
+    """Argmax decoding with a full forward per token, no cache, no padding."""
+    ids = policy.tokenizer(prompt)["input_ids"]
+    response = []
+    with torch.no_grad():
+        for _ in range(policy.max_new_tokens):
+            token = int(policy.module(torch.tensor([ids + response])).logits[0, -1].argmax())
+            response.append(token)
+            if token == policy.tokenizer.eos_token_id:
+                break
+    return policy.tokenizer.decode(response, skip_special_tokens=True)
+
+
+def test_masks_and_log_probs_match_unpadded_reference(model_dir):
+    policy = make_policy(model_dir)
+    samples = sample(policy)
+    lengths = samples.response_mask.sum(-1)
+    num_tokens = samples.response_ids.shape[1]
+    # the batch must mix rows that ended on EOS with rows that ran to the end
+    assert (lengths < num_tokens).any() and (lengths == num_tokens).any()
+    assert samples.prompt_mask[:, 0].logical_not().any()  # some prompts are left-padded
+    eos = policy.tokenizer.eos_token_id
+    for row in range(samples.num_responses):
+        tokens = samples.response_ids[row].tolist()
+        first_eos = tokens.index(eos) + 1 if eos in tokens else num_tokens
+        assert int(lengths[row]) == first_eos  # mask: up to and including the first EOS
+        assert samples.response_mask[row].tolist() == [t < first_eos for t in range(num_tokens)]
+    expected, expected_entropy = reference_log_probs(policy, samples, temperature=0.7)
+    log_probs, entropy = policy.log_probs(samples, temperature=0.7, with_entropy=True)
+    torch.testing.assert_close(log_probs, expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(entropy, expected_entropy, atol=1e-5, rtol=0)
+    assert (log_probs[~samples.response_mask] == 0).all()
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+def test_sampling_log_probs_equal_scored_log_probs(model_dir, temperature):
+    # top_k / top_p / min_new_tokens change the draw, never the recorded log pi_tau
+    for settings in ({}, {"top_k": 5, "top_p": 0.9, "min_new_tokens": 2}):
+        policy = make_policy(model_dir, **settings)
+        samples = sample(policy, seed=1, temperature=temperature)
+        with torch.no_grad():
+            scored, _ = policy.log_probs(samples, temperature)
+        torch.testing.assert_close(samples.sample_log_probs, scored, atol=1e-5, rtol=0)
+        assert (samples.sample_log_probs[samples.response_mask] < 0).all()
+
+
+def test_fixed_seed_gives_identical_samples(llama_dir):
+    policy = make_policy(llama_dir)
+    first, again, other = sample(policy, seed=3), sample(policy, seed=3), sample(policy, seed=4)
+    assert first.responses == again.responses
+    assert torch.equal(first.response_ids, again.response_ids)
+    assert torch.equal(first.sample_log_probs, again.sample_log_probs)
+    assert first.responses != other.responses
+    assert [len(group) for group in first.responses] == [4, 4, 4]
+
+
+def test_min_new_tokens_prevents_early_eos(llama_dir):
+    free = sample(make_policy(llama_dir), seed=2, group_size=8)
+    assert (free.response_mask.sum(-1) < 6).any()  # without it, some rows end early
+    held = sample(make_policy(llama_dir, min_new_tokens=6), seed=2, group_size=8)
+    lengths = held.response_mask.sum(-1)
+    assert (lengths >= 6).all()
+    eos = held.response_ids[:, :6] == 2
+    assert not eos.any()
+
+
+def test_stop_strings_cut_responses(llama_dir):
+    policy = make_policy(llama_dir, stop_strings=["3", "+="])
+    samples = sample(policy, seed=0, group_size=8)
+    texts = [text for group in samples.responses for text in group]
+    stopped = [t for t in texts if t.endswith("3") or t.endswith("+=")]
+    assert stopped, "no response hit a stop string: the test would not test anything"
+    for row, text in enumerate(texts):
+        assert "3" not in text[:-1] and "+=" not in text[:-2]
+        prompt, response = real_tokens(samples, row)
+        full = policy.tokenizer.decode(response, skip_special_tokens=True)
+        assert full == text  # one character per token: nothing follows the stop string
+    free = sample(make_policy(llama_dir), seed=0, group_size=8)
+    assert any("3" in t[:-1] for group in free.responses for t in group)
+
+
+def test_greedy_matches_uncached_argmax_decoding(model_dir):
+    policy = make_policy(model_dir)
+    prompts = [p["prompt"] if isinstance(p, dict) else p for p in PROMPTS]
+    assert policy.greedy(PROMPTS) == [[reference_greedy(policy, p)] for p in prompts]
+
+
+def test_top_k_one_sampling_is_greedy(llama_dir):
+    policy = make_policy(llama_dir, top_k=1)
+    samples = sample(policy, group_size=3)
+    assert samples.responses == [group * 3 for group in policy.greedy(PROMPTS)]
+
+
+def test_gradients_are_invariant_to_micro_batching(llama_dir):
+    policy = make_policy(llama_dir)
+    samples = sample(policy, seed=5)
+    params = [p for p in policy.module.parameters() if p.requires_grad]
+
+    def grads(row_groups):
+        policy.module.zero_grad()
+        for rows in row_groups:
+            log_probs, _ = policy.log_probs(samples.rows(rows), temperature=0.8)
+            log_probs.sum().backward()
+        return [p.grad.clone() for p in params]
+
+    n = samples.num_responses
+    whole = grads([torch.arange(n)])
+    split = grads([torch.arange(0, n, 2), torch.arange(1, n, 2)])  # different padding per batch
+    assert any(g.abs().sum() > 0 for g in whole)
+    for full, parts in zip(whole, split):
+        torch.testing.assert_close(parts, full, atol=1e-5, rtol=1e-4)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(llama_dir):
+    samples = sample(make_policy(llama_dir), seed=6)
+
+    def grads(policy):
+        log_probs, _ = policy.log_probs(samples, temperature=1.0)
+        log_probs.sum().backward()
+        return [p.grad for p in policy.module.parameters()]
+
+    plain = grads(make_policy(llama_dir))
+    checkpointed = grads(make_policy(llama_dir, gradient_checkpointing=True))
+    for a, b in zip(plain, checkpointed):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("chunk_elements", [1, 50, 10**9])
+def test_token_log_probs_value_and_gradient(chunk_elements):
+    # against autograd through a plain log_softmax + gather, in float64
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, 4, 7, dtype=torch.float64, generator=generator, requires_grad=True)
+    tokens = torch.randint(0, 7, (5, 4), generator=generator)
+    weights = torch.randn(5, 4, dtype=torch.float64, generator=generator)
+    got = token_log_probs(logits, tokens, 0.6, chunk_elements)
+    (got.double() * weights).sum().backward()
+    grad_got, logits.grad = logits.grad.clone(), None
+    expected = torch.log_softmax(logits / 0.6, -1).gather(-1, tokens[..., None])[..., 0]
+    (expected * weights).sum().backward()
+    torch.testing.assert_close(got, expected.float(), atol=1e-6, rtol=0)
+    torch.testing.assert_close(grad_got, logits.grad, atol=1e-6, rtol=0)
+
+
+def test_bad_settings_are_rejected(llama_dir):
+    with pytest.raises(ValueError, match="min_new_tokens"):
+        make_policy(llama_dir, min_new_tokens=20)
+    with pytest.raises(ValueError, match="top_p"):
+        make_policy(llama_dir, top_p=0.0)
+    with pytest.raises(ValueError, match="stop_strings"):
+        make_policy(llama_dir, stop_strings="3")
+    policy = make_policy(llama_dir)
+    with pytest.raises(ValueError, match="temperature"):
+        sample(policy, temperature=0.0)
+    with pytest.raises(ValueError, match="at least one token"):
+        policy.greedy(["12", ""])

@@ -1,0 +1,58 @@
+import torch
+
+from rlvr.policies.positional import PositionalModel, PositionalPolicy
+
+
+def lecture_forward(model: PositionalModel, prompts: torch.Tensor) -> torch.Tensor:
+    """The lecture's einsum formulation, the reference for the fused matmuls."""
+    x = model.embedding(prompts)
+    state = torch.einsum("bpd,pde->be", x, model.encode)
+    out = torch.einsum("be,pef->bpf", state, model.decode)
+    return out @ model.embedding.weight.T
+
+
+def test_forward_equals_lecture_einsums():
+    torch.manual_seed(0)
+    model = PositionalModel(vocab_size=7, embedding_dim=6, num_positions=4).double()
+    prompts = torch.randint(0, 7, (5, 4))
+    torch.testing.assert_close(model(prompts), lecture_forward(model, prompts), rtol=1e-12, atol=1e-12)
+
+
+def test_sampling_shapes_seed_and_log_probs():
+    torch.manual_seed(0)
+    policy = PositionalPolicy(vocab_size=5, embedding_dim=10, num_positions=3)
+    prompts = torch.tensor([[1, 0, 2], [3, 2, 4]])
+    a = policy.sample(prompts, 6, 0.7, torch.Generator().manual_seed(1))
+    b = policy.sample(prompts, 6, 0.7, torch.Generator().manual_seed(1))
+    assert a.responses.shape == (2, 6, 3) and a.response_ids.shape == (12, 3)
+    assert torch.equal(a.responses, b.responses)
+    # Row b*G + g is response g of prompt b.
+    assert torch.equal(a.response_ids[6 + 2], a.responses[1, 2])
+    assert torch.equal(a.prompt_ids[7], prompts[1])
+    assert a.response_mask.all()
+    # Sampling log-probs are the scored log-probs at the same temperature.
+    scored, entropy = policy.log_probs(a, 0.7, with_entropy=True)
+    torch.testing.assert_close(a.sample_log_probs, scored.detach(), rtol=0, atol=1e-6)
+    assert entropy.shape == (12, 3) and (entropy >= 0).all()
+    # And they are log softmax(logits / T) at the chosen tokens.
+    logits = lecture_forward(policy.module, a.prompt_ids) / 0.7
+    want = torch.log_softmax(logits, -1).gather(-1, a.response_ids.unsqueeze(-1)).squeeze(-1)
+    torch.testing.assert_close(scored, want, rtol=1e-5, atol=1e-5)
+
+
+def test_sample_frequencies_follow_the_policy():
+    torch.manual_seed(0)
+    policy = PositionalPolicy(vocab_size=4, embedding_dim=4, num_positions=2)
+    prompts = torch.tensor([[1, 3]])
+    samples = policy.sample(prompts, 20000, 1.0, torch.Generator().manual_seed(0))
+    probs = torch.softmax(policy.module(prompts), -1)[0, 0].detach()  # position 0, [V]
+    freq = torch.bincount(samples.responses[0, :, 0], minlength=4).float() / 20000
+    # 5 standard errors of a proportion at n = 20000 is at most 5 * 0.5 / sqrt(20000) = 0.018.
+    assert (freq - probs).abs().max() < 0.018
+
+
+def test_greedy_is_argmax():
+    torch.manual_seed(0)
+    policy = PositionalPolicy(vocab_size=5, embedding_dim=10, num_positions=3)
+    prompts = torch.tensor([[1, 0, 2]])
+    assert torch.equal(policy.greedy(prompts)[:, 0], policy.module(prompts).argmax(-1))

@@ -1,0 +1,98 @@
+import itertools
+
+import pytest
+import torch
+
+from rlvr.tasks.sorting import (
+    LECTURE_PROMPTS,
+    SortingTask,
+    exact_reward,
+    exact_scalar,
+    inclusion_ordering_reward,
+    inclusion_ordering_scalar,
+    position_match_reward,
+    position_match_scalar,
+)
+
+PROMPT = [3, 1, 0, 2]
+RESPONSES = [[0, 1, 2, 3], [7, 2, 2, 5], [0, 3, 1, 2]]
+
+
+def batch(prompt, responses):
+    return torch.tensor([prompt]), torch.tensor([responses])  # [1, n], [1, G, n]
+
+
+def test_lecture_examples_position_match():
+    # sorted prompt is [0, 1, 2, 3]: the right answer matches all 4 positions,
+    # [7, 2, 2, 5] only position 2 (the 2), [0, 3, 1, 2] only position 0 (the 0).
+    assert [position_match_scalar(PROMPT, r) for r in RESPONSES] == [4, 1, 1]
+    assert position_match_reward(*batch(PROMPT, RESPONSES)).tolist() == [[4.0, 1.0, 1.0]]
+
+
+def test_lecture_examples_inclusion_ordering():
+    # [0,1,2,3]: 4 prompt tokens present + 3 ordered pairs = 7.
+    # [7,2,2,5]: only the 2 of the prompt is present (1) + pairs (2,2), (2,5) ordered (2) = 3.
+    # [0,3,1,2]: all 4 present + pairs (0,3), (1,2) ordered = 6.
+    assert [inclusion_ordering_scalar(PROMPT, r) for r in RESPONSES] == [7, 3, 6]
+    assert inclusion_ordering_reward(*batch(PROMPT, RESPONSES)).tolist() == [[7.0, 3.0, 6.0]]
+
+
+def test_exact_reward_and_gold_check():
+    assert exact_reward(*batch(PROMPT, RESPONSES)).tolist() == [[1.0, 0.0, 0.0]]
+    task = SortingTask(num_numbers=4, vocab_size=8)
+    assert task.is_correct(*batch(PROMPT, RESPONSES)).tolist() == [[True, False, False]]
+
+
+@pytest.mark.parametrize(
+    "vector, scalar",
+    [(exact_reward, exact_scalar), (position_match_reward, position_match_scalar),
+     (inclusion_ordering_reward, inclusion_ordering_scalar)],
+)
+def test_vectorised_rewards_equal_the_scalar_definitions(vector, scalar):
+    gen = torch.Generator().manual_seed(0)
+    prompts = torch.randint(0, 5, (6, 4), generator=gen)
+    responses = torch.randint(0, 5, (6, 7, 4), generator=gen)
+    got = vector(prompts, responses)
+    want = [[scalar(p.tolist(), r.tolist()) for r in rs] for p, rs in zip(prompts, responses)]
+    assert got.tolist() == want
+
+
+def test_inclusion_ordering_loophole_wrong_answer_gets_maximum():
+    # Membership, not multiplicity: prompt [2, 0, 2] sorts to [0, 2, 2], but [0, 0, 2]
+    # "includes" 2, 0 and 2 (3 points) and keeps both pairs ordered (2 points) = 5,
+    # the maximum 2n - 1, while being wrong.
+    prompts, responses = batch([2, 0, 2], [[0, 0, 2], [0, 2, 2]])
+    rewards = inclusion_ordering_reward(prompts, responses)
+    assert rewards.tolist() == [[5.0, 5.0]]
+    assert exact_reward(prompts, responses).tolist() == [[0.0, 1.0]]
+
+
+def test_no_loophole_with_distinct_numbers():
+    # With distinct prompt numbers, every response scoring the maximum is the sorted one.
+    prompt = [3, 0, 2]
+    for response in itertools.product(range(4), repeat=3):
+        if inclusion_ordering_scalar(prompt, list(response)) == 5:
+            assert list(response) == [0, 2, 3]
+
+
+def test_prompts_seeded_distinct_and_fixed():
+    task = SortingTask(num_numbers=4, vocab_size=6, fixed_prompts=None)
+    a = task.sample_prompts(50, torch.Generator().manual_seed(3))
+    b = task.sample_prompts(50, torch.Generator().manual_seed(3))
+    assert torch.equal(a, b)
+    assert all(len(set(p)) == 4 for p in a.tolist())
+    assert a.min() >= 0 and a.max() < 6
+    with_repeats = SortingTask(num_numbers=4, vocab_size=3, allow_repeats=True, fixed_prompts=None)
+    assert with_repeats.sample_prompts(40, torch.Generator().manual_seed(0)).shape == (40, 4)
+    fixed = SortingTask(num_numbers=3, vocab_size=5, fixed_prompts=LECTURE_PROMPTS)
+    assert fixed.sample_prompts(99, torch.Generator()).tolist() == LECTURE_PROMPTS
+    assert fixed.eval_prompts().tolist() == LECTURE_PROMPTS
+
+
+def test_bad_task_arguments_are_named():
+    with pytest.raises(ValueError, match="distinct"):
+        SortingTask(num_numbers=6, vocab_size=4, fixed_prompts=None)
+    with pytest.raises(ValueError, match="unknown sorting reward"):
+        SortingTask(reward="nope")
+    with pytest.raises(ValueError, match=r"range|\[0, 3\)"):
+        SortingTask(num_numbers=3, vocab_size=3, fixed_prompts=[[0, 1, 5]])
