@@ -8,7 +8,9 @@ from pathlib import Path
 
 from rlvr.config import Config, ConfigError, load_config
 from rlvr.metrics import JsonlSink, plot_runs, read_records, summary
-from rlvr.runs import RunError, run_training
+from rlvr.checkpoint import CheckpointError
+from rlvr.runs import RunError, resume_config, run_training
+from rlvr.trainer import TrainingError
 
 DELTA_COMPARE = ("raw", "centered", "normalized")
 
@@ -36,8 +38,15 @@ def _int_list(text: str) -> list[int]:
 
 def cmd_train(args: argparse.Namespace) -> int:
     path, overrides = _split_args(args.items)
-    config = load_config(path, overrides)
-    records, run_dir = run_training(config)
+    resume = [o.split("=", 1)[1] for o in overrides if o.startswith("resume=")]
+    overrides = [o for o in overrides if not o.startswith("resume=")]
+    if resume:
+        if path is not None:
+            raise ConfigError("resume=RUN_DIR takes the run's own config.yaml; give overrides only")
+        config = resume_config(resume[-1], overrides)
+    else:
+        config = load_config(path, overrides)
+    records, run_dir = run_training(config, resume=resume[-1] if resume else None)
     print_summary({config.name: records})
     print(f"run directory: {run_dir}")
     return 0
@@ -124,11 +133,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, RunError, FileNotFoundError) as err:
+    except (ConfigError, RunError, CheckpointError, FileNotFoundError) as err:
         print(f"rlvr: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("rlvr: interrupted", file=sys.stderr)
+    except TrainingError as err:
+        print(f"rlvr: training stopped: {err}", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt as err:
+        print(f"rlvr: interrupted{': ' + str(err) if str(err) else ''}", file=sys.stderr)
         return 130
 
 

@@ -72,6 +72,7 @@ class OptimConfig:
     betas: list = field(default_factory=lambda: [0.9, 0.999], metadata={"help": "Adam betas"})
     max_grad_norm: float | None = field(default=None, metadata={"help": "clip the gradient norm (null: no clipping)"})
     micro_batches: int = field(default=1, metadata={"help": "split each step's N responses into this many micro-batches"})
+    max_bad_steps: int = field(default=5, metadata={"help": "stop after this many consecutive non-finite steps"})
 
 
 @dataclass
@@ -80,6 +81,8 @@ class LogConfig:
     eval_samples: int = field(default=8, metadata={"help": "sampled responses per held-out prompt"})
     progress: bool = field(default=True, metadata={"help": "show a progress bar"})
     plot: bool = field(default=True, metadata={"help": "write plot.png into the run directory"})
+    checkpoint_every: int = field(default=10, metadata={"help": "write a checkpoint every k epochs (0: only at the end)"})
+    keep_checkpoints: int = field(default=2, metadata={"help": "how many recent checkpoints to keep"})
 
 
 @dataclass
@@ -280,6 +283,9 @@ def validate(config: Config) -> None:
     if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
         raise ConfigError(f"optim.betas={o.betas!r} must be two numbers in [0, 1)")
     _positive("optim.micro_batches", o.micro_batches)
+    _positive("optim.max_bad_steps", o.max_bad_steps)
+    _positive("log.checkpoint_every", lg.checkpoint_every, allow_zero=True)
+    _positive("log.keep_checkpoints", lg.keep_checkpoints)
     _positive("log.eval_every", lg.eval_every)
     _positive("log.eval_samples", lg.eval_samples)
     if config.threads < 0:

@@ -1,19 +1,26 @@
-"""A run on disk: its directory, resolved config, metrics, figure and progress bar."""
+"""A run on disk: its directory, resolved config, metrics, checkpoints, figure and
+progress bar; starting a run and resuming one."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import signal
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from tqdm import tqdm
 
-from rlvr.config import Config
-from rlvr.metrics import JsonlSink, Record, plot_runs
-from rlvr.trainer import setup, train
+from rlvr.checkpoint import PREFIX, load_latest, save_checkpoint
+from rlvr.config import Config, ConfigError, load_config
+from rlvr.metrics import JsonlSink, Record, plot_runs, read_records
+from rlvr.trainer import TrainState, setup, train
 
 
 class RunError(RuntimeError):
-    """A run that cannot start (its directory is taken, say)."""
+    """A run that cannot start or go on (its directory is taken, say)."""
 
 
 def prepare_run_dir(config: Config) -> Path:
@@ -22,7 +29,9 @@ def prepare_run_dir(config: Config) -> Path:
     run_dir = config.run_dir
     if run_dir.exists() and any(run_dir.iterdir()):
         if config.out_dir:
-            raise RunError(f"run directory {run_dir} already holds files; choose another out_dir")
+            raise RunError(
+                f"run directory {run_dir} already holds files; choose another out_dir or resume={run_dir}"
+            )
         k = 2
         while (run_dir.parent / f"{run_dir.name}-{k}").exists():
             k += 1
@@ -34,8 +43,9 @@ def prepare_run_dir(config: Config) -> Path:
 class Progress:
     """A progress bar over epochs showing the mean reward and solve rate."""
 
-    def __init__(self, epochs: int, enabled: bool, desc: str):
-        self.bar = tqdm(total=epochs, disable=not enabled, desc=desc, dynamic_ncols=True, leave=True, mininterval=0.5)
+    def __init__(self, epochs: int, enabled: bool, desc: str, initial: int = 0):
+        self.bar = tqdm(total=epochs, initial=initial, disable=not enabled, desc=desc,
+                        dynamic_ncols=True, leave=True, mininterval=0.5)
         self.epoch = -1
 
     def __call__(self, record: Record) -> None:
@@ -50,31 +60,98 @@ class Progress:
         self.bar.close()
 
 
-def run_training(config: Config, plot: bool | None = None) -> tuple[list[Record], Path]:
+@contextmanager
+def stop_on_sigint(st: TrainState) -> Iterator[None]:
+    """First Ctrl-C: finish the current epoch, checkpoint, stop. Second: stop at once."""
+
+    def handler(signum, frame):
+        if st.stop_requested:
+            raise KeyboardInterrupt
+        st.stop_requested = True
+        print("\nrlvr: stopping after this epoch and writing a checkpoint (Ctrl-C again to abort)", flush=True)
+
+    try:
+        previous = signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _checkpointer(config: Config, run_dir: Path):
+    every = config.log.checkpoint_every
+
+    def on_epoch_end(st: TrainState) -> None:
+        last = st.epoch == config.algo.epochs or st.stop_requested
+        if last or (every and st.epoch % every == 0):
+            save_checkpoint(run_dir, f"{PREFIX}{st.epoch:06d}", st.payload(), st.policy, config.log.keep_checkpoints)
+
+    return on_epoch_end
+
+
+def _truncate_metrics(path: Path, count: int) -> list[Record]:
+    """Keep the first ``count`` records of a metrics file (those the checkpoint knows)."""
+    records = read_records(path)[:count]
+    tmp = path.with_suffix(".jsonl.tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        for record in records:
+            f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return records
+
+
+def run_training(
+    config: Config, plot: bool | None = None, resume: str | Path | None = None
+) -> tuple[list[Record], Path]:
     """Train with everything written to the run directory; returns (records, run_dir).
 
     The task, policy and optimizer are built before the directory is created, so a
-    configuration that fails to build leaves nothing behind.
+    configuration that fails to build leaves nothing behind. With ``resume`` the run
+    continues from the newest usable checkpoint of that directory.
     """
     state = setup(config)
-    run_dir = prepare_run_dir(config)
-    try:
-        (run_dir / "config.yaml").write_text(config.to_yaml())
-        sink = JsonlSink(run_dir / "metrics.jsonl")
-    except OSError:
-        shutil.rmtree(run_dir, ignore_errors=True)
-        raise
-    progress = Progress(config.algo.epochs, config.log.progress, config.name)
+    task, st = state
+    if resume is not None:
+        run_dir = Path(resume)
+        _, payload = load_latest(run_dir)
+        records = _truncate_metrics(run_dir / "metrics.jsonl", payload["num_records"])
+        st.restore(payload, records)
+    else:
+        run_dir = prepare_run_dir(config)
+        try:
+            config.out_dir = str(run_dir)
+            (run_dir / "config.yaml").write_text(config.to_yaml())
+        except OSError:
+            shutil.rmtree(run_dir, ignore_errors=True)
+            raise
+    sink = JsonlSink(run_dir / "metrics.jsonl")
+    progress = Progress(config.algo.epochs, config.log.progress, config.name, initial=st.epoch)
 
     def on_record(record: Record) -> None:
         sink(record)
         progress(record)
 
     try:
-        records = train(config, on_record=on_record, state=state)
+        with stop_on_sigint(st):
+            records = train(config, on_record=on_record, state=state, on_epoch_end=_checkpointer(config, run_dir))
     finally:
         progress.close()
         sink.close()
+    if st.stop_requested:
+        raise KeyboardInterrupt(f"stopped at epoch {st.epoch}; continue with: rlvr train resume={run_dir}")
     if config.log.plot if plot is None else plot:
         plot_runs({config.name: records}, run_dir / "plot.png", config.name)
     return records, run_dir
+
+
+def resume_config(run_dir: str | Path, overrides: list[str]) -> Config:
+    """The config a run was started with (its ``config.yaml``), plus overrides."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"resume={run_dir}: no config.yaml there (not a run directory)")
+    return load_config(run_dir / "config.yaml", overrides + [f"out_dir={run_dir}"])

@@ -9,6 +9,7 @@ accumulation). A frozen reference copy exists only when ``kl_coef > 0``.
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import random
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from rlvr.config import Config, ConfigError
 from rlvr.rollout import Policy, Samples, Task
 
 Record = dict[str, Any]
+logger = logging.getLogger(__name__)
 
 
 def build_task(config: Config) -> Task:
@@ -71,6 +73,10 @@ def seed_everything(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+class TrainingError(RuntimeError):
+    """Training cannot go on (e.g. too many consecutive non-finite steps)."""
+
+
 @dataclass
 class TrainState:
     """Everything that changes during a run: enough to resume it."""
@@ -81,7 +87,39 @@ class TrainState:
     ref_module: torch.nn.Module | None = None
     epoch: int = 0
     step: int = 0
+    bad_steps: int = 0  # consecutive optimizer steps skipped for non-finite values
     records: list[Record] = field(default_factory=list)
+    stop_requested: bool = False  # set by a signal handler: stop at the end of the epoch
+
+    def payload(self) -> dict[str, Any]:
+        """A torch-serialisable snapshot (see ``rlvr.checkpoint``)."""
+        from rlvr.checkpoint import rng_state
+
+        return {
+            "policy": self.policy.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "reference": None if self.ref_module is None else self.ref_module.state_dict(),
+            "generator": self.generator.get_state(),
+            "rng": rng_state(),
+            "epoch": self.epoch,
+            "step": self.step,
+            "bad_steps": self.bad_steps,
+            "num_records": len(self.records),
+        }
+
+    def restore(self, payload: dict[str, Any], records: list[Record]) -> None:
+        """Continue from ``payload``; ``records`` are the run's records so far."""
+        from rlvr.checkpoint import set_rng_state
+
+        self.policy.module.load_state_dict(payload["policy"])
+        self.optimizer.load_state_dict(payload["optimizer"])
+        if payload["reference"] is not None:
+            self.ref_module = frozen_copy(self.policy.module)
+            self.ref_module.load_state_dict(payload["reference"])
+        self.generator.set_state(payload["generator"])
+        set_rng_state(payload["rng"])
+        self.epoch, self.step, self.bad_steps = payload["epoch"], payload["step"], payload["bad_steps"]
+        self.records = list(records[: payload["num_records"]])
 
 
 def setup(config: Config) -> tuple[Task, TrainState]:
@@ -99,16 +137,18 @@ def train(
     config: Config,
     on_record: Callable[[Record], None] | None = None,
     state: tuple[Task, TrainState] | None = None,
+    on_epoch_end: Callable[[TrainState], None] | None = None,
 ) -> list[Record]:
     """Run the configured epochs; return the records (one per inner step, plus evals).
 
-    ``on_record`` sees every record as it is made (the CLI writes them to disk).
+    ``on_record`` sees every record as it is made (the CLI writes them to disk);
+    ``on_epoch_end`` sees the state after each epoch (the CLI writes checkpoints).
     ``state`` continues a run built by ``setup`` (or restored from a checkpoint).
     """
     task, st = state if state is not None else setup(config)
     a = config.algo
     emit = on_record or (lambda record: None)
-    while st.epoch < a.epochs:
+    while st.epoch < a.epochs and not st.stop_requested:
         for record in train_epoch(config, task, st):
             st.records.append(record)
             emit(record)
@@ -117,6 +157,8 @@ def train(
             record = evaluate(config, task, st.policy, st.epoch, st.step)
             st.records.append(record)
             emit(record)
+        if on_epoch_end is not None:
+            on_epoch_end(st)
     return st.records
 
 
@@ -171,10 +213,31 @@ def train_epoch(config: Config, task: Task, st: TrainState) -> list[Record]:
             loss.backward()
             sums.append(weighted_stats(w, loss, pg, kl, stats["clipped"], entropy))
         grad_norm = clip_gradients(policy.module, config.optim.max_grad_norm)
-        st.optimizer.step()
-        step_stats.append(torch.cat([sum(sums), grad_norm.reshape(1)]))
+        values = torch.cat([sum(sums), grad_norm.reshape(1)])
+        skipped = not bool(torch.isfinite(values).all())
+        if skipped:
+            skip_step(st, policy.module, values, config.optim.max_bad_steps)
+        else:
+            st.optimizer.step()
+            st.bad_steps = 0
+        step_stats.append(torch.cat([values, torch.tensor([float(skipped)])]))
         st.step += 1
     return step_records(st, epoch_stats, torch.stack(step_stats))
+
+
+def skip_step(st: TrainState, module: torch.nn.Module, values: torch.Tensor, max_bad_steps: int) -> None:
+    """Drop a step whose loss or gradients are not finite; stop after too many in a row."""
+    bad = [key for key, v in zip(STEP_KEYS, values.tolist()) if not math.isfinite(v)]
+    bad += [f"grad of {name}" for name, p in module.named_parameters()
+            if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
+    st.optimizer.zero_grad(set_to_none=True)
+    st.bad_steps += 1
+    logger.warning("step %d: non-finite %s; optimizer step skipped (%d in a row)", st.step, ", ".join(bad), st.bad_steps)
+    if st.bad_steps >= max_bad_steps:
+        raise TrainingError(
+            f"{st.bad_steps} consecutive steps with non-finite values (last: {', '.join(bad)}) at epoch "
+            f"{st.epoch}, step {st.step}; stopping. The last checkpoint written before this is intact."
+        )
 
 
 def micro_batches(samples: Samples, count: int) -> list[tuple[Any, Samples]]:
@@ -232,7 +295,7 @@ def rollout_stats(rewards: torch.Tensor, correct: torch.Tensor, deltas: torch.Te
     }
 
 
-STEP_KEYS = ("loss", "pg_loss", "kl", "clip_frac", "entropy", "grad_norm")
+STEP_KEYS = ("loss", "pg_loss", "kl", "clip_frac", "entropy", "grad_norm", "skipped_step")
 
 
 def step_records(st: TrainState, epoch_stats: Record, values: torch.Tensor) -> list[Record]:

@@ -1,0 +1,98 @@
+"""Checkpoints and resume: exact continuation, kills, corruption, Ctrl-C."""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from rlvr.checkpoint import list_checkpoints, load_latest
+from rlvr.cli import main
+from rlvr.metrics import read_records
+
+BASE = ["log.progress=false", "log.plot=false", "algo.loss=clipped", "algo.kl_coef=0.05",
+        "algo.ref_update_every=3", "log.eval_every=2", "seed=5"]
+
+
+def final_weights(run_dir):
+    _, payload = load_latest(run_dir)
+    return payload["policy"]
+
+
+def assert_same_run(a, b):
+    assert read_records(a) == read_records(b)
+    wa, wb = final_weights(a), final_weights(b)
+    assert wa.keys() == wb.keys()
+    for key in wa:
+        assert torch.equal(wa[key], wb[key]), key
+
+
+def test_resume_after_k_epochs_equals_straight_run(tmp_path):
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert main(["train", f"out_dir={straight}", "algo.epochs=12", *BASE]) == 0
+    assert main(["train", f"out_dir={split}", "algo.epochs=6", *BASE]) == 0
+    assert main(["train", f"resume={split}", "algo.epochs=12"]) == 0
+    assert_same_run(straight, split)
+
+
+def test_sigkill_at_a_random_point_then_resume(tmp_path):
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    args = ["algo.epochs=300", "log.checkpoint_every=1", *BASE]
+    assert main(["train", f"out_dir={straight}", *args]) == 0
+    proc = subprocess.Popen([sys.executable, "-m", "rlvr.cli", "train", f"out_dir={killed}", *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # Wait until training is under way, then kill at a random moment.
+    deadline = time.time() + 60
+    while not list_checkpoints(killed) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.01)
+    time.sleep(random.Random(os.getpid()).uniform(0.0, 0.3))
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL  # killed mid-run, not finished
+    assert main(["train", f"resume={killed}"]) == 0
+    assert_same_run(straight, killed)
+
+
+def test_corrupted_checkpoint_falls_back_to_the_previous(tmp_path):
+    out = tmp_path / "run"
+    assert main(["train", f"out_dir={out}", "algo.epochs=4", "log.checkpoint_every=2", *BASE]) == 0
+    older, newest = list_checkpoints(out)
+    data = (newest / "trainer.pt").read_bytes()
+    (newest / "trainer.pt").write_bytes(data[: len(data) // 2])  # truncated
+    with pytest.warns(UserWarning, match="does not match its checksum"):
+        checkpoint, payload = load_latest(out)
+    assert checkpoint == older and payload["epoch"] == 2
+
+
+def test_half_written_checkpoint_is_ignored(tmp_path):
+    out = tmp_path / "run"
+    assert main(["train", f"out_dir={out}", "algo.epochs=2", *BASE]) == 0
+    (out / "checkpoints" / ".tmp-epoch-000003").mkdir()  # a kill during a write leaves this
+    checkpoint, payload = load_latest(out)
+    assert checkpoint.name == "epoch-000002" and payload["epoch"] == 2
+
+
+def test_sigint_stops_after_the_epoch_with_a_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "rlvr.cli", "train", f"out_dir={out}", "algo.epochs=100000",
+                             "log.checkpoint_every=1000", *BASE], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not (out / "metrics.jsonl").exists() and time.time() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert "resume=" in err
+    (checkpoint,) = list_checkpoints(out)
+    _, payload = load_latest(out)
+    assert len(read_records(out)) == payload["num_records"]
+    assert checkpoint.name == f"epoch-{payload['epoch']:06d}" and payload["epoch"] < 100000
+
+
+def test_resume_of_a_directory_without_a_run_is_a_clear_error(tmp_path, capsys):
+    assert main(["train", f"resume={tmp_path}"]) == 2
+    assert "no config.yaml" in capsys.readouterr().err
