@@ -98,3 +98,13 @@ def test_epoch_stats_show_collapse():
     assert records[-1]["frac_zero_delta_groups"] == 1.0
     assert records[-1]["grad_norm"] == 0.0
     assert records[0]["frac_zero_delta_groups"] < 1.0
+
+
+def test_best_example_config_solves_where_the_lecture_default_stalls():
+    from rlvr.metrics import summary
+
+    best = summary(train(load_config("examples/sorting_best.yaml", FAST + ["log.checkpoint_every=0"])))
+    lecture = summary(run(["log.checkpoint_every=0"]))
+    assert best["eval_greedy_solve_rate"] == 1.0  # all 3 prompts, seed 0
+    assert lecture["eval_greedy_solve_rate"] < 1.0
+    assert lecture["frac_zero_delta_groups_end"] == 1.0  # the stall: every group's deltas are 0

@@ -43,6 +43,7 @@ class TaskConfig:
 class PolicyConfig:
     name: str = field(default="positional", metadata={"help": "policy: positional | causal_lm"})
     embedding_dim: int = field(default=10, metadata={"help": "positional model: embedding size D"})
+    embedding_std: float = field(default=1.0, metadata={"help": "positional model: std of the initial embedding"})
     temperature: float = field(default=1.0, metadata={"help": "sampling and scoring temperature"})
     options: dict = field(default_factory=dict, metadata={"help": "policy-specific options (causal_lm)"})
 
@@ -268,6 +269,7 @@ def validate(config: Config) -> None:
             "(every delta would be 0); use deltas=raw or a larger group"
         )
     _positive("policy.temperature", p.temperature)
+    _positive("policy.embedding_std", p.embedding_std)
     _positive("optim.lr", o.lr)
     _positive("optim.weight_decay", o.weight_decay, allow_zero=True)
     _positive("algo.kl_coef", a.kl_coef, allow_zero=True)

@@ -52,7 +52,7 @@ def build_policy(config: Config) -> Policy:
     if p.name == "positional":
         from rlvr.policies.positional import PositionalPolicy
 
-        return PositionalPolicy(config.task.vocab_size, p.embedding_dim, config.task.num_numbers)
+        return PositionalPolicy(config.task.vocab_size, p.embedding_dim, config.task.num_numbers, p.embedding_std)
     from rlvr.policies.causal_lm import build_causal_lm_policy
 
     return build_causal_lm_policy(p)

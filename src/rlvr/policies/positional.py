@@ -19,10 +19,13 @@ from rlvr.rollout import Samples
 class PositionalModel(nn.Module):
     """prompts [B, n] -> logits [B, n, V]."""
 
-    def __init__(self, vocab_size: int, embedding_dim: int, num_positions: int):
+    def __init__(self, vocab_size: int, embedding_dim: int, num_positions: int, embedding_std: float = 1.0):
         super().__init__()
         d = embedding_dim
         self.embedding = nn.Embedding(vocab_size, d)
+        # std 1 is nn.Embedding's default (the lecture's); logits scale with its square,
+        # so smaller values start the policy closer to uniform (more exploration).
+        nn.init.normal_(self.embedding.weight, std=embedding_std)
         self.encode = nn.Parameter(torch.randn(num_positions, d, d) / math.sqrt(d))  # [n, D, D]
         self.decode = nn.Parameter(torch.randn(num_positions, d, d) / math.sqrt(d))  # [n, D, D]
 
@@ -42,8 +45,8 @@ class PositionalModel(nn.Module):
 class PositionalPolicy:
     """Policy over fixed-length responses of n tokens; see ``rlvr.rollout.Policy``."""
 
-    def __init__(self, vocab_size: int, embedding_dim: int, num_positions: int):
-        self.module = PositionalModel(vocab_size, embedding_dim, num_positions)
+    def __init__(self, vocab_size: int, embedding_dim: int, num_positions: int, embedding_std: float = 1.0):
+        self.module = PositionalModel(vocab_size, embedding_dim, num_positions, embedding_std)
 
     @torch.no_grad()
     def sample(
