@@ -1,4 +1,5 @@
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -8,6 +9,7 @@ from rlvr.config import load_config
 from rlvr.trainer import setup, train, train_epoch
 
 FAST = ["log.progress=false", "log.plot=false"]
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 def run(overrides):
@@ -103,7 +105,7 @@ def test_epoch_stats_show_collapse():
 def test_best_example_config_solves_where_the_lecture_default_stalls():
     from rlvr.metrics import summary
 
-    best = summary(train(load_config("examples/sorting_best.yaml", FAST + ["log.checkpoint_every=0"])))
+    best = summary(train(load_config(EXAMPLES / "sorting_best.yaml", FAST + ["log.checkpoint_every=0"])))
     lecture = summary(run(["log.checkpoint_every=0"]))
     assert best["eval_greedy_solve_rate"] == 1.0  # all 3 prompts, seed 0
     assert lecture["eval_greedy_solve_rate"] < 1.0

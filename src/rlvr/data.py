@@ -80,9 +80,9 @@ def _check_columns(record: dict[str, Any], required: dict[str, type], where: str
             raise DataError(f"{where}: missing column {name!r} (expected {expected}; found {found})")
         value = record[name]
         if not _has_type(value, kind):
-            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+            shown = "" if value is None else f" {value!r:.40}"
             raise DataError(
-                f"{where}: column {name!r} should be {kind.__name__}, got {_json_type(value)} {shown}"
+                f"{where}: column {name!r} should be {kind.__name__}, got {_json_type(value)}{shown}"
             )
 
 

@@ -55,6 +55,7 @@ import pickle
 import signal
 import time
 import traceback
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
@@ -199,3 +200,367 @@ def load_reward_function(path: str) -> RewardFn:
             f"reward function {path!r}: {attr!r} is a {type(fn).__name__}, not a callable"
         )
     return fn
+
+
+class _Failure(NamedTuple):
+    sample: int  # index of the completion in the batch
+    kind: str  # "errors", "timeouts" or "invalid"
+    what: str  # the exception type, or the bad return value described
+    detail: str  # the traceback, if any
+
+
+class RewardRunner:
+    """Runs reward specs on batches of completions, safely (see the module docstring).
+
+    strict:       raise RewardError on the first exception or invalid value.
+    num_workers:  worker processes for specs with a timeout, started on first use.
+    chunk_size:   completions per worker call; 1 isolates each completion, so a hang
+                  or an error costs only the completion that caused it.
+    start_method: how workers start: "fork" (default), "spawn" or "forkserver".
+    A runner owns its workers: ``close()`` it (or use ``with``) when done. Not thread-safe.
+    """
+
+    def __init__(
+        self,
+        specs: Sequence[RewardSpec],
+        *,
+        strict: bool = False,
+        num_workers: int = 2,
+        chunk_size: int = 1,
+        start_method: str = "fork",
+    ) -> None:
+        self.specs = tuple(specs)
+        names = [spec.name for spec in self.specs]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if not self.specs:
+            raise ValueError("RewardRunner needs at least one RewardSpec")
+        if repeated:
+            raise ValueError(f"reward names must be unique (pass name=...); repeated: {', '.join(repeated)}")
+        if num_workers < 1 or chunk_size < 1:
+            raise ValueError(f"num_workers and chunk_size must be >= 1, got {num_workers}, {chunk_size}")
+        methods = multiprocessing.get_all_start_methods()
+        if start_method not in methods:
+            raise ValueError(f"unknown start_method {start_method!r}; allowed: {', '.join(methods)}")
+        if start_method != "fork":
+            _check_picklable(self.specs, start_method)
+        self.strict = strict
+        self.num_workers = num_workers
+        self.chunk_size = chunk_size
+        self.start_method = start_method
+        self._weights = torch.tensor([spec.weight for spec in self.specs], dtype=torch.float32)
+        self._pool: _WorkerPool | None = None
+        self._logged: set[tuple[str, str, str]] = set()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(spec.name for spec in self.specs)
+
+    def __call__(
+        self,
+        prompts: Sequence[str],
+        completions: Sequence[str],
+        columns: dict[str, Sequence[Any]] | None = None,
+        only: Sequence[str] | None = None,
+    ) -> RewardResult:
+        """Score N completions: prompts [N], completions [N], columns name -> [N] values.
+
+        only: names of the specs to run (default all), e.g. just the gold check.
+        Returns rewards [N] and per_function [N, F] (F = the specs run).
+        """
+        columns = {name: list(values) for name, values in (columns or {}).items()}
+        n = len(completions)
+        for name, values in [("prompts", prompts), *columns.items()]:
+            if len(values) != n:
+                raise ValueError(f"{name} has {len(values)} entries for {n} completions")
+        clash = {"prompts", "completions"} & columns.keys()
+        if clash:
+            raise ValueError(f"column names {sorted(clash)} clash with the reward function arguments")
+        unknown = set(only or ()) - set(self.names)
+        if unknown:
+            raise ValueError(f"unknown reward names {sorted(unknown)}; known: {', '.join(self.names)}")
+        chosen = [i for i, name in enumerate(self.names) if only is None or name in only]
+        values, stats = [], {}
+        for index in chosen:
+            spec = self.specs[index]
+            spec_values, stats[spec.name] = self._run_spec(index, spec, list(prompts), list(completions), columns)
+            values.append(spec_values)
+        per_function = torch.tensor(values, dtype=torch.float32).reshape(len(chosen), n).T  # [N, F]
+        return RewardResult(combine_rewards(per_function, self._weights[chosen]), per_function, stats)
+
+    def score_groups(
+        self,
+        prompts: Sequence[dict[str, Any]],
+        responses: Sequence[Sequence[str]],
+        only: Sequence[str] | None = None,
+    ) -> RewardResult:
+        """Score G responses to each of B prompts.
+
+        prompts: B dicts, each with "prompt" (the text) and gold columns, the same keys in
+        all; responses: B lists of G completions. Every key but "prompt" becomes a column,
+        repeated for each response. Returns rewards [B, G] and per_function [B, G, F].
+        """
+        if len(prompts) != len(responses):
+            raise ValueError(f"{len(prompts)} prompts but {len(responses)} groups of responses")
+        group_size = len(responses[0]) if responses else 0
+        if any(len(group) != group_size for group in responses):
+            raise ValueError(f"groups differ in size: {sorted({len(group) for group in responses})}")
+        keys = list(prompts[0]) if prompts else ["prompt"]
+        for b, prompt in enumerate(prompts):
+            if sorted(prompt) != sorted(keys) or "prompt" not in prompt:
+                raise ValueError(f"prompt {b} has keys {sorted(prompt)}; expected 'prompt' and {sorted(keys)}")
+        repeated = {key: [p[key] for p in prompts for _ in range(group_size)] for key in keys}
+        texts = repeated.pop("prompt")
+        completions = [completion for group in responses for completion in group]
+        result = self(texts, completions, repeated, only)
+        shape = (len(prompts), group_size)
+        return RewardResult(
+            result.rewards.reshape(shape), result.per_function.reshape(*shape, -1), result.stats
+        )
+
+    def close(self) -> None:
+        """Stop the worker processes (a later call starts new ones)."""
+        if self._pool is not None:
+            self._close_pool()  # the finalizer: closes the pool once, now rather than at collection
+            self._pool = None
+
+    def __enter__(self) -> "RewardRunner":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _run_spec(
+        self, index: int, spec: RewardSpec, prompts: list, completions: list, columns: dict[str, list]
+    ) -> tuple[list[float], RewardStats]:
+        """One function on the batch: its values [N] (NaN unless scored) and stats."""
+        n = len(completions)
+        size = max(n, 1) if spec.timeout is None else self.chunk_size
+        calls = [range(start, min(start + size, n)) for start in range(0, n, size)]
+        done = list(zip(calls, self._execute(index, spec, calls, prompts, completions, columns)))
+        # a batched call that raised is retried one completion at a time, so that only
+        # the completions that raise abstain
+        raised = [(call, out) for call, out in done if out[0] == "error" and len(call) > 1]
+        if raised:
+            retry = [range(i, i + 1) for call, _ in raised for i in call]
+            done = [(call, out) for call, out in done if not (out[0] == "error" and len(call) > 1)]
+            done += zip(retry, self._execute(index, spec, retry, prompts, completions, columns))
+        values, kinds, failures = [math.nan] * n, ["scored"] * n, []
+        for call, outcome in done:
+            for sample, (kind, value, what, detail) in zip(call, _judge(outcome, len(call))):
+                values[sample], kinds[sample] = value, kind
+                if kind in ("errors", "timeouts", "invalid"):
+                    failures.append(_Failure(sample, kind, what, detail))
+        self._report(spec, sorted(failures))
+        counts = collections.Counter(kinds)
+        scored = [value for value, kind in zip(values, kinds) if kind == "scored"]
+        mean = math.fsum(scored) / len(scored) if scored else math.nan
+        return values, RewardStats(
+            mean, counts["scored"], counts["abstained"], counts["errors"], counts["timeouts"], counts["invalid"]
+        )
+
+    def _execute(
+        self, index: int, spec: RewardSpec, calls: list[range], prompts: list, completions: list,
+        columns: dict[str, list],
+    ) -> list[tuple]:
+        """The outcome of each call (a slice of the batch), in-process or in the workers."""
+        requests = [
+            (prompts[c.start : c.stop], completions[c.start : c.stop],
+             {name: values[c.start : c.stop] for name, values in columns.items()})
+            for c in calls
+        ]
+        if spec.timeout is None:
+            return [_call(spec.fn, *request) for request in requests]
+        if self._pool is None:
+            fns = [s.fn if s.timeout is not None else None for s in self.specs]
+            self._pool = _WorkerPool(fns, self.num_workers, self.start_method)
+            self._close_pool = weakref.finalize(self, self._pool.close)
+        return self._pool.run(index, requests, spec.timeout)
+
+    def _report(self, spec: RewardSpec, failures: list[_Failure]) -> None:
+        """Raise the first failure (strict) or log the first of each kind once."""
+        for failure in failures:
+            if failure.kind == "errors":
+                message = f"reward function {spec.name!r} raised {failure.what} on completion {failure.sample}"
+            elif failure.kind == "invalid":
+                message = f"reward function {spec.name!r} {failure.what} on completion {failure.sample}"
+            else:
+                message = f"reward function {spec.name!r} took over {spec.timeout} s on completion {failure.sample}"
+            if self.strict and failure.kind != "timeouts":
+                raise RewardError(f"{message}\n{failure.detail}".rstrip())
+            key = (spec.name, failure.kind, failure.what if failure.kind == "errors" else "")
+            if key not in self._logged:
+                self._logged.add(key)
+                detail = f"\n{failure.detail}".rstrip()
+                logger.warning("%s; it abstains (later ones alike are counted, not logged)%s", message, detail)
+
+
+def _judge(outcome: tuple, size: int) -> list[tuple[str, float, str, str]]:
+    """(kind, value, what, detail) of each completion of a call from the call's outcome."""
+    if outcome[0] == "timeout":
+        return [("timeouts", math.nan, "", "")] * size
+    if outcome[0] == "error":
+        return [("errors", math.nan, outcome[1], outcome[2])] * size
+    returned = outcome[1]
+    if not isinstance(returned, (list, tuple)):
+        return [("invalid", math.nan, f"returned a {type(returned).__name__}, not a list", "")] * size
+    if len(returned) != size:
+        return [("invalid", math.nan, f"returned {len(returned)} values for {size} completions", "")] * size
+    return [_judge_value(value) for value in returned]
+
+
+def _judge_value(value: Any) -> tuple[str, float, str, str]:
+    if value is None:
+        return ("abstained", math.nan, "", "")
+    if not isinstance(value, numbers.Real):  # bool, int, float and numpy scalars pass; str does not
+        return ("invalid", math.nan, f"returned {value!r:.60} ({type(value).__name__}), not a number", "")
+    if not math.isfinite(value):
+        return ("invalid", math.nan, f"returned {value!r}, not a finite number", "")
+    return ("scored", float(value), "", "")
+
+
+def _call(fn: RewardFn, prompts: list, completions: list, columns: dict[str, list]) -> tuple:
+    """("ok", returned value) or ("error", exception type, traceback) of one call."""
+    try:
+        return ("ok", fn(prompts, completions, **columns))
+    except Exception as exc:  # not swallowed: the runner counts it, logs it once or raises it (strict)
+        return ("error", type(exc).__qualname__, traceback.format_exc())
+
+
+def _check_picklable(specs: Sequence[RewardSpec], start_method: str) -> None:
+    for spec in specs:
+        if spec.timeout is None:
+            continue
+        try:
+            pickle.dumps(spec.fn)
+        except Exception as exc:  # pickle raises several types; all mean the same here
+            raise RewardError(
+                f"reward function {spec.name!r} cannot be sent to a {start_method!r} worker "
+                f"({type(exc).__name__}: {exc}); use a module-level function (or a "
+                "functools.partial of one), or start_method='fork'"
+            ) from exc
+
+
+_STARTUP_TIMEOUT = 60.0  # seconds a new worker may take to start (spawn re-imports torch)
+
+
+class _Worker:
+    """One worker process, its end of the pipe, and the call it runs."""
+
+    def __init__(self, process: multiprocessing.process.BaseProcess, conn: Connection) -> None:
+        self.process = process
+        self.conn = conn
+        self.started = time.monotonic()
+        self.ready = False
+        self.task: int | None = None  # index of the request it runs
+        self.deadline = math.inf
+
+
+class _WorkerPool:
+    """Worker processes that run reward calls, each call under a time limit."""
+
+    def __init__(self, fns: list[RewardFn | None], num_workers: int, start_method: str) -> None:
+        self._context = multiprocessing.get_context(start_method)
+        self._fns = fns
+        self._workers = [self._start() for _ in range(num_workers)]
+
+    def run(self, index: int, requests: list[tuple], timeout: float) -> list[tuple]:
+        """The outcome of ``fns[index](*request)`` for each request, each call limited to
+        ``timeout`` seconds from when a worker receives it."""
+        outcomes: list[tuple] = [("timeout",)] * len(requests)
+        pending = collections.deque(range(len(requests)))
+        try:
+            while pending or any(worker.task is not None for worker in self._workers):
+                for slot, worker in enumerate(self._workers):
+                    if worker.ready and worker.task is None and pending:
+                        self._send(slot, pending, (index, requests[pending[0]]), timeout)
+                self._collect(outcomes)
+        finally:
+            for slot, worker in enumerate(self._workers):
+                if worker.task is not None:  # left mid-call by an exception: its reply would be stale
+                    self._replace(slot)
+        return outcomes
+
+    def close(self) -> None:
+        for worker in self._workers:
+            worker.process.kill()
+            worker.process.join()
+            worker.conn.close()
+        self._workers = []
+
+    def _start(self) -> _Worker:
+        parent_conn, child_conn = self._context.Pipe()
+        process = self._context.Process(
+            target=_worker_main, args=(child_conn, self._fns), name="rlvr-reward-worker", daemon=True
+        )
+        process.start()
+        child_conn.close()
+        return _Worker(process, parent_conn)
+
+    def _replace(self, slot: int) -> None:
+        worker = self._workers[slot]
+        worker.process.kill()
+        worker.process.join()
+        worker.conn.close()
+        self._workers[slot] = self._start()
+
+    def _send(self, slot: int, pending: collections.deque, request: tuple, timeout: float) -> None:
+        worker = self._workers[slot]
+        try:
+            worker.conn.send(request)
+        except OSError:  # it died while idle (e.g. killed for memory): the call goes to a new one
+            self._replace(slot)
+            return
+        worker.task = pending.popleft()
+        worker.deadline = time.monotonic() + timeout
+
+    def _collect(self, outcomes: list[tuple]) -> None:
+        """Wait for the first reply, start, death or deadline among the workers, and handle it."""
+        waiting = [worker for worker in self._workers if worker.task is not None or not worker.ready]
+        until = min(w.deadline if w.ready else w.started + _STARTUP_TIMEOUT for w in waiting)
+        readable = wait([worker.conn for worker in waiting], timeout=max(0.0, until - time.monotonic()))
+        now = time.monotonic()
+        for slot, worker in enumerate(self._workers):
+            if worker.conn in readable:
+                self._receive(slot, outcomes)
+            elif worker.task is not None and now >= worker.deadline:
+                outcomes[worker.task] = ("timeout",)
+                self._replace(slot)
+            elif not worker.ready and now >= worker.started + _STARTUP_TIMEOUT:
+                raise RewardError(f"a reward worker did not start within {_STARTUP_TIMEOUT:.0f} s")
+
+    def _receive(self, slot: int, outcomes: list[tuple]) -> None:
+        worker = self._workers[slot]
+        try:
+            message = worker.conn.recv()
+        except (EOFError, OSError):
+            worker.process.join(timeout=1.0)
+            code = worker.process.exitcode
+            if not worker.ready:
+                raise RewardError(
+                    f"a reward worker exited while starting (exit code {code}); with "
+                    "'spawn' or 'forkserver' every reward function must import in a fresh process"
+                ) from None
+            outcomes[worker.task] = ("error", "WorkerDied", f"its worker process died (exit code {code})")
+            self._replace(slot)
+            return
+        if not worker.ready:  # the start-up message
+            worker.ready = True
+            return
+        outcomes[worker.task] = message
+        worker.task, worker.deadline = None, math.inf
+
+
+def _worker_main(conn: Connection, fns: list[RewardFn | None]) -> None:
+    """A worker's loop: receive (function index, arguments), send back the outcome."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's; it stops its workers
+    conn.send(("ready",))
+    while True:
+        try:
+            index, request = conn.recv()
+        except EOFError:  # the runner is gone
+            return
+        outcome = _call(fns[index], *request)
+        try:
+            conn.send(outcome)
+        except Exception as exc:  # the result does not pickle: report that instead of dying
+            conn.send(("error", type(exc).__qualname__, f"could not send the result back: {exc}"))

@@ -43,6 +43,13 @@ def test_hand_derived_values(mode):
     torch.testing.assert_close(deltas, _t(EXPECTED[mode]), rtol=1e-12, atol=1e-12)
 
 
+def test_max_only_keeps_exactly_the_group_max():
+    # Runner-ups a hair below the max get 0; with negative rewards the max member keeps its
+    # (negative) reward: [-3, -1, -2] -> [0, -1, 0].
+    rewards = _t([[0.5, 0.75, 0.7499], [-3.0, -1.0, -2.0]])
+    torch.testing.assert_close(compute_deltas(rewards, "max_only"), _t([[0.0, 0.75, 0.0], [0.0, -1.0, 0.0]]), rtol=0, atol=0)
+
+
 def test_normalized_uses_bessel_std_like_torch_std():
     # The population std of group 0 would be sqrt(14/4) = 1.87, giving -2/1.87 = -1.069 for
     # the first entry; the Bessel std sqrt(14/3) = 2.160 gives -0.926. Pin the latter.

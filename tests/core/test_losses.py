@@ -153,6 +153,18 @@ def test_lecture_quotient_of_log_probs_is_not_the_ratio():
     assert ours == pytest.approx(math.exp(-1.0) / math.exp(-2.0), rel=1e-15)
 
 
+@pytest.mark.parametrize("mode", ["naive", "ratio", "clipped"])
+def test_deltas_are_constants(mode):
+    # Deltas that carry a graph (e.g. from a learned baseline) must not be trained by the
+    # policy loss: no gradient reaches them.
+    log_probs = _t([[-1.0, -0.5]]).requires_grad_()
+    deltas = _t([2.0]).requires_grad_()
+    loss, _ = policy_loss(log_probs, deltas * 1.0, mode, old_log_probs=log_probs.detach() - 0.1)
+    grads = torch.autograd.grad(loss.sum(), (log_probs, deltas), allow_unused=True)
+    assert grads[1] is None
+    assert grads[0].abs().min() > 0
+
+
 def test_policy_loss_bad_inputs():
     lp = torch.zeros(2, 3)
     with pytest.raises(ValueError, match="allowed: naive, ratio, clipped"):

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from rlvr.modeling import init_model, load_model_and_tokenizer
-from rlvr.policies.causal_lm import CausalLMPolicy, token_log_probs
+from rlvr.config import PolicyConfig
+from rlvr.policies.causal_lm import CausalLMPolicy, build_causal_lm_policy, cut_at_stop_string, token_log_probs
 
 PROMPTS = ["123456>", "98>", {"prompt": "5"}]  # different lengths: left padding
 TINY = dict(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, max_positions=64)
@@ -41,17 +42,22 @@ def real_tokens(samples, row):
     return prompt, response
 
 
+def reference_log_softmax(policy, samples, row, temperature):
+    """One unpadded forward of row's prompt + response: log pi_tau [t, V] at its response tokens."""
+    prompt, response = real_tokens(samples, row)
+    with torch.no_grad():
+        logits = policy.module(torch.tensor([prompt + response])).logits[0] / temperature
+    return torch.log_softmax(logits[len(prompt) - 1: -1], dim=-1), torch.tensor(response)
+
+
 def reference_log_probs(policy, samples, temperature):
-    """Per row: one unpadded forward of prompt + response, log_softmax, gather. [N, T]."""
+    """Per row: log_softmax of a full forward, gathered at the response. [N, T] each."""
     expected = torch.zeros(samples.response_ids.shape)
     entropy = torch.zeros(samples.response_ids.shape)
-    with torch.no_grad():
-        for row in range(samples.num_responses):
-            prompt, response = real_tokens(samples, row)
-            logits = policy.module(torch.tensor([prompt + response])).logits[0] / temperature
-            log_softmax = torch.log_softmax(logits[len(prompt) - 1: -1], dim=-1)  # [t, V]
-            expected[row, : len(response)] = log_softmax.gather(-1, torch.tensor(response)[:, None])[:, 0]
-            entropy[row, : len(response)] = -(log_softmax.exp() * log_softmax).sum(-1)
+    for row in range(samples.num_responses):
+        log_softmax, response = reference_log_softmax(policy, samples, row, temperature)
+        expected[row, : len(response)] = log_softmax.gather(-1, response[:, None])[:, 0]
+        entropy[row, : len(response)] = -(log_softmax.exp() * log_softmax).sum(-1)
     return expected, entropy
 
 
@@ -148,6 +154,27 @@ def test_top_k_one_sampling_is_greedy(llama_dir):
     assert samples.responses == [group * 3 for group in policy.greedy(PROMPTS)]
 
 
+def test_top_p_draws_only_from_the_nucleus(llama_dir):
+    # a token is in the nucleus when the tokens strictly likelier than it hold < top_p
+    samples = sample(make_policy(llama_dir, top_p=0.3), seed=7, group_size=8, temperature=0.9)
+    for row in range(samples.num_responses):
+        log_softmax, response = reference_log_softmax(make_policy(llama_dir), samples, row, 0.9)
+        probs = log_softmax.exp()  # [t, V]
+        chosen = probs.gather(-1, response[:, None])  # [t, 1]
+        likelier_mass = torch.where(probs > chosen, probs, torch.zeros_like(probs)).sum(-1)
+        assert (likelier_mass < 0.3 + 1e-6).all()
+    assert len({t for group in samples.responses for t in group}) > 3  # still random
+    tiny = sample(make_policy(llama_dir, top_p=1e-6), group_size=2)
+    assert tiny.responses == [group * 2 for group in make_policy(llama_dir).greedy(PROMPTS)]
+
+
+def test_cut_at_stop_string():
+    assert cut_at_stop_string("12=34=", ["="]) == "12="
+    assert cut_at_stop_string("12+=34", ["=3", "+"]) == "12+"  # the earliest end wins
+    assert cut_at_stop_string("1234", ["="]) == "1234"
+    assert cut_at_stop_string("1234", []) == "1234"
+
+
 def test_gradients_are_invariant_to_micro_batching(llama_dir):
     policy = make_policy(llama_dir)
     samples = sample(policy, seed=5)
@@ -210,3 +237,14 @@ def test_bad_settings_are_rejected(llama_dir):
         sample(policy, temperature=0.0)
     with pytest.raises(ValueError, match="at least one token"):
         policy.greedy(["12", ""])
+
+
+def test_build_from_policy_config(llama_dir):
+    options = {"model": str(llama_dir), "max_new_tokens": 5, "stop_strings": ["="], "dtype": "float32"}
+    policy = build_causal_lm_policy(PolicyConfig(name="causal_lm", options=options))
+    assert policy.max_new_tokens == 5 and policy.stop_strings == ["="]
+    assert sample(policy).response_ids.shape[1] <= 5
+    with pytest.raises(ValueError, match="max_new_token"):
+        build_causal_lm_policy(PolicyConfig(name="causal_lm", options={"model": str(llama_dir), "max_new_token": 5}))
+    with pytest.raises(ValueError, match="model is required"):
+        build_causal_lm_policy(PolicyConfig(name="causal_lm", options={}))

@@ -93,6 +93,42 @@ def _truncate(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     return scaled
 
 
+LOAD_OPTIONS = ("model", "dtype", "device", "lora")
+SETTING_OPTIONS = ("max_new_tokens", "min_new_tokens", "top_k", "top_p", "stop_strings",
+                   "gradient_checkpointing", "add_special_tokens", "chunk_elements")
+
+
+def build_causal_lm_policy(config: Any) -> "CausalLMPolicy":
+    """The policy of a ``PolicyConfig`` named "causal_lm", from its ``options`` dict.
+
+    options: ``model`` (a folder, e.g. from ``rlvr init-model``, or a hub name; required),
+    ``dtype``, ``device``, ``lora`` (see ``rlvr.modeling.load_model_and_tokenizer``) and
+    the ``CausalLMPolicy`` settings named in ``SETTING_OPTIONS``.
+    """
+    options = dict(config.options)
+    unknown = sorted(set(options) - set(LOAD_OPTIONS) - set(SETTING_OPTIONS))
+    if unknown:
+        raise ValueError(f"unknown policy.options {unknown}; allowed: {', '.join(LOAD_OPTIONS + SETTING_OPTIONS)}")
+    if "model" not in options:
+        raise ValueError("policy.options.model is required: a model folder (rlvr init-model) or a hub name")
+    return CausalLMPolicy.from_pretrained(options.pop("model"), **options)
+
+
+def cut_at_stop_string(text: str, stop_strings: Sequence[str]) -> str:
+    """``text`` up to and including the earliest stop string in it (all of it if none)."""
+    ends = [text.find(s) + len(s) for s in stop_strings if s in text]
+    return text[: min(ends)] if ends else text
+
+
+def _enable_checkpointing(model: torch.nn.Module) -> None:
+    """Non-reentrant activation checkpointing (transformers 5 name, else the older one)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 class CausalLMPolicy:
     """Samples and scores responses of a transformers causal LM (``AutoModelForCausalLM``).
 
@@ -142,7 +178,7 @@ class CausalLMPolicy:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos_ids = self._eos_ids(model, tokenizer)
         if gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            _enable_checkpointing(model)
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, dtype: str = "float32", device: str = "cpu",
@@ -234,7 +270,10 @@ class CausalLMPolicy:
         finally:
             self.module.train(was_training)
         response_mask = torch.arange(response_ids.shape[1], device=self.device) < lengths.unsqueeze(-1)
-        texts = [self._response_text(ids[:length]) for ids, length in zip(response_ids.tolist(), lengths.tolist())]
+        texts = [
+            cut_at_stop_string(self.tokenizer.decode(ids[:length], skip_special_tokens=True), self.stop_strings)
+            for ids, length in zip(response_ids.tolist(), lengths.tolist())
+        ]
         return Samples(
             responses=[texts[b * group_size:(b + 1) * group_size] for b in range(len(prompts))],
             response_ids=response_ids,
@@ -274,7 +313,7 @@ class CausalLMPolicy:
             if step + 1 == self.max_new_tokens or not running.any():
                 break
             if not running.all():
-                pass
+                cache.batch_select_indices(running.nonzero().squeeze(-1))
                 rows, tokens = rows[running], tokens[running]
                 attention, next_position = attention[running], next_position[running]
             attention = torch.cat([attention, attention.new_ones((rows.shape[0], 1))], dim=-1)
@@ -299,12 +338,6 @@ class CausalLMPolicy:
         for row, text in enumerate(tails):
             hits[row] = any(s in text for s in self.stop_strings)
         return hits
-
-    def _response_text(self, ids: list[int]) -> str:
-        """Decoded response, cut right after the first stop string in it."""
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        ends = [text.find(s) + len(s) for s in self.stop_strings if s in text]
-        return text[: min(ends)] if ends else text
 
     # ---- scoring ------------------------------------------------------------------
 
