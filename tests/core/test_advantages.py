@@ -47,7 +47,8 @@ def test_max_only_keeps_exactly_the_group_max():
     # Runner-ups a hair below the max get 0; with negative rewards the max member keeps its
     # (negative) reward: [-3, -1, -2] -> [0, -1, 0].
     rewards = _t([[0.5, 0.75, 0.7499], [-3.0, -1.0, -2.0]])
-    torch.testing.assert_close(compute_deltas(rewards, "max_only"), _t([[0.0, 0.75, 0.0], [0.0, -1.0, 0.0]]), rtol=0, atol=0)
+    expected = _t([[0.0, 0.75, 0.0], [0.0, -1.0, 0.0]])
+    torch.testing.assert_close(compute_deltas(rewards, "max_only"), expected, rtol=0, atol=0)
 
 
 def test_normalized_uses_bessel_std_like_torch_std():

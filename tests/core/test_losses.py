@@ -65,7 +65,9 @@ def test_clip_eps_high_is_asymmetric():
     log_probs = torch.log(_t([[1.25], [1.3], [0.75]]))
     deltas = _t([1.0, 1.0, -1.0])
     sym, sym_stats = policy_loss(log_probs, deltas, "clipped", old_log_probs=old, clip_eps=0.2)
-    asym, asym_stats = policy_loss(log_probs, deltas, "clipped", old_log_probs=old, clip_eps=0.2, clip_eps_high=0.28)
+    asym, asym_stats = policy_loss(
+        log_probs, deltas, "clipped", old_log_probs=old, clip_eps=0.2, clip_eps_high=0.28
+    )
     # Symmetric [0.8, 1.2]: 1.25 and 1.3 cap at 1.2 (loss -1.2); 0.75 < 0.8 with delta -1:
     # min(-0.75, -0.8) = -0.8, loss 0.8.
     torch.testing.assert_close(sym, _t([[-1.2], [-1.2], [0.8]]), rtol=1e-12, atol=0)
@@ -136,7 +138,8 @@ def test_old_log_probs_from_the_same_graph_kill_the_gradient():
     assert torch.equal(bad_grad, torch.zeros_like(theta))
     # policy_loss detaches old_log_probs itself, so the same inputs give the real gradient.
     lp, old_in_graph = log_probs(), log_probs()
-    (good_grad,) = torch.autograd.grad(policy_loss(lp, deltas, "ratio", old_log_probs=old_in_graph)[0].sum(), theta)
+    good_loss, _ = policy_loss(lp, deltas, "ratio", old_log_probs=old_in_graph)
+    (good_grad,) = torch.autograd.grad(good_loss.sum(), theta)
     (naive_grad,) = torch.autograd.grad(policy_loss(log_probs(), deltas, "naive")[0].sum(), theta)
     torch.testing.assert_close(good_grad, naive_grad, rtol=1e-14, atol=1e-15)
 

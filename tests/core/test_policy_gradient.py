@@ -19,7 +19,9 @@ S, K = 3, 4
 def _problem():
     gen = torch.Generator().manual_seed(0)
     theta = torch.randn(S, K, generator=gen, dtype=torch.float64)
-    rewards = torch.tensor([[1.0, 0.0, 0.0, 2.0], [0.0, 3.0, 1.0, 0.0], [-1.0, 0.0, 4.0, 1.0]], dtype=torch.float64)
+    rewards = torch.tensor(
+        [[1.0, 0.0, 0.0, 2.0], [0.0, 3.0, 1.0, 0.0], [-1.0, 0.0, 4.0, 1.0]], dtype=torch.float64
+    )
     p_state = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
     return theta, rewards, p_state
 
@@ -34,8 +36,9 @@ def closed_form_grad(theta, rewards, p_state):
 def test_closed_form_by_hand():
     # One state, two actions, uniform policy, R = [1, 0]: V = 0.5, so
     # dJ/dtheta = 0.5 * (1 - 0.5), 0.5 * (0 - 0.5) = [0.25, -0.25].
-    grad = closed_form_grad(torch.zeros(1, 2, dtype=torch.float64), torch.tensor([[1.0, 0.0]], dtype=torch.float64),
-                            torch.ones(1, dtype=torch.float64))
+    theta = torch.zeros(1, 2, dtype=torch.float64)
+    rewards = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
+    grad = closed_form_grad(theta, rewards, torch.ones(1, dtype=torch.float64))
     torch.testing.assert_close(grad, torch.tensor([[0.25, -0.25]], dtype=torch.float64), rtol=0, atol=1e-16)
 
 
