@@ -6,8 +6,9 @@ calls, so functions move between the two)::
     fn(prompts: list[str], completions: list[str], **columns) -> list[float | None]
 
 ``columns`` are the prompt dicts' other keys (e.g. ``answer=[...]``), each a list of
-length N aligned with ``completions``. A function names the columns it needs and takes
-``**kwargs`` for the rest. ``None`` abstains: the function has no opinion on that
+length N aligned with ``completions``. Everything is passed by keyword, as TRL does, so
+a function names the arguments and columns it needs and takes ``**kwargs`` for the rest
+(``def f(completions, **kwargs)`` works). ``None`` abstains: the function has no opinion on that
 completion (multi-task data, a grader that does not apply).
 
 Combination. With weights w_f, the combined reward of a completion is
@@ -275,6 +276,7 @@ class RewardRunner:
         clash = {"prompts", "completions"} & columns.keys()
         if clash:
             raise ValueError(f"column names {sorted(clash)} clash with the reward function arguments")
+        only = [only] if isinstance(only, str) else only
         unknown = set(only or ()) - set(self.names)
         if unknown:
             raise ValueError(f"unknown reward names {sorted(unknown)}; known: {', '.join(self.names)}")
@@ -314,7 +316,7 @@ class RewardRunner:
         result = self(texts, completions, repeated, only)
         shape = (len(prompts), group_size)
         return RewardResult(
-            result.rewards.reshape(shape), result.per_function.reshape(*shape, -1), result.stats
+            result.rewards.reshape(shape), result.per_function.reshape(*shape, len(result.stats)), result.stats
         )
 
     def close(self) -> None:
@@ -336,13 +338,15 @@ class RewardRunner:
         n = len(completions)
         size = max(n, 1) if spec.timeout is None else self.chunk_size
         calls = [range(start, min(start + size, n)) for start in range(0, n, size)]
-        done = list(zip(calls, self._execute(index, spec, calls, prompts, completions, columns)))
-        # a batched call that raised is retried one completion at a time, so that only
-        # the completions that raise abstain
-        raised = [(call, out) for call, out in done if out[0] == "error" and len(call) > 1]
-        if raised:
-            retry = [range(i, i + 1) for call, _ in raised for i in call]
-            done = [(call, out) for call, out in done if not (out[0] == "error" and len(call) > 1)]
+        done, retry = [], []
+        for call, outcome in zip(calls, self._execute(index, spec, calls, prompts, completions, columns)):
+            # a batched call that raised is retried one completion at a time, so that only
+            # the completions that raise abstain
+            if outcome[0] == "error" and len(call) > 1:
+                retry += [range(i, i + 1) for i in call]
+            else:
+                done.append((call, outcome))
+        if retry:
             done += zip(retry, self._execute(index, spec, retry, prompts, completions, columns))
         values, kinds, failures = [math.nan] * n, ["scored"] * n, []
         for call, outcome in done:
@@ -413,15 +417,19 @@ def _judge_value(value: Any) -> tuple[str, float, str, str]:
         return ("abstained", math.nan, "", "")
     if not isinstance(value, numbers.Real):  # bool, int, float and numpy scalars pass; str does not
         return ("invalid", math.nan, f"returned {value!r:.60} ({type(value).__name__}), not a number", "")
-    if not math.isfinite(value):
-        return ("invalid", math.nan, f"returned {value!r}, not a finite number", "")
-    return ("scored", float(value), "", "")
+    try:
+        as_float = float(value)
+    except OverflowError:  # an int past float range, whose repr may even be refused
+        return ("invalid", math.nan, f"returned an int of {int(value).bit_length()} bits, too large", "")
+    if not math.isfinite(as_float):
+        return ("invalid", math.nan, f"returned {value!r:.60}, not a finite number", "")
+    return ("scored", as_float, "", "")
 
 
 def _call(fn: RewardFn, prompts: list, completions: list, columns: dict[str, list]) -> tuple:
     """("ok", returned value) or ("error", exception type, traceback) of one call."""
     try:
-        return ("ok", fn(prompts, completions, **columns))
+        return ("ok", fn(prompts=prompts, completions=completions, **columns))  # keywords, as TRL calls
     except Exception as exc:  # not swallowed: the runner counts it, logs it once or raises it (strict)
         return ("error", type(exc).__qualname__, traceback.format_exc())
 
@@ -463,10 +471,10 @@ class _WorkerPool:
         self._fns = fns
         self._workers = [self._start() for _ in range(num_workers)]
 
-    def run(self, index: int, requests: list[tuple], timeout: float) -> list[tuple]:
+    def run(self, index: int, requests: list[tuple], timeout: float) -> list[tuple | None]:
         """The outcome of ``fns[index](*request)`` for each request, each call limited to
         ``timeout`` seconds from when a worker receives it."""
-        outcomes: list[tuple] = [("timeout",)] * len(requests)
+        outcomes: list[tuple | None] = [None] * len(requests)
         pending = collections.deque(range(len(requests)))
         try:
             while pending or any(worker.task is not None for worker in self._workers):
@@ -513,7 +521,7 @@ class _WorkerPool:
         worker.task = pending.popleft()
         worker.deadline = time.monotonic() + timeout
 
-    def _collect(self, outcomes: list[tuple]) -> None:
+    def _collect(self, outcomes: list[tuple | None]) -> None:
         """Wait for the first reply, start, death or deadline among the workers, and handle it."""
         waiting = [worker for worker in self._workers if worker.task is not None or not worker.ready]
         until = min(w.deadline if w.ready else w.started + _STARTUP_TIMEOUT for w in waiting)
@@ -528,7 +536,7 @@ class _WorkerPool:
             elif not worker.ready and now >= worker.started + _STARTUP_TIMEOUT:
                 raise RewardError(f"a reward worker did not start within {_STARTUP_TIMEOUT:.0f} s")
 
-    def _receive(self, slot: int, outcomes: list[tuple]) -> None:
+    def _receive(self, slot: int, outcomes: list[tuple | None]) -> None:
         worker = self._workers[slot]
         try:
             message = worker.conn.recv()

@@ -1,0 +1,129 @@
+"""Small integer arithmetic, as text: prompt ``"12+7*3="``, gold answer ``"33"``.
+
+Expressions are random binary trees over + - * and operands 0..max_operand, printed
+with the usual precedence and only the parentheses it needs. The gold answer is
+computed on the tree with Python integers; model output is only ever matched against
+an integer pattern and compared, never evaluated.
+"""
+
+from __future__ import annotations
+
+import operator
+import random
+import re
+from typing import Any, Union
+
+import torch
+
+from rlvr.rewards import RewardRunner, RewardSpec
+from rlvr.tasks.text import GeneratedPrompts, Prompt, TextTask, resolve_weights
+
+# an expression: an operand, or (operator, left, right)
+Expression = Union[int, tuple[str, "Expression", "Expression"]]
+
+OPERATORS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+PRECEDENCE = {"+": 1, "-": 1, "*": 2}
+
+# ASCII digits only (int() would take other scripts' digits too), and few of them:
+# int() of a string past 4300 digits raises instead of answering
+_INTEGER = re.compile(r"\s*(-?[0-9]{1,100})\s*")
+
+
+def random_expression(rng: random.Random, num_ops: int, max_operand: int) -> Expression:
+    """A uniformly shaped random tree with ``num_ops`` operators."""
+    if num_ops == 0:
+        return rng.randint(0, max_operand)
+    left_ops = rng.randint(0, num_ops - 1)
+    return (
+        rng.choice(list(OPERATORS)),
+        random_expression(rng, left_ops, max_operand),
+        random_expression(rng, num_ops - 1 - left_ops, max_operand),
+    )
+
+
+def evaluate(expression: Expression) -> int:
+    """The value of the tree, in exact integer arithmetic."""
+    if isinstance(expression, int):
+        return expression
+    op, left, right = expression
+    return OPERATORS[op](evaluate(left), evaluate(right))
+
+
+def render(expression: Expression, parent: str = "", is_right: bool = False) -> str:
+    """The tree as text. A subtree gets parentheses when it binds looser than its parent,
+    or is the right operand of "-" at the same precedence: a-(b-c) and a-(b+c)."""
+    if isinstance(expression, int):
+        return str(expression)
+    op, left, right = expression
+    text = render(left, op) + op + render(right, op, is_right=True)
+    if parent and (
+        PRECEDENCE[op] < PRECEDENCE[parent]
+        or (is_right and parent == "-" and PRECEDENCE[op] == PRECEDENCE[parent])
+    ):
+        return f"({text})"
+    return text
+
+
+def parse_integer(completion: str) -> int | None:
+    """The integer a completion states (surrounding whitespace allowed), else None."""
+    match = _INTEGER.fullmatch(completion)
+    return None if match is None else int(match.group(1))
+
+
+def exact_answer_reward(
+    prompts: list[str], completions: list[str], answer: list[str], **kwargs: Any
+) -> list[float]:
+    """1.0 when the completion is exactly the gold integer, else 0.0. [N]"""
+    return [float(parse_integer(c) == int(gold)) for c, gold in zip(completions, answer)]
+
+
+def integer_format_reward(prompts: list[str], completions: list[str], **kwargs: Any) -> list[float]:
+    """1.0 when the completion is an integer at all, right or wrong. [N]"""
+    return [float(parse_integer(c) is not None) for c in completions]
+
+
+DEFAULT_WEIGHTS = {"exact_answer": 1.0, "integer_format": 0.0}
+
+
+class ArithmeticTask(TextTask):
+    """Expressions with ``min_ops``..``max_ops`` operators over operands 0..``max_operand``.
+
+    num_eval:  size of the fixed held-out set, drawn with ``eval_seed``; training prompts
+               never repeat one of them.
+    weights:   overrides of DEFAULT_WEIGHTS; "integer_format" is reported but weighs 0
+               unless set.
+    """
+
+    correct_reward = "exact_answer"
+
+    def __init__(
+        self,
+        min_ops: int = 1,
+        max_ops: int = 2,
+        max_operand: int = 20,
+        num_eval: int = 100,
+        eval_seed: int = 0,
+        weights: dict[str, float] | None = None,
+    ) -> None:
+        if not 1 <= min_ops <= max_ops:
+            raise ValueError(f"need 1 <= min_ops <= max_ops, got {min_ops}, {max_ops}")
+        if max_operand < 1:
+            raise ValueError(f"max_operand must be >= 1, got {max_operand}")
+        self.min_ops, self.max_ops, self.max_operand = min_ops, max_ops, max_operand
+        weights = resolve_weights(DEFAULT_WEIGHTS, weights)
+        self.runner = RewardRunner([
+            RewardSpec(exact_answer_reward, weights["exact_answer"], "exact_answer"),
+            RewardSpec(integer_format_reward, weights["integer_format"], "integer_format"),
+        ])
+        self.prompts = GeneratedPrompts(self._draw, num_eval, eval_seed)
+
+    def _draw(self, num: int, generator: torch.Generator) -> list[Prompt]:
+        """``num`` random prompts. One draw from ``generator`` seeds a Python RNG, so the
+        torch generator alone fixes the prompts."""
+        rng = random.Random(int(torch.randint(0, 2**62, (1,), generator=generator)))
+        prompts = []
+        for _ in range(num):
+            num_ops = rng.randint(self.min_ops, self.max_ops)
+            expression = random_expression(rng, num_ops, self.max_operand)
+            prompts.append({"prompt": render(expression) + "=", "answer": str(evaluate(expression))})
+        return prompts

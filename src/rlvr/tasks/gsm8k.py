@@ -1,0 +1,192 @@
+"""GSM8K grade-school math word problems, graded with math-verify.
+
+Data: JSON Lines with ``question`` and ``answer``, the answer a worked solution whose
+last line is ``#### <number>`` (Cobbe et al., 2021). Prompt templates:
+  r1_zero  the DeepSeek-R1-Zero conversation; the completion continues after
+           "Assistant: <think>" and must end "... </think> <answer> X </answer>".
+  plain    "Question: ...\\nAnswer:"; the completion ends its reasoning with "#### X".
+Rewards (TRL form): ``answer_reward`` (math-verify equivalence of X and the gold number)
+and ``format_reward`` (the completion follows the template).
+
+Timeouts: math-verify's own ``parsing_timeout``/``timeout_seconds`` use SIGALRM, which
+works only in the main thread, in whole seconds, and replaces the caller's SIGALRM
+handler. They are switched off here; the task runs ``answer_reward`` under the
+``RewardRunner`` timeout instead (a worker process, killed past the limit), which works
+from any thread. A pathological answer such as ``$9^{9^{9^{9}}}$`` keeps math-verify busy
+for over 20 s (measured; stopped there): that completion times out and abstains.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from math_verify import ExprExtractionConfig, parse, verify
+
+from rlvr.data import read_jsonl
+from rlvr.rewards import RewardRunner, RewardSpec
+from rlvr.tasks.text import Prompt, TextTask, resolve_weights
+
+TEMPLATES = {
+    "r1_zero": (
+        "A conversation between User and Assistant. The User asks a question, and the "
+        "Assistant solves it. The Assistant first thinks about the reasoning process in the "
+        "mind and then provides the User with the answer. The reasoning process is enclosed "
+        "within <think> </think> and answer is enclosed within <answer> </answer> tags, "
+        "respectively, i.e., <think> reasoning process here </think> <answer> answer here "
+        "</answer>.\nUser: {question}\nAssistant: <think>"
+    ),
+    "plain": "Question: {question}\nAnswer:",
+}
+
+_FINAL_ANSWER = re.compile(r"####\s*(-?[0-9][0-9,]*(?:\.[0-9]+)?)\s*\Z")
+_CALCULATOR = re.compile(r"<<[^<>]*>>")  # GSM8K's calculator annotations, "<<2*3=6>>"
+_R1_ZERO = re.compile(r".*</think>\s*<answer>(.*)</answer>\s*", re.DOTALL)
+
+
+class _DropTimeoutWarning(logging.Filter):
+    """math-verify warns once per process that its timeouts are off; they are off on
+    purpose (see the module docstring), so in every reward worker that is noise."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Timeout is disabled")
+
+
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).addFilter(_DropTimeoutWarning())
+
+
+def extract_answer(completion: str, template: str = "r1_zero") -> str | None:
+    """The final answer X of a completion, or None when it is not in the template's form.
+
+    r1_zero: "reasoning </think> <answer> X </answer>": one answer block, at the end.
+    plain:   "reasoning #### X": the rest of the line after the last "####".
+    """
+    if template == "r1_zero":
+        once = all(completion.count(tag) == 1 for tag in ("</think>", "<answer>", "</answer>"))
+        match = _R1_ZERO.fullmatch(completion) if once else None
+        answer = "" if match is None else match[1].strip()
+    elif template == "plain":
+        _, marker, tail = completion.rpartition("####")
+        answer = tail.strip().split("\n", 1)[0].strip() if marker else ""
+    else:
+        raise ValueError(f"unknown template {template!r}; allowed: {', '.join(TEMPLATES)}")
+    return answer or None
+
+
+def is_equivalent(answer: str, gold: str) -> bool | None:
+    """math-verify: does ``answer`` (LaTeX or plain) equal the number ``gold``? None when
+    the gold does not parse. No time limit here: run it under a RewardRunner timeout."""
+    gold_parsed = parse(gold, extraction_config=[ExprExtractionConfig()], parsing_timeout=None)
+    if not gold_parsed:
+        return None
+    return verify(gold_parsed, parse(answer, parsing_timeout=None), timeout_seconds=None)
+
+
+def answer_reward(
+    prompts: list[str], completions: list[str], answer: list[str], template: str = "r1_zero",
+    **kwargs: Any,
+) -> list[float | None]:
+    """1.0 when the completion's final answer equals the gold ``answer`` under
+    math-verify, 0.0 when it differs or is missing, None when the gold does not parse. [N]"""
+    rewards: list[float | None] = []
+    for completion, gold in zip(completions, answer):
+        extracted = extract_answer(completion, template)
+        same = False if extracted is None else is_equivalent(extracted, gold)
+        rewards.append(None if same is None else float(same))
+    return rewards
+
+
+def format_reward(
+    prompts: list[str], completions: list[str], template: str = "r1_zero", **kwargs: Any
+) -> list[float]:
+    """1.0 when the completion has the template's final-answer form, else 0.0. [N]"""
+    return [float(extract_answer(c, template) is not None) for c in completions]
+
+
+def load_gsm8k(path: str | Path) -> list[dict[str, str]]:
+    """GSM8K records: ``question``, ``solution`` (the worked solution without the final
+    line and calculator annotations) and ``answer`` (the final number, commas removed).
+    Raises DataError naming file:line for a row without a final ``#### <number>``."""
+    rows = read_jsonl(path, {"question": str, "answer": str}, check=_check_final_answer)
+    records = []
+    for row in rows:
+        match = _FINAL_ANSWER.search(row["answer"])
+        solution = _CALCULATOR.sub("", row["answer"][: match.start()]).strip()
+        records.append(
+            {"question": row["question"], "solution": solution, "answer": match[1].replace(",", "")}
+        )
+    return records
+
+
+def _check_final_answer(row: dict[str, Any]) -> None:
+    if _FINAL_ANSWER.search(row["answer"]) is None:
+        raise ValueError(f"answer does not end with '#### <number>': ...{row['answer'][-40:]!r}")
+
+
+DEFAULT_WEIGHTS = {"answer": 1.0, "format": 0.1}
+
+
+class Gsm8kTask(TextTask):
+    """GSM8K: training prompts from ``train_path``, the fixed eval set from ``eval_path``.
+
+    template:       "r1_zero" or "plain" (TEMPLATES).
+    num_eval:       use the first ``num_eval`` eval problems (default all).
+    grader_timeout: seconds math-verify may spend on one completion.
+    weights:        overrides of DEFAULT_WEIGHTS ("answer", "format").
+    num_workers:    grader processes. Call ``close()`` (or use ``with``) to stop them.
+    Prompt dicts: "prompt", "answer" (gold number), "solution" (for SFT).
+    """
+
+    correct_reward = "answer"
+
+    def __init__(
+        self,
+        train_path: str | Path,
+        eval_path: str | Path,
+        template: str = "r1_zero",
+        num_eval: int | None = None,
+        grader_timeout: float = 5.0,
+        weights: dict[str, float] | None = None,
+        num_workers: int = 2,
+    ) -> None:
+        if template not in TEMPLATES:
+            raise ValueError(f"unknown template {template!r}; allowed: {', '.join(TEMPLATES)}")
+        self.template = template
+        self._train = [self._prompt(record) for record in load_gsm8k(train_path)]
+        self._eval = [self._prompt(record) for record in load_gsm8k(eval_path)][:num_eval]
+        weights = resolve_weights(DEFAULT_WEIGHTS, weights)
+        self.runner = RewardRunner(
+            [
+                RewardSpec(
+                    functools.partial(answer_reward, template=template),
+                    weights["answer"], "answer", timeout=grader_timeout,
+                ),
+                RewardSpec(functools.partial(format_reward, template=template), weights["format"], "format"),
+            ],
+            num_workers=num_workers,
+        )
+
+    def sample_prompts(self, num_prompts: int, generator: torch.Generator) -> list[Prompt]:
+        """``num_prompts`` distinct training problems (same generator state, same problems)."""
+        if num_prompts > len(self._train):
+            raise ValueError(f"asked for {num_prompts} prompts; the training set has {len(self._train)}")
+        order = torch.randperm(len(self._train), generator=generator)[:num_prompts]
+        return [self._train[i] for i in order.tolist()]
+
+    def eval_prompts(self) -> list[Prompt]:
+        return list(self._eval)
+
+    def sft_completion(self, prompt: Prompt) -> str:
+        """The worked solution and answer in the template's form."""
+        if self.template == "r1_zero":
+            return f" {prompt['solution']} </think> <answer> {prompt['answer']} </answer>"
+        return f" {prompt['solution']}\n#### {prompt['answer']}"
+
+    def _prompt(self, record: dict[str, str]) -> Prompt:
+        text = TEMPLATES[self.template].format(question=record["question"])
+        return {"prompt": text, "answer": record["answer"], "solution": record["solution"]}

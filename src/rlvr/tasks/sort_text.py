@@ -1,0 +1,82 @@
+"""Sort digits, as text: the lecture's sorting task for language-model policies.
+
+Prompt ``"3 1 4 1 5 9>"`` (n digits separated by spaces, then ``>``); the gold answer is
+``"1 1 3 4 5 9"``. A response is read as whitespace-separated tokens, so spacing does not
+matter but every token does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from rlvr.rewards import RewardRunner, RewardSpec
+from rlvr.tasks.text import GeneratedPrompts, Prompt, TextTask, resolve_weights
+
+
+def position_reward(
+    prompts: list[str], completions: list[str], answer: list[str], **kwargs: Any
+) -> list[float]:
+    """Partial credit: the fraction of positions holding the gold token.
+
+    matches / max(len(gold tokens), len(response tokens)), so a missing token and an
+    extra token both count as a wrong position. One value per completion [N].
+    """
+    rewards = []
+    for completion, gold in zip(completions, answer):
+        response, target = completion.split(), gold.split()
+        matches = sum(r == t for r, t in zip(response, target))
+        rewards.append(matches / max(len(response), len(target)))
+    return rewards
+
+
+def exact_match_reward(
+    prompts: list[str], completions: list[str], answer: list[str], **kwargs: Any
+) -> list[float]:
+    """1.0 when the response's tokens are exactly the gold tokens, else 0.0. [N]"""
+    return [float(completion.split() == gold.split()) for completion, gold in zip(completions, answer)]
+
+
+DEFAULT_WEIGHTS = {"position": 1.0, "exact_match": 1.0}
+
+
+class SortTextTask(TextTask):
+    """Sort ``num_digits`` digits 0-9.
+
+    num_eval:  size of the fixed held-out set, drawn with ``eval_seed``; training prompts
+               never repeat one of them.
+    weights:   overrides of DEFAULT_WEIGHTS ("position", "exact_match").
+    Rewards run in-process (cheap pure functions); the gold check is exact match.
+    """
+
+    correct_reward = "exact_match"
+
+    def __init__(
+        self,
+        num_digits: int = 5,
+        num_eval: int = 100,
+        eval_seed: int = 0,
+        weights: dict[str, float] | None = None,
+    ) -> None:
+        if num_digits < 1:
+            raise ValueError(f"num_digits must be >= 1, got {num_digits}")
+        if not 0 <= num_eval <= 10**num_digits // 2:
+            raise ValueError(
+                f"num_eval must be in [0, {10**num_digits // 2}] (half the {10**num_digits} "
+                f"sequences of {num_digits} digits, to leave room for training), got {num_eval}"
+            )
+        self.num_digits = num_digits
+        weights = resolve_weights(DEFAULT_WEIGHTS, weights)
+        self.runner = RewardRunner([
+            RewardSpec(position_reward, weights["position"], "position"),
+            RewardSpec(exact_match_reward, weights["exact_match"], "exact_match"),
+        ])
+        self.prompts = GeneratedPrompts(self._draw, num_eval, eval_seed)
+
+    def _draw(self, num: int, generator: torch.Generator) -> list[Prompt]:
+        digits = torch.randint(0, 10, (num, self.num_digits), generator=generator)  # [num, n]
+        return [
+            {"prompt": " ".join(map(str, row)) + ">", "answer": " ".join(map(str, sorted(row)))}
+            for row in digits.tolist()
+        ]

@@ -1,0 +1,124 @@
+"""What the text tasks share: prompt dicts, string responses, rewards through a RewardRunner.
+
+A text task's prompts are dicts with ``"prompt"`` (the text the LM continues) and gold
+columns such as ``"answer"``; responses are B lists of G completion strings; its reward
+functions are in the TRL form (see ``rlvr.rewards``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Container
+from typing import Any
+
+import torch
+
+from rlvr.rewards import RewardResult, RewardRunner
+
+Prompt = dict[str, Any]
+
+
+class TextTask:
+    """The ``Task`` methods every text task has in common.
+
+    A subclass sets ``runner`` (its reward specs), ``correct_reward`` (the name of the
+    reward whose value 1.0 means "the response is right") and ``prompts`` (generated
+    prompts), or overrides ``sample_prompts`` and ``eval_prompts``.
+    """
+
+    runner: RewardRunner
+    correct_reward: str
+    prompts: "GeneratedPrompts"
+
+    def sample_prompts(self, num_prompts: int, generator: torch.Generator) -> list[Prompt]:
+        """``num_prompts`` training prompts, none from the eval set (same generator state,
+        same prompts)."""
+        return self.prompts.sample(num_prompts, generator)
+
+    def eval_prompts(self) -> list[Prompt]:
+        """The fixed held-out prompts."""
+        return list(self.prompts.eval)
+
+    def score(self, prompts: list[Prompt], responses: list[list[str]]) -> RewardResult:
+        """All rewards of B prompts x G responses in one pass: rewards [B, G], per-function
+        values [B, G, F] and per-function stats. Use it with ``correct`` to get rewards and
+        the gold check without grading twice."""
+        return self.runner.score_groups(prompts, responses)
+
+    def rewards(self, prompts: list[Prompt], responses: list[list[str]]) -> torch.Tensor:
+        """Combined rewards [B, G] float32, NaN where every reward abstained."""
+        return self.score(prompts, responses).rewards
+
+    def is_correct(self, prompts: list[Prompt], responses: list[list[str]]) -> torch.Tensor:
+        """Gold check [B, G] bool (runs only the gold reward)."""
+        return self.correct(self.runner.score_groups(prompts, responses, only=[self.correct_reward]))
+
+    def correct(self, result: RewardResult) -> torch.Tensor:
+        """[B, G] bool from a ``score`` result: the gold reward is 1 (an abstention is not)."""
+        return result.column(self.correct_reward) == 1.0
+
+    def sft_completion(self, prompt: Prompt) -> str:
+        """The gold completion of one prompt, for SFT (the policy appends EOS)."""
+        return prompt["answer"]
+
+    def sft_examples(self, num: int, generator: torch.Generator) -> list[tuple[str, str]]:
+        """``num`` (prompt text, gold completion) pairs from the training prompts."""
+        return [(p["prompt"], self.sft_completion(p)) for p in self.sample_prompts(num, generator)]
+
+    def close(self) -> None:
+        """Stop the reward workers, if any."""
+        self.runner.close()
+
+    def __enter__(self) -> "TextTask":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def resolve_weights(defaults: dict[str, float], weights: dict[str, float] | None) -> dict[str, float]:
+    """The default reward weights with ``weights`` overriding some; unknown names are an error."""
+    unknown = set(weights or {}) - set(defaults)
+    if unknown:
+        raise ValueError(f"unknown reward names {sorted(unknown)}; allowed: {', '.join(defaults)}")
+    return {**defaults, **(weights or {})}
+
+
+class GeneratedPrompts:
+    """Prompts from a seeded generator, with a fixed held-out set that training never repeats.
+
+    draw(k, generator) -> k fresh random prompts. The eval set is ``num_eval`` distinct
+    prompts drawn with ``eval_seed``; ``sample`` skips any prompt whose text is in it.
+    """
+
+    def __init__(self, draw: Callable[[int, torch.Generator], list[Prompt]], num_eval: int, eval_seed: int) -> None:
+        self._draw = draw
+        self.eval = self._take(num_eval, torch.Generator().manual_seed(eval_seed), unique=True)
+        self._held_out = frozenset(p["prompt"] for p in self.eval)
+
+    def sample(self, num: int, generator: torch.Generator) -> list[Prompt]:
+        """``num`` training prompts (same generator state, same prompts)."""
+        return self._take(num, generator, exclude=self._held_out)
+
+    def _take(
+        self, num: int, generator: torch.Generator, exclude: Container[str] = frozenset(), unique: bool = False
+    ) -> list[Prompt]:
+        """``num`` prompts in draw order, skipping excluded texts and, if ``unique``, repeats.
+        Raises ValueError when 100 * num + 1000 draws do not give enough: the space is too small."""
+        chosen: list[Prompt] = []
+        seen: set[str] = set()
+        budget = 100 * num + 1000
+        while len(chosen) < num:
+            if budget <= 0:
+                raise ValueError(
+                    f"could draw only {len(chosen)} of {num} acceptable prompts; the task's "
+                    "space is too small for this many (lower num_eval or widen the task)"
+                )
+            batch = self._draw(num - len(chosen), generator)
+            budget -= len(batch)
+            for prompt in batch:
+                text = prompt["prompt"]
+                if text in exclude or (unique and text in seen) or len(chosen) == num:
+                    continue
+                seen.add(text)
+                chosen.append(prompt)
+        return chosen

@@ -1,0 +1,319 @@
+"""rlvr.rewards: the combination rule, loading by name, and safe execution."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import math
+import os
+import time
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlvr.rewards import (
+    RewardError,
+    RewardRunner,
+    RewardSpec,
+    combine_rewards,
+    load_reward_function,
+)
+
+NAN = math.nan
+
+
+# reward functions the tests run; module level so that any start method can run them
+
+
+def length_reward(prompts, completions, **kwargs):
+    return [float(len(c)) for c in completions]
+
+
+def picky_reward(prompts, completions, **kwargs):
+    """Misbehaves on purpose, by completion text."""
+    out = []
+    for c in completions:
+        if c == "zero":
+            raise ZeroDivisionError("no zeros")
+        if c == "key":
+            raise KeyError(c)
+        if c == "sleep":
+            time.sleep(60)
+        if c == "spin":  # a C-level loop: no signal handler runs until it ends
+            sum(itertools.repeat(0, 10**13))
+        if c == "exit":
+            os._exit(3)
+        out.append({"none": None, "nan": NAN, "inf": math.inf, "huge": 10**5000, "text": "1.0"}.get(c, 1.0))
+    return out
+
+
+def answer_length_reward(prompts, completions, answer, **kwargs):
+    return [float(len(a)) for a in answer]
+
+
+def wrong_count_reward(prompts, completions, **kwargs):
+    return [1.0] * (len(completions) + 1)
+
+
+def not_a_list_reward(prompts, completions, **kwargs):
+    return 1.0
+
+
+def unpicklable_reward(prompts, completions, **kwargs):
+    return [lambda: 1.0 for _ in completions]
+
+
+# combine_rewards
+
+
+def test_combine_weighted_sum_over_non_abstaining():
+    weights = torch.tensor([1.0, 2.0, 0.0])
+    per_function = torch.tensor([
+        [1.0, 3.0, 5.0],  # 1*1 + 2*3 = 7; weight 0 takes no part
+        [NAN, 3.0, 5.0],  # only f1: 2*3 = 6
+        [0.5, NAN, NAN],  # only f0: 0.5
+        [NAN, NAN, 5.0],  # only a weight-0 function scored: abstain
+        [NAN, NAN, NAN],  # everything abstained: abstain
+    ])
+    combined = combine_rewards(per_function, weights)
+    assert torch.equal(combined[:3], torch.tensor([7.0, 6.0, 0.5]))
+    assert torch.isnan(combined[3:]).all()
+
+
+def _combine_reference(row: list[float], weights: list[float]) -> float:
+    terms = [w * r for r, w in zip(row, weights) if not math.isnan(r) and w != 0]
+    return math.fsum(terms) if terms else NAN
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.integers(1, 4).flatmap(
+        lambda f: st.tuples(
+            st.lists(st.lists(st.one_of(st.just(NAN), st.floats(-10, 10)), min_size=f, max_size=f),
+                     min_size=1, max_size=6),
+            st.lists(st.sampled_from([0.0, 0.5, 1.0, -2.0]), min_size=f, max_size=f),
+        )
+    )
+)
+def test_combine_matches_reference(case):
+    rows, weights = case
+    combined = combine_rewards(torch.tensor(rows, dtype=torch.float64), torch.tensor(weights, dtype=torch.float64))
+    expected = torch.tensor([_combine_reference(row, weights) for row in rows], dtype=torch.float64)
+    torch.testing.assert_close(combined, expected, equal_nan=True, rtol=0, atol=1e-12)
+
+
+# specs and load_reward_function
+
+
+def test_spec_names_and_validation():
+    assert RewardSpec(length_reward).name == "length_reward"
+    assert RewardSpec(functools.partial(length_reward)).name == "length_reward"
+    assert RewardSpec(lambda p, c, **k: [], name="mine").name == "mine"
+    with pytest.raises(ValueError, match="weight must be finite"):
+        RewardSpec(length_reward, weight=math.inf)
+    with pytest.raises(ValueError, match="timeout must be positive"):
+        RewardSpec(length_reward, timeout=0)
+    with pytest.raises(TypeError, match="callable"):
+        RewardSpec("length_reward")
+    with pytest.raises(ValueError, match="repeated: length_reward"):
+        RewardRunner([RewardSpec(length_reward), RewardSpec(length_reward)])
+
+
+def test_load_reward_function_by_name():
+    fn = load_reward_function("rlvr.tasks.sort_text:exact_match_reward")
+    assert fn(["1>"], ["1"], answer=["1"]) == [1.0]
+
+
+@pytest.mark.parametrize("path", ["rlvr.tasks.sort_text", "rlvr.tasks.sort_text:", ":f", "a b:f", "m:f:g", "m:f.g"])
+def test_load_reward_function_bad_format(path):
+    with pytest.raises(RewardError, match="expected 'module:function'"):
+        load_reward_function(path)
+
+
+def test_load_reward_function_missing_module():
+    with pytest.raises(RewardError, match="no module named 'rlvr_no_such_module'"):
+        load_reward_function("rlvr_no_such_module:f")
+    with pytest.raises(RewardError, match="no module named 'rlvr.no_such'"):
+        load_reward_function("rlvr.no_such:f")
+
+
+def test_load_reward_function_module_that_fails_to_import(tmp_path, monkeypatch):
+    (tmp_path / "broken_rewards_mod.py").write_text("import rlvr_missing_dependency\n")
+    (tmp_path / "raising_rewards_mod.py").write_text("raise RuntimeError('bad config')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(RewardError, match="importing 'broken_rewards_mod' failed: No module named 'rlvr_missing"):
+        load_reward_function("broken_rewards_mod:f")
+    with pytest.raises(RewardError, match="raised RuntimeError: bad config"):
+        load_reward_function("raising_rewards_mod:f")
+
+
+def test_load_reward_function_missing_or_not_callable():
+    with pytest.raises(RewardError, match="has no 'nope'; it defines: .*exact_match_reward"):
+        load_reward_function("rlvr.tasks.sort_text:nope")
+    with pytest.raises(RewardError, match="'DEFAULT_WEIGHTS' is a dict, not a callable"):
+        load_reward_function("rlvr.tasks.sort_text:DEFAULT_WEIGHTS")
+
+
+# in-process execution
+
+
+def test_in_process_scores_columns_and_counts():
+    completions = ["a", "bb", "none", "zero", "nan", "text"]
+    specs = [RewardSpec(length_reward), RewardSpec(picky_reward, weight=2.0), RewardSpec(answer_length_reward, 0.0)]
+    result = RewardRunner(specs)(["p"] * 6, completions, {"answer": ["xyz"] * 6})
+    assert result.per_function.shape == (6, 3)
+    assert result.per_function[:, 0].tolist() == [1.0, 2.0, 4.0, 4.0, 3.0, 4.0]
+    assert result.per_function[:, 2].tolist() == [3.0] * 6
+    # picky: 1.0 on a and bb; None, an error, NaN and a string abstain
+    assert result.per_function[:2, 1].tolist() == [1.0, 1.0]
+    assert torch.isnan(result.per_function[2:, 1]).all()
+    assert result.rewards.tolist() == [1 + 2.0, 2 + 2.0, 4.0, 4.0, 3.0, 4.0]
+    stats = result.stats["picky_reward"]
+    assert (stats.scored, stats.abstained, stats.errors, stats.invalid, stats.timeouts) == (2, 1, 1, 2, 0)
+    assert stats.mean == 1.0
+    for s in result.stats.values():  # every completion is counted exactly once
+        assert s.scored + s.abstained + s.errors + s.timeouts + s.invalid == 6
+
+
+def test_errors_abstain_only_where_raised_and_log_once_per_type(caplog):
+    runner = RewardRunner([RewardSpec(picky_reward)])
+    with caplog.at_level(logging.WARNING, logger="rlvr.rewards"):
+        result = runner(["p"] * 6, ["ok", "zero", "zero", "key", "ok", "zero"])
+        runner(["p"], ["zero"])  # a later batch: counted, not logged again
+    assert result.per_function[:, 0].tolist()[0] == 1.0
+    assert result.stats["picky_reward"].errors == 4
+    assert result.stats["picky_reward"].scored == 2
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2
+    assert "raised ZeroDivisionError on completion 1" in messages[0]
+    assert "Traceback" in messages[0] and "no zeros" in messages[0]
+    assert "raised KeyError on completion 3" in messages[1]
+
+
+@pytest.mark.parametrize(
+    "completion, message",
+    [
+        ("zero", r"'picky_reward' raised ZeroDivisionError on completion 1(.|\n)*no zeros"),
+        ("nan", r"'picky_reward' returned nan, not a finite number on completion 1"),
+        ("inf", r"'picky_reward' returned inf, not a finite number"),
+        ("huge", r"'picky_reward' returned an int of 16610 bits, too large"),
+        ("text", r"'picky_reward' returned '1.0' \(str\), not a number"),
+    ],
+)
+def test_strict_makes_the_first_failure_fatal(completion, message):
+    runner = RewardRunner([RewardSpec(picky_reward)], strict=True)
+    with pytest.raises(RewardError, match=message):
+        runner(["p", "p"], ["ok", completion])
+    assert runner(["p"], ["ok"]).rewards.tolist() == [1.0]
+
+
+@pytest.mark.parametrize(
+    "fn, message",
+    [(wrong_count_reward, "returned 3 values for 2 completions"), (not_a_list_reward, "returned a float, not a list")],
+)
+def test_malformed_return_abstains_or_raises(fn, message):
+    result = RewardRunner([RewardSpec(fn)])(["p", "p"], ["a", "b"])
+    assert torch.isnan(result.rewards).all()
+    assert next(iter(result.stats.values())).invalid == 2
+    with pytest.raises(RewardError, match=f"'{fn.__name__}' {message}"):
+        RewardRunner([RewardSpec(fn)], strict=True)(["p", "p"], ["a", "b"])
+
+
+def test_score_groups_shapes_columns_and_abstained_groups():
+    runner = RewardRunner([RewardSpec(picky_reward), RewardSpec(answer_length_reward, weight=0.0)])
+    prompts = [{"prompt": "p0", "answer": "a"}, {"prompt": "p1", "answer": "bbb"}]
+    result = runner.score_groups(prompts, [["ok", "none", "ok"], ["none", "zero", "none"]])
+    assert result.rewards.shape == (2, 3) and result.per_function.shape == (2, 3, 2)
+    assert result.column("answer_length_reward").tolist() == [[1.0] * 3, [3.0] * 3]
+    assert result.rewards[0, 0] == 1.0 and torch.isnan(result.rewards[1]).all()
+    metrics = result.metrics()
+    assert metrics["reward/abstained_groups"] == 1.0
+    assert metrics["reward/abstained"] == 4.0
+    assert metrics["reward/picky_reward/errors"] == 1.0
+    with pytest.raises(ValueError, match="groups differ in size"):
+        runner.score_groups(prompts, [["a"], ["a", "b"]])
+    with pytest.raises(ValueError, match="prompt 1 has keys"):
+        runner.score_groups([prompts[0], {"prompt": "p1"}], [["a"], ["b"]])
+
+
+def test_only_runs_the_named_functions():
+    runner = RewardRunner([RewardSpec(length_reward), RewardSpec(picky_reward)])
+    result = runner(["p"], ["zero"], only=["length_reward"])  # picky would raise: it must not run
+    assert list(result.stats) == ["length_reward"]
+    assert result.rewards.tolist() == [4.0]
+    with pytest.raises(ValueError, match="unknown reward names"):
+        runner(["p"], ["a"], only=["nope"])
+
+
+def test_arguments_are_passed_by_keyword_as_trl_does():
+    def completions_only(completions, **kwargs):  # the signature of TRL's own format rewards
+        return [float(c == "yes") for c in completions]
+
+    runner = RewardRunner([RewardSpec(completions_only)])
+    assert runner(["prompt text"] * 2, ["yes", "no"], {"answer": ["a", "b"]}).rewards.tolist() == [1.0, 0.0]
+
+
+def test_columns_must_align():
+    runner = RewardRunner([RewardSpec(length_reward)])
+    with pytest.raises(ValueError, match="answer has 1 entries for 2 completions"):
+        runner(["p", "p"], ["a", "b"], {"answer": ["x"]})
+
+
+# worker processes
+
+
+def test_hang_times_out_without_blocking_and_worker_restarts():
+    with RewardRunner([RewardSpec(picky_reward, timeout=0.5)], num_workers=2) as runner:
+        runner(["p"], ["warm up"])  # start the workers outside the timed part
+        start = time.monotonic()
+        result = runner(["p"] * 6, ["ok", "sleep", "ok", "spin", "ok", "ok"])
+        elapsed = time.monotonic() - start
+        # the two hangs run side by side on the two workers: one limit, not two
+        assert elapsed < 1.0, elapsed
+        stats = result.stats["picky_reward"]
+        assert (stats.scored, stats.timeouts) == (4, 2)
+        assert torch.isnan(result.rewards[[1, 3]]).all()
+        # the killed workers were replaced: the runner keeps working
+        assert runner(["p"] * 3, ["a", "b", "c"]).rewards.tolist() == [1.0, 1.0, 1.0]
+
+
+def test_worker_errors_and_deaths_are_counted():
+    with RewardRunner([RewardSpec(picky_reward, timeout=2.0)], num_workers=1) as runner:
+        result = runner(["p"] * 4, ["zero", "exit", "ok", "nan"])
+        stats = result.stats["picky_reward"]
+        assert (stats.errors, stats.invalid, stats.scored) == (2, 1, 1)
+        assert result.rewards[2] == 1.0
+        with pytest.raises(RewardError, match="ZeroDivisionError(.|\n)*Traceback(.|\n)*no zeros"):
+            RewardRunner([RewardSpec(picky_reward, timeout=2.0)], strict=True)(["p"], ["zero"])
+
+
+def test_unpicklable_result_is_an_error_not_a_crash():
+    with RewardRunner([RewardSpec(unpicklable_reward, timeout=2.0)], num_workers=1) as runner:
+        stats = runner(["p"], ["a"]).stats["unpicklable_reward"]
+        assert stats.errors == 1
+
+
+def test_chunks_that_raise_are_retried_per_completion():
+    with RewardRunner([RewardSpec(picky_reward, timeout=2.0)], num_workers=1, chunk_size=4) as runner:
+        result = runner(["p"] * 4, ["ok", "zero", "ok", "ok"])
+    assert result.stats["picky_reward"].errors == 1
+    assert result.rewards[[0, 2, 3]].tolist() == [1.0, 1.0, 1.0]
+
+
+def test_fork_workers_run_closures():
+    offset = 10.0
+    spec = RewardSpec(lambda prompts, completions, **kw: [offset + len(c) for c in completions], name="closure", timeout=2.0)
+    with RewardRunner([spec], num_workers=1) as runner:
+        assert runner(["p", "p"], ["a", "bb"]).rewards.tolist() == [11.0, 12.0]
+
+
+def test_spawn_rejects_closures_and_runs_importable_functions():
+    with pytest.raises(RewardError, match="'closure' cannot be sent to a 'spawn' worker"):
+        RewardRunner([RewardSpec(lambda p, c, **k: [], name="closure", timeout=1.0)], start_method="spawn")
+    fn = load_reward_function("rlvr.tasks.sort_text:exact_match_reward")
+    with RewardRunner([RewardSpec(fn, timeout=30.0)], num_workers=1, start_method="spawn") as runner:
+        result = runner(["2 1>", "2 1>"], ["1 2", "2 1"], {"answer": ["1 2", "1 2"]})
+    assert result.rewards.tolist() == [1.0, 0.0]
