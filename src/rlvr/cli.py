@@ -9,6 +9,7 @@ from pathlib import Path
 from rlvr.config import Config, ConfigError, load_config
 from rlvr.metrics import JsonlSink, plot_runs, read_records, summary
 from rlvr.checkpoint import CheckpointError
+from rlvr.rewards import RewardError
 from rlvr.runs import RunError, resume_config, run_training
 from rlvr.trainer import TrainingError
 
@@ -139,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingError as err:
         print(f"rlvr: training stopped: {err}", file=sys.stderr)
         return 3
+    except RewardError as err:
+        print(f"rlvr: reward error (rewards.strict=true): {err}", file=sys.stderr)
+        return 4
     except KeyboardInterrupt as err:
         print(f"rlvr: interrupted{': ' + str(err) if str(err) else ''}", file=sys.stderr)
         return 130

@@ -40,6 +40,17 @@ class TaskConfig:
 
 
 @dataclass
+class RewardsConfig:
+    functions: list = field(
+        default_factory=list,
+        metadata={"help": "user reward functions: [{function: 'module:name', weight: 1.0, timeout: 5.0}]"},
+    )
+    strict: bool = field(default=False, metadata={"help": "the first reward error is fatal (else: abstain and count)"})
+    timeout: float | None = field(default=None, metadata={"help": "default seconds per call of a user function (null: in-process)"})
+    num_workers: int = field(default=2, metadata={"help": "reward worker processes (for functions with a timeout)"})
+
+
+@dataclass
 class PolicyConfig:
     name: str = field(default="positional", metadata={"help": "policy: positional | causal_lm"})
     embedding_dim: int = field(default=10, metadata={"help": "positional model: embedding size D"})
@@ -79,9 +90,11 @@ class OptimConfig:
 @dataclass
 class LogConfig:
     eval_every: int = field(default=10, metadata={"help": "evaluate the held-out prompts every k epochs"})
-    eval_samples: int = field(default=8, metadata={"help": "sampled responses per held-out prompt"})
+    eval_samples: int = field(default=8, metadata={"help": "n: sampled responses per held-out prompt (pass@1 and pass@n)"})
+    table_rows: int = field(default=4, metadata={"help": "held-out prompts shown in the samples table"})
     progress: bool = field(default=True, metadata={"help": "show a progress bar"})
     plot: bool = field(default=True, metadata={"help": "write plot.png into the run directory"})
+    tensorboard: bool = field(default=False, metadata={"help": "also log scalars to RUN_DIR/tensorboard"})
     checkpoint_every: int = field(default=10, metadata={"help": "write a checkpoint every k epochs (0: only at the end)"})
     keep_checkpoints: int = field(default=2, metadata={"help": "how many recent checkpoints to keep"})
 
@@ -93,6 +106,7 @@ class Config:
     seed: int = field(default=0, metadata={"help": "seed for prompts, sampling and initialisation"})
     threads: int = field(default=1, metadata={"help": "torch CPU threads (0: torch's default)"})
     task: TaskConfig = field(default_factory=TaskConfig)
+    rewards: RewardsConfig = field(default_factory=RewardsConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -236,6 +250,32 @@ def _positive(path: str, value: float, allow_zero: bool = False) -> None:
         raise ConfigError(f"{path}={value!r} must be {bound}")
 
 
+REWARD_FUNCTION_KEYS = ("function", "weight", "timeout", "name")
+
+
+def _validate_rewards(r: RewardsConfig) -> None:
+    _positive("rewards.num_workers", r.num_workers)
+    if r.timeout is not None:
+        _positive("rewards.timeout", r.timeout)
+    for i, item in enumerate(r.functions):
+        path = f"rewards.functions[{i}]"
+        if isinstance(item, str):
+            item = {"function": item}
+        if not isinstance(item, dict) or "function" not in item:
+            raise ConfigError(f"{path}: expected 'module:function' or a mapping with a 'function' key, got {item!r}")
+        unknown = sorted(set(item) - set(REWARD_FUNCTION_KEYS))
+        if unknown:
+            raise ConfigError(f"{path}: unknown keys {unknown}; allowed: {', '.join(REWARD_FUNCTION_KEYS)}")
+        if not isinstance(item["function"], str) or item["function"].count(":") != 1:
+            raise ConfigError(f"{path}.function={item['function']!r} must be 'module:function'")
+        weight = item.get("weight", 1.0)
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+            raise ConfigError(f"{path}.weight={weight!r} must be a number")
+        timeout = item.get("timeout")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
+            raise ConfigError(f"{path}.timeout={timeout!r} must be positive seconds or null")
+
+
 TASKS = ("sorting", "sort_text", "arithmetic", "gsm8k")
 POLICIES = ("positional", "causal_lm")
 OPTIMIZERS = ("adam", "adamw")
@@ -290,6 +330,8 @@ def validate(config: Config) -> None:
     _positive("log.keep_checkpoints", lg.keep_checkpoints)
     _positive("log.eval_every", lg.eval_every)
     _positive("log.eval_samples", lg.eval_samples)
+    _positive("log.table_rows", lg.table_rows, allow_zero=True)
+    _validate_rewards(config.rewards)
     if config.threads < 0:
         raise ConfigError(f"threads={config.threads} must be >= 0")
     if t.name == "sorting":

@@ -25,6 +25,43 @@ class JsonlSink:
         self._file.close()
 
 
+def write_samples_markdown(path: Path, record: Record) -> None:
+    """Append a "samples" record to a Markdown file as a table (prompt, response, reward)."""
+
+    def cell(value: Any) -> str:
+        return str(value).replace("|", "\\|").replace("\n", "\\n")
+
+    lines = [f"\n## epoch {record['epoch']} (step {record['step']})\n",
+             "| prompt | response | reward | correct |", "| --- | --- | ---: | :---: |"]
+    for row in record["rows"]:
+        mark = "yes" if row["correct"] else "no"
+        lines.append(f"| {cell(row['prompt'])} | {cell(row['response'])} | {row['reward']:.3f} | {mark} |")
+    with Path(path).open("a", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+class TensorBoardSink:
+    """Scalars of train and eval records to TensorBoard (the ``tensorboard`` extra)."""
+
+    def __init__(self, log_dir: Path):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as err:
+            raise RuntimeError("log.tensorboard=true needs: pip install 'rlvr[tensorboard]'") from err
+        self.writer = SummaryWriter(str(log_dir))
+
+    def __call__(self, record: Record) -> None:
+        kind = record.get("kind")
+        if kind not in ("train", "eval"):
+            return
+        for key, value in record.items():
+            if key not in ("kind", "epoch", "step") and isinstance(value, (int, float)):
+                self.writer.add_scalar(f"{kind}/{key}", value, record["step"])
+
+    def close(self) -> None:
+        self.writer.close()
+
+
 def read_records(path: Path) -> list[Record]:
     """Records from a ``metrics.jsonl`` file (or a run directory holding one)."""
     path = Path(path)

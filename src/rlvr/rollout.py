@@ -74,8 +74,26 @@ class Policy(Protocol):
         ...
 
 
+@dataclass
+class Grades:
+    """A task's verdict on B x G responses.
+
+    rewards: [B, G] float, NaN where the reward abstained
+    correct: [B, G] bool, the gold check (is the response right?)
+    metrics: flat name -> number (per reward function: mean, errors, timeouts, ...)
+    """
+
+    rewards: torch.Tensor
+    correct: torch.Tensor
+    metrics: dict[str, float]
+
+
 class Task(Protocol):
     """A verifiable task: prompts, a reward and a gold check."""
+
+    def grade(self, prompts: Any, responses: Any) -> Grades:
+        """Rewards, gold check and reward metrics in one pass."""
+        ...
 
     def sample_prompts(self, num_prompts: int, generator: torch.Generator) -> Any:
         """``num_prompts`` training prompts (same seed, same prompts)."""

@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from rlvr.checkpoint import PREFIX, load_latest, save_checkpoint
 from rlvr.config import Config, ConfigError, load_config
-from rlvr.metrics import JsonlSink, Record, plot_runs, read_records
+from rlvr.metrics import JsonlSink, Record, TensorBoardSink, plot_runs, read_records, write_samples_markdown
 from rlvr.trainer import TrainState, setup, train
 
 
@@ -129,11 +129,16 @@ def run_training(
         except OSError:
             shutil.rmtree(run_dir, ignore_errors=True)
             raise
-    sink = JsonlSink(run_dir / "metrics.jsonl")
+    sinks = [JsonlSink(run_dir / "metrics.jsonl")]
+    if config.log.tensorboard:
+        sinks.append(TensorBoardSink(run_dir / "tensorboard"))
     progress = Progress(config.algo.epochs, config.log.progress, config.name, initial=st.epoch)
 
     def on_record(record: Record) -> None:
-        sink(record)
+        for sink in sinks:
+            sink(record)
+        if record["kind"] == "samples":
+            write_samples_markdown(run_dir / "samples.md", record)
         progress(record)
 
     try:
@@ -141,7 +146,11 @@ def run_training(
             records = train(config, on_record=on_record, state=state, on_epoch_end=_checkpointer(config, run_dir))
     finally:
         progress.close()
-        sink.close()
+        for sink in sinks:
+            sink.close()
+        close = getattr(task, "close", None)
+        if close is not None:
+            close()
     if st.stop_requested:
         raise KeyboardInterrupt(f"stopped at epoch {st.epoch}; continue with: rlvr train resume={run_dir}")
     if config.log.plot if plot is None else plot:

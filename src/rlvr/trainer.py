@@ -21,30 +21,10 @@ import torch
 from rlvr import core
 from rlvr.config import Config, ConfigError
 from rlvr.rollout import Policy, Samples, Task
+from rlvr.tasks import build_task
 
 Record = dict[str, Any]
 logger = logging.getLogger(__name__)
-
-
-def build_task(config: Config) -> Task:
-    t = config.task
-    if t.name == "sorting":
-        from rlvr.tasks.sorting import SortingTask
-
-        try:
-            return SortingTask(
-                num_numbers=t.num_numbers,
-                vocab_size=t.vocab_size,
-                reward=t.reward,
-                allow_repeats=t.allow_repeats,
-                fixed_prompts=t.prompts,
-                eval_size=t.eval_size,
-            )
-        except ValueError as err:
-            raise ConfigError(f"task: {err}") from err
-    from rlvr.tasks import build_text_task
-
-    return build_text_task(t)
 
 
 def build_policy(config: Config) -> Policy:
@@ -154,9 +134,9 @@ def train(
             emit(record)
         st.epoch += 1
         if st.epoch % config.log.eval_every == 0 or st.epoch == a.epochs:
-            record = evaluate(config, task, st.policy, st.epoch, st.step)
-            st.records.append(record)
-            emit(record)
+            for record in evaluate(config, task, st.policy, st.epoch, st.step):
+                st.records.append(record)
+                emit(record)
         if on_epoch_end is not None:
             on_epoch_end(st)
     return st.records
@@ -175,9 +155,9 @@ def train_epoch(config: Config, task: Task, st: TrainState) -> list[Record]:
         st.ref_module = frozen_copy(policy.module)  # the reference: a frozen copy, refreshed every K epochs
     prompts = task.sample_prompts(config.task.prompts_per_epoch, st.generator)
     samples = policy.sample(prompts, a.group_size, temp, st.generator)
-    rewards = task.rewards(prompts, samples.responses)  # [B, G], NaN = abstain
-    correct = task.is_correct(prompts, samples.responses)  # [B, G]
-    deltas = core.compute_deltas(rewards, a.deltas, eps=a.adv_eps).reshape(-1)  # [N]
+    grades = task.grade(prompts, samples.responses)
+    rewards, correct = grades.rewards, grades.correct  # [B, G] (NaN = abstain), [B, G]
+    deltas = core.compute_deltas(rewards, a.deltas, eps=a.adv_eps).reshape(-1)  # [N]; 0 where abstained
     mask = samples.response_mask  # [N, T]
 
     # no_grad: old and reference log-probs are constants. If they carried gradient,
@@ -193,7 +173,7 @@ def train_epoch(config: Config, task: Task, st: TrainState) -> list[Record]:
 
     weights = core.aggregation_weights(mask, a.aggregation, a.normalizer)  # [N, T]
     batches = micro_batches(samples, config.optim.micro_batches)
-    epoch_stats = rollout_stats(rewards, correct, deltas, a.group_size)
+    epoch_stats = {**rollout_stats(rewards, correct, deltas, a.group_size), **grades.metrics}
     step_stats = []
     for _ in range(a.inner_steps):
         st.optimizer.zero_grad(set_to_none=True)
@@ -307,21 +287,61 @@ def step_records(st: TrainState, epoch_stats: Record, values: torch.Tensor) -> l
     ]
 
 
+def pass_at_k(num_samples: int, num_correct: torch.Tensor, k: int) -> torch.Tensor:
+    """Unbiased pass@k from n samples with c correct: 1 - C(n-c, k) / C(n, k), per prompt.
+
+    num_correct: [B] counts -> [B] float. Computed as a stable product:
+    C(n-c, k) / C(n, k) = prod_{i=n-c+1}^{n} (1 - k / i).
+    """
+    n = num_samples
+    if not 1 <= k <= n:
+        raise ValueError(f"pass@{k} needs 1 <= k <= n={n}")
+    out = []
+    for c in num_correct.tolist():
+        if n - c < k:
+            out.append(1.0)
+        else:
+            out.append(1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1)))
+    return torch.tensor(out)
+
+
 @torch.no_grad()
-def evaluate(config: Config, task: Task, policy: Policy, epoch: int, step: int) -> Record:
-    """Greedy and sampled solve rate and mean reward on the fixed held-out prompts."""
+def evaluate(config: Config, task: Task, policy: Policy, epoch: int, step: int) -> list[Record]:
+    """Greedy and sampled solve rate, pass@k and mean reward on the fixed held-out prompts.
+
+    Returns the eval record and a "samples" record (a few prompts with their sampled
+    responses and rewards, for a person to read).
+    """
     prompts = task.eval_prompts()
-    greedy = policy.greedy(prompts)
+    greedy = task.grade(prompts, policy.greedy(prompts))
     # A separate generator: evaluation must not change the training random stream.
     gen = torch.Generator().manual_seed(config.seed + 1_000_003 + epoch)
-    samples = policy.sample(prompts, config.log.eval_samples, config.policy.temperature, gen)
-    sampled_rewards = task.rewards(prompts, samples.responses)
-    return {
+    n = config.log.eval_samples
+    samples = policy.sample(prompts, n, config.policy.temperature, gen)
+    sampled = task.grade(prompts, samples.responses)
+    record = {
         "kind": "eval",
         "epoch": epoch,
         "step": step,
-        "greedy_solve_rate": task.is_correct(prompts, greedy).float().mean().item(),
-        "greedy_reward": task.rewards(prompts, greedy).nanmean().item(),
-        "sampled_solve_rate": task.is_correct(prompts, samples.responses).float().mean().item(),
-        "sampled_reward": sampled_rewards.nanmean().item(),
+        "greedy_solve_rate": greedy.correct.float().mean().item(),
+        "greedy_reward": greedy.rewards.nanmean().item(),
+        "sampled_solve_rate": sampled.correct.float().mean().item(),
+        "sampled_reward": sampled.rewards.nanmean().item(),
     }
+    num_correct = sampled.correct.sum(dim=1)  # [B]
+    for k in sorted({1, n}):
+        record[f"pass@{k}"] = pass_at_k(n, num_correct, k).mean().item()
+    return [record, sample_table(prompts, samples.responses, sampled, epoch, step, config.log.table_rows)]
+
+
+def sample_table(prompts: Any, responses: Any, grades: Any, epoch: int, step: int, rows: int) -> Record:
+    """The first ``rows`` held-out prompts, one sampled response each, with reward and verdict."""
+    table = []
+    for b in range(min(rows, len(prompts))):
+        prompt = prompts[b]
+        prompt = prompt["prompt"] if isinstance(prompt, dict) else prompt.tolist()
+        response = responses[b][0]
+        response = response if isinstance(response, str) else response.tolist()
+        table.append({"prompt": prompt, "response": response,
+                      "reward": grades.rewards[b, 0].item(), "correct": bool(grades.correct[b, 0])})
+    return {"kind": "samples", "epoch": epoch, "step": step, "rows": table}

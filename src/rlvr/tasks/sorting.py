@@ -19,8 +19,11 @@ this way; prompts sampled with repeats can.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+
+from rlvr.rollout import Grades
 
 LECTURE_PROMPTS = [[1, 0, 2], [3, 2, 4], [1, 2, 3]]
 REWARDS = ("exact", "position_match", "inclusion_ordering")
@@ -87,6 +90,7 @@ class SortingTask:
     fixed_prompts: list[list[int]] | None = None
     eval_size: int = 64
     eval_seed: int = 1234
+    extra_rewards: Any = None  # an rlvr.rewards.RewardRunner of user functions, or None
 
     def __post_init__(self) -> None:
         if self.reward not in REWARD_FUNCTIONS:
@@ -122,7 +126,28 @@ class SortingTask:
 
     def rewards(self, prompts: torch.Tensor, responses: torch.Tensor) -> torch.Tensor:
         """Rewards [B, G] for prompts [B, n] and responses [B, G, n]."""
-        return REWARD_FUNCTIONS[self.reward](prompts, responses)
+        return self.grade(prompts, responses).rewards
+
+    def grade(self, prompts: torch.Tensor, responses: torch.Tensor) -> Grades:
+        """The built-in reward plus, if set, the user reward functions' combined reward.
+
+        User functions see the prompt and response as space-separated numbers
+        (``"3 1 2"``) in the TRL form; where all of them abstain, only the built-in
+        reward counts.
+        """
+        rewards = REWARD_FUNCTIONS[self.reward](prompts, responses)
+        metrics: dict[str, float] = {}
+        if self.extra_rewards is not None:
+            texts = [[" ".join(map(str, r)) for r in group] for group in responses.tolist()]
+            prompt_dicts = [{"prompt": " ".join(map(str, p))} for p in prompts.tolist()]
+            result = self.extra_rewards.score_groups(prompt_dicts, texts)
+            rewards = rewards + torch.nan_to_num(result.rewards, nan=0.0)
+            metrics = result.metrics()
+        return Grades(rewards, exact_reward(prompts, responses).bool(), metrics)
+
+    def close(self) -> None:
+        if self.extra_rewards is not None:
+            self.extra_rewards.close()
 
     def is_correct(self, prompts: torch.Tensor, responses: torch.Tensor) -> torch.Tensor:
         """Gold check [B, G]: is the response exactly the sorted prompt?"""

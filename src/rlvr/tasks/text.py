@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from rlvr.rewards import RewardResult, RewardRunner
+from rlvr.rollout import Grades
 
 Prompt = dict[str, Any]
 
@@ -43,6 +44,11 @@ class TextTask:
         values [B, G, F] and per-function stats. Use it with ``correct`` to get rewards and
         the gold check without grading twice."""
         return self.runner.score_groups(prompts, responses)
+
+    def grade(self, prompts: list[Prompt], responses: list[list[str]]) -> Grades:
+        """Rewards [B, G], gold check [B, G] and reward metrics, grading once."""
+        result = self.score(prompts, responses)
+        return Grades(result.rewards, self.correct(result), result.metrics())
 
     def rewards(self, prompts: list[Prompt], responses: list[list[str]]) -> torch.Tensor:
         """Combined rewards [B, G] float32, NaN where every reward abstained."""
