@@ -55,6 +55,19 @@ def set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state(state["numpy"])
 
 
+def save_pretrained(policy: Any, path: Path) -> bool:
+    """Write a Hugging Face policy as a folder ``from_pretrained`` loads (model and
+    tokenizer); False for policies that are not Hugging Face models."""
+    module = getattr(policy, "module", None)
+    if not hasattr(module, "save_pretrained"):
+        return False
+    module.save_pretrained(str(path))
+    tokenizer = getattr(policy, "tokenizer", None)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(path))
+    return True
+
+
 def save_checkpoint(run_dir: Path, name: str, payload: dict[str, Any], policy: Any = None, keep: int = 2) -> Path:
     """Write ``payload`` (torch-serialisable) and the policy's pretrained folder atomically.
 
@@ -67,8 +80,8 @@ def save_checkpoint(run_dir: Path, name: str, payload: dict[str, Any], policy: A
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     torch.save(payload, tmp / "trainer.pt")
-    if policy is not None and hasattr(policy, "save_pretrained"):
-        policy.save_pretrained(tmp / "model")
+    if policy is not None:
+        save_pretrained(policy, tmp / "model")
     files = sorted(p for p in tmp.rglob("*") if p.is_file())
     manifest = {str(p.relative_to(tmp)): _sha256(p) for p in files}
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))

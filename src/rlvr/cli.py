@@ -77,6 +77,32 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sft(args: argparse.Namespace) -> int:
+    from rlvr.runs import prepare_run_dir
+    from rlvr.sft import run_sft
+
+    path, overrides = _split_args(args.items)
+    config = load_config(path, overrides)
+    config.out_dir = str(prepare_run_dir(config))
+    (config.run_dir / "config.yaml").write_text(config.to_yaml())
+
+    def show(record):
+        if "eval_greedy_solve_rate" in record:
+            print(f"sft step {record['step'] + 1}: loss {record['loss']:.4f}  "
+                  f"held-out greedy solve rate {record['eval_greedy_solve_rate']:.3f}", flush=True)
+
+    model_dir = run_sft(config, config.run_dir, on_record=show)
+    print(f"model: {model_dir}  (use policy.options.model={model_dir} for RL)")
+    return 0
+
+
+def cmd_init_model(args: argparse.Namespace) -> int:
+    from rlvr.modeling import run_init_model
+
+    print(f"wrote {run_init_model(args)}")
+    return 0
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
     runs = {Path(d).name: read_records(Path(d)) for d in args.run_dirs}
     out = Path(args.out) if args.out else Path(args.run_dirs[0]) / "plot.png"
@@ -122,6 +148,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--modes", default=",".join(DELTA_COMPARE), help="comma-separated delta modes")
     p.add_argument("--seeds", type=_int_list, default=[0, 1, 2], help="comma-separated seeds, the same for every mode")
     p.set_defaults(func=cmd_compare)
+    p = sub.add_parser("sft", help="supervised warm start of a causal LM on (prompt, completion) pairs")
+    p.add_argument("items", nargs="*", metavar="[CONFIG] [key=value]")
+    p.set_defaults(func=cmd_sft)
+    p = sub.add_parser("init-model", help="write a character tokenizer and a random tiny LM (offline)")
+    try:
+        from rlvr.modeling import add_init_model_arguments
+
+        add_init_model_arguments(p)
+    except ImportError:  # transformers not installed: the command explains when run
+        pass
+    p.set_defaults(func=cmd_init_model)
     p = sub.add_parser("plot", help="redraw the figure of one or more run directories")
     p.add_argument("run_dirs", nargs="+")
     p.add_argument("--out", help="output PNG (default RUN_DIR/plot.png)")

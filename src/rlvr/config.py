@@ -100,6 +100,18 @@ class LogConfig:
 
 
 @dataclass
+class SftConfig:
+    steps: int = field(default=300, metadata={"help": "SFT optimizer steps (rlvr sft)"})
+    batch_size: int = field(default=32, metadata={"help": "SFT pairs per step"})
+    lr: float = field(default=1e-3, metadata={"help": "SFT learning rate"})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "SFT gradient clipping"})
+    data: str | None = field(default=None, metadata={"help": "JSONL of {prompt, completion}; default: the task's examples"})
+    num_examples: int = field(default=2000, metadata={"help": "pairs drawn from the task when sft.data is unset"})
+    eval_every: int = field(default=50, metadata={"help": "held-out greedy accuracy every k steps"})
+    eval_size: int = field(default=50, metadata={"help": "held-out prompts used by SFT evaluation"})
+
+
+@dataclass
 class Config:
     name: str = field(default="lecture", metadata={"help": "run name (runs/<name> by default)"})
     out_dir: str | None = field(default=None, metadata={"help": "run directory (default runs/<name>)"})
@@ -111,6 +123,7 @@ class Config:
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    sft: SftConfig = field(default_factory=SftConfig)
 
     @property
     def run_dir(self) -> Path:
@@ -332,16 +345,17 @@ def validate(config: Config) -> None:
     _positive("log.eval_samples", lg.eval_samples)
     _positive("log.table_rows", lg.table_rows, allow_zero=True)
     _validate_rewards(config.rewards)
+    for key in ("steps", "batch_size", "lr", "max_grad_norm", "num_examples", "eval_every", "eval_size"):
+        _positive(f"sft.{key}", getattr(config.sft, key))
     if config.threads < 0:
         raise ConfigError(f"threads={config.threads} must be >= 0")
-    if t.name == "sorting":
-        batch = len(t.prompts) if t.prompts is not None else t.prompts_per_epoch
-        n = batch * a.group_size
-        if n % o.micro_batches:
-            raise ConfigError(
-                f"optim.micro_batches={o.micro_batches} does not divide the {n} responses per epoch "
-                f"({batch} prompts x group_size {a.group_size})"
-            )
+    batch = len(t.prompts) if (t.name == "sorting" and t.prompts is not None) else t.prompts_per_epoch
+    n = batch * a.group_size
+    if n % o.micro_batches:
+        raise ConfigError(
+            f"optim.micro_batches={o.micro_batches} does not divide the {n} responses per epoch "
+            f"({batch} prompts x group_size {a.group_size})"
+        )
     if a.loss in ("ratio", "clipped") and a.inner_steps == 1:
         warnings.warn(
             f"algo.loss={a.loss!r} with algo.inner_steps=1: the ratio pi/pi_old is always 1 at the only step, "

@@ -12,6 +12,7 @@ import copy
 import logging
 import math
 import random
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -38,12 +39,13 @@ def build_policy(config: Config) -> Policy:
     return build_causal_lm_policy(p)
 
 
-def build_optimizer(config: Config, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+def build_optimizer(config: Config, params: list[torch.nn.Parameter], lr: float | None = None) -> torch.optim.Optimizer:
+    """The configured Adam/AdamW over ``params`` (``lr`` overrides optim.lr)."""
     o = config.optim
     cls = torch.optim.Adam if o.name == "adam" else torch.optim.AdamW
     # fused: one kernel for all parameters; the per-step cost of the toy is mostly overhead.
     fused = all(p.dtype in (torch.float32, torch.float64) for p in params)
-    return cls(params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay, fused=fused or None)
+    return cls(params, lr=o.lr if lr is None else lr, betas=tuple(o.betas), weight_decay=o.weight_decay, fused=fused or None)
 
 
 def seed_everything(seed: int) -> torch.Generator:
@@ -153,9 +155,14 @@ def train_epoch(config: Config, task: Task, st: TrainState) -> list[Record]:
     a, policy, temp = config.algo, st.policy, config.policy.temperature
     if a.kl_coef > 0 and (st.ref_module is None or st.epoch % a.ref_update_every == 0):
         st.ref_module = frozen_copy(policy.module)  # the reference: a frozen copy, refreshed every K epochs
+    clock = time.perf_counter()
     prompts = task.sample_prompts(config.task.prompts_per_epoch, st.generator)
     samples = policy.sample(prompts, a.group_size, temp, st.generator)
+    timings = {"time/generate": time.perf_counter() - clock}
+    clock = time.perf_counter()
     grades = task.grade(prompts, samples.responses)
+    timings["time/reward"] = time.perf_counter() - clock
+    clock = time.perf_counter()
     rewards, correct = grades.rewards, grades.correct  # [B, G] (NaN = abstain), [B, G]
     deltas = core.compute_deltas(rewards, a.deltas, eps=a.adv_eps).reshape(-1)  # [N]; 0 where abstained
     mask = samples.response_mask  # [N, T]
@@ -171,6 +178,8 @@ def train_epoch(config: Config, task: Task, st: TrainState) -> list[Record]:
         if a.kl_coef > 0:
             ref_log_probs, _ = reference_log_probs(policy, st.ref_module, samples, temp)
 
+    timings["time/score"] = time.perf_counter() - clock
+    clock = time.perf_counter()
     weights = core.aggregation_weights(mask, a.aggregation, a.normalizer)  # [N, T]
     batches = micro_batches(samples, config.optim.micro_batches)
     epoch_stats = {**rollout_stats(rewards, correct, deltas, a.group_size), **grades.metrics}
@@ -202,7 +211,11 @@ def train_epoch(config: Config, task: Task, st: TrainState) -> list[Record]:
             st.bad_steps = 0
         step_stats.append(torch.cat([values, torch.tensor([float(skipped)])]))
         st.step += 1
-    return step_records(st, epoch_stats, torch.stack(step_stats))
+    timings["time/update"] = time.perf_counter() - clock
+    tokens = mask.sum().item()
+    timings["response_tokens"] = tokens
+    timings["tokens_per_sec_generate"] = tokens / max(timings["time/generate"], 1e-9)
+    return step_records(st, {**epoch_stats, **timings}, torch.stack(step_stats))
 
 
 def skip_step(st: TrainState, module: torch.nn.Module, values: torch.Tensor, max_bad_steps: int) -> None:

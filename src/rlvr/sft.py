@@ -1,0 +1,99 @@
+"""Supervised warm start: train a causal LM on (prompt, completion) pairs.
+
+The loss is the mean negative log-likelihood of completion tokens (EOS included), the
+prompt masked out. It is scored by the policy's own ``log_probs`` at temperature 1, so
+SFT and RL see prompts tokenised and padded the same way. The result is written with
+``save_pretrained`` to ``RUN_DIR/model``: point ``policy.options.model`` at it for RL.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlvr import core
+from rlvr.checkpoint import save_pretrained
+from rlvr.config import Config, ConfigError
+from rlvr.data import read_jsonl
+from rlvr.metrics import JsonlSink, Record
+from rlvr.rollout import Samples
+from rlvr.trainer import build_optimizer, build_policy, seed_everything
+from rlvr.tasks import build_task
+
+
+def load_pairs(config: Config, task: Any, generator: torch.Generator) -> list[tuple[str, str]]:
+    """(prompt, completion) pairs: from ``sft.data`` (JSONL with those columns) or the task."""
+    s = config.sft
+    if s.data:
+        rows = read_jsonl(s.data, {"prompt": str, "completion": str})
+        return [(r["prompt"], r["completion"]) for r in rows]
+    if not hasattr(task, "sft_examples"):
+        raise ConfigError(f"task {config.task.name!r} has no SFT examples; set sft.data to a JSONL file")
+    return task.sft_examples(s.num_examples, generator)
+
+
+def encode_batch(policy: Any, pairs: list[tuple[str, str]]) -> Samples:
+    """Prompts left-padded as for sampling; completions + EOS right-padded as responses."""
+    prompt_ids, prompt_mask = policy.encode_prompts([p for p, _ in pairs])
+    tokenizer = policy.tokenizer
+    completions = [tokenizer(c, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for _, c in pairs]
+    width = max(len(ids) for ids in completions)
+    response_ids = torch.full((len(pairs), width), tokenizer.pad_token_id, dtype=torch.long)
+    response_mask = torch.zeros((len(pairs), width), dtype=torch.bool)
+    for row, ids in enumerate(completions):
+        response_ids[row, : len(ids)] = torch.tensor(ids)
+        response_mask[row, : len(ids)] = True
+    device = prompt_ids.device
+    return Samples(None, response_ids.to(device), response_mask.to(device), prompt_ids, prompt_mask)
+
+
+def run_sft(config: Config, run_dir: Path, on_record=None) -> Path:
+    """Train, write metrics to ``run_dir/sft_metrics.jsonl``, save ``run_dir/model``."""
+    s = config.sft
+    if config.policy.name != "causal_lm":
+        raise ConfigError("sft needs policy.name='causal_lm'")
+    generator = seed_everything(config.seed)
+    task = build_task(config)
+    policy = build_policy(config)
+    pairs = load_pairs(config, task, generator)
+    if not pairs:
+        raise ConfigError("sft: no training pairs")
+    optimizer = build_optimizer(config, [p for p in policy.module.parameters() if p.requires_grad], lr=s.lr)
+    sink = JsonlSink(run_dir / "sft_metrics.jsonl")
+    try:
+        for step in range(s.steps):
+            index = torch.randint(0, len(pairs), (s.batch_size,), generator=generator).tolist()
+            batch = encode_batch(policy, [pairs[i] for i in index])
+            log_probs, _ = policy.log_probs(batch, 1.0)  # [n, T]
+            loss = -core.masked_mean(log_probs, batch.response_mask)  # mean NLL per completion token
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(policy.module.parameters(), s.max_grad_norm)
+            optimizer.step()
+            record: Record = {"kind": "sft", "step": step, "loss": loss.item(), "grad_norm": grad_norm.item()}
+            if (step + 1) % s.eval_every == 0 or step + 1 == s.steps:
+                record.update(held_out_accuracy(config, task, policy))
+            sink(record)
+            if on_record is not None:
+                on_record(record)
+            if not math.isfinite(record["loss"]):
+                raise ConfigError(f"sft: loss became {record['loss']} at step {step}; lower sft.lr")
+    finally:
+        sink.close()
+        close = getattr(task, "close", None)
+        if close is not None:
+            close()
+    out = run_dir / "model"
+    save_pretrained(policy, out)
+    return out
+
+
+@torch.no_grad()
+def held_out_accuracy(config: Config, task: Any, policy: Any) -> Record:
+    """Greedy exact accuracy on the first ``sft.eval_size`` held-out prompts."""
+    prompts = task.eval_prompts()[: config.sft.eval_size]
+    grades = task.grade(prompts, policy.greedy(prompts))
+    return {"eval_greedy_solve_rate": grades.correct.float().mean().item()}
