@@ -62,6 +62,14 @@ class TensorBoardSink:
         self.writer.close()
 
 
+TIMING_PREFIXES = ("time/", "tokens_per_sec")
+
+
+def without_timings(records: Iterable[Record]) -> list[Record]:
+    """Records minus wall-clock fields: what two runs with the same seed must agree on."""
+    return [{k: v for k, v in r.items() if not k.startswith(TIMING_PREFIXES)} for r in records]
+
+
 def read_records(path: Path) -> list[Record]:
     """Records from a ``metrics.jsonl`` file (or a run directory holding one)."""
     path = Path(path)
