@@ -56,3 +56,26 @@ def test_greedy_is_argmax():
     policy = PositionalPolicy(vocab_size=5, embedding_dim=10, num_positions=3)
     prompts = torch.tensor([[1, 0, 2]])
     assert torch.equal(policy.greedy(prompts)[:, 0], policy.module(prompts).argmax(-1))
+
+
+def test_fused_log_probs_gradient_equals_autograd():
+    torch.manual_seed(0)
+    policy = PositionalPolicy(vocab_size=6, embedding_dim=5, num_positions=4)
+    policy.module.double()
+    prompts = torch.randint(0, 6, (3, 4))
+    samples = policy.sample(prompts, 5, 1.3, torch.Generator().manual_seed(0))
+    weights = torch.randn(15, 4, dtype=torch.float64)
+    for temperature in (1.0, 1.3):
+        policy.module.zero_grad()
+        lp, entropy = policy.log_probs(samples, temperature, with_entropy=True)
+        (weights * lp).sum().backward()
+        fused = [p.grad.clone() for p in policy.module.parameters()]
+        policy.module.zero_grad()
+        logits = lecture_forward(policy.module, samples.prompt_ids) / temperature
+        all_lp = torch.log_softmax(logits, -1)
+        ref = all_lp.gather(-1, samples.response_ids.unsqueeze(-1)).squeeze(-1)
+        (weights * ref).sum().backward()
+        torch.testing.assert_close(lp, ref, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(entropy, -(all_lp.exp() * all_lp).sum(-1), rtol=1e-12, atol=1e-12)
+        for got, want in zip(fused, [p.grad for p in policy.module.parameters()]):
+            torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
