@@ -15,10 +15,11 @@ from typing import Any
 import torch
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
-# 10 digits, space, '>' (prompt/answer separator), '+', '='; with the three special
-# tokens above the vocabulary has 17 entries. There is no unknown token: a character
-# outside the vocabulary is an error when encoding, never a silent <unk>.
-DEFAULT_CHARS = "0123456789 >+="
+# What the text toy tasks write: sorting ("3 1 4>1 3 4") and arithmetic ("12-(7*3)=");
+# with the three special tokens the vocabulary has 21 entries (benchmarks/grpo_step.py
+# uses the 14 characters "0123456789 >+=" for a vocabulary of 17). There is no unknown
+# token: a character outside the vocabulary is an error when encoding, never <unk>.
+DEFAULT_CHARS = "0123456789 >+-*=()"
 ARCHS = ("llama", "gpt2")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

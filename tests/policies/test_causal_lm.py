@@ -10,7 +10,13 @@ import torch
 
 from rlvr.modeling import init_model, load_model_and_tokenizer
 from rlvr.config import PolicyConfig
-from rlvr.policies.causal_lm import CausalLMPolicy, build_causal_lm_policy, cut_at_stop_string, token_log_probs
+from rlvr.policies.causal_lm import (
+    CausalLMPolicy,
+    build_causal_lm_policy,
+    cut_at_stop_string,
+    draw_tokens,
+    token_log_probs,
+)
 
 PROMPTS = ["123456>", "98>", {"prompt": "5"}]  # different lengths: left padding
 TINY = dict(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, max_positions=64)
@@ -74,8 +80,9 @@ def reference_greedy(policy, prompt: str) -> str:
     return policy.tokenizer.decode(response, skip_special_tokens=True)
 
 
-def test_masks_and_log_probs_match_unpadded_reference(model_dir):
-    policy = make_policy(model_dir)
+@pytest.mark.parametrize("share_prompts", [True, False])
+def test_masks_and_log_probs_match_unpadded_reference(model_dir, share_prompts):
+    policy = make_policy(model_dir, share_prompts=share_prompts)
     samples = sample(policy)
     lengths = samples.response_mask.sum(-1)
     num_tokens = samples.response_ids.shape[1]
@@ -117,14 +124,32 @@ def test_fixed_seed_gives_identical_samples(llama_dir):
     assert [len(group) for group in first.responses] == [4, 4, 4]
 
 
+class EosLover(torch.nn.Module):
+    """A model whose EOS logit is raised by 50: EOS is the first token whenever allowed."""
+
+    def __init__(self, model, eos_id):
+        super().__init__()
+        self.model, self.eos_id = model, eos_id
+
+    def forward(self, **inputs):
+        out = self.model(**inputs)
+        out.logits = out.logits + 50.0 * torch.nn.functional.one_hot(
+            torch.tensor(self.eos_id), out.logits.shape[-1])
+        return out
+
+
 def test_min_new_tokens_prevents_early_eos(llama_dir):
-    free = sample(make_policy(llama_dir), seed=2, group_size=8)
-    assert (free.response_mask.sum(-1) < 6).any()  # without it, some rows end early
-    held = sample(make_policy(llama_dir, min_new_tokens=6), seed=2, group_size=8)
-    lengths = held.response_mask.sum(-1)
-    assert (lengths >= 6).all()
-    eos = held.response_ids[:, :6] == 2
-    assert not eos.any()
+    model, tokenizer = load_model_and_tokenizer(llama_dir)
+    eos_lover = EosLover(model, tokenizer.eos_token_id)
+    free = CausalLMPolicy(eos_lover, tokenizer, max_new_tokens=8)
+    assert free.greedy(PROMPTS) == [[""]] * 3  # EOS right away
+    assert (sample(free).response_mask.sum(-1) == 1).all()
+    held = CausalLMPolicy(eos_lover, tokenizer, max_new_tokens=8, min_new_tokens=3)
+    assert all(len(text) == 3 for [text] in held.greedy(PROMPTS))  # 3 tokens, then EOS
+    samples = sample(held)
+    assert (samples.response_mask.sum(-1) == 4).all()
+    assert (samples.response_ids[:, 3] == tokenizer.eos_token_id).all()
+    assert not (samples.response_ids[:, :3] == tokenizer.eos_token_id).any()
 
 
 def test_stop_strings_cut_responses(llama_dir):
@@ -168,6 +193,15 @@ def test_top_p_draws_only_from_the_nucleus(llama_dir):
     assert tiny.responses == [group * 2 for group in make_policy(llama_dir).greedy(PROMPTS)]
 
 
+def test_draw_tokens_follows_the_probabilities():
+    # 40000 draws per row: a frequency's standard error is at most 0.0025, so 0.012 is ~5 sigma
+    probs = torch.tensor([[0.1, 0.0, 0.6, 0.3], [0.0, 2.0, 0.0, 2.0]])  # the second row sums to 4
+    draws = draw_tokens(probs.repeat_interleave(40000, dim=0), torch.Generator().manual_seed(0))
+    frequencies = torch.stack([torch.bincount(row, minlength=4) for row in draws.view(2, -1)]).float() / 40000
+    torch.testing.assert_close(frequencies, probs / probs.sum(-1, keepdim=True), atol=0.012, rtol=0)
+    assert frequencies[0, 1] == 0 and frequencies[1, 0] == 0 and frequencies[1, 2] == 0
+
+
 def test_cut_at_stop_string():
     assert cut_at_stop_string("12=34=", ["="]) == "12="
     assert cut_at_stop_string("12+=34", ["=3", "+"]) == "12+"  # the earliest end wins
@@ -193,6 +227,25 @@ def test_gradients_are_invariant_to_micro_batching(llama_dir):
     assert any(g.abs().sum() > 0 for g in whole)
     for full, parts in zip(whole, split):
         torch.testing.assert_close(parts, full, atol=1e-5, rtol=1e-4)
+
+
+def test_prompt_sharing_matches_full_rows(llama_dir):
+    # rows of one prompt share its KV cache when scoring; any row order must still be exact
+    samples = sample(make_policy(llama_dir), seed=8)
+    order = torch.tensor([0, 1, 4, 5, 6, 2, 3, 8, 9, 10, 11, 7])  # runs of 2, 3, 1, 4, 1, 1 rows
+
+    def scored(share_prompts, rows):
+        policy = make_policy(llama_dir, share_prompts=share_prompts)
+        log_probs, entropy = policy.log_probs(samples.rows(rows), temperature=0.9, with_entropy=True)
+        (log_probs * torch.linspace(-1, 1, log_probs.shape[1])).sum().backward()
+        return log_probs.detach(), entropy, [p.grad for p in policy.module.parameters()]
+
+    for rows in (torch.arange(samples.num_responses), order):
+        shared, unshared = scored(True, rows), scored(False, rows)
+        torch.testing.assert_close(shared[0], unshared[0], atol=1e-5, rtol=0)
+        torch.testing.assert_close(shared[1], unshared[1], atol=1e-5, rtol=0)
+        for a, b in zip(shared[2], unshared[2]):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
 def test_gradient_checkpointing_gives_the_same_gradients(llama_dir):
