@@ -117,6 +117,7 @@ class Config:
     out_dir: str | None = field(default=None, metadata={"help": "run directory (default runs/<name>)"})
     seed: int = field(default=0, metadata={"help": "seed for prompts, sampling and initialisation"})
     threads: int = field(default=1, metadata={"help": "torch CPU threads (0: torch's default)"})
+    deterministic: bool = field(default=False, metadata={"help": "torch deterministic algorithms (bitwise-equal reruns on GPU too)"})
     task: TaskConfig = field(default_factory=TaskConfig)
     rewards: RewardsConfig = field(default_factory=RewardsConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)

@@ -108,6 +108,8 @@ def setup(config: Config) -> tuple[Task, TrainState]:
     """Build the task, the policy (seeded) and the optimizer."""
     if config.threads:
         torch.set_num_threads(config.threads)
+    if config.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=False)
     task = build_task(config)
     generator = seed_everything(config.seed)
     policy = build_policy(config)
