@@ -79,3 +79,26 @@ def test_deterministic_mode_gives_bitwise_identical_records(tiny_model, tmp_path
         assert main(["train", *lm_args(tiny_model, out, epochs=2), "deterministic=true"]) == 0
     torch.use_deterministic_algorithms(False)
     assert without_timings(read_records(a)) == without_timings(read_records(b))
+
+
+@pytest.mark.parametrize("options, message", [
+    ("{modl: x}", "unknown policy.options"),
+    ("{model: /nonexistent/model/dir}", "/nonexistent/model/dir"),
+])
+def test_bad_policy_options_exit_cleanly_and_leave_nothing(tmp_path, capsys, options, message):
+    out = tmp_path / "never"
+    code = main(["train", f"out_dir={out}", "task.name=sort_text", "policy.name=causal_lm",
+                 f"policy.options={options}", "log.progress=false"])
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_malformed_sft_data_names_file_and_line(tiny_model, tmp_path, capsys):
+    data = tmp_path / "pairs.jsonl"
+    data.write_text('{"prompt": "3 1>", "completion": "1 3"}\n{"prompt": "2 1>"}\n')
+    code = main(["sft", f"out_dir={tmp_path / 'sft'}", "task.name=sort_text", "policy.name=causal_lm",
+                 f"policy.options={{model: '{tiny_model}'}}", f"sft.data={data}", "sft.steps=1"])
+    assert code == 2
+    assert f"{data}:2" in capsys.readouterr().err
+    assert not (tmp_path / "sft").exists()

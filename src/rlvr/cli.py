@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 
 from rlvr.config import Config, ConfigError, load_config
 from rlvr.metrics import JsonlSink, plot_runs, read_records, summary
 from rlvr.checkpoint import CheckpointError
+from rlvr.data import DataError
 from rlvr.rewards import RewardError
 from rlvr.runs import RunError, resume_config, run_training
 from rlvr.trainer import TrainingError
@@ -91,7 +93,11 @@ def cmd_sft(args: argparse.Namespace) -> int:
             print(f"sft step {record['step'] + 1}: loss {record['loss']:.4f}  "
                   f"held-out greedy solve rate {record['eval_greedy_solve_rate']:.3f}", flush=True)
 
-    model_dir = run_sft(config, config.run_dir, on_record=show)
+    try:
+        model_dir = run_sft(config, config.run_dir, on_record=show)
+    except BaseException:
+        shutil.rmtree(config.run_dir, ignore_errors=True)  # no half-written run is left behind
+        raise
     print(f"model: {model_dir}  (use policy.options.model={model_dir} for RL)")
     return 0
 
@@ -171,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, RunError, CheckpointError, FileNotFoundError) as err:
+    except (ConfigError, RunError, CheckpointError, DataError, FileNotFoundError) as err:
         print(f"rlvr: error: {err}", file=sys.stderr)
         return 2
     except TrainingError as err:

@@ -36,7 +36,10 @@ def build_policy(config: Config) -> Policy:
         return PositionalPolicy(config.task.vocab_size, p.embedding_dim, config.task.num_numbers, p.embedding_std)
     from rlvr.policies.causal_lm import build_causal_lm_policy
 
-    return build_causal_lm_policy(p)
+    try:
+        return build_causal_lm_policy(p)
+    except (ValueError, TypeError, OSError) as err:  # bad options or a model that is not there
+        raise ConfigError(f"policy.options: {err}") from err
 
 
 def build_optimizer(config: Config, params: list[torch.nn.Parameter], lr: float | None = None) -> torch.optim.Optimizer:
