@@ -160,7 +160,7 @@ def test_stop_strings_cut_responses(llama_dir):
     assert stopped, "no response hit a stop string: the test would not test anything"
     for row, text in enumerate(texts):
         assert "3" not in text[:-1] and "+=" not in text[:-2]
-        prompt, response = real_tokens(samples, row)
+        _, response = real_tokens(samples, row)
         full = policy.tokenizer.decode(response, skip_special_tokens=True)
         assert full == text  # one character per token: nothing follows the stop string
     free = sample(make_policy(llama_dir), seed=0, group_size=8)
