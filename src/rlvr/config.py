@@ -95,6 +95,8 @@ class LogConfig:
     progress: bool = field(default=True, metadata={"help": "show a progress bar"})
     plot: bool = field(default=True, metadata={"help": "write plot.png into the run directory"})
     tensorboard: bool = field(default=False, metadata={"help": "also log scalars to RUN_DIR/tensorboard"})
+    tracker: str | None = field(default=None, metadata={"help": "also log to an experiment tracker: wandb | trackio"})
+    tracker_project: str = field(default="rlvr", metadata={"help": "the tracker's project name"})
     checkpoint_every: int = field(default=10, metadata={"help": "write a checkpoint every k epochs (0: only at the end)"})
     keep_checkpoints: int = field(default=2, metadata={"help": "how many recent checkpoints to keep"})
 
@@ -344,6 +346,8 @@ def validate(config: Config) -> None:
     _positive("log.keep_checkpoints", lg.keep_checkpoints)
     _positive("log.eval_every", lg.eval_every)
     _positive("log.eval_samples", lg.eval_samples)
+    if lg.tracker is not None:
+        _choice("log.tracker", lg.tracker, ("wandb", "trackio"))
     _positive("log.table_rows", lg.table_rows, allow_zero=True)
     _validate_rewards(config.rewards)
     for key in ("steps", "batch_size", "lr", "max_grad_norm", "num_examples", "eval_every", "eval_size"):

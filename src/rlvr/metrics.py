@@ -70,6 +70,31 @@ def without_timings(records: Iterable[Record]) -> list[Record]:
     return [{k: v for k, v in r.items() if not k.startswith(TIMING_PREFIXES)} for r in records]
 
 
+class ExperimentTrackerSink:
+    """Scalars to an experiment tracker with the ``init / log / finish`` API that wandb and
+    trackio share (each an optional install). ``backend`` is the module name."""
+
+    def __init__(self, backend: str, project: str, name: str, config: dict):
+        import importlib
+
+        try:
+            self.module = importlib.import_module(backend)
+        except ImportError as err:
+            raise RuntimeError(f"log.tracker={backend!r} needs: pip install {backend}") from err
+        self.run = self.module.init(project=project, name=name, config=config)
+
+    def __call__(self, record: Record) -> None:
+        kind = record.get("kind")
+        if kind not in ("train", "eval"):
+            return
+        scalars = {f"{kind}/{k}": v for k, v in record.items()
+                   if k not in ("kind", "epoch", "step") and isinstance(v, (int, float))}
+        self.module.log(scalars, step=record["step"])
+
+    def close(self) -> None:
+        self.module.finish()
+
+
 def read_records(path: Path) -> list[Record]:
     """Records from a ``metrics.jsonl`` file (or a run directory holding one)."""
     path = Path(path)

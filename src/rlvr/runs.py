@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from rlvr.checkpoint import PREFIX, load_latest, save_checkpoint
 from rlvr.config import Config, ConfigError, load_config
-from rlvr.metrics import JsonlSink, Record, TensorBoardSink, plot_runs, read_records, write_samples_markdown
+from rlvr.metrics import ExperimentTrackerSink, JsonlSink, Record, TensorBoardSink, plot_runs, read_records, write_samples_markdown
 from rlvr.trainer import TrainState, setup, train
 
 
@@ -132,6 +132,8 @@ def run_training(
     sinks = [JsonlSink(run_dir / "metrics.jsonl")]
     if config.log.tensorboard:
         sinks.append(TensorBoardSink(run_dir / "tensorboard"))
+    if config.log.tracker:
+        sinks.append(ExperimentTrackerSink(config.log.tracker, config.log.tracker_project, config.name, config.to_dict()))
     progress = Progress(config.algo.epochs, config.log.progress, config.name, initial=st.epoch)
 
     def on_record(record: Record) -> None:

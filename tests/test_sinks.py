@@ -1,0 +1,38 @@
+"""Optional metric sinks: TensorBoard and wandb/trackio-style trackers."""
+
+import sys
+import types
+
+import pytest
+
+from rlvr.cli import main
+
+
+def test_tracker_sink_logs_train_and_eval_scalars(tmp_path, monkeypatch):
+    calls = {"init": [], "log": [], "finish": 0}
+    fake = types.ModuleType("trackio")
+    fake.init = lambda **kw: calls["init"].append(kw)
+    fake.log = lambda scalars, step: calls["log"].append((step, scalars))
+    fake.finish = lambda: calls.__setitem__("finish", calls["finish"] + 1)
+    monkeypatch.setitem(sys.modules, "trackio", fake)
+    out = tmp_path / "run"
+    assert main(["train", f"out_dir={out}", "algo.epochs=2", "log.eval_every=2", "log.progress=false",
+                 "log.plot=false", "log.tracker=trackio", "log.tracker_project=p"]) == 0
+    assert calls["init"][0]["project"] == "p" and calls["init"][0]["config"]["algo"]["epochs"] == 2
+    assert calls["finish"] == 1
+    steps = [step for step, _ in calls["log"]]
+    assert steps[:20] == list(range(20))
+    assert "train/reward_mean" in calls["log"][0][1] and "eval/greedy_solve_rate" in calls["log"][-1][1]
+
+
+def test_unknown_tracker_is_rejected(tmp_path, capsys):
+    assert main(["train", f"out_dir={tmp_path / 'x'}", "log.tracker=mlflow"]) == 2
+    assert "log.tracker='mlflow' is not allowed" in capsys.readouterr().err
+
+
+def test_tensorboard_sink_writes_event_files(tmp_path):
+    pytest.importorskip("tensorboard")
+    out = tmp_path / "run"
+    assert main(["train", f"out_dir={out}", "algo.epochs=1", "log.progress=false", "log.plot=false",
+                 "log.tensorboard=true"]) == 0
+    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
