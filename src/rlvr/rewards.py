@@ -41,7 +41,7 @@ closures work, and a restart after a timeout costs milliseconds. Functions run i
 forked worker must not use torch threads or CUDA (reward code rarely does); with
 ``start_method="spawn"`` or ``"forkserver"`` functions must be picklable (module-level
 or ``functools.partial`` of one) and each worker start re-imports their modules
-(about a second with torch).
+(about a second with torch). The workers themselves live in ``rlvr.reward_workers``.
 """
 
 from __future__ import annotations
@@ -51,26 +51,23 @@ import importlib
 import logging
 import math
 import multiprocessing
-import numbers
-import pickle
-import signal
-import time
-import traceback
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from multiprocessing.connection import Connection, wait
 from typing import Any, NamedTuple
 
 import torch
 
+from rlvr.reward_workers import (  # RewardError and RewardFn are part of this module's interface
+    RewardError,
+    RewardFn,
+    WorkerPool,
+    call_reward,
+    check_picklable,
+    judge_outcome,
+)
+
 logger = logging.getLogger(__name__)
-
-RewardFn = Callable[..., Sequence[Any]]
-
-
-class RewardError(RuntimeError):
-    """A reward function failed in strict mode, could not be loaded, or could not run."""
 
 
 @dataclass(frozen=True)
@@ -242,14 +239,16 @@ class RewardRunner:
         methods = multiprocessing.get_all_start_methods()
         if start_method not in methods:
             raise ValueError(f"unknown start_method {start_method!r}; allowed: {', '.join(methods)}")
-        if start_method != "fork":
-            _check_picklable(self.specs, start_method)
+        if start_method != "fork":  # fork workers inherit the functions; the others unpickle them
+            for spec in self.specs:
+                if spec.timeout is not None:  # only functions with a timeout go to workers
+                    check_picklable(spec.fn, spec.name, start_method)
         self.strict = strict
         self.num_workers = num_workers
         self.chunk_size = chunk_size
         self.start_method = start_method
         self._weights = torch.tensor([spec.weight for spec in self.specs], dtype=torch.float32)
-        self._pool: _WorkerPool | None = None
+        self._pool: WorkerPool | None = None
         self._logged: set[tuple[str, str, str]] = set()
 
     @property
@@ -350,7 +349,7 @@ class RewardRunner:
             done += zip(retry, self._execute(index, spec, retry, prompts, completions, columns))
         values, kinds, failures = [math.nan] * n, ["scored"] * n, []
         for call, outcome in done:
-            for sample, (kind, value, what, detail) in zip(call, _judge(outcome, len(call))):
+            for sample, (kind, value, what, detail) in zip(call, judge_outcome(outcome, len(call))):
                 values[sample], kinds[sample] = value, kind
                 if kind in ("errors", "timeouts", "invalid"):
                     failures.append(_Failure(sample, kind, what, detail))
@@ -373,10 +372,10 @@ class RewardRunner:
             for c in calls
         ]
         if spec.timeout is None:
-            return [_call(spec.fn, *request) for request in requests]
+            return [call_reward(spec.fn, *request) for request in requests]
         if self._pool is None:
             fns = [s.fn if s.timeout is not None else None for s in self.specs]
-            self._pool = _WorkerPool(fns, self.num_workers, self.start_method)
+            self._pool = WorkerPool(fns, self.num_workers, self.start_method)
             self._close_pool = weakref.finalize(self, self._pool.close)
         return self._pool.run(index, requests, spec.timeout)
 
@@ -396,179 +395,3 @@ class RewardRunner:
                 self._logged.add(key)
                 detail = f"\n{failure.detail}".rstrip()
                 logger.warning("%s; it abstains (later ones alike are counted, not logged)%s", message, detail)
-
-
-def _judge(outcome: tuple, size: int) -> list[tuple[str, float, str, str]]:
-    """(kind, value, what, detail) of each completion of a call from the call's outcome."""
-    if outcome[0] == "timeout":
-        return [("timeouts", math.nan, "", "")] * size
-    if outcome[0] == "error":
-        return [("errors", math.nan, outcome[1], outcome[2])] * size
-    returned = outcome[1]
-    if not isinstance(returned, (list, tuple)):
-        return [("invalid", math.nan, f"returned a {type(returned).__name__}, not a list", "")] * size
-    if len(returned) != size:
-        return [("invalid", math.nan, f"returned {len(returned)} values for {size} completions", "")] * size
-    return [_judge_value(value) for value in returned]
-
-
-def _judge_value(value: Any) -> tuple[str, float, str, str]:
-    if value is None:
-        return ("abstained", math.nan, "", "")
-    if not isinstance(value, numbers.Real):  # bool, int, float and numpy scalars pass; str does not
-        return ("invalid", math.nan, f"returned {value!r:.60} ({type(value).__name__}), not a number", "")
-    try:
-        as_float = float(value)
-    except OverflowError:  # an int past float range, whose repr may even be refused
-        return ("invalid", math.nan, f"returned an int of {int(value).bit_length()} bits, too large", "")
-    if not math.isfinite(as_float):
-        return ("invalid", math.nan, f"returned {value!r:.60}, not a finite number", "")
-    return ("scored", as_float, "", "")
-
-
-def _call(fn: RewardFn, prompts: list, completions: list, columns: dict[str, list]) -> tuple:
-    """("ok", returned value) or ("error", exception type, traceback) of one call."""
-    try:
-        return ("ok", fn(prompts=prompts, completions=completions, **columns))  # keywords, as TRL calls
-    except Exception as exc:  # not swallowed: the runner counts it, logs it once or raises it (strict)
-        return ("error", type(exc).__qualname__, traceback.format_exc())
-
-
-def _check_picklable(specs: Sequence[RewardSpec], start_method: str) -> None:
-    for spec in specs:
-        if spec.timeout is None:
-            continue
-        try:
-            pickle.dumps(spec.fn)
-        except Exception as exc:  # pickle raises several types; all mean the same here
-            raise RewardError(
-                f"reward function {spec.name!r} cannot be sent to a {start_method!r} worker "
-                f"({type(exc).__name__}: {exc}); use a module-level function (or a "
-                "functools.partial of one), or start_method='fork'"
-            ) from exc
-
-
-_STARTUP_TIMEOUT = 60.0  # seconds a new worker may take to start (spawn re-imports torch)
-
-
-class _Worker:
-    """One worker process, its end of the pipe, and the call it runs."""
-
-    def __init__(self, process: multiprocessing.process.BaseProcess, conn: Connection) -> None:
-        self.process = process
-        self.conn = conn
-        self.started = time.monotonic()
-        self.ready = False
-        self.task: int | None = None  # index of the request it runs
-        self.deadline = math.inf
-
-
-class _WorkerPool:
-    """Worker processes that run reward calls, each call under a time limit."""
-
-    def __init__(self, fns: list[RewardFn | None], num_workers: int, start_method: str) -> None:
-        self._context = multiprocessing.get_context(start_method)
-        self._fns = fns
-        self._workers = [self._start() for _ in range(num_workers)]
-
-    def run(self, index: int, requests: list[tuple], timeout: float) -> list[tuple | None]:
-        """The outcome of ``fns[index](*request)`` for each request, each call limited to
-        ``timeout`` seconds from when a worker receives it."""
-        outcomes: list[tuple | None] = [None] * len(requests)
-        pending = collections.deque(range(len(requests)))
-        try:
-            while pending or any(worker.task is not None for worker in self._workers):
-                for slot, worker in enumerate(self._workers):
-                    if worker.ready and worker.task is None and pending:
-                        self._send(slot, pending, (index, requests[pending[0]]), timeout)
-                self._collect(outcomes)
-        finally:
-            for slot, worker in enumerate(self._workers):
-                if worker.task is not None:  # left mid-call by an exception: its reply would be stale
-                    self._replace(slot)
-        return outcomes
-
-    def close(self) -> None:
-        for worker in self._workers:
-            worker.process.kill()
-            worker.process.join()
-            worker.conn.close()
-        self._workers = []
-
-    def _start(self) -> _Worker:
-        parent_conn, child_conn = self._context.Pipe()
-        process = self._context.Process(
-            target=_worker_main, args=(child_conn, self._fns), name="rlvr-reward-worker", daemon=True
-        )
-        process.start()
-        child_conn.close()
-        return _Worker(process, parent_conn)
-
-    def _replace(self, slot: int) -> None:
-        worker = self._workers[slot]
-        worker.process.kill()
-        worker.process.join()
-        worker.conn.close()
-        self._workers[slot] = self._start()
-
-    def _send(self, slot: int, pending: collections.deque, request: tuple, timeout: float) -> None:
-        worker = self._workers[slot]
-        try:
-            worker.conn.send(request)
-        except OSError:  # it died while idle (e.g. killed for memory): the call goes to a new one
-            self._replace(slot)
-            return
-        worker.task = pending.popleft()
-        worker.deadline = time.monotonic() + timeout
-
-    def _collect(self, outcomes: list[tuple | None]) -> None:
-        """Wait for the first reply, start, death or deadline among the workers, and handle it."""
-        waiting = [worker for worker in self._workers if worker.task is not None or not worker.ready]
-        until = min(w.deadline if w.ready else w.started + _STARTUP_TIMEOUT for w in waiting)
-        readable = wait([worker.conn for worker in waiting], timeout=max(0.0, until - time.monotonic()))
-        now = time.monotonic()
-        for slot, worker in enumerate(self._workers):
-            if worker.conn in readable:
-                self._receive(slot, outcomes)
-            elif worker.task is not None and now >= worker.deadline:
-                outcomes[worker.task] = ("timeout",)
-                self._replace(slot)
-            elif not worker.ready and now >= worker.started + _STARTUP_TIMEOUT:
-                raise RewardError(f"a reward worker did not start within {_STARTUP_TIMEOUT:.0f} s")
-
-    def _receive(self, slot: int, outcomes: list[tuple | None]) -> None:
-        worker = self._workers[slot]
-        try:
-            message = worker.conn.recv()
-        except (EOFError, OSError):
-            worker.process.join(timeout=1.0)
-            code = worker.process.exitcode
-            if not worker.ready:
-                raise RewardError(
-                    f"a reward worker exited while starting (exit code {code}); with "
-                    "'spawn' or 'forkserver' every reward function must import in a fresh process"
-                ) from None
-            outcomes[worker.task] = ("error", "WorkerDied", f"its worker process died (exit code {code})")
-            self._replace(slot)
-            return
-        if not worker.ready:  # the start-up message
-            worker.ready = True
-            return
-        outcomes[worker.task] = message
-        worker.task, worker.deadline = None, math.inf
-
-
-def _worker_main(conn: Connection, fns: list[RewardFn | None]) -> None:
-    """A worker's loop: receive (function index, arguments), send back the outcome."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's; it stops its workers
-    conn.send(("ready",))
-    while True:
-        try:
-            index, request = conn.recv()
-        except EOFError:  # the runner is gone
-            return
-        outcome = _call(fns[index], *request)
-        try:
-            conn.send(outcome)
-        except Exception as exc:  # the result does not pickle: report that instead of dying
-            conn.send(("error", type(exc).__qualname__, f"could not send the result back: {exc}"))

@@ -15,7 +15,6 @@ from rlvr.policies.causal_lm import (
     build_causal_lm_policy,
     cut_at_stop_string,
     draw_tokens,
-    token_log_probs,
 )
 
 PROMPTS = ["123456>", "98>", {"prompt": "5"}]  # different lengths: left padding
@@ -260,22 +259,6 @@ def test_gradient_checkpointing_gives_the_same_gradients(llama_dir):
     checkpointed = grads(make_policy(llama_dir, gradient_checkpointing=True))
     for a, b in zip(plain, checkpointed):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
-
-
-@pytest.mark.parametrize("chunk_elements", [1, 50, 10**9])
-def test_token_log_probs_value_and_gradient(chunk_elements):
-    # against autograd through a plain log_softmax + gather, in float64
-    generator = torch.Generator().manual_seed(0)
-    logits = torch.randn(5, 4, 7, dtype=torch.float64, generator=generator, requires_grad=True)
-    tokens = torch.randint(0, 7, (5, 4), generator=generator)
-    weights = torch.randn(5, 4, dtype=torch.float64, generator=generator)
-    got = token_log_probs(logits, tokens, 0.6, chunk_elements)
-    (got.double() * weights).sum().backward()
-    grad_got, logits.grad = logits.grad.clone(), None
-    expected = torch.log_softmax(logits / 0.6, -1).gather(-1, tokens[..., None])[..., 0]
-    (expected * weights).sum().backward()
-    torch.testing.assert_close(got, expected.float(), atol=1e-6, rtol=0)
-    torch.testing.assert_close(grad_got, logits.grad, atol=1e-6, rtol=0)
 
 
 def test_bad_settings_are_rejected(llama_dir):

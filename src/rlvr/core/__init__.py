@@ -2,6 +2,7 @@
 
 from rlvr.core.advantages import DELTA_MODES, compute_deltas
 from rlvr.core.kl import KL_ESTIMATORS, kl_penalty
+from rlvr.core.logprobs import token_log_probs
 from rlvr.core.losses import (
     AGGREGATIONS,
     LOSS_MODES,
@@ -26,5 +27,6 @@ __all__ = [
     "masked_normalize",
     "masked_sum",
     "policy_loss",
+    "token_log_probs",
     "weighted_sum",
 ]

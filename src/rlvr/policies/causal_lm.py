@@ -17,65 +17,12 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from rlvr.core import entropy_from_logits
+from rlvr.core import entropy_from_logits, token_log_probs
+from rlvr.core.logprobs import DEFAULT_CHUNK_ELEMENTS, row_chunks
 from rlvr.rollout import Samples
-
-# float32 elements of one chunk of logits turned into log-probs: bounds the extra memory
-# of the log-softmax (1 GiB at 2**28) whatever N, T and V are.
-DEFAULT_CHUNK_ELEMENTS = 2**28
 
 # (logits [n, V] of the next token, step) -> (tokens [n], log pi_tau of them [n])
 TokenPicker = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
-
-
-class _TokenLogProbs(torch.autograd.Function):
-    """log softmax(logits / tau)[token], computed chunk by chunk over rows.
-
-    Forward: ``z[token] - logsumexp(z)`` with ``z = logits.float() / tau``; backward:
-    ``(onehot(token) - softmax(z)) * grad / tau``. Only the logits (in their own dtype)
-    and logsumexp [n, T] are kept for backward, never a float32 [n, T, V] log-softmax.
-    """
-
-    @staticmethod
-    def forward(ctx, logits, tokens, temperature, chunk_rows):
-        # logits [n, T, V], tokens [n, T] -> log-probs [n, T] float32
-        log_z = torch.empty(tokens.shape, dtype=torch.float32, device=logits.device)
-        log_probs = torch.empty_like(log_z)
-        for rows in _row_chunks(tokens.shape[0], chunk_rows):
-            z = logits[rows].float() / temperature  # [c, T, V]
-            log_z[rows] = torch.logsumexp(z, dim=-1)
-            log_probs[rows] = z.gather(-1, tokens[rows].unsqueeze(-1)).squeeze(-1) - log_z[rows]
-        ctx.save_for_backward(logits, tokens, log_z)
-        ctx.temperature = temperature
-        ctx.chunk_rows = chunk_rows
-        return log_probs
-
-    @staticmethod
-    def backward(ctx, grad_log_probs):
-        logits, tokens, log_z = ctx.saved_tensors
-        grad_logits = torch.empty_like(logits)
-        for rows in _row_chunks(tokens.shape[0], ctx.chunk_rows):
-            grad = grad_log_probs[rows].unsqueeze(-1)  # [c, T, 1]
-            probs = torch.exp(logits[rows].float() / ctx.temperature - log_z[rows].unsqueeze(-1))
-            chunk = (-probs * grad).scatter_add_(-1, tokens[rows].unsqueeze(-1), grad)
-            grad_logits[rows] = (chunk / ctx.temperature).to(logits.dtype)
-        return grad_logits, None, None, None
-
-
-def _row_chunks(n: int, chunk_rows: int) -> list[slice]:
-    return [slice(start, min(start + chunk_rows, n)) for start in range(0, n, chunk_rows)]
-
-
-def token_log_probs(
-    logits: torch.Tensor, tokens: torch.Tensor, temperature: float, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS
-) -> torch.Tensor:
-    """log softmax(logits / temperature) at ``tokens``: logits [n, T, V], tokens [n, T] -> [n, T] float32.
-
-    Differentiable with respect to ``logits``; rows are processed in chunks of about
-    ``chunk_elements`` float32 logits.
-    """
-    chunk_rows = max(1, chunk_elements // max(1, logits.shape[1] * logits.shape[2]))
-    return _TokenLogProbs.apply(logits, tokens, temperature, chunk_rows)
 
 
 def _truncate(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -433,7 +380,6 @@ class CausalLMPolicy:
 
     def _entropy(self, logits: torch.Tensor, temperature: float, response_mask: torch.Tensor) -> torch.Tensor:
         """Entropy [n, T] of softmax(logits / tau), logits [n, T, V], chunked like the log-probs."""
-        chunk_rows = max(1, self.chunk_elements // max(1, logits.shape[1] * logits.shape[2]))
         entropy = torch.cat([entropy_from_logits(logits[rows].float() / temperature)
-                             for rows in _row_chunks(logits.shape[0], chunk_rows)])
+                             for rows in row_chunks(logits, self.chunk_elements)])
         return entropy.masked_fill(~response_mask, 0.0)

@@ -1,0 +1,70 @@
+"""Log-probabilities of chosen tokens under pi_tau = softmax(logits / tau), chunked.
+
+Shapes: n rows (responses), T tokens per row, V vocabulary.
+
+    log pi_tau(token) = z[token] - logsumexp(z),   z = logits / tau
+
+A float32 log-softmax over [n, T, V] can be gigabytes; here rows are processed in
+chunks of about ``chunk_elements`` float32 logits, and backward keeps only the logits
+and logsumexp [n, T], so the extra memory is bounded whatever n, T and V are.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# float32 elements of one chunk of logits turned into log-probs: bounds the extra memory
+# of the log-softmax (1 GiB at 2**28) whatever N, T and V are.
+DEFAULT_CHUNK_ELEMENTS = 2**28
+
+
+def row_chunks(logits: torch.Tensor, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> list[slice]:
+    """Slices of the rows of logits [n, T, V], each about ``chunk_elements`` logits (at least one row)."""
+    num_rows = logits.shape[0]
+    chunk_rows = max(1, chunk_elements // max(1, logits.shape[1] * logits.shape[2]))
+    return [slice(start, min(start + chunk_rows, num_rows)) for start in range(0, num_rows, chunk_rows)]
+
+
+class _TokenLogProbs(torch.autograd.Function):
+    """log softmax(logits / tau)[token], computed chunk by chunk over rows.
+
+    Forward: ``z[token] - logsumexp(z)`` with ``z = logits.float() / tau``; backward:
+    ``(onehot(token) - softmax(z)) * grad / tau``. Only the logits (in their own dtype)
+    and logsumexp [n, T] are kept for backward, never a float32 [n, T, V] log-softmax.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, tokens, temperature, chunks):
+        # logits [n, T, V], tokens [n, T], chunks: slices of the n rows -> log-probs [n, T] float32
+        log_z = torch.empty(tokens.shape, dtype=torch.float32, device=logits.device)
+        log_probs = torch.empty_like(log_z)
+        for rows in chunks:
+            z = logits[rows].float() / temperature  # [c, T, V]
+            log_z[rows] = torch.logsumexp(z, dim=-1)
+            log_probs[rows] = z.gather(-1, tokens[rows].unsqueeze(-1)).squeeze(-1) - log_z[rows]
+        ctx.save_for_backward(logits, tokens, log_z)
+        ctx.temperature = temperature
+        ctx.chunks = chunks
+        return log_probs
+
+    @staticmethod
+    def backward(ctx, grad_log_probs):
+        logits, tokens, log_z = ctx.saved_tensors
+        grad_logits = torch.empty_like(logits)
+        for rows in ctx.chunks:
+            grad = grad_log_probs[rows].unsqueeze(-1)  # [c, T, 1]
+            probs = torch.exp(logits[rows].float() / ctx.temperature - log_z[rows].unsqueeze(-1))
+            chunk = (-probs * grad).scatter_add_(-1, tokens[rows].unsqueeze(-1), grad)
+            grad_logits[rows] = (chunk / ctx.temperature).to(logits.dtype)
+        return grad_logits, None, None, None
+
+
+def token_log_probs(
+    logits: torch.Tensor, tokens: torch.Tensor, temperature: float, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS
+) -> torch.Tensor:
+    """log softmax(logits / temperature) at ``tokens``: logits [n, T, V], tokens [n, T] -> [n, T] float32.
+
+    Differentiable with respect to ``logits``; rows are processed in chunks of about
+    ``chunk_elements`` float32 logits.
+    """
+    return _TokenLogProbs.apply(logits, tokens, temperature, row_chunks(logits, chunk_elements))
