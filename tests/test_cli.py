@@ -10,7 +10,7 @@ def test_train_writes_a_run_directory(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["train", f"out_dir={out}", "algo.epochs=20", "log.progress=false", "seed=1"]) == 0
     assert {p.name for p in out.iterdir()} == {"config.yaml", "metrics.jsonl", "plot.png", "checkpoints", "samples.md"}
-    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["epoch-000010", "epoch-000020"]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-000000100", "step-000000200"]
 
     records = read_records(out)
     s = summary(records)

@@ -49,7 +49,7 @@ def test_grpo_run_checkpoints_load_in_plain_transformers(tiny_model, tmp_path):
     records = read_records(out)
     train = [r for r in records if r["kind"] == "train"]
     assert len(train) == 8
-    for key in ("time/generate", "time/score", "time/update", "tokens_per_sec_generate",
+    for key in ("time/generate", "time/reward", "time/score", "time/step", "tokens_per_sec_generate",
                 "reward/position/mean", "reward/exact_match/mean"):
         assert key in train[0]
     evals = [r for r in records if r["kind"] == "eval"]

@@ -70,27 +70,67 @@ def test_corrupted_checkpoint_falls_back_to_the_previous(tmp_path):
 def test_half_written_checkpoint_is_ignored(tmp_path):
     out = tmp_path / "run"
     assert main(["train", f"out_dir={out}", "algo.epochs=2", *BASE]) == 0
-    (out / "checkpoints" / ".tmp-epoch-000003").mkdir()  # a kill during a write leaves this
+    (out / "checkpoints" / ".tmp-step-000000030").mkdir()  # a kill during a write leaves this
     checkpoint, payload = load_latest(out)
-    assert checkpoint.name == "epoch-000002" and payload["epoch"] == 2
+    assert checkpoint.name == "step-000000020" and payload["epoch"] == 2
 
 
-def test_sigint_stops_after_the_epoch_with_a_checkpoint(tmp_path):
-    out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "rlvr.cli", "train", f"out_dir={out}", "algo.epochs=100000",
-                             "log.checkpoint_every=1000", *BASE], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def test_sigint_stops_after_the_step_with_a_checkpoint_and_resumes_exactly(tmp_path):
+    straight, out = tmp_path / "straight", tmp_path / "run"
+    args = ["algo.epochs=150", "algo.inner_steps=7", "log.checkpoint_every=1000", *BASE]
+    assert main(["train", f"out_dir={straight}", *args]) == 0
+    proc = subprocess.Popen([sys.executable, "-m", "rlvr.cli", "train", f"out_dir={out}", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60
     while not (out / "metrics.jsonl").exists() and time.time() < deadline:
         time.sleep(0.02)
     time.sleep(0.3)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130
+    assert proc.returncode == 130, err
     assert "resume=" in err
     (checkpoint,) = list_checkpoints(out)
     _, payload = load_latest(out)
+    train_records = [r for r in read_records(out) if r["kind"] == "train"]
     assert len(read_records(out)) == payload["num_records"]
-    assert checkpoint.name == f"epoch-{payload['epoch']:06d}" and payload["epoch"] < 100000
+    assert checkpoint.name == f"step-{payload['step']:09d}" and len(train_records) == payload["step"] < 150 * 7
+    assert main(["train", f"resume={out}"]) == 0
+    assert_same_run(straight, out)
+
+
+def test_resume_from_the_middle_of_an_epoch(tmp_path):
+    # A checkpoint written mid-epoch carries that epoch's batch: resuming takes the
+    # remaining inner steps on the same responses.
+    from rlvr.config import load_config
+    from rlvr.runs import run_training
+
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    args = ["algo.epochs=4", "algo.inner_steps=5", *BASE]
+    assert main(["train", f"out_dir={straight}", *args]) == 0
+    config = load_config(None, args + [f"out_dir={split}"])
+    import rlvr.trainer as trainer
+
+    original = trainer.inner_step
+    calls = {"n": 0}
+
+    def stop_after_eight(config, st, rollout):
+        record = original(config, st, rollout)
+        calls["n"] += 1
+        if calls["n"] == 8:  # epoch 1, inner step 3 of 5
+            st.stop_requested = True
+        return record
+
+    trainer.inner_step = stop_after_eight
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_training(config)
+    finally:
+        trainer.inner_step = original
+    _, payload = load_latest(split)
+    assert (payload["epoch"], payload["inner_step"], payload["step"]) == (1, 3, 8)
+    assert payload["rollout"] is not None
+    assert main(["train", f"resume={split}"]) == 0
+    assert_same_run(straight, split)
 
 
 def test_resume_of_a_directory_without_a_run_is_a_clear_error(tmp_path, capsys):

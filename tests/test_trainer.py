@@ -7,7 +7,7 @@ import torch
 from rlvr import core
 from rlvr.config import load_config
 from rlvr.metrics import without_timings
-from rlvr.trainer import setup, train, train_epoch
+from rlvr.trainer import collect_rollout, inner_step, setup, train
 
 FAST = ["log.progress=false", "log.plot=false"]
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -57,7 +57,7 @@ def epoch_gradient(overrides):
     """Gradient of the first inner step of one epoch (inner_steps=1, lr ~ 0)."""
     config = load_config(None, FAST + ["algo.epochs=1", "algo.inner_steps=1", "optim.lr=1e-30"] + overrides)
     task, st = setup(config)
-    train_epoch(config, task, st)
+    inner_step(config, st, collect_rollout(config, task, st))
     return [p.grad.clone() for p in st.policy.module.parameters()]
 
 

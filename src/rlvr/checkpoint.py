@@ -1,6 +1,7 @@
 """Checkpoints: written atomically, verified by checksum, restored exactly.
 
-A checkpoint is a directory ``RUN_DIR/checkpoints/epoch-000010/`` holding
+A checkpoint is a directory ``RUN_DIR/checkpoints/step-000000100/`` (named by the
+optimizer steps taken; it may fall inside an epoch, with that epoch's batch) holding
 ``trainer.pt`` (policy, optimizer, reference, RNG and loop state), for language
 models a ``model/`` folder that ``from_pretrained`` loads directly, and
 ``manifest.json`` with the SHA-256 of every file. It is written under a temporary
@@ -23,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-PREFIX = "epoch-"
+PREFIX = "step-"
 
 
 class CheckpointError(RuntimeError):

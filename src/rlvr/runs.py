@@ -62,13 +62,13 @@ class Progress:
 
 @contextmanager
 def stop_on_sigint(st: TrainState) -> Iterator[None]:
-    """First Ctrl-C: finish the current epoch, checkpoint, stop. Second: stop at once."""
+    """First Ctrl-C: finish the current step, checkpoint, stop. Second: stop at once."""
 
     def handler(signum, frame):
         if st.stop_requested:
             raise KeyboardInterrupt
         st.stop_requested = True
-        print("\nrlvr: stopping after this epoch and writing a checkpoint (Ctrl-C again to abort)", flush=True)
+        print("\nrlvr: stopping after this step and writing a checkpoint (Ctrl-C again to abort)", flush=True)
 
     try:
         previous = signal.signal(signal.SIGINT, handler)
@@ -82,12 +82,14 @@ def stop_on_sigint(st: TrainState) -> Iterator[None]:
 
 
 def _checkpointer(config: Config, run_dir: Path):
+    """Checkpoint every k epochs, at the end, and where a stop was requested (mid-epoch too)."""
     every = config.log.checkpoint_every
 
     def on_epoch_end(st: TrainState) -> None:
+        boundary = st.inner_step == 0
         last = st.epoch == config.algo.epochs or st.stop_requested
-        if last or (every and st.epoch % every == 0):
-            save_checkpoint(run_dir, f"{PREFIX}{st.epoch:06d}", st.payload(), st.policy, config.log.keep_checkpoints)
+        if last or (boundary and every and st.epoch % every == 0):
+            save_checkpoint(run_dir, f"{PREFIX}{st.step:09d}", st.payload(), st.policy, config.log.keep_checkpoints)
 
     return on_epoch_end
 

@@ -73,8 +73,10 @@ class TrainState:
     epoch: int = 0
     step: int = 0
     bad_steps: int = 0  # consecutive optimizer steps skipped for non-finite values
+    inner_step: int = 0  # next inner step of the current epoch
+    rollout: "Rollout | None" = None  # the current epoch's batch (None between epochs)
     records: list[Record] = field(default_factory=list)
-    stop_requested: bool = False  # set by a signal handler: stop at the end of the epoch
+    stop_requested: bool = False  # set by a signal handler: stop after the current step
 
     def payload(self) -> dict[str, Any]:
         """A torch-serialisable snapshot (see ``rlvr.checkpoint``)."""
@@ -89,6 +91,8 @@ class TrainState:
             "epoch": self.epoch,
             "step": self.step,
             "bad_steps": self.bad_steps,
+            "inner_step": self.inner_step,
+            "rollout": self.rollout,
             "num_records": len(self.records),
         }
 
@@ -104,6 +108,7 @@ class TrainState:
         self.generator.set_state(payload["generator"])
         set_rng_state(payload["rng"])
         self.epoch, self.step, self.bad_steps = payload["epoch"], payload["step"], payload["bad_steps"]
+        self.inner_step, self.rollout = payload["inner_step"], payload["rollout"]
         self.records = list(records[: payload["num_records"]])
 
 
@@ -129,23 +134,33 @@ def train(
     """Run the configured epochs; return the records (one per inner step, plus evals).
 
     ``on_record`` sees every record as it is made (the CLI writes them to disk);
-    ``on_epoch_end`` sees the state after each epoch (the CLI writes checkpoints).
-    ``state`` continues a run built by ``setup`` (or restored from a checkpoint).
+    ``on_epoch_end`` sees the state after each epoch, and after the step at which a
+    stop was requested (the CLI writes checkpoints then). ``state`` continues a run
+    built by ``setup`` or restored from a checkpoint, mid-epoch included.
     """
     task, st = state if state is not None else setup(config)
     a = config.algo
     emit = on_record or (lambda record: None)
-    while st.epoch < a.epochs and not st.stop_requested:
-        for record in train_epoch(config, task, st):
-            st.records.append(record)
-            emit(record)
-        st.epoch += 1
-        if st.epoch % config.log.eval_every == 0 or st.epoch == a.epochs:
-            for record in evaluate(config, task, st.policy, st.epoch, st.step):
-                st.records.append(record)
-                emit(record)
+    while st.epoch < a.epochs:
+        if st.rollout is None:
+            st.rollout = collect_rollout(config, task, st)
+        while st.inner_step < a.inner_steps:
+            st.records.append(inner_step(config, st, st.rollout))
+            emit(st.records[-1])
+            st.inner_step += 1
+            if st.stop_requested and st.inner_step < a.inner_steps:
+                break
+        if st.inner_step == a.inner_steps:  # the epoch is complete
+            st.rollout, st.inner_step = None, 0
+            st.epoch += 1
+            if st.epoch % config.log.eval_every == 0 or st.epoch == a.epochs:
+                for record in evaluate(config, task, st.policy, st.epoch, st.step):
+                    st.records.append(record)
+                    emit(record)
         if on_epoch_end is not None:
             on_epoch_end(st)
+        if st.stop_requested:
+            break
     return st.records
 
 
@@ -155,8 +170,28 @@ def frozen_copy(module: torch.nn.Module) -> torch.nn.Module:
     return ref.eval()
 
 
-def train_epoch(config: Config, task: Task, st: TrainState) -> list[Record]:
-    """One epoch: sample, score, compute deltas, then ``inner_steps`` optimizer steps."""
+@dataclass
+class Rollout:
+    """One epoch's batch, reused by each of its inner steps.
+
+    samples:       the sampled responses (N = B*G rows)
+    deltas:        [N] per-response deltas (0 where the reward abstained)
+    old_log_probs: [N, T] log-probs of the policy that sampled them, or None (naive loss)
+    ref_log_probs: [N, T] log-probs under the frozen reference, or None (no KL penalty)
+    weights:       [N, T] per-token aggregation weights (sum(w * loss) is the loss)
+    stats:         epoch-level numbers: rewards, solve rate, reward metrics, timings
+    """
+
+    samples: Samples
+    deltas: torch.Tensor
+    old_log_probs: torch.Tensor | None
+    ref_log_probs: torch.Tensor | None
+    weights: torch.Tensor
+    stats: Record
+
+
+def collect_rollout(config: Config, task: Task, st: TrainState) -> Rollout:
+    """Sample G responses per prompt, grade them, compute deltas, cache old/ref log-probs."""
     a, policy, temp = config.algo, st.policy, config.policy.temperature
     if a.kl_coef > 0 and (st.ref_module is None or st.epoch % a.ref_update_every == 0):
         st.ref_module = frozen_copy(policy.module)  # the reference: a frozen copy, refreshed every K epochs
@@ -170,7 +205,6 @@ def train_epoch(config: Config, task: Task, st: TrainState) -> list[Record]:
     clock = time.perf_counter()
     rewards, correct = grades.rewards, grades.correct  # [B, G] (NaN = abstain), [B, G]
     deltas = core.compute_deltas(rewards, a.deltas, eps=a.adv_eps).reshape(-1)  # [N]; 0 where abstained
-    mask = samples.response_mask  # [N, T]
 
     # no_grad: old and reference log-probs are constants. If they carried gradient,
     # pi/pi_old would be identically 1 and its gradient silently 0.
@@ -182,45 +216,51 @@ def train_epoch(config: Config, task: Task, st: TrainState) -> list[Record]:
                 old_log_probs, _ = policy.log_probs(samples, temp)
         if a.kl_coef > 0:
             ref_log_probs, _ = reference_log_probs(policy, st.ref_module, samples, temp)
-
     timings["time/score"] = time.perf_counter() - clock
+    tokens = samples.response_mask.sum().item()
+    stats = {
+        **rollout_stats(rewards, correct, deltas, a.group_size),
+        **grades.metrics,
+        **timings,
+        "response_tokens": tokens,
+        "tokens_per_sec_generate": tokens / max(timings["time/generate"], 1e-9),
+    }
+    weights = core.aggregation_weights(samples.response_mask, a.aggregation, a.normalizer)  # [N, T]
+    return Rollout(samples, deltas, old_log_probs, ref_log_probs, weights, stats)
+
+
+def inner_step(config: Config, st: TrainState, rollout: Rollout) -> Record:
+    """One optimizer step on the epoch's rollout, over micro-batches with gradient accumulation."""
+    a, policy, temp = config.algo, st.policy, config.policy.temperature
     clock = time.perf_counter()
-    weights = core.aggregation_weights(mask, a.aggregation, a.normalizer)  # [N, T]
-    batches = micro_batches(samples, config.optim.micro_batches)
-    epoch_stats = {**rollout_stats(rewards, correct, deltas, a.group_size), **grades.metrics}
-    step_stats = []
-    for _ in range(a.inner_steps):
-        st.optimizer.zero_grad(set_to_none=True)
-        sums = []
-        for rows, mb in batches:
-            log_probs, entropy = policy.log_probs(mb, temp, with_entropy=True)  # [n, T]
-            old = None if old_log_probs is None else old_log_probs[rows]
-            pg, stats = core.policy_loss(log_probs, deltas[rows], a.loss, old, a.clip_eps, a.clip_eps_high)
-            kl = None
-            if ref_log_probs is not None:
-                kl = core.kl_penalty(log_probs, ref_log_probs[rows], a.kl_estimator)
-                per_token = pg + a.kl_coef * kl
-            else:
-                per_token = pg
-            w = weights[rows]
-            loss = core.weighted_sum(per_token, w)
-            loss.backward()
-            sums.append(weighted_stats(w, loss, pg, kl, stats["clipped"], entropy))
-        grad_norm = clip_gradients(policy.module, config.optim.max_grad_norm)
-        values = torch.cat([sum(sums), grad_norm.reshape(1)])
-        skipped = not bool(torch.isfinite(values).all())
-        if skipped:
-            skip_step(st, policy.module, values, config.optim.max_bad_steps)
-        else:
-            st.optimizer.step()
-            st.bad_steps = 0
-        step_stats.append(torch.cat([values, torch.tensor([float(skipped)])]))
-        st.step += 1
-    timings["time/update"] = time.perf_counter() - clock
-    tokens = mask.sum().item()
-    timings["response_tokens"] = tokens
-    timings["tokens_per_sec_generate"] = tokens / max(timings["time/generate"], 1e-9)
-    return step_records(st, {**epoch_stats, **timings}, torch.stack(step_stats))
+    st.optimizer.zero_grad(set_to_none=True)
+    sums = []
+    for rows, mb in micro_batches(rollout.samples, config.optim.micro_batches):
+        log_probs, entropy = policy.log_probs(mb, temp, with_entropy=True)  # [n, T]
+        old = None if rollout.old_log_probs is None else rollout.old_log_probs[rows]
+        pg, stats = core.policy_loss(log_probs, rollout.deltas[rows], a.loss, old, a.clip_eps, a.clip_eps_high)
+        kl = None
+        per_token = pg
+        if rollout.ref_log_probs is not None:
+            kl = core.kl_penalty(log_probs, rollout.ref_log_probs[rows], a.kl_estimator)
+            per_token = pg + a.kl_coef * kl
+        w = rollout.weights[rows]
+        loss = core.weighted_sum(per_token, w)
+        loss.backward()
+        sums.append(weighted_stats(w, loss, pg, kl, stats["clipped"], entropy))
+    grad_norm = clip_gradients(policy.module, config.optim.max_grad_norm)
+    values = torch.cat([sum(sums), grad_norm.reshape(1)])
+    skipped = not bool(torch.isfinite(values).all())
+    if skipped:
+        skip_step(st, policy.module, values, config.optim.max_bad_steps)
+    else:
+        st.optimizer.step()
+        st.bad_steps = 0
+    record = {"kind": "train", "epoch": st.epoch, "step": st.step,
+              **dict(zip(STEP_KEYS, values.tolist() + [float(skipped)])), **rollout.stats,
+              "time/step": time.perf_counter() - clock}
+    st.step += 1
+    return record
 
 
 def skip_step(st: TrainState, module: torch.nn.Module, values: torch.Tensor, max_bad_steps: int) -> None:
@@ -295,15 +335,6 @@ def rollout_stats(rewards: torch.Tensor, correct: torch.Tensor, deltas: torch.Te
 
 
 STEP_KEYS = ("loss", "pg_loss", "kl", "clip_frac", "entropy", "grad_norm", "skipped_step")
-
-
-def step_records(st: TrainState, epoch_stats: Record, values: torch.Tensor) -> list[Record]:
-    """One record per inner step; values [inner_steps, len(STEP_KEYS)]."""
-    first = st.step - values.shape[0]
-    return [
-        {"kind": "train", "epoch": st.epoch, "step": first + i, **dict(zip(STEP_KEYS, row)), **epoch_stats}
-        for i, row in enumerate(values.tolist())
-    ]
 
 
 def pass_at_k(num_samples: int, num_correct: torch.Tensor, k: int) -> torch.Tensor:
