@@ -79,3 +79,14 @@ def test_fused_log_probs_gradient_equals_autograd():
         torch.testing.assert_close(entropy, -(all_lp.exp() * all_lp).sum(-1), rtol=1e-12, atol=1e-12)
         for got, want in zip(fused, [p.grad for p in policy.module.parameters()]):
             torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_consecutive_groups_equal_unique_consecutive():
+    from rlvr.policies.positional import consecutive_groups
+
+    gen = torch.Generator().manual_seed(0)
+    rows = torch.randint(0, 3, (40, 2), generator=gen).repeat_interleave(3, dim=0)
+    rows[5] = rows[4]  # a run spanning two groups with the same prompt merges, as in unique_consecutive
+    got = consecutive_groups(rows)
+    want = torch.unique_consecutive(rows, dim=0, return_inverse=True)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

@@ -46,51 +46,70 @@ class _PositionalLogProbs(torch.autograd.Function):
     """Log-probs of chosen tokens through the whole model, with a hand-written backward.
 
     The toy's step cost is per-operation overhead, not arithmetic: one autograd node
-    with a closed-form backward (about ten matmuls) replaces about twenty nodes. Equal
-    to ``log_softmax(model(prompts) / tau)[responses]`` (tested against autograd).
-    Also returns the per-position entropy (no gradient).
+    with a closed-form backward (about ten matmuls) replaces about twenty nodes. The
+    model runs once per distinct prompt (U of them), not once per response: the G
+    responses of a group share their prompt's logits. Equal to
+    ``log_softmax(model(prompts) / tau)[responses]`` (tested against autograd). Also
+    returns the per-position entropy (no gradient).
     """
 
     @staticmethod
-    def forward(ctx, prompts, responses, temperature, embedding, encode, decode):
-        # prompts, responses [N, n]; embedding [V, D]; encode, decode [n, D, D]
-        rows, n = prompts.shape
+    def forward(ctx, prompts, row_prompt, responses, temperature, embedding, encode, decode):
+        # prompts [U, n] distinct prompts; row_prompt [N] each response's prompt;
+        # responses [N, n]; embedding [V, D]; encode, decode [n, D, D]
+        u, n = prompts.shape
         d = embedding.shape[1]
-        x = embedding[prompts].reshape(rows, n * d)  # [N, n*D]
+        x = embedding[prompts].reshape(u, n * d)  # [U, n*D]
         encode_flat = encode.reshape(n * d, d)  # [n*D, D]
-        state = x @ encode_flat  # [N, D]
+        state = x @ encode_flat  # [U, D]
         decode_flat = decode.transpose(0, 1).reshape(d, n * d)  # [D, n*D]
-        out = (state @ decode_flat).reshape(rows * n, d)  # [N*n, D]
-        logits = out @ embedding.T  # [N*n, V]
+        out = (state @ decode_flat).reshape(u * n, d)  # [U*n, D]
+        logits = out @ embedding.T  # [U*n, V]
         if temperature != 1.0:
             logits = logits / temperature
-        all_log_probs = torch.log_softmax(logits, dim=-1)  # [N*n, V]
+        all_log_probs = torch.log_softmax(logits, dim=-1)  # [U*n, V]
         probs = all_log_probs.exp()
-        log_probs = all_log_probs.gather(-1, responses.reshape(-1, 1)).reshape(rows, n)
-        entropy = -(probs * all_log_probs).sum(dim=-1).reshape(rows, n)
-        ctx.save_for_backward(prompts, responses, embedding, encode_flat, decode_flat, x, state, out, probs)
+        entropy = -(probs * all_log_probs).sum(dim=-1).reshape(u, n)[row_prompt]  # [N, n]
+        positions = torch.arange(n, device=prompts.device)
+        chosen = ((row_prompt.unsqueeze(1) * n + positions) * probs.shape[1] + responses)  # [N, n] flat index
+        log_probs = all_log_probs.take(chosen)  # [N, n]
+        ctx.save_for_backward(prompts, chosen, embedding, encode_flat, decode_flat, x, state, out, probs)
         ctx.temperature = temperature
         ctx.mark_non_differentiable(entropy)
         return log_probs, entropy
 
     @staticmethod
     def backward(ctx, grad_log_probs, grad_entropy):
-        prompts, responses, embedding, encode_flat, decode_flat, x, state, out, probs = ctx.saved_tensors
-        rows, n = prompts.shape
+        prompts, chosen, embedding, encode_flat, decode_flat, x, state, out, probs = ctx.saved_tensors
+        u, n = prompts.shape
         d = embedding.shape[1]
-        g = grad_log_probs.reshape(-1, 1)  # [N*n, 1]
-        # d log p(a) / d logits = (onehot(a) - p) / tau
-        grad_logits = (probs * -g).scatter_add_(-1, responses.reshape(-1, 1), g)
+        # Gradient on the chosen log-probs, summed over the responses sharing a prompt.
+        grad_chosen = torch.zeros_like(probs)
+        grad_chosen.view(-1).scatter_add_(0, chosen.reshape(-1), grad_log_probs.reshape(-1))
+        # Through log_softmax: d logits = g - softmax * sum(g), then 1 / tau.
+        grad_logits = grad_chosen - probs * grad_chosen.sum(dim=-1, keepdim=True)  # [U*n, V]
         if ctx.temperature != 1.0:
             grad_logits = grad_logits / ctx.temperature
         grad_embedding = grad_logits.T @ out  # [V, D], the output side of the tied weights
-        grad_out = (grad_logits @ embedding).reshape(rows, n * d)  # [N, n*D]
+        grad_out = (grad_logits @ embedding).reshape(u, n * d)  # [U, n*D]
         grad_decode = (state.T @ grad_out).reshape(d, n, d).transpose(0, 1)  # [n, D, D]
-        grad_state = grad_out @ decode_flat.T  # [N, D]
+        grad_state = grad_out @ decode_flat.T  # [U, D]
         grad_encode = (x.T @ grad_state).reshape(n, d, d)  # [n, D, D]
-        grad_x = (grad_state @ encode_flat.T).reshape(rows * n, d)  # [N*n, D]
+        grad_x = (grad_state @ encode_flat.T).reshape(u * n, d)  # [U*n, D]
         grad_embedding.index_add_(0, prompts.reshape(-1), grad_x)  # the input side
-        return None, None, None, grad_embedding, grad_encode, grad_decode
+        return None, None, None, None, grad_embedding, grad_encode, grad_decode
+
+
+def consecutive_groups(prompt_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Runs of equal consecutive rows: prompt_ids [N, n] -> (one row per run [U, n], run of each row [N]).
+
+    The rows of a group are consecutive and share their prompt, so the model runs once
+    per prompt. Same result as ``torch.unique_consecutive(dim=0, return_inverse=True)``,
+    which is ~30x slower here.
+    """
+    starts = torch.ones(prompt_ids.shape[0], dtype=torch.bool, device=prompt_ids.device)
+    starts[1:] = (prompt_ids[1:] != prompt_ids[:-1]).any(dim=1)
+    return prompt_ids[starts], starts.cumsum(0) - 1
 
 
 class PositionalPolicy:
@@ -122,8 +141,9 @@ class PositionalPolicy:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """log pi(response_t | prompt) [n_rows, n], and per-position entropy if asked."""
         m = self.module
+        prompts, row_prompt = consecutive_groups(samples.prompt_ids)
         log_probs, entropy = _PositionalLogProbs.apply(
-            samples.prompt_ids, samples.response_ids, temperature, m.embedding.weight, m.encode, m.decode
+            prompts, row_prompt, samples.response_ids, temperature, m.embedding.weight, m.encode, m.decode
         )
         return log_probs, entropy if with_entropy else None
 
