@@ -102,3 +102,42 @@ def test_malformed_sft_data_names_file_and_line(tiny_model, tmp_path, capsys):
     assert code == 2
     assert f"{data}:2" in capsys.readouterr().err
     assert not (tmp_path / "sft").exists()
+
+
+@pytest.mark.parametrize("aggregation", ["seq_mean_token_mean", "token_mean", "seq_mean_token_sum"])
+def test_lm_micro_batching_gives_the_same_gradient(tiny_model, tmp_path, aggregation):
+    from rlvr.config import load_config
+    from rlvr.trainer import collect_rollout, inner_step, setup
+
+    def gradient(micro_batches):
+        args = lm_args(tiny_model, tmp_path / "unused") + [
+            f"algo.aggregation={aggregation}", f"optim.micro_batches={micro_batches}", "algo.kl_coef=0.1",
+            "optim.lr=1e-30", "algo.inner_steps=1"]
+        config = load_config(None, args)
+        task, st = setup(config)
+        rollout = collect_rollout(config, task, st)
+        lengths = rollout.samples.response_mask.sum(dim=1)
+        inner_step(config, st, rollout)
+        return [p.grad.clone() for p in st.policy.module.parameters()], lengths
+
+    (one, lengths), (four, _) = gradient(1), gradient(4)
+    assert lengths.unique().numel() > 1  # responses of different lengths: the weights matter
+    for a, b in zip(one, four):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    assert any(g.abs().sum() > 0 for g in one)
+
+
+def test_lora_run_trains_only_the_adapters(tiny_model, tmp_path):
+    pytest.importorskip("peft")
+    from rlvr.config import load_config
+    from rlvr.trainer import setup, train
+
+    args = lm_args(tiny_model, tmp_path / "unused", epochs=1)
+    args = [a for a in args if not a.startswith("policy.options")]
+    args.append(f"policy.options={{model: '{tiny_model}', max_new_tokens: 7, lora: {{r: 4, lora_alpha: 8}}}}")
+    config = load_config(None, args + ["optim.lr=1e-2"])
+    task, st = setup(config)
+    before = {n: p.detach().clone() for n, p in st.policy.module.named_parameters()}
+    train(config, state=(task, st))
+    changed = {n for n, p in st.policy.module.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and all("lora_" in n for n in changed)
