@@ -66,6 +66,6 @@ def test_samples_table_is_written(tmp_path):
     out = tmp_path / "run"
     assert main(["train", f"out_dir={out}", *FAST, "algo.epochs=2", "log.eval_every=1"]) == 0
     text = (out / "samples.md").read_text()
-    assert text.count("## epoch") == 2 and "| prompt | response | reward | correct |" in text
+    assert text.count("## epoch") == 3 and "| prompt | response | reward | correct |" in text
     evals = [r for r in read_records(out) if r["kind"] == "eval"]
     assert {"pass@1", "pass@8"} <= set(evals[0])

@@ -29,7 +29,7 @@ def test_records_have_every_metric_and_evals():
                 "frac_zero_delta_groups", "clip_frac", "entropy", "grad_norm"):
         assert key in train_rs[0]
     evals = [r for r in records if r["kind"] == "eval"]
-    assert [e["epoch"] for e in evals] == [2, 4]
+    assert [e["epoch"] for e in evals] == [0, 2, 4]  # the starting point, then every 2 epochs
     for key in ("greedy_solve_rate", "sampled_solve_rate", "sampled_reward"):
         assert key in evals[0]
     # The reference is refreshed from the current policy: at the first step of the
@@ -111,3 +111,34 @@ def test_best_example_config_solves_where_the_lecture_default_stalls():
     assert best["eval_greedy_solve_rate"] == 1.0  # all 3 prompts, seed 0
     assert lecture["eval_greedy_solve_rate"] < 1.0
     assert lecture["frac_zero_delta_groups_end"] == 1.0  # the stall: every group's deltas are 0
+
+
+@pytest.mark.parametrize("schedule, expected", [
+    # 2 warm-up steps (lr/2, lr), then over the remaining 8 of 10 steps:
+    ("constant", [0.5, 1, 1, 1, 1, 1, 1, 1, 1, 1]),
+    ("linear", [0.5, 1, 1, 7 / 8, 6 / 8, 5 / 8, 4 / 8, 3 / 8, 2 / 8, 1 / 8]),
+])
+def test_learning_rate_schedule(schedule, expected):
+    records = train_records(run(["algo.epochs=2", "algo.inner_steps=5", f"optim.schedule={schedule}",
+                                 "optim.warmup_steps=2", "optim.lr=0.01"]))
+    assert [r["lr"] for r in records] == pytest.approx([0.01 * e for e in expected])
+
+
+def test_cosine_schedule_ends_near_zero_and_eval_can_start_later():
+    records = run(["algo.epochs=2", "optim.schedule=cosine", "log.eval_at_start=false"])
+    lrs = [r["lr"] for r in train_records(records)]
+    assert lrs[0] == pytest.approx(1e-3) and lrs[-1] < 0.05 * 1e-3
+    assert all(a >= b for a, b in zip(lrs, lrs[1:]))
+    assert [r["epoch"] for r in records if r["kind"] == "eval"] == [2]
+
+
+def test_evaluation_in_chunks_equals_one_batch():
+    from rlvr.trainer import evaluate
+
+    config = load_config(None, FAST + ["task.prompts=null", "task.eval_size=10"])
+    task, st = setup(config)
+    whole = evaluate(config, task, st.policy, 0, 0)[0]
+    config = load_config(None, FAST + ["task.prompts=null", "task.eval_size=10", "log.eval_batch_size=3"])
+    chunked = evaluate(config, task, st.policy, 0, 0)[0]
+    assert whole["greedy_reward"] == pytest.approx(chunked["greedy_reward"])
+    assert whole["greedy_solve_rate"] == chunked["greedy_solve_rate"]

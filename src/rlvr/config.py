@@ -84,6 +84,8 @@ class OptimConfig:
     betas: list = field(default_factory=lambda: [0.9, 0.999], metadata={"help": "Adam betas"})
     max_grad_norm: float | None = field(default=None, metadata={"help": "clip the gradient norm (null: no clipping)"})
     micro_batches: int = field(default=1, metadata={"help": "split each step's N responses into this many micro-batches"})
+    schedule: str = field(default="constant", metadata={"help": "learning rate after warm-up: constant | linear | cosine (to 0)"})
+    warmup_steps: int = field(default=0, metadata={"help": "optimizer steps of linear learning-rate warm-up"})
     max_bad_steps: int = field(default=5, metadata={"help": "stop after this many consecutive non-finite steps"})
 
 
@@ -91,6 +93,8 @@ class OptimConfig:
 class LogConfig:
     eval_every: int = field(default=10, metadata={"help": "evaluate the held-out prompts every k epochs"})
     eval_samples: int = field(default=8, metadata={"help": "n: sampled responses per held-out prompt (pass@1 and pass@n)"})
+    eval_batch_size: int = field(default=64, metadata={"help": "held-out prompts decoded at once"})
+    eval_at_start: bool = field(default=True, metadata={"help": "evaluate before the first step (the starting point)"})
     table_rows: int = field(default=4, metadata={"help": "held-out prompts shown in the samples table"})
     progress: bool = field(default=True, metadata={"help": "show a progress bar"})
     plot: bool = field(default=True, metadata={"help": "write plot.png into the run directory"})
@@ -342,6 +346,9 @@ def validate(config: Config) -> None:
         raise ConfigError(f"optim.betas={o.betas!r} must be two numbers in [0, 1)")
     _positive("optim.micro_batches", o.micro_batches)
     _positive("optim.max_bad_steps", o.max_bad_steps)
+    _choice("optim.schedule", o.schedule, ("constant", "linear", "cosine"))
+    _positive("optim.warmup_steps", o.warmup_steps, allow_zero=True)
+    _positive("log.eval_batch_size", lg.eval_batch_size)
     _positive("log.checkpoint_every", lg.checkpoint_every, allow_zero=True)
     _positive("log.keep_checkpoints", lg.keep_checkpoints)
     _positive("log.eval_every", lg.eval_every)

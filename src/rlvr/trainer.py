@@ -51,6 +51,25 @@ def build_optimizer(config: Config, params: list[torch.nn.Parameter], lr: float 
     return cls(params, lr=o.lr if lr is None else lr, betas=tuple(o.betas), weight_decay=o.weight_decay, fused=fused or None)
 
 
+def build_scheduler(optim: Any, optimizer: torch.optim.Optimizer, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Learning-rate multiplier per optimizer step: linear warm-up over
+    ``optim.warmup_steps``, then constant, linear decay to 0 or cosine decay to 0 at
+    ``total_steps``."""
+    warmup, schedule = optim.warmup_steps, optim.schedule
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+        if schedule == "linear":
+            return 1.0 - progress
+        if schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return 1.0
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
 def seed_everything(seed: int) -> torch.Generator:
     random.seed(seed)
     np.random.seed(seed)
@@ -69,6 +88,7 @@ class TrainState:
     policy: Policy
     optimizer: torch.optim.Optimizer
     generator: torch.Generator
+    scheduler: torch.optim.lr_scheduler.LambdaLR
     ref_module: torch.nn.Module | None = None
     epoch: int = 0
     step: int = 0
@@ -85,6 +105,7 @@ class TrainState:
         return {
             "policy": self.policy.module.state_dict(),
             "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
             "reference": None if self.ref_module is None else self.ref_module.state_dict(),
             "generator": self.generator.get_state(),
             "rng": rng_state(),
@@ -102,6 +123,7 @@ class TrainState:
 
         self.policy.module.load_state_dict(payload["policy"])
         self.optimizer.load_state_dict(payload["optimizer"])
+        self.scheduler.load_state_dict(payload["scheduler"])
         if payload["reference"] is not None:
             self.ref_module = frozen_copy(self.policy.module)
             self.ref_module.load_state_dict(payload["reference"])
@@ -122,7 +144,9 @@ def setup(config: Config) -> tuple[Task, TrainState]:
     generator = seed_everything(config.seed)
     policy = build_policy(config)
     params = [p for p in policy.module.parameters() if p.requires_grad]
-    return task, TrainState(policy, build_optimizer(config, params), generator)
+    optimizer = build_optimizer(config, params)
+    total = config.algo.epochs * config.algo.inner_steps
+    return task, TrainState(policy, optimizer, generator, build_scheduler(config.optim, optimizer, total))
 
 
 def train(
@@ -141,6 +165,10 @@ def train(
     task, st = state if state is not None else setup(config)
     a = config.algo
     emit = on_record or (lambda record: None)
+    if config.log.eval_at_start and st.step == 0 and not st.records:
+        for record in evaluate(config, task, st.policy, 0, 0):  # the starting point
+            st.records.append(record)
+            emit(record)
     while st.epoch < a.epochs:
         if st.rollout is None:
             st.rollout = collect_rollout(config, task, st)
@@ -256,9 +284,11 @@ def inner_step(config: Config, st: TrainState, rollout: Rollout) -> Record:
     else:
         st.optimizer.step()
         st.bad_steps = 0
+    lr = st.scheduler.get_last_lr()[0]
+    st.scheduler.step()  # counts steps, skipped ones too: the schedule follows the step number
     record = {"kind": "train", "epoch": st.epoch, "step": st.step,
               **dict(zip(STEP_KEYS, values.tolist() + [float(skipped)])), **rollout.stats,
-              "time/step": time.perf_counter() - clock}
+              "lr": lr, "time/step": time.perf_counter() - clock}
     st.step += 1
     return record
 
@@ -359,29 +389,35 @@ def pass_at_k(num_samples: int, num_correct: torch.Tensor, k: int) -> torch.Tens
 def evaluate(config: Config, task: Task, policy: Policy, epoch: int, step: int) -> list[Record]:
     """Greedy and sampled solve rate, pass@k and mean reward on the fixed held-out prompts.
 
-    Returns the eval record and a "samples" record (a few prompts with their sampled
-    responses and rewards, for a person to read).
+    Prompts go through the policy ``log.eval_batch_size`` at a time (a real LM cannot
+    decode a whole validation set at once). Returns the eval record and a "samples"
+    record (a few prompts with their sampled responses and rewards, for a person to read).
     """
     prompts = task.eval_prompts()
-    greedy = task.grade(prompts, policy.greedy(prompts))
+    n, size = config.log.eval_samples, config.log.eval_batch_size
     # A separate generator: evaluation must not change the training random stream.
     gen = torch.Generator().manual_seed(config.seed + 1_000_003 + epoch)
-    n = config.log.eval_samples
-    samples = policy.sample(prompts, n, config.policy.temperature, gen)
-    sampled = task.grade(prompts, samples.responses)
+    greedy, sampled, first = [], [], None
+    for start in range(0, len(prompts), size):
+        chunk = prompts[start : start + size]
+        greedy.append(task.grade(chunk, policy.greedy(chunk)))
+        responses = policy.sample(chunk, n, config.policy.temperature, gen).responses
+        sampled.append(task.grade(chunk, responses))
+        first = first or (chunk, responses, sampled[-1])
+    greedy_rewards, greedy_correct = (torch.cat([getattr(g, k) for g in greedy]) for k in ("rewards", "correct"))
+    rewards, correct = (torch.cat([getattr(g, k) for g in sampled]) for k in ("rewards", "correct"))  # [B, n]
     record = {
         "kind": "eval",
         "epoch": epoch,
         "step": step,
-        "greedy_solve_rate": greedy.correct.float().mean().item(),
-        "greedy_reward": greedy.rewards.nanmean().item(),
-        "sampled_solve_rate": sampled.correct.float().mean().item(),
-        "sampled_reward": sampled.rewards.nanmean().item(),
+        "greedy_solve_rate": greedy_correct.float().mean().item(),
+        "greedy_reward": greedy_rewards.nanmean().item(),
+        "sampled_solve_rate": correct.float().mean().item(),
+        "sampled_reward": rewards.nanmean().item(),
     }
-    num_correct = sampled.correct.sum(dim=1)  # [B]
     for k in sorted({1, n}):
-        record[f"pass@{k}"] = pass_at_k(n, num_correct, k).mean().item()
-    return [record, sample_table(prompts, samples.responses, sampled, epoch, step, config.log.table_rows)]
+        record[f"pass@{k}"] = pass_at_k(n, correct.sum(dim=1), k).mean().item()
+    return [record, sample_table(*first, epoch, step, config.log.table_rows)]
 
 
 def sample_table(prompts: Any, responses: Any, grades: Any, epoch: int, step: int, rows: int) -> Record:
