@@ -149,3 +149,31 @@ def test_lora_trains_only_the_adapters(tiny_model, tmp_path):
         assert torch.equal(p, base[key]), name  # the base weights did not move
     merged = tuned.merge_and_unload().state_dict()
     assert any(not torch.equal(merged[k], base[k]) for k in base)
+
+
+def test_autocast_keeps_float32_master_weights(tiny_model, tmp_path):
+    # bf16 weights lose small Adam updates; autocast computes in bf16 and updates fp32.
+    from rlvr.config import load_config
+    from rlvr.sft import run_sft
+
+    config = load_config(None, [
+        "task.name=sort_text", "task.options={num_digits: 3, num_eval: 8}", "policy.name=causal_lm",
+        f"policy.options={{model: '{tiny_model}', max_new_tokens: 7, autocast: bfloat16}}",
+        "sft.steps=2", "sft.batch_size=4", "sft.lr=1e-6", "sft.eval_every=2", "sft.eval_size=2"])
+    out = run_sft(config, tmp_path)
+    tuned = AutoModelForCausalLM.from_pretrained(out)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model)
+    assert next(tuned.parameters()).dtype == torch.float32
+    changed = [n for n, p in tuned.state_dict().items() if not torch.equal(p, base.state_dict()[n])]
+    assert len(changed) > len(base.state_dict()) // 2  # a 1e-6 step still moves the fp32 weights
+
+
+def test_autocast_runs_the_forward_in_bfloat16(tiny_model):
+    from rlvr.policies.causal_lm import CausalLMPolicy
+
+    policy = CausalLMPolicy.from_pretrained(str(tiny_model), autocast="bfloat16", max_new_tokens=4)
+    ids = torch.tensor([[4, 5, 6]])
+    assert policy._forward(input_ids=ids).logits.dtype == torch.bfloat16
+    assert next(policy.module.parameters()).dtype == torch.float32
+    with pytest.raises(ValueError, match="autocast must be one of"):
+        CausalLMPolicy.from_pretrained(str(tiny_model), autocast="int8")

@@ -56,7 +56,8 @@ def draw_tokens(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor
 
 LOAD_OPTIONS = ("model", "dtype", "device", "lora")
 SETTING_OPTIONS = ("max_new_tokens", "min_new_tokens", "top_k", "top_p", "stop_strings",
-                   "gradient_checkpointing", "add_special_tokens", "chunk_elements", "share_prompts")
+                   "gradient_checkpointing", "add_special_tokens", "autocast", "chunk_elements", "share_prompts")
+_AUTOCAST = {None: None, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def build_causal_lm_policy(config: Any) -> "CausalLMPolicy":
@@ -115,6 +116,9 @@ class CausalLMPolicy:
     device, dtype:    where and in which precision to put the model (None: as it is).
     gradient_checkpointing: recompute activations in backward (train mode only).
     chunk_elements:   float32 logits per chunk when turning logits into log-probs.
+    autocast:         "bfloat16" or "float16": run forward passes under torch.autocast
+                      while the weights (and Adam's updates) stay in their own dtype,
+                      e.g. float32 master weights; None: no autocast.
     share_prompts:    when scoring, encode a prompt once for all its rows (see
                       ``_response_logits``); False: one forward over every full row.
     """
@@ -132,6 +136,7 @@ class CausalLMPolicy:
         dtype: torch.dtype | None = None,
         gradient_checkpointing: bool = False,
         add_special_tokens: bool = True,
+        autocast: str | None = None,
         chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
         share_prompts: bool = True,
     ):
@@ -148,6 +153,9 @@ class CausalLMPolicy:
         self.top_k, self.top_p = top_k, top_p
         self.stop_strings = list(stop_strings)
         self.add_special_tokens = add_special_tokens
+        if autocast not in _AUTOCAST:
+            raise ValueError(f"autocast must be one of {list(_AUTOCAST)}, got {autocast!r}")
+        self.autocast = _AUTOCAST[autocast]
         self.chunk_elements = chunk_elements
         self.share_prompts = share_prompts
         self.device = next(model.parameters()).device
@@ -175,6 +183,13 @@ class CausalLMPolicy:
         if not ids:
             raise ValueError("the tokenizer and the model's generation config define no EOS token")
         return torch.tensor(sorted(ids), device=next(model.parameters()).device)
+
+    def _forward(self, **inputs: Any) -> Any:
+        """The model's forward pass, under autocast when the ``autocast`` setting asks."""
+        if self.autocast is None:
+            return self.module(**inputs)
+        with torch.autocast(device_type=self.device.type, dtype=self.autocast):
+            return self.module(**inputs)
 
     # ---- prompts ------------------------------------------------------------------
 
@@ -270,7 +285,7 @@ class CausalLMPolicy:
         """
         n = prompt_ids.shape[0] * group_size
         positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # [B, P], 0 on left padding
-        out = self.module(input_ids=prompt_ids, attention_mask=prompt_mask.long(), position_ids=positions,
+        out = self._forward(input_ids=prompt_ids, attention_mask=prompt_mask.long(), position_ids=positions,
                           use_cache=True, logits_to_keep=1)
         cache = out.past_key_values
         cache.batch_repeat_interleave(group_size)  # [B, ...] -> [N, ...], row b*G + g
@@ -295,7 +310,7 @@ class CausalLMPolicy:
                 rows, tokens = rows[running], tokens[running]
                 attention, next_position = attention[running], next_position[running]
             attention = torch.cat([attention, attention.new_ones((rows.shape[0], 1))], dim=-1)
-            out = self.module(input_ids=tokens.unsqueeze(-1), attention_mask=attention,
+            out = self._forward(input_ids=tokens.unsqueeze(-1), attention_mask=attention,
                               position_ids=next_position.unsqueeze(-1), past_key_values=cache, use_cache=True)
             logits = out.logits[:, -1]
             next_position = next_position + 1
@@ -354,7 +369,7 @@ class CausalLMPolicy:
         input_ids = torch.cat([samples.prompt_ids, response_ids], dim=1)  # [n, P + T]
         attention = torch.cat([samples.prompt_mask, response_mask], dim=1).long()
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        return self.module(input_ids=input_ids, attention_mask=attention, position_ids=positions,
+        return self._forward(input_ids=input_ids, attention_mask=attention, position_ids=positions,
                            use_cache=False, logits_to_keep=response_ids.shape[1] + 1).logits[:, :-1]
 
     def _shared_prompt_logits(self, samples: Samples, first_rows: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
@@ -363,7 +378,7 @@ class CausalLMPolicy:
         first_rows [u] picks one row per prompt; inverse [n] maps each row to its prompt.
         """
         prompt_ids, prompt_mask = samples.prompt_ids[first_rows], samples.prompt_mask[first_rows].long()  # [u, P]
-        out = self.module(input_ids=prompt_ids, attention_mask=prompt_mask,
+        out = self._forward(input_ids=prompt_ids, attention_mask=prompt_mask,
                           position_ids=(prompt_mask.cumsum(-1) - 1).clamp(min=0), use_cache=True, logits_to_keep=1)
         first_logits = out.logits[:, -1:][inverse]  # [n, 1, V]: predicts response token 0
         num_tokens = samples.response_ids.shape[1]
@@ -374,7 +389,7 @@ class CausalLMPolicy:
         inputs = samples.response_ids[:, :-1]  # [n, T - 1]: token t predicts token t + 1
         attention = torch.cat([prompt_mask[inverse], samples.response_mask[:, :-1].long()], dim=1)
         positions = prompt_mask.sum(-1)[inverse].unsqueeze(-1) + torch.arange(num_tokens - 1, device=inputs.device)
-        rest = self.module(input_ids=inputs, attention_mask=attention, position_ids=positions,
+        rest = self._forward(input_ids=inputs, attention_mask=attention, position_ids=positions,
                            past_key_values=cache, use_cache=True).logits  # [n, T - 1, V]
         return torch.cat([first_logits, rest], dim=1)
 
