@@ -67,3 +67,12 @@ def test_parse_overrides_nests_and_parses_yaml_values():
 
 def test_run_dir_default():
     assert str(Config().run_dir) == "runs/lecture"
+
+
+def test_every_example_config_validates():
+    from pathlib import Path
+
+    examples = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.yaml"))
+    assert len(examples) >= 4
+    for path in examples:
+        load_config(path)
