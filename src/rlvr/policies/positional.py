@@ -117,6 +117,7 @@ class PositionalPolicy:
 
     def __init__(self, vocab_size: int, embedding_dim: int, num_positions: int, embedding_std: float = 1.0):
         self.module = PositionalModel(vocab_size, embedding_dim, num_positions, embedding_std)
+        self._groups: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     @torch.no_grad()
     def sample(
@@ -141,7 +142,10 @@ class PositionalPolicy:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """log pi(response_t | prompt) [n_rows, n], and per-position entropy if asked."""
         m = self.module
-        prompts, row_prompt = consecutive_groups(samples.prompt_ids)
+        # Every inner step scores the same rollout: find its groups once.
+        if self._groups is None or self._groups[0] is not samples.prompt_ids:
+            self._groups = (samples.prompt_ids, *consecutive_groups(samples.prompt_ids))
+        _, prompts, row_prompt = self._groups
         log_probs, entropy = _PositionalLogProbs.apply(
             prompts, row_prompt, samples.response_ids, temperature, m.embedding.weight, m.encode, m.decode
         )
