@@ -121,3 +121,17 @@ def test_sample_prompts_seeded_and_distinct(task):
     assert first[0]["prompt"].endswith("Assistant: <think>")
     with pytest.raises(ValueError, match="the training set has 7473"):
         task.sample_prompts(8000, torch.Generator())
+
+
+def test_model_answers_never_reach_sympy_parse_expr(monkeypatch):
+    # sympy's parse_expr evaluates Python; the model's answer must only be read as LaTeX.
+    import math_verify.parser
+
+    seen = []
+    original = math_verify.parser.parse_expr_cached
+    monkeypatch.setattr(math_verify.parser, "parse_expr_cached", lambda expr: seen.append(expr) or original(expr))
+    answers = ["18", "\\frac{36}{2}", "eval(chr(49)+chr(43)+chr(49))", "__import__(os)", "17"]
+    completions = [f"ok </think> <answer> {a} </answer>" for a in answers]
+    rewards = answer_reward([""] * 5, completions, answer=["18"] * 5)
+    assert rewards == [1.0, 1.0, 0.0, 0.0, 0.0]
+    assert not any(a in expr for expr in seen for a in answers[2:4])

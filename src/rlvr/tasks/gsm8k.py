@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from math_verify import ExprExtractionConfig, parse, verify
+from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
 from rlvr.data import read_jsonl
 from rlvr.rewards import RewardRunner, RewardSpec
@@ -78,13 +78,27 @@ def extract_answer(completion: str, template: str = "r1_zero") -> str | None:
     return answer or None
 
 
+_WORDS = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
+
+
 def is_equivalent(answer: str, gold: str) -> bool | None:
     """math-verify: does ``answer`` (LaTeX or plain) equal the number ``gold``? None when
-    the gold does not parse. No time limit here: run it under a RewardRunner timeout."""
+    the gold does not parse. No time limit here: run it under a RewardRunner timeout.
+
+    The model's answer is read only as LaTeX (a grammar parser): math-verify's plain
+    expression path goes through sympy's ``parse_expr``, which evaluates Python, so model
+    output never reaches it. The gold (trusted data) may use it.
+    """
     gold_parsed = parse(gold, extraction_config=[ExprExtractionConfig()], parsing_timeout=None)
     if not gold_parsed:
         return None
-    return verify(gold_parsed, parse(answer, parsing_timeout=None), timeout_seconds=None)
+    # Plain words (units such as "18 dollars") are dropped; LaTeX commands (\\frac) stay.
+    text = _WORDS.sub(" ", answer)
+    if text.count("$") % 2:  # a lone "$" is a currency sign, not math mode
+        text = text.replace("$", "")
+    text = text if "$" in text else f"${text}$"
+    return verify(gold_parsed, parse(text, extraction_config=[LatexExtractionConfig()], parsing_timeout=None),
+                  timeout_seconds=None)
 
 
 def answer_reward(
