@@ -177,3 +177,11 @@ def test_autocast_runs_the_forward_in_bfloat16(tiny_model):
     assert next(policy.module.parameters()).dtype == torch.float32
     with pytest.raises(ValueError, match="autocast must be one of"):
         CausalLMPolicy.from_pretrained(str(tiny_model), autocast="int8")
+
+
+def test_unknown_task_option_suggests_the_nearest(tmp_path, capsys):
+    code = main(["train", f"out_dir={tmp_path / 'x'}", "task.name=sort_text", "policy.name=causal_lm",
+                 "policy.options={model: m}", "task.options={num_digit: 4}"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "unknown option 'num_digit'; did you mean 'num_digits'?" in err

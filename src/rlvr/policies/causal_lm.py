@@ -13,6 +13,7 @@ old policy's log-probs without another forward pass.
 
 from __future__ import annotations
 
+import difflib
 from typing import Any, Callable, Sequence
 
 import torch
@@ -68,9 +69,12 @@ def build_causal_lm_policy(config: Any) -> "CausalLMPolicy":
     the ``CausalLMPolicy`` settings named in ``SETTING_OPTIONS``.
     """
     options = dict(config.options)
-    unknown = sorted(set(options) - set(LOAD_OPTIONS) - set(SETTING_OPTIONS))
+    allowed = LOAD_OPTIONS + SETTING_OPTIONS
+    unknown = sorted(set(options) - set(allowed))
     if unknown:
-        raise ValueError(f"unknown policy.options {unknown}; allowed: {', '.join(LOAD_OPTIONS + SETTING_OPTIONS)}")
+        close = difflib.get_close_matches(unknown[0], allowed, n=1, cutoff=0.5)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown policy.options {unknown}{hint} (allowed: {', '.join(allowed)})")
     if "model" not in options:
         raise ValueError("policy.options.model is required: a model folder (rlvr init-model) or a hub name")
     return CausalLMPolicy.from_pretrained(options.pop("model"), **options)

@@ -51,6 +51,21 @@ def _runner(specs: list, config: "Config"):
     return RewardRunner(specs, strict=config.rewards.strict, num_workers=config.rewards.num_workers)
 
 
+def check_options(where: str, options: dict, cls: type) -> None:
+    """Unknown keyword options are a ConfigError naming the nearest allowed one."""
+    import difflib
+    import inspect
+
+    from rlvr.config import ConfigError
+
+    allowed = [n for n in inspect.signature(cls).parameters if n not in ("self", "args", "kwargs")]
+    for key in options:
+        if key not in allowed:
+            close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.5)
+            hint = f"did you mean {close[0]!r}?" if close else f"allowed: {', '.join(allowed)}"
+            raise ConfigError(f"{where}: unknown option {key!r}; {hint}")
+
+
 def build_task(config: "Config") -> Any:
     """The task of ``config``; configuration errors name the field."""
     from rlvr.config import ConfigError
@@ -73,11 +88,10 @@ def build_task(config: "Config") -> Any:
         except ValueError as err:
             raise ConfigError(f"task: {err}") from err
     cls = _text_task_class(t.name)
+    check_options(f"task.options for {t.name!r}", t.options, cls)
     try:
         task = cls(**t.options)
-    except TypeError as err:
-        raise ConfigError(f"task.options for {t.name!r}: {err}") from err
-    except (ValueError, OSError) as err:
+    except (TypeError, ValueError, OSError) as err:
         raise ConfigError(f"task.options for {t.name!r}: {err}") from err
     if extra or config.rewards.strict:
         builtin = list(task.runner.specs)
