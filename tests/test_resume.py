@@ -77,14 +77,15 @@ def test_half_written_checkpoint_is_ignored(tmp_path):
 
 def test_sigint_stops_after_the_step_with_a_checkpoint_and_resumes_exactly(tmp_path):
     straight, out = tmp_path / "straight", tmp_path / "run"
-    args = ["algo.epochs=150", "algo.inner_steps=7", "log.checkpoint_every=1000", *BASE]
+    args = ["algo.epochs=400", "algo.inner_steps=7", "log.checkpoint_every=1000", *BASE]
     assert main(["train", f"out_dir={straight}", *args]) == 0
     proc = subprocess.Popen([sys.executable, "-m", "rlvr.cli", "train", f"out_dir={out}", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = out / "metrics.jsonl"
     deadline = time.time() + 60
-    while not (out / "metrics.jsonl").exists() and time.time() < deadline:
-        time.sleep(0.02)
-    time.sleep(0.3)
+    # Signal as soon as training is under way (a few records written), well before the end.
+    while (not metrics.exists() or metrics.read_text().count("\n") < 5) and time.time() < deadline:
+        time.sleep(0.005)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
@@ -93,7 +94,7 @@ def test_sigint_stops_after_the_step_with_a_checkpoint_and_resumes_exactly(tmp_p
     _, payload = load_latest(out)
     train_records = [r for r in read_records(out) if r["kind"] == "train"]
     assert len(read_records(out)) == payload["num_records"]
-    assert checkpoint.name == f"step-{payload['step']:09d}" and len(train_records) == payload["step"] < 150 * 7
+    assert checkpoint.name == f"step-{payload['step']:09d}" and len(train_records) == payload["step"] < 400 * 7
     assert main(["train", f"resume={out}"]) == 0
     assert_same_run(straight, out)
 
