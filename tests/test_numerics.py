@@ -1,13 +1,12 @@
 """Non-finite losses or gradients skip the step; too many in a row stop the run."""
 
-import pytest
 import torch
 
 from rlvr.cli import main
 from rlvr.checkpoint import load_latest
 from rlvr.config import load_config
 from rlvr.policies.positional import PositionalPolicy
-from rlvr.trainer import TrainingError, setup, train
+from rlvr.trainer import setup, train
 
 FAST = ["log.progress=false", "log.plot=false"]
 

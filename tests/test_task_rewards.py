@@ -6,7 +6,8 @@ import torch
 from rlvr.cli import main
 from rlvr.config import ConfigError, load_config
 from rlvr.metrics import read_records
-from rlvr.trainer import pass_at_k, train
+from rlvr.evaluation import pass_at_k
+from rlvr.trainer import train
 
 FAST = ["log.progress=false", "log.plot=false", "log.checkpoint_every=0"]
 

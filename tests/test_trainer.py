@@ -1,10 +1,8 @@
-import copy
 from pathlib import Path
 
 import pytest
 import torch
 
-from rlvr import core
 from rlvr.config import load_config
 from rlvr.metrics import without_timings
 from rlvr.trainer import collect_rollout, inner_step, setup, train
@@ -133,7 +131,7 @@ def test_cosine_schedule_ends_near_zero_and_eval_can_start_later():
 
 
 def test_evaluation_in_chunks_equals_one_batch():
-    from rlvr.trainer import evaluate
+    from rlvr.evaluation import evaluate
 
     config = load_config(None, FAST + ["task.prompts=null", "task.eval_size=10"])
     task, st = setup(config)

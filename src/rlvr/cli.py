@@ -7,8 +7,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from rlvr.config import Config, ConfigError, load_config
-from rlvr.metrics import JsonlSink, plot_runs, read_records, summary
+from rlvr.config import ConfigError, load_config
+from rlvr.metrics import plot_runs, read_records, summary
 from rlvr.checkpoint import CheckpointError
 from rlvr.data import DataError
 from rlvr.rewards import RewardError

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from rlvr.core.masked import masked_mean, masked_normalize, masked_sum
+from rlvr.core.masked import masked_mean, masked_normalize
 
 LOSS_MODES = ("naive", "ratio", "clipped")
 AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum")

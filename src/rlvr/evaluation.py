@@ -1,0 +1,79 @@
+"""Evaluation on the fixed held-out prompts: solve rates, rewards, pass@k, a samples table."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from rlvr.config import Config
+from rlvr.rollout import Policy, Task
+
+Record = dict[str, Any]
+
+
+def pass_at_k(num_samples: int, num_correct: torch.Tensor, k: int) -> torch.Tensor:
+    """Unbiased pass@k from n samples with c correct: 1 - C(n-c, k) / C(n, k), per prompt.
+
+    num_correct: [B] counts -> [B] float. Computed as a stable product:
+    C(n-c, k) / C(n, k) = prod_{i=n-c+1}^{n} (1 - k / i).
+    """
+    n = num_samples
+    if not 1 <= k <= n:
+        raise ValueError(f"pass@{k} needs 1 <= k <= n={n}")
+    out = []
+    for c in num_correct.tolist():
+        if n - c < k:
+            out.append(1.0)
+        else:
+            out.append(1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1)))
+    return torch.tensor(out)
+
+
+@torch.no_grad()
+def evaluate(config: Config, task: Task, policy: Policy, epoch: int, step: int) -> list[Record]:
+    """Greedy and sampled solve rate, pass@k and mean reward on the fixed held-out prompts.
+
+    Prompts go through the policy ``log.eval_batch_size`` at a time (a real LM cannot
+    decode a whole validation set at once). Returns the eval record and a "samples"
+    record (a few prompts with their sampled responses and rewards, for a person to read).
+    """
+    prompts = task.eval_prompts()
+    n, size = config.log.eval_samples, config.log.eval_batch_size
+    # A separate generator: evaluation must not change the training random stream.
+    gen = torch.Generator().manual_seed(config.seed + 1_000_003 + epoch)
+    greedy, sampled, first = [], [], None
+    for start in range(0, len(prompts), size):
+        chunk = prompts[start : start + size]
+        greedy.append(task.grade(chunk, policy.greedy(chunk)))
+        responses = policy.sample(chunk, n, config.policy.temperature, gen).responses
+        sampled.append(task.grade(chunk, responses))
+        first = first or (chunk, responses, sampled[-1])
+    greedy_rewards, greedy_correct = (torch.cat([getattr(g, k) for g in greedy]) for k in ("rewards", "correct"))
+    rewards, correct = (torch.cat([getattr(g, k) for g in sampled]) for k in ("rewards", "correct"))  # [B, n]
+    record = {
+        "kind": "eval",
+        "epoch": epoch,
+        "step": step,
+        "greedy_solve_rate": greedy_correct.float().mean().item(),
+        "greedy_reward": greedy_rewards.nanmean().item(),
+        "sampled_solve_rate": correct.float().mean().item(),
+        "sampled_reward": rewards.nanmean().item(),
+    }
+    for k in sorted({1, n}):
+        record[f"pass@{k}"] = pass_at_k(n, correct.sum(dim=1), k).mean().item()
+    return [record, sample_table(*first, epoch, step, config.log.table_rows)]
+
+
+def sample_table(prompts: Any, responses: Any, grades: Any, epoch: int, step: int, rows: int) -> Record:
+    """The first ``rows`` held-out prompts, one sampled response each, with reward and verdict."""
+    table = []
+    for b in range(min(rows, len(prompts))):
+        prompt = prompts[b]
+        prompt = prompt["prompt"] if isinstance(prompt, dict) else prompt.tolist()
+        response = responses[b][0]
+        response = response if isinstance(response, str) else response.tolist()
+        table.append({"prompt": prompt, "response": response,
+                      "reward": grades.rewards[b, 0].item(), "correct": bool(grades.correct[b, 0])})
+    return {"kind": "samples", "epoch": epoch, "step": step, "rows": table}
