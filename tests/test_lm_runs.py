@@ -185,3 +185,25 @@ def test_unknown_task_option_suggests_the_nearest(tmp_path, capsys):
     assert code == 2
     err = capsys.readouterr().err
     assert "unknown option 'num_digit'; did you mean 'num_digits'?" in err
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_dropout_is_disabled_so_sampling_log_probs_are_the_trained_policy(arch):
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    from rlvr.modeling import build_char_tokenizer
+    from rlvr.policies.causal_lm import CausalLMPolicy
+
+    tokenizer = build_char_tokenizer()
+    torch.manual_seed(0)
+    if arch == "gpt2":
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=2,
+                                           resid_pdrop=0.5, embd_pdrop=0.5, attn_pdrop=0.5))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                                             num_hidden_layers=2, num_attention_heads=2, attention_dropout=0.5))
+    model.train()
+    policy = CausalLMPolicy(model, tokenizer, max_new_tokens=5)
+    samples = policy.sample(["3 1 2>", "9 8>"], 3, 1.0, torch.Generator().manual_seed(0))
+    scored, _ = policy.log_probs(samples, 1.0)  # train mode: dropout would make this random
+    torch.testing.assert_close(scored.detach(), samples.sample_log_probs, atol=1e-5, rtol=0)

@@ -56,8 +56,8 @@ def draw_tokens(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor
 
 
 LOAD_OPTIONS = ("model", "dtype", "device", "lora")
-SETTING_OPTIONS = ("max_new_tokens", "min_new_tokens", "top_k", "top_p", "stop_strings",
-                   "gradient_checkpointing", "add_special_tokens", "autocast", "chunk_elements", "share_prompts")
+SETTING_OPTIONS = ("max_new_tokens", "min_new_tokens", "top_k", "top_p", "stop_strings", "gradient_checkpointing",
+                   "add_special_tokens", "autocast", "chunk_elements", "share_prompts", "disable_dropout")
 _AUTOCAST = {None: None, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -78,6 +78,16 @@ def build_causal_lm_policy(config: Any) -> "CausalLMPolicy":
     if "model" not in options:
         raise ValueError("policy.options.model is required: a model folder (rlvr init-model) or a hub name")
     return CausalLMPolicy.from_pretrained(options.pop("model"), **options)
+
+
+def _disable_dropout(model: torch.nn.Module) -> None:
+    """Dropout probability 0 everywhere: ``nn.Dropout`` modules and the float
+    ``attention_dropout`` attributes that attention layers pass to their kernels."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
 
 
 def cut_at_stop_string(text: str, stop_strings: Sequence[str]) -> str:
@@ -123,6 +133,9 @@ class CausalLMPolicy:
     autocast:         "bfloat16" or "float16": run forward passes under torch.autocast
                       while the weights (and Adam's updates) stay in their own dtype,
                       e.g. float32 master weights; None: no autocast.
+    disable_dropout:  set every dropout probability to 0 (default): sampling runs in eval
+                      mode, so with dropout on in training the recorded log-probs would
+                      not be those of the policy that is scored and trained.
     share_prompts:    when scoring, encode a prompt once for all its rows (see
                       ``_response_logits``); False: one forward over every full row.
     """
@@ -143,6 +156,7 @@ class CausalLMPolicy:
         autocast: str | None = None,
         chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
         share_prompts: bool = True,
+        disable_dropout: bool = True,
     ):
         if max_new_tokens < 1 or not 0 <= min_new_tokens <= max_new_tokens:
             raise ValueError(f"need 1 <= max_new_tokens and 0 <= min_new_tokens <= max_new_tokens, "
@@ -152,6 +166,8 @@ class CausalLMPolicy:
         if isinstance(stop_strings, str) or any(not s for s in stop_strings):
             raise ValueError(f"stop_strings must be a list of non-empty strings, got {stop_strings!r}")
         self.module = model.to(device=device, dtype=dtype)
+        if disable_dropout:
+            _disable_dropout(model)
         self.tokenizer = tokenizer
         self.max_new_tokens, self.min_new_tokens = max_new_tokens, min_new_tokens
         self.top_k, self.top_p = top_k, top_p
