@@ -46,7 +46,10 @@ class RewardsConfig:
         metadata={"help": "user reward functions: [{function: 'module:name', weight: 1.0, timeout: 5.0}]"},
     )
     strict: bool = field(default=False, metadata={"help": "the first reward error is fatal (else: abstain and count)"})
-    timeout: float | None = field(default=None, metadata={"help": "default seconds per call of a user function (null: in-process)"})
+    timeout: float | None = field(
+        default=10.0,
+        metadata={"help": "seconds per call of a user function, run in a worker killed past it (null: in-process, no limit)"},
+    )
     num_workers: int = field(default=2, metadata={"help": "reward worker processes (for functions with a timeout)"})
 
 
