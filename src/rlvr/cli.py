@@ -72,7 +72,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
             records, _ = run_training(config, plot=False)
             runs[name] = records
             by_mode[mode].append(records)
-    figure = plot_runs({m: rs[0] for m, rs in by_mode.items()}, root / "compare.png", f"seed {args.seeds[0]}")
+    seeds = ", ".join(map(str, args.seeds))
+    figure = plot_runs(by_mode, root / "compare.png", f"mean over seeds {seeds} (band: min to max)")
     print_summary(runs)
     print_mode_means(by_mode)
     print(f"figure: {figure}")

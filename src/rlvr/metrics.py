@@ -7,6 +7,8 @@ import math
 from pathlib import Path
 from typing import Any, Iterable
 
+import numpy as np
+
 Record = dict[str, Any]
 
 
@@ -143,10 +145,11 @@ def summary(records: list[Record]) -> dict[str, float]:
 PANELS = (("train", "loss", "train loss"), ("train", "reward_mean", "mean reward"), ("eval", "greedy_solve_rate", "held-out greedy solve rate"))
 
 
-def plot_runs(runs: dict[str, list[Record]], path: Path, title: str = "") -> Path:
+def plot_runs(runs: dict[str, list[Record] | list[list[Record]]], path: Path, title: str = "") -> Path:
     """The lecture's two panels (train loss, mean reward vs step) plus held-out solve rate.
 
-    ``runs`` maps a label to its records; several runs are overlaid in each panel.
+    ``runs`` maps a label to its records, or to several runs' records (seeds): those are
+    drawn as their mean with a band from the lowest to the highest seed.
     """
     import matplotlib
 
@@ -156,14 +159,19 @@ def plot_runs(runs: dict[str, list[Record]], path: Path, title: str = "") -> Pat
     fig, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 3.8))
     for ax, (kind, key, label) in zip(axes, PANELS):
         for name, records in runs.items():
-            xs, ys = series(records, kind, key)
-            ys = [y if y is not None and math.isfinite(y) else float("nan") for y in ys]
-            ax.plot(xs, ys, label=name, marker="o" if kind == "eval" else None, markersize=3)
+            seeds = records if records and isinstance(records[0], list) else [records]
+            curves = [series(r, kind, key) for r in seeds]
+            xs = curves[0][0]
+            values = np.array([[y if y is not None and math.isfinite(y) else np.nan for y in ys[: len(xs)]]
+                               for _, ys in curves if len(ys) >= len(xs)])
+            marker = "o" if kind == "eval" else None
+            line = ax.plot(xs, values.mean(axis=0), label=name, marker=marker, markersize=3)[0]
+            if len(values) > 1:
+                ax.fill_between(xs, values.min(axis=0), values.max(axis=0), color=line.get_color(), alpha=0.2)
         ax.set_title(label)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-    if len(runs) > 1 or any(runs):
-        axes[1].legend(fontsize=8)
+    axes[1].legend(fontsize=8)
     if title:
         fig.suptitle(title)
     fig.tight_layout()
