@@ -9,6 +9,7 @@ configuration).
 
     python benchmarks/lecture_toy.py                 # lecture config, every delta mode
     python benchmarks/lecture_toy.py --large         # also 256 prompts of 8 numbers, G=16
+    python benchmarks/lecture_toy.py --floor         # also the least 1000 autograd steps cost
 """
 
 from __future__ import annotations
@@ -84,6 +85,25 @@ def baseline_run(mode: str, prompts_list: list[list[int]], group: int, vocab: in
             optimizer.step()
 
 
+def floor_run(with_optimizer: bool, steps: int = 1000) -> None:
+    """The least a 100 x 10 run can cost with autograd: rlvr's positional log-probs and a
+    naive loss, backward (and a fused Adam step), 1000 times on one fixed batch; no
+    sampling, no statistics."""
+    torch.manual_seed(0)
+    config = rlvr.load_config(None, ["log.progress=false"])
+    _, st = setup(config)
+    samples = st.policy.sample(torch.tensor(LECTURE_PROMPTS), 10, 1.0, st.generator)
+    deltas = torch.randn(30, 1)
+    params = list(st.policy.module.parameters())
+    for _ in range(steps):
+        for p in params:
+            p.grad = None
+        log_probs, _ = st.policy.log_probs(samples, 1.0)
+        (-(deltas * log_probs)).mean().backward()
+        if with_optimizer:
+            st.optimizer.step()
+
+
 def rlvr_run(config: rlvr.Config) -> None:
     state = setup(config)
     train(config, state=state)
@@ -116,6 +136,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--large", action="store_true", help="also time 256 prompts of 8 numbers, G=16")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--floor", action="store_true", help="also time bare forward/backward (+ Adam) steps")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), median CPU seconds of {args.repeats} runs")
@@ -125,6 +146,10 @@ def main() -> None:
         )
         compare(f"lecture 3 prompts x G=10, 100x10, {mode}", config,
                 lambda m=mode: baseline_run(m, LECTURE_PROMPTS, 10, 5, 100, 10), args.repeats)
+    if args.floor:
+        for label, with_optimizer in (("floor: forward + backward only", False), ("floor: + fused Adam step", True)):
+            floor_run(with_optimizer)
+            print(f"{label:<40} {time_it(lambda w=with_optimizer: floor_run(w), args.repeats):7.3f} s per 1000 steps")
     if args.large:
         gen = torch.Generator().manual_seed(0)
         prompts = torch.rand(256, 16, generator=gen).argsort(dim=-1)[:, :8].tolist()
