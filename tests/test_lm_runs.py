@@ -207,3 +207,35 @@ def test_dropout_is_disabled_so_sampling_log_probs_are_the_trained_policy(arch):
     samples = policy.sample(["3 1 2>", "9 8>"], 3, 1.0, torch.Generator().manual_seed(0))
     scored, _ = policy.log_probs(samples, 1.0)  # train mode: dropout would make this random
     torch.testing.assert_close(scored.detach(), samples.sample_log_probs, atol=1e-5, rtol=0)
+
+
+def test_gsm8k_grpo_epoch_with_a_tiny_model(tmp_path):
+    # The GSM8K task through the trainer: prompts from the real data, math-verify grading
+    # in worker processes, rewards and the gold check in the records.
+    import json
+    from pathlib import Path
+
+    from rlvr.tasks.gsm8k import TEMPLATES
+
+    data = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k"
+    if not (data / "test.jsonl").is_file():
+        pytest.skip(f"GSM8K not found in {data}")
+    chars = set("".join(TEMPLATES.values()))
+    for name in ("train.jsonl", "test.jsonl"):
+        for line in (data / name).read_text().splitlines():
+            row = json.loads(line)
+            chars.update(row["question"] + row["answer"])
+    model = tmp_path / "model"
+    init_model(model, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
+               chars="".join(sorted(chars - {"<", ">"} | {"<", ">"})), max_positions=1024)
+    out = tmp_path / "run"
+    assert main(["train", f"out_dir={out}", "task.name=gsm8k", "task.prompts_per_epoch=2",
+                 f"task.options={{train_path: '{data / 'train.jsonl'}', eval_path: '{data / 'test.jsonl'}', "
+                 "num_eval: 2, grader_timeout: 5.0}",
+                 "policy.name=causal_lm", f"policy.options={{model: '{model}', max_new_tokens: 8}}",
+                 "algo.epochs=1", "algo.inner_steps=2", "algo.group_size=2", "algo.loss=clipped",
+                 "log.eval_samples=2", "log.progress=false", "log.plot=false"]) == 0
+    train = [r for r in read_records(out) if r["kind"] == "train"]
+    assert train[0]["reward/answer/scored"] + train[0]["reward/answer/abstained"] == 4
+    assert train[0]["reward/answer/errors"] == 0 and train[0]["reward/answer/timeouts"] == 0
+    assert TEMPLATES["r1_zero"][:30] in (out / "samples.md").read_text()  # the prompts as the model saw them
