@@ -76,3 +76,14 @@ def test_every_example_config_validates():
     assert len(examples) >= 4
     for path in examples:
         load_config(path)
+
+
+def test_commented_yaml_documents_every_field_and_round_trips(tmp_path, capsys):
+    from rlvr.cli import main
+
+    assert main(["config", "algo.group_size=64", "task.prompts=null"]) == 0
+    text = capsys.readouterr().out
+    assert "group_size: 64  # G: responses sampled per prompt" in text
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    assert load_config(path) == load_config(None, ["algo.group_size=64", "task.prompts=null"])

@@ -110,6 +110,12 @@ def cmd_init_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_config(args: argparse.Namespace) -> int:
+    path, overrides = _split_args(args.items)
+    print(load_config(path, overrides).to_commented_yaml(), end="")
+    return 0
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
     runs = {Path(d).name: read_records(Path(d)) for d in args.run_dirs}
     out = Path(args.out) if args.out else Path(args.run_dirs[0]) / "plot.png"
@@ -166,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     except ImportError:  # transformers not installed: the command explains when run
         pass
     p.set_defaults(func=cmd_init_model)
+    p = sub.add_parser("config", help="print the resolved config, every field with its help")
+    p.add_argument("items", nargs="*", metavar="[CONFIG] [key=value]")
+    p.set_defaults(func=cmd_config)
     p = sub.add_parser("plot", help="redraw the figure of one or more run directories")
     p.add_argument("run_dirs", nargs="+")
     p.add_argument("--out", help="output PNG (default RUN_DIR/plot.png)")

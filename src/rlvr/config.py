@@ -145,6 +145,24 @@ class Config:
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
+    def to_commented_yaml(self) -> str:
+        """YAML with each field's help as a comment: every setting, documented."""
+        lines: list[str] = []
+        _commented(self, "", lines)
+        return "\n".join(lines) + "\n"
+
+
+def _commented(obj: Any, indent: str, lines: list[str]) -> None:
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            lines.append(f"{indent}{f.name}:")
+            _commented(value, indent + "  ", lines)
+            continue
+        text = yaml.safe_dump({f.name: value}, default_flow_style=True, width=10**6).strip()[1:-1]
+        help_text = f.metadata.get("help", "")
+        lines.append(f"{indent}{text}" + (f"  # {help_text}" if help_text else ""))
+
 
 # ---------------------------------------------------------------- building
 
