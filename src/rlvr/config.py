@@ -250,10 +250,9 @@ def merge(base: dict, update: dict) -> dict:
     """Recursive dict merge: ``update`` wins; sections merge key by key."""
     out = dict(base)
     for key, value in update.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict) and key not in ("options",):
-            out[key] = merge(out[key], value)
-        elif isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = {**out[key], **value}
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            # options are free-form keyword dicts: merged one level deep, not recursively
+            out[key] = {**out[key], **value} if key == "options" else merge(out[key], value)
         else:
             out[key] = value
     return out

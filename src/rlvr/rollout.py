@@ -38,8 +38,8 @@ class Samples:
     def num_responses(self) -> int:
         return self.response_ids.shape[0]
 
-    def rows(self, index: torch.Tensor) -> "Samples":
-        """The responses at ``index`` [n] (token tensors only; ``responses`` is dropped)."""
+    def rows(self, index: torch.Tensor | slice) -> "Samples":
+        """The responses at ``index`` ([n] or a slice; token tensors only, ``responses`` dropped)."""
         lp = None if self.sample_log_probs is None else self.sample_log_probs[index]
         return Samples(
             responses=None,
@@ -101,12 +101,4 @@ class Task(Protocol):
 
     def eval_prompts(self) -> Any:
         """The fixed held-out prompts."""
-        ...
-
-    def rewards(self, prompts: Any, responses: Any) -> torch.Tensor:
-        """Rewards [B, G] float; NaN where the reward abstains."""
-        ...
-
-    def is_correct(self, prompts: Any, responses: Any) -> torch.Tensor:
-        """Gold check [B, G] bool: is the response right?"""
         ...

@@ -311,11 +311,13 @@ def skip_step(st: TrainState, module: torch.nn.Module, values: torch.Tensor, max
         )
 
 
-def micro_batches(samples: Samples, count: int) -> list[tuple[Any, Samples]]:
-    """(rows, samples at those rows) per micro-batch; the whole batch when count is 1."""
+def micro_batches(samples: Samples, count: int) -> list[tuple[slice, Samples]]:
+    """(rows, samples at those rows) per micro-batch: contiguous slices, so views, not copies."""
     if count == 1:
         return [(slice(None), samples)]
-    return [(rows, samples.rows(rows)) for rows in torch.arange(samples.num_responses).chunk(count)]
+    size = -(-samples.num_responses // count)  # ceil, as torch.chunk
+    return [(rows, samples.rows(rows)) for rows in
+            (slice(start, start + size) for start in range(0, samples.num_responses, size))]
 
 
 @torch.no_grad()
