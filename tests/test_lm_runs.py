@@ -116,6 +116,9 @@ def test_lm_micro_batching_gives_the_same_gradient(tiny_model, tmp_path, aggrega
         config = load_config(None, args)
         task, st = setup(config)
         rollout = collect_rollout(config, task, st)
+        # Fixed nonzero deltas: whether a random tiny model earns any reward depends on the
+        # machine's float rounding, and all-zero deltas would make every gradient 0.
+        rollout.deltas = torch.linspace(-1.0, 1.0, rollout.samples.num_responses)
         lengths = rollout.samples.response_mask.sum(dim=1)
         inner_step(config, st, rollout)
         return [p.grad.clone() for p in st.policy.module.parameters()], lengths

@@ -257,8 +257,10 @@ def test_gradient_checkpointing_gives_the_same_gradients(llama_dir):
 
     plain = grads(make_policy(llama_dir))
     checkpointed = grads(make_policy(llama_dir, gradient_checkpointing=True))
+    # Recomputing the forward may take other kernels: agreement to float32 rounding of
+    # the accumulated sums (gradients here are ~1e-2), not bit for bit.
     for a, b in zip(plain, checkpointed):
-        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
 def test_bad_settings_are_rejected(llama_dir):
