@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from rlvr.core import KL_ESTIMATORS, kl_penalty
+from rlvr.core import KL_ESTIMATORS, kl_loss_term, kl_penalty
 
 
 def _moments(log_pi, log_ref, estimator):
@@ -138,3 +138,72 @@ def test_zero_when_policy_equals_reference(estimator):
 def test_unknown_estimator():
     with pytest.raises(ValueError, match="allowed: k1, k2, k3"):
         kl_penalty(torch.zeros(1, 1), torch.zeros(1, 1), "k4")
+
+
+# --- gradients: which divergence each estimator minimises as a loss term -------------
+#
+# With theta the logits of pi and a ~ pi, a per-token term k(a) has expected gradient
+# E_pi[grad k(a)] = sum_a pi(a) grad k(a), pi held fixed (the sampling distribution does
+# not carry gradient). With l = log pi(a), d = log pi(a) - log ref(a):
+#   k1 = d:              E[grad l]             = 0 (score function)
+#   k2 = d^2 / 2:        E[d grad l]           = grad KL(pi || ref)
+#   k3 = e^-d + d - 1:   E[(1 - ref/pi) grad l] = -sum_a ref grad l = grad KL(ref || pi)
+# and the straight-through forms k1+, k3+ take k2's gradient.
+
+
+def _forward_kl(log_pi, log_ref):
+    return (log_pi.exp() * (log_pi - log_ref)).sum()
+
+
+def _reverse_kl(log_pi, log_ref):
+    return (log_ref.exp() * (log_ref - log_pi)).sum()
+
+
+GRADIENT_TARGET = {
+    "k1": lambda log_pi, log_ref: 0.0 * log_pi.sum(),
+    "k2": _forward_kl,
+    "k3": _reverse_kl,
+    "k1+": _forward_kl,
+    "k3+": _forward_kl,
+}
+
+
+def _expected_gradient(theta, log_ref, estimator):
+    """sum_a pi(a) grad k(a) over the K actions, exactly (pi detached: it is the sampler)."""
+    log_pi = torch.log_softmax(theta, 0)
+    values = kl_penalty(log_pi, log_ref, estimator)
+    (grad,) = torch.autograd.grad((log_pi.exp().detach() * values).sum(), theta)
+    return grad
+
+
+@pytest.mark.parametrize("scale", [0.3, 1.0, 3.0])
+@pytest.mark.parametrize("estimator", list(GRADIENT_TARGET))
+def test_expected_gradient_is_the_gradient_of_its_divergence(estimator, scale):
+    log_pi, log_ref = _pair(scale)
+    theta = log_pi.clone().requires_grad_()  # softmax(theta) = pi
+    (target,) = torch.autograd.grad(GRADIENT_TARGET[estimator](torch.log_softmax(theta, 0), log_ref), theta,
+                                    allow_unused=True)
+    torch.testing.assert_close(_expected_gradient(theta, log_ref, estimator), target, rtol=1e-10, atol=1e-12)
+    # The check can tell the divergences apart: forward and reverse gradients differ by
+    # a good fraction of their size, and neither is 0.
+    (fwd,) = torch.autograd.grad(_forward_kl(torch.log_softmax(theta, 0), log_ref), theta)
+    (rev,) = torch.autograd.grad(_reverse_kl(torch.log_softmax(theta, 0), log_ref), theta)
+    assert (fwd - rev).norm() > 0.05 * fwd.norm() > 0
+
+
+@pytest.mark.parametrize("plus, base", [("k1+", "k1"), ("k3+", "k3")])
+def test_straight_through_forms_have_the_base_value_exactly(plus, base):
+    log_pi, log_ref = _pair(1.0)
+    log_pi = log_pi.clone().requires_grad_()
+    assert torch.equal(kl_penalty(log_pi, log_ref, plus), kl_penalty(log_pi, log_ref, base))
+    # ... and k2's per-token gradient: d k2 / d log pi = log pi - log ref.
+    (grad,) = torch.autograd.grad(kl_penalty(log_pi, log_ref, plus).sum(), log_pi)
+    torch.testing.assert_close(grad, (log_pi - log_ref).detach(), rtol=1e-14, atol=0)
+
+
+def test_k1_refused_as_a_loss_term():
+    log_pi, log_ref = _pair(1.0)
+    with pytest.raises(ValueError, match="zero in expectation.*k1\\+"):
+        kl_loss_term(log_pi, log_ref, "k1")
+    for estimator in ("k1+", "k2", "k3", "k3+"):
+        assert torch.equal(kl_loss_term(log_pi, log_ref, estimator), kl_penalty(log_pi, log_ref, estimator))

@@ -1,7 +1,7 @@
 """Pure tensor math of policy-gradient RL: no models, no I/O."""
 
 from rlvr.core.advantages import DELTA_MODES, compute_deltas
-from rlvr.core.kl import KL_ESTIMATORS, kl_penalty
+from rlvr.core.kl import KL_ESTIMATORS, KL_LOSS_ESTIMATORS, kl_loss_term, kl_penalty
 from rlvr.core.logprobs import token_log_probs
 from rlvr.core.losses import (
     AGGREGATIONS,
@@ -17,11 +17,13 @@ __all__ = [
     "AGGREGATIONS",
     "DELTA_MODES",
     "KL_ESTIMATORS",
+    "KL_LOSS_ESTIMATORS",
     "LOSS_MODES",
     "aggregate_loss",
     "aggregation_weights",
     "compute_deltas",
     "entropy_from_logits",
+    "kl_loss_term",
     "kl_penalty",
     "masked_mean",
     "masked_normalize",

@@ -1,28 +1,47 @@
-"""Per-token estimators of KL(pi || pi_ref) from samples of pi.
+"""Per-token estimators of KL(pi || pi_ref) from samples of pi, and their gradients.
 
 With tokens sampled from pi and r = pi_ref(a) / pi(a):
   k1 = log pi - log pi_ref = -log r      unbiased, high variance, can be negative
   k2 = (log r)^2 / 2                     biased, low variance, >= 0
   k3 = r - log r - 1                     unbiased (E_pi[r] = 1), >= 0, low variance
+  k1+ = k1's value, k2's gradient        (straight-through; verl's "k1+")
+  k3+ = k3's value, k2's gradient        (straight-through; verl's "k3+")
 k3 is the lecture's low-variance form.
+
+As a loss term the value is not what is minimised: the gradient is differentiated
+through the sampled tokens, with pi as the sampler held fixed, so the expected gradient
+E_pi[grad k(a)] is (test_kl.py checks each by exact enumeration):
+  k1:           E_pi[grad log pi] = 0           does nothing; k1 belongs in the reward
+  k2, k1+, k3+: grad KL(pi || ref)              the divergence the values estimate
+  k3:           grad KL(ref || pi)              the reverse divergence (mass-covering)
 """
 
 from __future__ import annotations
 
 import torch
 
-KL_ESTIMATORS = ("k1", "k2", "k3")
+KL_ESTIMATORS = ("k1", "k2", "k3", "k1+", "k3+")
+# Those whose expected gradient minimises a KL; k1's is zero, so it cannot be a loss term.
+KL_LOSS_ESTIMATORS = ("k1+", "k2", "k3", "k3+")
 
 
 def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
     """Per-token KL estimate; log_probs, ref_log_probs: [N, T] -> [N, T].
 
-    log r is clamped to [-20, 20] inside k3 so that exp never overflows: a token the
-    reference finds e^20 times likelier than the policy is already a huge penalty.
+    Values for every estimator, gradients as in the module docstring; for a loss term
+    use ``kl_loss_term``, which refuses k1. log r is clamped to [-20, 20] inside k3 so
+    that exp never overflows: a token the reference finds e^20 times likelier than the
+    policy is already a huge penalty.
     """
     if estimator not in KL_ESTIMATORS:
         raise ValueError(f"unknown KL estimator {estimator!r}; allowed: {', '.join(KL_ESTIMATORS)}")
     log_ratio = ref_log_probs - log_probs  # log r = log(pi_ref / pi)
+    if estimator.endswith("+"):
+        # Straight-through: the unbiased value is logged, k2's gradient (that of
+        # KL(pi || ref)) is followed. k2 - k2.detach() is exactly 0, so the value is the
+        # base estimator's to the bit.
+        k2 = 0.5 * log_ratio.square()
+        return kl_penalty(log_probs, ref_log_probs, estimator[:-1]).detach() + (k2 - k2.detach())
     if estimator == "k1":
         return -log_ratio
     if estimator == "k2":
@@ -31,3 +50,18 @@ def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, estimator: 
     # expm1 keeps the small-|log r| terms accurate; exp(x) - x - 1 rounds to -6e-8 in
     # float32 for many small x. The clamp makes the k3 >= 0 guarantee exact.
     return (torch.expm1(log_ratio) - log_ratio).clamp(min=0.0)
+
+
+def kl_loss_term(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, estimator: str) -> torch.Tensor:
+    """``kl_penalty`` for adding to the per-token loss, [N, T] -> [N, T]; refuses k1.
+
+    k1's expected gradient is E_pi[grad log pi] = 0: as a loss term it moves nothing
+    toward the reference, however large its coefficient.
+    """
+    if estimator not in KL_LOSS_ESTIMATORS:
+        raise ValueError(
+            f"KL estimator {estimator!r} cannot be a loss term: its gradient is zero in expectation "
+            f"(E_pi[grad log pi] = 0); use one of {', '.join(KL_LOSS_ESTIMATORS)} "
+            "(k1+: k1's value with k2's gradient, the gradient of KL(pi||ref))"
+        )
+    return kl_penalty(log_probs, ref_log_probs, estimator)

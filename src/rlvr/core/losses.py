@@ -80,7 +80,9 @@ def aggregate_loss(
                          (GRPO paper; long responses weigh less per token)
     token_mean:          sum over all tokens / number of tokens (DAPO)
     seq_mean_token_sum:  sum over each response's tokens / normalizer, then mean over
-                         responses (Dr. GRPO; normalizer defaults to T, the max length)
+                         responses (Dr. GRPO). None: T, this batch's padded width; pass a
+                         constant (the trainer passes the longest possible response) so
+                         a token's weight does not depend on the batch's longest response.
     """
     if mode not in AGGREGATIONS:
         raise ValueError(f"unknown aggregation {mode!r}; allowed: {', '.join(AGGREGATIONS)}")
@@ -96,7 +98,8 @@ def aggregate_loss(
 
 
 def _normalizer(max_len: int, normalizer: float | None) -> float:
-    """Dr. GRPO's constant: the given one, else T (1 when T = 0: there is nothing to sum)."""
+    """Dr. GRPO's constant: the given one, else the batch's width T (1 when T = 0:
+    there is nothing to sum)."""
     if normalizer is None:
         return float(max(max_len, 1))
     if normalizer <= 0:
