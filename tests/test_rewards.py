@@ -7,8 +7,11 @@ import itertools
 import logging
 import math
 import os
+import signal
+import sys
 import time
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -64,6 +67,52 @@ def not_a_list_reward(prompts, completions, **kwargs):
 
 def unpicklable_reward(prompts, completions, **kwargs):
     return [lambda: 1.0 for _ in completions]
+
+
+class RaisingFloat(float):
+    def __float__(self):
+        raise ValueError("no float")
+
+
+class RaisingRepr:
+    def __repr__(self):
+        raise RuntimeError("no repr")
+
+
+class NanRaisingRepr(float):
+    def __repr__(self):
+        raise RuntimeError("no repr")
+
+
+def odd_values_reward(prompts, completions, **kwargs):
+    values = {"float": RaisingFloat(1.0), "repr": RaisingRepr(), "nan repr": NanRaisingRepr(NAN)}
+    return [values.get(c, 1.0) for c in completions]
+
+
+def escaping_reward(prompts, completions, where, **kwargs):
+    """Tries to end the process or move it, by completion text; "pid" scores the process id."""
+    out = []
+    for c in completions:
+        if c == "exit":
+            sys.exit(0)
+        if c == "interrupt":
+            raise KeyboardInterrupt
+        if c == "chdir":
+            os.chdir(where[0])
+        out.append(float(os.getpid()) if c == "pid" else 1.0)
+    return out
+
+
+def array_reward(prompts, completions, form, **kwargs):
+    """len(completion) for each completion, as the container ``form`` names."""
+    values = [float(len(c)) for c in completions]
+    if form[0] == "numpy array":
+        return np.array(values)
+    if form[0] == "tensor":
+        return torch.tensor(values)
+    # 0-d tensors, 0-d arrays and numpy scalars, in turn
+    makers = [torch.tensor, np.array, np.float32]
+    return [makers[i % 3](value) for i, value in enumerate(values)]
 
 
 # combine_rewards
@@ -262,6 +311,68 @@ def test_columns_must_align():
         runner(["p", "p"], ["a", "b"], {"answer": ["x"]})
 
 
+def test_values_whose_float_or_repr_raise_are_invalid(caplog):
+    runner = RewardRunner([RewardSpec(odd_values_reward)])
+    with caplog.at_level(logging.WARNING, logger="rlvr.rewards"):
+        result = runner(["p"] * 4, ["ok", "float", "repr", "nan repr"])
+    stats = result.stats["odd_values_reward"]
+    assert (stats.scored, stats.invalid) == (1, 3)
+    assert result.rewards[0] == 1.0 and torch.isnan(result.rewards[1:]).all()
+    messages = "\n".join(r.getMessage() for r in caplog.records)
+    assert "returned 1.0 (RaisingFloat), which raised ValueError when converted to a float on completion 1" in messages
+    for completion, message in [
+        ("float", "raised ValueError when converted"),
+        ("repr", r"returned a RaisingRepr \(its repr raised RuntimeError\), not a number"),
+        ("nan repr", "returned nan, not a finite number"),
+    ]:
+        with pytest.raises(RewardError, match=message):
+            RewardRunner([RewardSpec(odd_values_reward)], strict=True)(["p"], [completion])
+
+
+def test_exit_interrupt_and_chdir_in_process_are_errors(tmp_path, monkeypatch):
+    monkeypatch.chdir(os.getcwd())  # restores the directory after the test, should the runner not
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: None)  # as under the trainer
+    try:
+        _exit_interrupt_and_chdir(tmp_path)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_interrupt_propagates_under_the_default_ctrl_c_handler():
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # library use, no rlvr handler
+    with pytest.raises(KeyboardInterrupt):
+        RewardRunner([RewardSpec(escaping_reward)])(["p"], ["interrupt"], {"where": ["."]})
+
+
+def _exit_interrupt_and_chdir(tmp_path):
+    cwd = os.getcwd()
+    runner = RewardRunner([RewardSpec(escaping_reward)])
+    completions = ["ok", "chdir", "exit", "interrupt"]
+    result = runner(["p"] * 4, completions, {"where": [str(tmp_path)] * 4})
+    assert os.getcwd() == cwd
+    stats = result.stats["escaping_reward"]
+    assert (stats.scored, stats.errors) == (1, 3)
+    assert result.rewards[0] == 1.0
+    strict = RewardRunner([RewardSpec(escaping_reward)], strict=True)
+    for completion, message in [
+        ("exit", "'escaping_reward' raised SystemExit on completion 0"),
+        ("interrupt", "'escaping_reward' raised KeyboardInterrupt on completion 0"),
+        ("chdir", f"'escaping_reward' changed the working directory on completion 0(.|\n)*{cwd}"),
+    ]:
+        with pytest.raises(RewardError, match=message):
+            strict(["p"], [completion], {"where": [str(tmp_path)]})
+        assert os.getcwd() == cwd
+
+
+@pytest.mark.parametrize("timeout", [None, 2.0])
+@pytest.mark.parametrize("form", ["numpy array", "tensor", "0-d values"])
+def test_arrays_and_zero_dim_values_are_accepted(form, timeout):
+    with RewardRunner([RewardSpec(array_reward, timeout=timeout)], num_workers=1) as runner:
+        result = runner(["p"] * 4, ["a", "bb", "ccc", "dddd"], {"form": [form] * 4})
+    assert result.stats["array_reward"].scored == 4
+    assert result.rewards.tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
 # worker processes
 
 
@@ -290,10 +401,21 @@ def test_worker_errors_and_deaths_are_counted():
             RewardRunner([RewardSpec(picky_reward, timeout=2.0)], strict=True)(["p"], ["zero"])
 
 
-def test_unpicklable_result_is_an_error_not_a_crash():
+def test_exit_and_interrupt_in_a_worker_are_errors_without_a_traceback(capfd, tmp_path):
+    with RewardRunner([RewardSpec(escaping_reward, timeout=5.0)], num_workers=1) as runner:
+        where = {"where": [str(tmp_path)] * 3}
+        first_pid = runner(["p"], ["pid"], {"where": [str(tmp_path)]}).rewards.tolist()
+        result = runner(["p"] * 3, ["interrupt", "exit", "pid"], where)
+    stats = result.stats["escaping_reward"]
+    assert (stats.errors, stats.scored) == (2, 1)
+    assert result.rewards[2:].tolist() == first_pid  # the same worker: neither ended it
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_unpicklable_result_is_judged_in_the_worker_not_a_crash():
     with RewardRunner([RewardSpec(unpicklable_reward, timeout=2.0)], num_workers=1) as runner:
         stats = runner(["p"], ["a"]).stats["unpicklable_reward"]
-        assert stats.errors == 1
+        assert stats.invalid == 1  # a function is not a number; only that verdict crosses the pipe
 
 
 def test_chunks_that_raise_are_retried_per_completion():

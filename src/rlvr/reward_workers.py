@@ -1,28 +1,70 @@
 """Running reward calls: in-process, or in worker processes each call under a time limit.
 
-The outcome of one call (a slice of the batch) is a tuple:
-  ("ok", returned value)                the function returned (its value not yet checked)
-  ("error", exception type, traceback)  it raised, or its worker died
-  ("timeout",)                          it ran past its limit; its worker was killed
-``judge_outcome`` turns an outcome into what each completion of the call gets. Why
-workers, and how they start (fork, spawn, forkserver): see ``rlvr.rewards``.
+The outcome of one call (a slice of the batch) is a tuple of plain data:
+  ("ok", judged)           the function returned; ``judged`` holds (kind, value, what,
+                           detail) for each completion, from ``judge_values``
+  ("error", what, detail)  it raised, changed the working directory, or its worker died
+  ("timeout",)             it ran past its limit; its worker was killed
+``judge_outcome`` turns an outcome into what each completion of the call gets.
+
+A call must not end or move its caller. ``call_reward`` catches SystemExit and a plain
+KeyboardInterrupt from the function as errors of that function, like any exception:
+under the trainer the first Ctrl-C only sets a stop flag, so a plain KeyboardInterrupt
+comes from the function itself. Two kinds propagate: the trainer's own stop (a
+subclass its handler raises on a second signal), and any KeyboardInterrupt while
+Python's default SIGINT handler is installed (library use: a real Ctrl-C). A function
+that changes the working directory has it restored, and the call counts as an error. A returned value is judged where it is produced, in the worker, so
+only floats and strings come back: no user object is unpickled in the trainer.
+Messages go through plain ``pickle``, not multiprocessing's pickler, where torch
+registers reducers that share a tensor by passing its file descriptor through a
+server whose socket lives in a ``pymp-*`` temp folder (left behind when the worker
+is killed).
+
+Nothing a pool starts outlives the trainer, however the trainer ends (SIGKILL too):
+  * each worker leads its own process group, and a worker is stopped (timeout, close)
+    by killing its group, so the processes its calls started die with it (unless
+    they left the group, e.g. with ``start_new_session``);
+  * every process forked from the trainer closes the trainer's ends of the pipes at
+    once (``os.register_at_fork``), so an idle worker reads EOF and exits when the
+    trainer is gone;
+  * on Linux a worker asks the kernel to SIGKILL it when its parent dies
+    (``PR_SET_PDEATHSIG``), which stops it even mid-call. The kernel ties this to the
+    thread that started the worker: a runner called from a thread that then ends loses
+    its workers, which are replaced (a call in flight counts as an error);
+  * a reaper, a small Python process in a session of its own (out of reach of Ctrl-C
+    and of signals to the trainer's group), is told each worker's group through a
+    pipe and kills those groups when the pipe reads EOF, which is when the trainer
+    exits or dies. It is what stops a call's children when the trainer is SIGKILLed,
+    and it stops the workers too where there is no ``PR_SET_PDEATHSIG`` (macOS). With
+    "forkserver" it also removes the trainer's ``pymp-*`` folder, where the server's
+    socket lives and which only a clean exit of the trainer removes.
+Why workers, and how they start (fork, spawn, forkserver): see ``rlvr.rewards``.
 """
 
 from __future__ import annotations
 
 import collections
+import ctypes
+import io
 import math
 import multiprocessing
+import multiprocessing.util
 import numbers
+import os
 import pickle
 import signal
+import subprocess
+import sys
 import time
 import traceback
+import weakref
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
 RewardFn = Callable[..., Sequence[Any]]
+
+_CAUGHT = (Exception, SystemExit, KeyboardInterrupt)  # what user code may raise without ending its caller
 
 
 class RewardError(RuntimeError):
@@ -30,11 +72,30 @@ class RewardError(RuntimeError):
 
 
 def call_reward(fn: RewardFn, prompts: list, completions: list, columns: dict[str, list]) -> tuple:
-    """("ok", returned value) or ("error", exception type, traceback) of one call."""
+    """The outcome of one call run in this process: ("ok", judged) or ("error", what, detail)."""
+    cwd = _getcwd()
     try:
-        return ("ok", fn(prompts=prompts, completions=completions, **columns))  # keywords, as TRL calls
-    except Exception as exc:  # not swallowed: the runner counts it, logs it once or raises it (strict)
-        return ("error", type(exc).__qualname__, traceback.format_exc())
+        returned = fn(prompts=prompts, completions=completions, **columns)  # keywords, as TRL calls
+    except _CAUGHT as exc:  # not swallowed: the runner counts it, logs it once or raises it (strict)
+        if isinstance(exc, KeyboardInterrupt) and (
+            type(exc) is not KeyboardInterrupt  # the trainer's own stop (a second signal)
+            or signal.getsignal(signal.SIGINT) is signal.default_int_handler  # library use: a real Ctrl-C
+        ):
+            raise
+        outcome = ("error", f"raised {type(exc).__qualname__}", traceback.format_exc())
+    else:
+        outcome = ("ok", judge_values(returned, len(completions)))
+    if cwd is not None and _getcwd() != cwd:  # relative paths (the run's directory) would move with it
+        os.chdir(cwd)
+        outcome = ("error", "changed the working directory", f"restored to {cwd}")
+    return outcome
+
+
+def _getcwd() -> str | None:
+    try:
+        return os.getcwd()
+    except OSError:  # it was removed
+        return None
 
 
 def check_picklable(fn: RewardFn, name: str, start_method: str) -> None:
@@ -55,7 +116,22 @@ def judge_outcome(outcome: tuple, size: int) -> list[tuple[str, float, str, str]
         return [("timeouts", math.nan, "", "")] * size
     if outcome[0] == "error":
         return [("errors", math.nan, outcome[1], outcome[2])] * size
-    returned = outcome[1]
+    return outcome[1]
+
+
+def judge_values(returned: Any, size: int) -> list[tuple[str, float, str, str]]:
+    """(kind, value, what, detail) of each of ``size`` completions from what a call returned.
+
+    kind is "scored" (value a finite float), "abstained" (None) or "invalid" (what says
+    why). Accepted, as TRL accepts them: a list or tuple, or a 1-d numpy array or
+    tensor, of numbers, None, 0-d arrays or 0-d tensors.
+    """
+    try:
+        if getattr(returned, "ndim", None) == 1:  # a numpy array or a tensor
+            returned = returned.tolist()
+    except _CAUGHT as exc:  # the object's own code failed
+        what = f"returned {_describe(returned)}, which raised {type(exc).__qualname__} when converted to a list"
+        return [("invalid", math.nan, what, "")] * size
     if not isinstance(returned, (list, tuple)):
         return [("invalid", math.nan, f"returned a {type(returned).__name__}, not a list", "")] * size
     if len(returned) != size:
@@ -66,18 +142,100 @@ def judge_outcome(outcome: tuple, size: int) -> list[tuple[str, float, str, str]
 def _judge_value(value: Any) -> tuple[str, float, str, str]:
     if value is None:
         return ("abstained", math.nan, "", "")
-    if not isinstance(value, numbers.Real):  # bool, int, float and numpy scalars pass; str does not
-        return ("invalid", math.nan, f"returned {value!r:.60} ({type(value).__name__}), not a number", "")
     try:
+        if getattr(value, "ndim", None) == 0:  # a 0-d tensor or numpy array
+            value = value.item()
+        if not isinstance(value, numbers.Real):  # bool, int, float and numpy scalars pass; str does not
+            return ("invalid", math.nan, f"returned {_describe(value)}, not a number", "")
         as_float = float(value)
-    except OverflowError:  # an int past float range, whose repr may even be refused
-        return ("invalid", math.nan, f"returned an int of {int(value).bit_length()} bits, too large", "")
+    except _CAUGHT as exc:  # the value's own __float__ (or .item()) failed
+        if isinstance(exc, OverflowError) and isinstance(value, int):
+            return ("invalid", math.nan, f"returned an int of {int.bit_length(value)} bits, too large", "")
+        what = f"returned {_describe(value)}, which raised {type(exc).__qualname__} when converted to a float"
+        return ("invalid", math.nan, what, "")
     if not math.isfinite(as_float):
-        return ("invalid", math.nan, f"returned {value!r:.60}, not a finite number", "")
+        return ("invalid", math.nan, f"returned {as_float!r}, not a finite number", "")
     return ("scored", as_float, "", "")
 
 
+def _describe(value: Any) -> str:
+    """A value's repr (cut to 60 characters) and type, for a message; never raises."""
+    kind = type(value).__name__
+    try:
+        text = repr(value)
+    except _CAUGHT as exc:  # a user object's own __repr__, or an int too long to print
+        return f"a {kind} (its repr raised {type(exc).__qualname__})"
+    return f"{text:.60} ({kind})"
+
+
 _STARTUP_TIMEOUT = 60.0  # seconds a new worker may take to start (spawn re-imports torch)
+_POSIX = os.name == "posix"  # process groups, and the reaper; elsewhere workers are killed alone
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+# The trainer's ends of the worker and reaper pipes. A process forked from the trainer
+# closes its copies at once: were a worker to keep them, the other workers and the
+# reaper would not read EOF when the trainer dies.
+_trainer_ends: weakref.WeakSet = weakref.WeakSet()
+
+
+def _close_trainer_ends() -> None:
+    for end in list(_trainer_ends):
+        end.close()
+    _trainer_ends.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_trainer_ends)
+
+
+_REAPER = """
+import os, shutil, signal, sys
+groups = set()
+for line in sys.stdin.buffer:  # until EOF: the trainer closed the pool, exited or died
+    pgid = int(line)
+    (groups.add if pgid > 0 else groups.discard)(abs(pgid))
+for pgid in groups:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except OSError:
+        pass
+if len(sys.argv) > 1:  # the trainer's multiprocessing temp folder, which only its clean exit removes
+    shutil.rmtree(sys.argv[1], ignore_errors=True)
+"""
+
+
+class _Reaper:
+    """A process that kills the process groups it is told about once the trainer is gone,
+    and removes ``tempdir`` (a folder of the trainer's) if given."""
+
+    def __init__(self, tempdir: str | None) -> None:
+        read_end, write_end = os.pipe()
+        self._process = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _REAPER, *([tempdir] if tempdir else [])],
+            stdin=read_end,
+            start_new_session=True,
+        )
+        os.close(read_end)
+        self._pipe = io.FileIO(write_end, "w")  # unbuffered: nothing is left to flush in a fork
+        _trainer_ends.add(self._pipe)
+
+    def watch(self, pgid: int) -> None:
+        self._tell(f"{pgid}\n")
+
+    def forget(self, pgid: int) -> None:  # the group was killed: its id may be reused
+        self._tell(f"-{pgid}\n")
+
+    def close(self) -> None:
+        """Stop it without killing anything."""
+        self._process.kill()
+        self._process.wait()
+        self._pipe.close()
+
+    def _tell(self, line: str) -> None:
+        try:
+            self._pipe.write(line.encode())
+        except BrokenPipeError:  # it was killed; PR_SET_PDEATHSIG and EOF still stop the workers
+            pass
 
 
 class _Worker:
@@ -98,6 +256,9 @@ class WorkerPool:
     def __init__(self, fns: list[RewardFn | None], num_workers: int, start_method: str) -> None:
         self._context = multiprocessing.get_context(start_method)
         self._fns = fns
+        # a forkserver listens on a socket in multiprocessing's pymp-* temp folder
+        tempdir = multiprocessing.util.get_temp_dir() if start_method == "forkserver" else None
+        self._reaper = _Reaper(tempdir) if _POSIX else None
         self._workers = [self._start() for _ in range(num_workers)]
 
     def run(self, index: int, requests: list[tuple], timeout: float) -> list[tuple | None]:
@@ -119,31 +280,47 @@ class WorkerPool:
 
     def close(self) -> None:
         for worker in self._workers:
-            worker.process.kill()
-            worker.process.join()
-            worker.conn.close()
+            self._stop(worker)
         self._workers = []
+        if self._reaper is not None:
+            self._reaper.close()
+            self._reaper = None
 
     def _start(self) -> _Worker:
         parent_conn, child_conn = self._context.Pipe()
+        _trainer_ends.add(parent_conn)  # before the fork, so that the worker closes its copy too
+        # the process whose death kills the worker: a forkserver's child has the server as parent
+        parent = None if self._context.get_start_method() == "forkserver" else os.getpid()
         process = self._context.Process(
-            target=_worker_main, args=(child_conn, self._fns), name="rlvr-reward-worker", daemon=True
+            target=_worker_main, args=(child_conn, self._fns, parent), name="rlvr-reward-worker", daemon=True
         )
         process.start()
         child_conn.close()
+        if self._reaper is not None:
+            _lead_group(process.pid)  # here too, so that the group exists before it is watched or killed
+            self._reaper.watch(process.pid)
         return _Worker(process, parent_conn)
 
-    def _replace(self, slot: int) -> None:
-        worker = self._workers[slot]
+    def _stop(self, worker: _Worker) -> None:
+        """Kill a worker and every process in its group."""
+        if self._reaper is not None:
+            try:
+                os.killpg(worker.process.pid, signal.SIGKILL)
+            except ProcessLookupError:  # it has not made its group yet, so it started nothing
+                pass
+            self._reaper.forget(worker.process.pid)
         worker.process.kill()
         worker.process.join()
         worker.conn.close()
+
+    def _replace(self, slot: int) -> None:
+        self._stop(self._workers[slot])
         self._workers[slot] = self._start()
 
     def _send(self, slot: int, pending: collections.deque, request: tuple, timeout: float) -> None:
         worker = self._workers[slot]
         try:
-            worker.conn.send(request)
+            worker.conn.send_bytes(pickle.dumps(request))
         except OSError:  # it died while idle (e.g. killed for memory): the call goes to a new one
             self._replace(slot)
             return
@@ -168,7 +345,7 @@ class WorkerPool:
     def _receive(self, slot: int, outcomes: list[tuple | None]) -> None:
         worker = self._workers[slot]
         try:
-            message = worker.conn.recv()
+            message = pickle.loads(worker.conn.recv_bytes())
         except (EOFError, OSError):
             worker.process.join(timeout=1.0)
             code = worker.process.exitcode
@@ -177,7 +354,7 @@ class WorkerPool:
                     f"a reward worker exited while starting (exit code {code}); with "
                     "'spawn' or 'forkserver' every reward function must import in a fresh process"
                 ) from None
-            outcomes[worker.task] = ("error", "WorkerDied", f"its worker process died (exit code {code})")
+            outcomes[worker.task] = ("error", f"lost its worker process (exit code {code})", "")
             self._replace(slot)
             return
         if not worker.ready:  # the start-up message
@@ -187,17 +364,37 @@ class WorkerPool:
         worker.task, worker.deadline = None, math.inf
 
 
-def _worker_main(conn: Connection, fns: list[RewardFn | None]) -> None:
+def _lead_group(pid: int) -> None:
+    """Make process ``pid`` (0: this one) the leader of a new process group."""
+    try:
+        os.setpgid(pid, pid)
+    except OSError:  # from the trainer: the worker already did it and exec'd (spawn), or is not its child
+        pass
+
+
+def _die_with_parent(parent: int | None) -> None:
+    """Linux: have the kernel SIGKILL this process when its parent dies, even mid-call."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    except (OSError, AttributeError):  # no libc to call: the reaper and EOF still stop the worker
+        return
+    if parent is not None and os.getppid() != parent:  # it died before the prctl took hold
+        os._exit(0)
+
+
+def _worker_main(conn: Connection, fns: list[RewardFn | None], parent: int | None) -> None:
     """A worker's loop: receive (function index, arguments), send back the outcome."""
+    if _POSIX:
+        _lead_group(0)
+    _die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's; it stops its workers
-    conn.send(("ready",))
+    outcome: tuple = ("ready",)
     while True:
         try:
-            index, request = conn.recv()
-        except EOFError:  # the runner is gone
+            conn.send_bytes(pickle.dumps(outcome))
+            index, request = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):  # the trainer is gone (it may die while this worker starts)
             return
         outcome = call_reward(fns[index], *request)
-        try:
-            conn.send(outcome)
-        except Exception as exc:  # the result does not pickle: report that instead of dying
-            conn.send(("error", type(exc).__qualname__, f"could not send the result back: {exc}"))
