@@ -8,7 +8,8 @@ from rlvr.metrics import read_records, summary
 def test_train_writes_a_run_directory(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["train", f"out_dir={out}", "algo.epochs=20", "log.progress=false", "seed=1"]) == 0
-    assert {p.name for p in out.iterdir()} == {"config.yaml", "metrics.jsonl", "plot.png", "checkpoints", "samples.md"}
+    assert {p.name for p in out.iterdir()} == {"config.yaml", "metrics.jsonl", "plot.png", "checkpoints", "samples.md",
+                                              ".lock"}  # free once the run ends: flock dies with its process
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-000000100", "step-000000200"]
 
     records = read_records(out)

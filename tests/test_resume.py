@@ -1,5 +1,8 @@
-"""Checkpoints and resume: exact continuation, kills, corruption, Ctrl-C."""
+"""Checkpoints and resume: exact continuation, kills, corruption, Ctrl-C and SIGTERM,
+crafted checkpoints, changed configs, damaged metrics files."""
 
+import hashlib
+import json
 import os
 import random
 import signal
@@ -75,7 +78,9 @@ def test_half_written_checkpoint_is_ignored(tmp_path):
     assert checkpoint.name == "step-000000020" and payload["epoch"] == 2
 
 
-def test_sigint_stops_after_the_step_with_a_checkpoint_and_resumes_exactly(tmp_path):
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_stop_signal_stops_after_the_step_with_a_checkpoint_and_resumes_exactly(tmp_path, signum, code):
+    # SIGTERM is what schedulers and `docker stop` send: it must act like Ctrl-C.
     straight, out = tmp_path / "straight", tmp_path / "run"
     args = ["algo.epochs=400", "algo.inner_steps=7", "log.checkpoint_every=1000", *BASE]
     assert main(["train", f"out_dir={straight}", *args]) == 0
@@ -86,10 +91,10 @@ def test_sigint_stops_after_the_step_with_a_checkpoint_and_resumes_exactly(tmp_p
     # Signal as soon as training is under way (a few records written), well before the end.
     while (not metrics.exists() or metrics.read_text().count("\n") < 5) and time.time() < deadline:
         time.sleep(0.005)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
-    assert "resume=" in err
+    assert proc.returncode == code, err
+    assert "resume=" in err and signal.Signals(signum).name in err
     (checkpoint,) = list_checkpoints(out)
     _, payload = load_latest(out)
     train_records = [r for r in read_records(out) if r["kind"] == "train"]
@@ -137,3 +142,152 @@ def test_resume_from_the_middle_of_an_epoch(tmp_path):
 def test_resume_of_a_directory_without_a_run_is_a_clear_error(tmp_path, capsys):
     assert main(["train", f"resume={tmp_path}"]) == 2
     assert "no config.yaml" in capsys.readouterr().err
+
+
+def test_a_run_killed_before_its_first_checkpoint_resumes_from_the_start(tmp_path, monkeypatch):
+    # Killed in epoch 0 (no checkpoint yet): its config is there, its partial metrics are
+    # discarded, and resuming runs it from the beginning.
+    from rlvr import trainer
+    from rlvr.config import load_config
+    from rlvr.runs import run_training
+
+    class Killed(BaseException):
+        pass
+
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    args = ["algo.epochs=3", *BASE]
+    assert main(["train", f"out_dir={straight}", *args]) == 0
+    original, calls = trainer.inner_step, []
+
+    def die_at_the_fourth_step(config, st, rollout):
+        calls.append(1)
+        if len(calls) == 4:
+            raise Killed
+        return original(config, st, rollout)
+
+    monkeypatch.setattr(trainer, "inner_step", die_at_the_fourth_step)
+    with pytest.raises(Killed):
+        run_training(load_config(None, args + [f"out_dir={killed}"]))
+    monkeypatch.setattr(trainer, "inner_step", original)
+    assert not list_checkpoints(killed) and len(read_records(killed)) > 3
+    assert main(["train", f"resume={killed}"]) == 0
+    assert_same_run(straight, killed)
+
+
+class RunsCode:
+    """Unpickling this calls open(marker, "w"): a file that runs code when loaded."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+def rewrite_manifest(checkpoint):
+    files = sorted(p for p in checkpoint.rglob("*") if p.is_file() and p.name != "manifest.json")
+    manifest = {str(p.relative_to(checkpoint)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+    (checkpoint / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("kind, message", [
+    ("runs code", "refused"),
+    ("foreign", "not an rlvr trainer checkpoint"),
+])
+def test_a_crafted_or_foreign_checkpoint_is_refused_without_running_code(tmp_path, capsys, kind, message):
+    out, marker = tmp_path / "run", tmp_path / "marker"
+    assert main(["train", f"out_dir={out}", "algo.epochs=1", *BASE]) == 0
+    (checkpoint,) = list_checkpoints(out)
+    payload = {"policy": RunsCode(marker)} if kind == "runs code" else {"weights": torch.zeros(3)}
+    torch.save(payload, checkpoint / "trainer.pt")
+    rewrite_manifest(checkpoint)  # a valid manifest: the checksum cannot tell
+    with pytest.warns(UserWarning, match="skipping checkpoint"):
+        assert main(["train", f"resume={out}", "algo.epochs=2"]) == 2
+    assert not marker.exists()
+    assert message in capsys.readouterr().err
+
+
+def test_resume_refuses_config_changes_it_cannot_honour_by_name(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", f"out_dir={out}", "algo.epochs=2", *BASE]) == 0
+    count = len(read_records(out))
+    assert main(["train", f"resume={out}", "algo.epochs=4", "optim.lr=0.01", "policy.embedding_dim=12"]) == 2
+    err = capsys.readouterr().err
+    assert "resume cannot change policy.embedding_dim (was 10, now 12), optim.lr (was 0.001, now 0.01)" in err
+    assert "allowed on resume: algo.epochs" in err
+    assert len(read_records(out)) == count and not (out / "resumes.jsonl").exists()
+
+
+def test_resume_records_the_changes_it_accepts(tmp_path):
+    from rlvr.config import load_config
+
+    out = tmp_path / "run"
+    assert main(["train", f"out_dir={out}", "algo.epochs=2", *BASE]) == 0
+    assert main(["train", f"resume={out}", "algo.epochs=3", "log.eval_every=1"]) == 0
+    (entry,) = [json.loads(line) for line in (out / "resumes.jsonl").read_text().splitlines()]
+    assert entry["changes"] == {"algo.epochs": {"was": 2, "now": 3}, "log.eval_every": {"was": 2, "now": 1}}
+    assert (entry["epoch"], entry["step"]) == (2, 20)
+    saved = load_config(out / "config.yaml")
+    assert (saved.algo.epochs, saved.log.eval_every) == (3, 1)
+    assert [r["epoch"] for r in read_records(out) if r["kind"] == "eval"] == [0, 2, 3]
+
+
+def test_a_torn_last_metrics_line_is_dropped_by_resume_and_plot(tmp_path):
+    # A kill in the middle of a write leaves half a line at the end of metrics.jsonl.
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert main(["train", f"out_dir={straight}", "algo.epochs=4", *BASE]) == 0
+    assert main(["train", f"out_dir={split}", "algo.epochs=2", *BASE]) == 0
+    with (split / "metrics.jsonl").open("a") as f:
+        f.write('{"kind": "train", "epoch": 2, "st')
+    assert main(["plot", str(split)]) == 0
+    assert main(["train", f"resume={split}", "algo.epochs=4"]) == 0
+    assert_same_run(straight, split)
+
+
+def test_a_metrics_file_shorter_than_its_checkpoint_is_refused(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", f"out_dir={out}", "algo.epochs=2", *BASE]) == 0
+    metrics = out / "metrics.jsonl"
+    lines = metrics.read_text().splitlines(keepends=True)
+    metrics.write_text("".join(lines[:-3]))
+    assert main(["train", f"resume={out}", "algo.epochs=3"]) == 2
+    err = capsys.readouterr().err
+    assert f"metrics.jsonl holds {len(lines) - 3} records but checkpoint step-000000020 follows {len(lines)}" in err
+
+
+def test_a_mid_epoch_text_checkpoint_is_plain_data_and_resumes_exactly(tmp_path, monkeypatch):
+    # Text responses are lists of strings and the reward metrics ride along in the
+    # rollout: all of it must load with weights_only=True and continue exactly.
+    pytest.importorskip("transformers")
+    from rlvr import trainer
+    from rlvr.config import load_config
+    from rlvr.modeling import init_model
+    from rlvr.runs import run_training
+
+    model = tmp_path / "model"
+    init_model(model, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2, seed=0)
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    args = ["task.name=sort_text", "task.prompts_per_epoch=2", "task.options={num_digits: 3, num_eval: 4}",
+            "policy.name=causal_lm", f"policy.options={{model: '{model}', max_new_tokens: 5}}",
+            "algo.epochs=2", "algo.inner_steps=3", "algo.group_size=2", "algo.loss=clipped",
+            "rewards.functions=['rlvr.reward_faults:sometimes_nan']", "rewards.timeout=null",
+            "log.eval_samples=2", "log.progress=false", "log.plot=false", "seed=2"]
+    assert main(["train", f"out_dir={straight}", *args]) == 0
+    original, calls = trainer.inner_step, []
+
+    def stop_after_four(config, st, rollout):
+        record = original(config, st, rollout)
+        calls.append(1)
+        st.stop_requested = len(calls) == 4  # epoch 1, inner step 1 of 3
+        return record
+
+    monkeypatch.setattr(trainer, "inner_step", stop_after_four)
+    with pytest.raises(KeyboardInterrupt):
+        run_training(load_config(None, args + [f"out_dir={split}"]))
+    monkeypatch.setattr(trainer, "inner_step", original)
+    (checkpoint,) = list_checkpoints(split)
+    payload = torch.load(checkpoint / "trainer.pt", weights_only=True)
+    responses = payload["rollout"]["samples"]["responses"]
+    assert isinstance(responses[0][0], str) and payload["inner_step"] == 1
+    assert main(["train", f"resume={split}"]) == 0
+    assert_same_run(straight, split)

@@ -6,8 +6,13 @@ optimizer steps taken; it may fall inside an epoch, with that epoch's batch) hol
 models a ``model/`` folder that ``from_pretrained`` loads directly, and
 ``manifest.json`` with the SHA-256 of every file. It is written under a temporary
 name, flushed to disk and renamed, so a kill at any moment leaves the previous
-checkpoint whole; a checkpoint whose files do not match their manifest is skipped
-with a warning and the one before it is used.
+checkpoint whole; a write that fails (a full disk) removes its temporary folder. A
+checkpoint whose files do not match their manifest is skipped with a warning and the
+one before it is used.
+
+``trainer.pt`` holds only tensors and plain data (dicts, lists, numbers, strings) and
+is loaded with ``weights_only=True``: a run directory from someone else cannot run
+code on ``resume=`` (a checksum only says the file is the one the manifest names).
 """
 
 from __future__ import annotations
@@ -15,7 +20,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import random
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -47,13 +54,26 @@ def _fsync_tree(root: Path) -> None:
 
 
 def rng_state() -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    """The torch, python and numpy global RNG states as tensors and plain data."""
+    version, internal, gauss = random.getstate()
+    numpy_state = np.random.get_state(legacy=False)  # {"state": {"key": uint32 [624], "pos"}, ...}
+    return {
+        "torch": torch.get_rng_state(),
+        "python": {"version": version, "internal": list(internal), "gauss": gauss},
+        "numpy": {"key": torch.from_numpy(numpy_state["state"]["key"].astype(np.int64)),
+                  "pos": int(numpy_state["state"]["pos"]),
+                  "has_gauss": int(numpy_state["has_gauss"]), "gauss": float(numpy_state["gauss"])},
+    }
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    python = state["python"]
+    random.setstate((python["version"], tuple(python["internal"]), python["gauss"]))
+    numpy = state["numpy"]
+    np.random.set_state({"bit_generator": "MT19937",
+                         "state": {"key": numpy["key"].numpy().astype(np.uint32), "pos": numpy["pos"]},
+                         "has_gauss": numpy["has_gauss"], "gauss": numpy["gauss"]})
 
 
 def save_pretrained(policy: Any, path: Path) -> bool:
@@ -70,9 +90,10 @@ def save_pretrained(policy: Any, path: Path) -> bool:
 
 
 def save_checkpoint(run_dir: Path, name: str, payload: dict[str, Any], policy: Any = None, keep: int = 2) -> Path:
-    """Write ``payload`` (torch-serialisable) and the policy's pretrained folder atomically.
+    """Write ``payload`` (tensors and plain data) and the policy's pretrained folder atomically.
 
-    Keeps the newest ``keep`` checkpoints. Returns the checkpoint directory.
+    Keeps the newest ``keep`` checkpoints. Returns the checkpoint directory. A write
+    that fails leaves no temporary folder behind (the error propagates).
     """
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
@@ -80,13 +101,17 @@ def save_checkpoint(run_dir: Path, name: str, payload: dict[str, Any], policy: A
     tmp = root / f".tmp-{name}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    torch.save(payload, tmp / "trainer.pt")
-    if policy is not None:
-        save_pretrained(policy, tmp / "model")
-    files = sorted(p for p in tmp.rglob("*") if p.is_file())
-    manifest = {str(p.relative_to(tmp)): _sha256(p) for p in files}
-    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    _fsync_tree(tmp)
+    try:
+        torch.save(payload, tmp / "trainer.pt")
+        if policy is not None:
+            save_pretrained(policy, tmp / "model")
+        files = sorted(p for p in tmp.rglob("*") if p.is_file())
+        manifest = {str(p.relative_to(tmp)): _sha256(p) for p in files}
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+        _fsync_tree(tmp)
+    except BaseException:  # a full disk, or a second Ctrl-C: no half-written folder stays
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)  # atomic: readers see the old set or the new, never half
@@ -121,17 +146,43 @@ def verify(checkpoint: Path) -> str | None:
     return None
 
 
-def load_latest(run_dir: Path) -> tuple[Path, dict[str, Any]]:
-    """The newest checkpoint that verifies and loads; older ones are tried in turn."""
+def load_payload(path: Path, keys: frozenset[str] | None = None) -> dict[str, Any]:
+    """``trainer.pt`` loaded as tensors and plain data only; with ``keys``, exactly those
+    keys. Raises CheckpointError saying what is wrong."""
+    try:
+        payload = torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as err:
+        named = re.search(r"GLOBAL (\S+)", str(err))
+        raise CheckpointError(
+            f"{path.name} holds objects other than tensors and plain data"
+            f"{f' (it names {named.group(1)})' if named else ''}; refused, as loading it could run code"
+        ) from err
+    except Exception as err:  # a damaged archive can raise many types
+        raise CheckpointError(f"{path.name} does not load ({type(err).__name__}: {err})") from err
+    if keys is not None:
+        found = set(payload) if isinstance(payload, dict) else set()
+        if found != keys:
+            missing, extra = sorted(keys - found), sorted(found - keys)
+            raise CheckpointError(f"{path.name} is not an rlvr trainer checkpoint "
+                                  f"(missing keys: {missing or 'none'}; unexpected keys: {extra or 'none'})")
+    return payload
+
+
+def load_latest(run_dir: Path, keys: frozenset[str] | None = None) -> tuple[Path, dict[str, Any]]:
+    """The newest checkpoint that verifies and loads (with ``keys``: exactly those keys);
+    older ones are tried in turn, each skipped one with a warning."""
     candidates = list_checkpoints(run_dir)
+    root = Path(run_dir) / "checkpoints"
     if not candidates:
-        raise CheckpointError(f"no checkpoint in {Path(run_dir) / 'checkpoints'}")
+        raise CheckpointError(f"no checkpoint in {root}")
+    problems = []
     for checkpoint in reversed(candidates):
         problem = verify(checkpoint)
         if problem is None:
             try:
-                return checkpoint, torch.load(checkpoint / "trainer.pt", weights_only=False)
-            except Exception as err:  # a corrupt pickle can raise many types
-                problem = f"trainer.pt does not load ({type(err).__name__}: {err})"
+                return checkpoint, load_payload(checkpoint / "trainer.pt", keys)
+            except CheckpointError as err:
+                problem = str(err)
         warnings.warn(f"skipping checkpoint {checkpoint}: {problem}", stacklevel=2)
-    raise CheckpointError(f"no usable checkpoint in {Path(run_dir) / 'checkpoints'} (all failed verification)")
+        problems.append(f"{checkpoint.name}: {problem}")
+    raise CheckpointError(f"no usable checkpoint in {root}: {'; '.join(problems)}")

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import signal
 import sys
 from pathlib import Path
 
-from rlvr.config import ConfigError, load_config
-from rlvr.metrics import plot_runs, read_records, summary
 from rlvr.checkpoint import CheckpointError
+from rlvr.config import ConfigError, load_config
 from rlvr.data import DataError
+from rlvr.metrics import plot_runs, read_records, summary
 from rlvr.rewards import RewardError
 from rlvr.runs import RunError, resume_config, run_training
 from rlvr.trainer import TrainingError
@@ -81,24 +82,25 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from rlvr.runs import prepare_run_dir
+    from rlvr.runs import new_run_dir, write_atomically
     from rlvr.sft import run_sft
 
     path, overrides = _split_args(args.items)
     config = load_config(path, overrides)
-    config.out_dir = str(prepare_run_dir(config))
-    (config.run_dir / "config.yaml").write_text(config.to_yaml())
 
     def show(record):
         if "eval_greedy_solve_rate" in record:
             print(f"sft step {record['step'] + 1}: loss {record['loss']:.4f}  "
                   f"held-out greedy solve rate {record['eval_greedy_solve_rate']:.3f}", flush=True)
 
-    try:
-        model_dir = run_sft(config, config.run_dir, on_record=show)
-    except BaseException:
-        shutil.rmtree(config.run_dir, ignore_errors=True)  # no half-written run is left behind
-        raise
+    with new_run_dir(config) as run_dir:
+        config.out_dir = str(run_dir)
+        try:
+            write_atomically(run_dir / "config.yaml", config.to_yaml())
+            model_dir = run_sft(config, run_dir, on_record=show)
+        except BaseException:
+            shutil.rmtree(run_dir, ignore_errors=True)  # no half-written run is left behind
+            raise
     print(f"model: {model_dir}  (use policy.options.model={model_dir} for RL)")
     return 0
 
@@ -117,7 +119,10 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    runs = {Path(d).name: read_records(Path(d)) for d in args.run_dirs}
+    try:
+        runs = {Path(d).name: read_records(Path(d)) for d in args.run_dirs}
+    except ValueError as err:  # a line that is not a record (a torn last line is skipped)
+        raise RunError(str(err)) from err
     out = Path(args.out) if args.out else Path(args.run_dirs[0]) / "plot.png"
     print(f"wrote {plot_runs(runs, out)}")
     return 0
@@ -196,9 +201,13 @@ def main(argv: list[str] | None = None) -> int:
     except RewardError as err:
         print(f"rlvr: reward error (rewards.strict=true): {err}", file=sys.stderr)
         return 4
-    except KeyboardInterrupt as err:
-        print(f"rlvr: interrupted{': ' + str(err) if str(err) else ''}", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:  # Ctrl-C, or runs.Stopped (SIGINT, SIGTERM): 128 + the signal
+        print(f"rlvr: {err}" if str(err) else "rlvr: interrupted", file=sys.stderr)
+        return 128 + getattr(err, "signum", signal.SIGINT)
+    except OSError as err:  # a filesystem error that no step above named
+        where = f" ({err.filename})" if err.filename else ""
+        print(f"rlvr: error: {err.strerror or err}{where}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -22,6 +23,11 @@ class JsonlSink:
     def __call__(self, record: Record) -> None:
         self._file.write(json.dumps(record, allow_nan=True) + "\n")
         self._file.flush()
+
+    def sync(self) -> None:
+        """Force the records written so far onto the disk (before a checkpoint counts them)."""
+        self._file.flush()
+        os.fsync(self._file.fileno())
 
     def close(self) -> None:
         self._file.close()
@@ -98,21 +104,28 @@ class ExperimentTrackerSink:
 
 
 def read_records(path: Path) -> list[Record]:
-    """Records from a ``metrics.jsonl`` file (or a run directory holding one)."""
+    """Records from a ``metrics.jsonl`` file (or a run directory holding one).
+
+    A torn last line (no newline, not JSON: a kill in the middle of a write) is left
+    out; any other line that is not a JSON record is a ValueError naming it.
+    """
     path = Path(path)
     if path.is_dir():
         path = path / "metrics.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"no metrics file at {path}")
-    records = []
     with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{number}: not a JSON record ({err.msg})") from err
+        lines = f.readlines()
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            if number == len(lines) and not line.endswith("\n"):
+                break  # torn
+            raise ValueError(f"{path}:{number}: not a JSON record ({err.msg})") from err
     return records
 
 

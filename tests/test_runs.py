@@ -1,0 +1,127 @@
+"""Run directories: one run at a time, what may change on resume, filesystem errors."""
+
+import errno
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import rlvr.checkpoint
+from rlvr.checkpoint import list_checkpoints
+from rlvr.cli import main
+from rlvr.config import ConfigError, load_config
+from rlvr.metrics import JsonlSink, read_records, without_timings
+
+BASE = ["log.progress=false", "log.plot=false", "seed=3"]
+
+
+def hold_lock(run_dir):
+    """Another process that holds RUN_DIR/.lock until its stdin closes."""
+    code = ("import fcntl, sys; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); "
+            "print('locked', flush=True); sys.stdin.read()")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(run_dir / ".lock")],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "locked\n"
+    return proc
+
+
+def test_a_run_directory_in_use_is_refused_and_free_once_its_holder_exits(tmp_path, capsys):
+    out, fresh = tmp_path / "run", tmp_path / "fresh"
+    assert main(["train", f"out_dir={out}", "algo.epochs=1", *BASE]) == 0
+    count = len(read_records(out))
+    fresh.mkdir()
+    holders = [hold_lock(out), hold_lock(fresh)]
+    try:
+        assert main(["train", f"resume={out}", "algo.epochs=2"]) == 2
+        assert f"run directory {out} is in use by another process" in capsys.readouterr().err
+        assert main(["train", f"out_dir={fresh}", "algo.epochs=1", *BASE]) == 2
+        assert f"run directory {fresh} is in use by another process" in capsys.readouterr().err
+    finally:
+        for proc in holders:
+            proc.communicate("")
+    assert len(read_records(out)) == count
+    # flock dies with its process: nothing stale is left to clean up.
+    assert main(["train", f"resume={out}", "algo.epochs=2"]) == 0
+
+
+def test_concurrent_starts_with_the_default_name_get_different_directories(tmp_path, monkeypatch):
+    # Two starts between claiming a directory and writing into it must not pick the same one.
+    from rlvr.runs import new_run_dir
+
+    monkeypatch.chdir(tmp_path)
+    config = load_config(None, ["name=x"])
+    (tmp_path / "runs" / "x-2").mkdir(parents=True)
+    (tmp_path / "runs" / "x-2" / "config.yaml").write_text("{}")  # taken: holds a run
+    with new_run_dir(config) as first, new_run_dir(config) as second:
+        assert (first, second) == (Path("runs/x"), Path("runs/x-3"))
+    with new_run_dir(config) as again:  # released and still empty: free again
+        assert again == Path("runs/x")
+
+
+def test_what_may_change_on_resume():
+    from rlvr.runs import resume_changes
+
+    stored = load_config(None, ["algo.epochs=10"])
+    changed = load_config(None, ["algo.epochs=20", "log.progress=false", "rewards.timeout=2", "threads=2"])
+    assert resume_changes(stored, changed) == {
+        "threads": {"was": 1, "now": 2},
+        "rewards.timeout": {"was": 10.0, "now": 2.0},
+        "algo.epochs": {"was": 10, "now": 20},
+        "log.progress": {"was": True, "now": False},
+    }
+    with pytest.raises(ConfigError, match=r"resume cannot change algo.group_size \(was 10, now 4\); allowed on resume: "):
+        resume_changes(stored, load_config(None, ["algo.group_size=4"]))
+    # A decaying learning rate is laid out over algo.epochs: its length cannot change.
+    cosine = load_config(None, ["optim.schedule=cosine"])
+    with pytest.raises(ConfigError, match="algo.epochs .* optim.schedule='cosine'"):
+        resume_changes(cosine, load_config(None, ["optim.schedule=cosine", "algo.epochs=200"]))
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file"])
+def test_an_out_dir_that_cannot_be_a_directory_is_one_clear_line(tmp_path, capsys, where):
+    file = tmp_path / "file"
+    file.write_text("not a directory")
+    out = file if where == "a file" else file / "run"
+    assert main(["train", f"out_dir={out}", "algo.epochs=1", *BASE]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"rlvr: error: cannot create run directory {out}: ") and err.count("\n") == 1
+    assert file.read_text() == "not a directory"
+
+
+def disk_full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_a_full_disk_while_checkpointing_leaves_no_partial_checkpoint_and_resumes(tmp_path, capsys, monkeypatch):
+    straight, out = tmp_path / "straight", tmp_path / "run"
+    args = ["algo.epochs=3", "log.checkpoint_every=1", *BASE]
+    assert main(["train", f"out_dir={straight}", *args]) == 0
+    save, calls = rlvr.checkpoint.torch.save, []
+
+    def full_on_the_second(payload, path):
+        calls.append(path)
+        if len(calls) == 2:
+            Path(path).write_bytes(b"half a file")
+            disk_full()
+        save(payload, path)
+
+    monkeypatch.setattr(rlvr.checkpoint.torch, "save", full_on_the_second)
+    assert main(["train", f"out_dir={out}", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rlvr: error: cannot write a checkpoint") and "No space left on device" in err
+    assert err.count("\n") == 1
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-000000010"]  # no .tmp-step-*
+    monkeypatch.setattr(rlvr.checkpoint.torch, "save", save)
+    assert main(["train", f"resume={out}"]) == 0
+    assert without_timings(read_records(out)) == without_timings(read_records(straight))
+    assert [p.name for p in list_checkpoints(out)] == ["step-000000020", "step-000000030"]
+
+
+def test_a_full_disk_while_writing_metrics_is_one_clear_line(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "run"
+    monkeypatch.setattr(JsonlSink, "__call__", disk_full)
+    assert main(["train", f"out_dir={out}", "algo.epochs=1", *BASE]) == 2
+    err = capsys.readouterr().err
+    assert err == f"rlvr: error: cannot write {out / 'metrics.jsonl'}: No space left on device\n"
