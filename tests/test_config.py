@@ -35,6 +35,8 @@ def test_yaml_round_trip_and_overrides(tmp_path):
         (["algo.clip_eps=1.5"], "algo.clip_eps=1.5 must be < 1"),
         (["algox.lr=1"], "unknown key 'algox'; did you mean 'algo'"),
         (["algo.epochs"], "is not key=value"),
+        (["optim.lr=1e999"], "optim.lr=inf must be a finite number"),  # a string to YAML 1.1, inf to float()
+        (["optim.lr=1" + "0" * 400], "optim.lr=1000"),  # an int past the float range
     ],
 )
 def test_invalid_configs_name_the_field(overrides, message):

@@ -78,3 +78,22 @@ def test_check_errors_get_the_line(tmp_path):
 
     with pytest.raises(DataError, match=re.escape(f"{path}:2: no final answer")):
         read_jsonl(path, REQUIRED, check=check)
+
+
+def test_line_over_the_size_limit_names_file_line_and_limit(tmp_path, monkeypatch):
+    """Limit 64 bytes (the real one is MiBs): a 64-byte line passes, 65 bytes do not,
+    and reading stops there instead of holding the whole line."""
+    import rlvr.data
+
+    monkeypatch.setattr(rlvr.data, "MAX_LINE_BYTES", 64)
+    fits = '{"question": "q", "answer": "' + "a" * 33 + '"}'  # 64 bytes
+    assert len(fits) == 64 and len(read_jsonl(write(tmp_path, fits + "\n" + fits), REQUIRED)) == 2
+    path = write(tmp_path, f'{fits}\n\n{fits[:-2]}a"}}\n')
+    with pytest.raises(DataError, match=re.escape(f"{path}:3: line longer than 64 bytes (rlvr.data.MAX_LINE_BYTES)")):
+        read_jsonl(path, REQUIRED)
+
+
+def test_deeply_nested_json_is_a_data_error(tmp_path):
+    path = write(tmp_path, '{"question": "q", "answer": "a"}\n' + "[" * 100_000 + "\n")
+    with pytest.raises(DataError, match=re.escape(f"{path}:2: invalid JSON (nested too deeply)")):
+        read_jsonl(path, REQUIRED)

@@ -230,7 +230,7 @@ def test_gsm8k_grpo_epoch_with_a_tiny_model(tmp_path):
             chars.update(row["question"] + row["answer"])
     model = tmp_path / "model"
     init_model(model, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
-               chars="".join(sorted(chars - {"<", ">"} | {"<", ">"})), max_positions=1024)
+               chars="".join(sorted(chars - {"<", ">"} | {"<", ">"})), max_positions=2048)
     out = tmp_path / "run"
     assert main(["train", f"out_dir={out}", "task.name=gsm8k", "task.prompts_per_epoch=2",
                  f"task.options={{train_path: '{data / 'train.jsonl'}', eval_path: '{data / 'test.jsonl'}', "

@@ -2,8 +2,8 @@
 
 import torch
 
-from rlvr.cli import main
 from rlvr.checkpoint import load_latest
+from rlvr.cli import main
 from rlvr.config import load_config
 from rlvr.policies.positional import PositionalPolicy
 from rlvr.trainer import setup, train

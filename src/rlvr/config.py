@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import warnings
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any, get_args, get_origin, get_type_hints
 
 import yaml
 
-from rlvr.core import AGGREGATIONS, DELTA_MODES, KL_ESTIMATORS, LOSS_MODES
+from rlvr.core import AGGREGATIONS, DELTA_MODES, KL_ESTIMATORS, KL_LOSS_ESTIMATORS, LOSS_MODES
 from rlvr.tasks.sorting import LECTURE_PROMPTS, REWARDS
 
 
@@ -23,19 +24,25 @@ class ConfigError(ValueError):
     """A configuration that cannot run; the message names the field."""
 
 
+# Sizes past which a run would exhaust memory (or processes) before doing any work. A
+# field's own limit is declared on it ("min"/"max" in its metadata); these bound products.
+MAX_RESPONSES = 2**16  # responses sampled at once: prompts x group_size, eval batch x eval_samples
+MAX_POSITIONAL_PARAMETERS = 2**24  # the positional toy model: 2 n D^2 + V D (64 MiB of float32)
+
+
 @dataclass
 class TaskConfig:
     name: str = field(default="sorting", metadata={"help": "task: sorting | sort_text | arithmetic | gsm8k"})
     reward: str = field(default="inclusion_ordering", metadata={"help": "sorting reward: " + " | ".join(REWARDS)})
-    num_numbers: int = field(default=3, metadata={"help": "numbers per prompt (n)"})
-    vocab_size: int = field(default=5, metadata={"help": "numbers are drawn from range(vocab_size)"})
+    num_numbers: int = field(default=3, metadata={"help": "numbers per prompt (n)", "max": 1024})
+    vocab_size: int = field(default=5, metadata={"help": "numbers are drawn from range(vocab_size)", "max": 4096})
     prompts: list | None = field(
         default_factory=lambda: [list(p) for p in LECTURE_PROMPTS],
         metadata={"help": "fixed prompts used every epoch and for evaluation; null to sample fresh ones"},
     )
     allow_repeats: bool = field(default=False, metadata={"help": "random prompts may repeat a number"})
     prompts_per_epoch: int = field(default=3, metadata={"help": "B: prompts sampled per epoch (random prompts)"})
-    eval_size: int = field(default=64, metadata={"help": "held-out prompts (random prompts)"})
+    eval_size: int = field(default=64, metadata={"help": "held-out prompts (random prompts)", "max": 2**14})
     options: dict = field(default_factory=dict, metadata={"help": "task-specific options (text tasks)"})
 
 
@@ -43,14 +50,19 @@ class TaskConfig:
 class RewardsConfig:
     functions: list = field(
         default_factory=list,
-        metadata={"help": "user reward functions: [{function: 'module:name', weight: 1.0, timeout: 5.0}]"},
+        metadata={"help": (
+            "user reward functions: [{function: 'module:name', weight: 1.0, timeout: 5.0, name: '', "
+            "required: false}]; required: a completion it does not score (error, timeout, invalid, "
+            "None) gets no reward (NaN) instead of the others' sum (text tasks only)"
+        )},
     )
     strict: bool = field(default=False, metadata={"help": "the first reward error is fatal (else: abstain and count)"})
     timeout: float | None = field(
         default=10.0,
         metadata={"help": "seconds per call of a user function, run in a worker killed past it (null: in-process, no limit)"},
     )
-    num_workers: int = field(default=2, metadata={"help": "reward worker processes (for functions with a timeout)"})
+    num_workers: int = field(default=2, metadata={"help": "reward worker processes (for functions with a timeout)",
+                                                  "max": 256})
 
 
 @dataclass
@@ -72,9 +84,12 @@ class AlgoConfig:
     clip_eps: float = field(default=0.2, metadata={"help": "clipped loss: lower clip range"})
     clip_eps_high: float | None = field(default=None, metadata={"help": "clipped loss: upper range (default clip_eps)"})
     aggregation: str = field(default="seq_mean_token_mean", metadata={"help": "loss aggregation: " + " | ".join(AGGREGATIONS)})
-    normalizer: float | None = field(default=None, metadata={"help": "seq_mean_token_sum divisor (default T)"})
+    normalizer: float | None = field(default=None, metadata={
+        "help": "seq_mean_token_sum divisor (default: the policy's longest possible response, e.g. max_new_tokens)"})
     kl_coef: float = field(default=0.0, metadata={"help": "KL penalty weight toward the reference (0: no reference)"})
-    kl_estimator: str = field(default="k3", metadata={"help": "KL estimator: " + " | ".join(KL_ESTIMATORS)})
+    kl_estimator: str = field(default="k3", metadata={
+        "help": "KL estimator: " + " | ".join(KL_ESTIMATORS) + "; as a loss its gradient minimises KL(pi||ref) for "
+        "k2, k1+, k3+ (k2's gradient), KL(ref||pi) for k3; k1's is zero (refused)"})
     ref_update_every: int = field(default=10, metadata={"help": "refresh the reference copy every K epochs"})
     adv_eps: float = field(default=1e-6, metadata={"help": "normalized deltas: std + eps"})
 
@@ -111,21 +126,23 @@ class LogConfig:
 @dataclass
 class SftConfig:
     steps: int = field(default=300, metadata={"help": "SFT optimizer steps (rlvr sft)"})
-    batch_size: int = field(default=32, metadata={"help": "SFT pairs per step"})
+    batch_size: int = field(default=32, metadata={"help": "SFT pairs per step", "max": MAX_RESPONSES})
     lr: float = field(default=1e-3, metadata={"help": "SFT learning rate"})
     max_grad_norm: float = field(default=1.0, metadata={"help": "SFT gradient clipping"})
     data: str | None = field(default=None, metadata={"help": "JSONL of {prompt, completion}; default: the task's examples"})
-    num_examples: int = field(default=2000, metadata={"help": "pairs drawn from the task when sft.data is unset"})
+    num_examples: int = field(default=2000, metadata={"help": "pairs drawn from the task when sft.data is unset",
+                                                      "max": 2**20})
     eval_every: int = field(default=50, metadata={"help": "held-out greedy accuracy every k steps"})
-    eval_size: int = field(default=50, metadata={"help": "held-out prompts used by SFT evaluation"})
+    eval_size: int = field(default=50, metadata={"help": "held-out prompts used by SFT evaluation", "max": 2**14})
 
 
 @dataclass
 class Config:
     name: str = field(default="lecture", metadata={"help": "run name (runs/<name> by default)"})
     out_dir: str | None = field(default=None, metadata={"help": "run directory (default runs/<name>)"})
-    seed: int = field(default=0, metadata={"help": "seed for prompts, sampling and initialisation"})
-    threads: int = field(default=1, metadata={"help": "torch CPU threads (0: torch's default)"})
+    seed: int = field(default=0, metadata={"help": "seed for prompts, sampling and initialisation",
+                                           "min": 0, "max": 2**32 - 1})  # numpy's seed range
+    threads: int = field(default=1, metadata={"help": "torch CPU threads (0: torch's default)", "min": 0, "max": 1024})
     deterministic: bool = field(default=False, metadata={"help": "torch deterministic algorithms (bitwise-equal reruns on GPU too)"})
     task: TaskConfig = field(default_factory=TaskConfig)
     rewards: RewardsConfig = field(default_factory=RewardsConfig)
@@ -176,6 +193,17 @@ def _suggest(key: str, options: list[str]) -> str:
     return f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(options)}"
 
 
+def _finite(value: Any) -> bool:
+    """Is ``value`` a finite real number? NaN passes every range check (all comparisons
+    are False) and no float setting means anything at infinity, so both are refused."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int past the float range
+        return False
+
+
 def _coerce(path: str, value: Any, hint: Any) -> Any:
     """Check ``value`` against the annotation ``hint``; ints are accepted for floats."""
     origin, args = get_origin(hint), get_args(hint)
@@ -185,14 +213,18 @@ def _coerce(path: str, value: Any, hint: Any) -> Any:
         hint = next(a for a in args if a is not type(None))
         origin, args = get_origin(hint), get_args(hint)
     base = origin or hint
-    if base is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if base is float and isinstance(value, str):
+    if base is float and isinstance(value, (int, float, str)) and not isinstance(value, bool):
         # YAML 1.1 reads "1e-3" (no dot) as a string; accept what float() accepts.
         try:
-            return float(value)
+            number = float(value)
         except ValueError:
-            pass
+            number = None
+        except OverflowError:  # an int past the float range
+            raise ConfigError(f"{path}={value!r} must be a finite number") from None
+        if number is not None:
+            if not _finite(number):
+                raise ConfigError(f"{path}={number!r} must be a finite number")
+            return number
     if base is bool and isinstance(value, bool):
         return value
     if base is int and isinstance(value, int) and not isinstance(value, bool):
@@ -228,6 +260,20 @@ def config_from_dict(data: dict) -> Config:
     return config
 
 
+def _load_yaml(text: str, where: str) -> Any:
+    """``text`` parsed as YAML; if it is not YAML, a one-line ConfigError naming ``where``."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{where}: not valid YAML ({err.problem or err.context}{at})") from err
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{where}: not valid YAML ({' '.join(str(err).split())})") from err
+    except RecursionError as err:  # the parser recurses once per level of nesting
+        raise ConfigError(f"{where}: not valid YAML (nested too deeply)") from err
+
+
 def parse_overrides(overrides: list[str]) -> dict:
     """``["algo.lr=1e-2", "task.prompts=null"]`` -> nested dict, values parsed as YAML."""
     data: dict = {}
@@ -235,7 +281,7 @@ def parse_overrides(overrides: list[str]) -> dict:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not key=value (e.g. algo.group_size=16)")
         key, raw = item.split("=", 1)
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = _load_yaml(raw, f"override {item!r}") if raw.strip() else ""
         node = data
         parts = key.strip().split(".")
         for part in parts[:-1]:
@@ -266,9 +312,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
         try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: not valid YAML: {err}") from err
+            text = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ConfigError(f"{path}: not valid UTF-8 ({err.reason} at byte {err.start})") from err
+        data = _load_yaml(text, str(path)) or {}
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: expected a mapping at the top level")
     if overrides:
@@ -290,7 +337,7 @@ def _positive(path: str, value: float, allow_zero: bool = False) -> None:
         raise ConfigError(f"{path}={value!r} must be {bound}")
 
 
-REWARD_FUNCTION_KEYS = ("function", "weight", "timeout", "name")
+REWARD_FUNCTION_KEYS = ("function", "weight", "timeout", "name", "required")
 
 
 def _validate_rewards(r: RewardsConfig) -> None:
@@ -309,11 +356,54 @@ def _validate_rewards(r: RewardsConfig) -> None:
         if not isinstance(item["function"], str) or item["function"].count(":") != 1:
             raise ConfigError(f"{path}.function={item['function']!r} must be 'module:function'")
         weight = item.get("weight", 1.0)
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)):
-            raise ConfigError(f"{path}.weight={weight!r} must be a number")
+        if not _finite(weight):
+            raise ConfigError(f"{path}.weight={weight!r} must be a finite number")
         timeout = item.get("timeout")
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
+        if timeout is not None and not (_finite(timeout) and timeout > 0):
             raise ConfigError(f"{path}.timeout={timeout!r} must be positive seconds or null")
+        if not isinstance(item.get("required", False), bool):
+            raise ConfigError(f"{path}.required={item['required']!r} must be true or false")
+
+
+def _check_limits(obj: Any, prefix: str = "") -> None:
+    """The "min" and "max" declared in each field's metadata, in every section."""
+    for f in fields(obj):
+        value, path = getattr(obj, f.name), prefix + f.name
+        if dataclasses.is_dataclass(value):
+            _check_limits(value, path + ".")
+            continue
+        low, high = f.metadata.get("min"), f.metadata.get("max")
+        if low is not None and value < low:
+            raise ConfigError(f"{path}={value!r} must be >= {low}")
+        if high is not None and value > high:
+            raise ConfigError(f"{path}={value!r} must be <= {high}")
+
+
+def _check_sorting_prompts(t: TaskConfig) -> None:
+    """Fixed sorting prompts: at least one, each ``num_numbers`` integers in [0, vocab_size)."""
+    if t.prompts is None:
+        return
+    if not t.prompts:
+        raise ConfigError("task.prompts=[] holds no prompt; give some, or null to sample fresh ones")
+    for i, prompt in enumerate(t.prompts):
+        numbers = prompt if isinstance(prompt, list) else []
+        if len(numbers) != t.num_numbers or not all(
+            isinstance(x, int) and not isinstance(x, bool) and 0 <= x < t.vocab_size for x in numbers
+        ):
+            raise ConfigError(f"task.prompts[{i}]={prompt!r} must be a list of task.num_numbers={t.num_numbers} "
+                              f"integers in [0, task.vocab_size={t.vocab_size})")
+
+
+def _check_positional_size(t: TaskConfig, p: PolicyConfig) -> None:
+    """The positional model's parameter count, 2 n D^2 (encode, decode) + V D (embedding)."""
+    _positive("policy.embedding_dim", p.embedding_dim)
+    size = 2 * t.num_numbers * p.embedding_dim**2 + t.vocab_size * p.embedding_dim
+    if size > MAX_POSITIONAL_PARAMETERS:
+        raise ConfigError(
+            f"policy.embedding_dim={p.embedding_dim} with task.num_numbers={t.num_numbers} and "
+            f"task.vocab_size={t.vocab_size}: the positional model would have {size:,} parameters; "
+            f"the limit is {MAX_POSITIONAL_PARAMETERS:,}"
+        )
 
 
 TASKS = ("sorting", "sort_text", "arithmetic", "gsm8k")
@@ -324,6 +414,7 @@ OPTIMIZERS = ("adam", "adamw")
 def validate(config: Config) -> None:
     """Reject configurations that cannot run; warn about ones that run but make no sense."""
     t, p, a, o, lg = config.task, config.policy, config.algo, config.optim, config.log
+    _check_limits(config)
     _choice("task.name", t.name, TASKS)
     _choice("policy.name", p.name, POLICIES)
     _choice("algo.deltas", a.deltas, DELTA_MODES)
@@ -339,6 +430,8 @@ def validate(config: Config) -> None:
             _positive(f"task.{key}", getattr(t, key))
         if t.num_numbers < 2:
             raise ConfigError(f"task.num_numbers={t.num_numbers} must be >= 2 to sort")
+        _check_sorting_prompts(t)
+        _check_positional_size(t, p)
     elif p.name == "positional":
         raise ConfigError(f"policy.name='positional' only fits task.name='sorting', not {t.name!r}")
     for key in ("epochs", "inner_steps", "group_size", "ref_update_every"):
@@ -348,11 +441,19 @@ def validate(config: Config) -> None:
             f"algo.group_size={a.group_size} with algo.deltas={a.deltas!r}: a group baseline needs G >= 2 "
             "(every delta would be 0); use deltas=raw or a larger group"
         )
+    _positive("algo.adv_eps", a.adv_eps)  # std + eps: 0 would divide 0 by 0 in a group of equal rewards
     _positive("policy.temperature", p.temperature)
     _positive("policy.embedding_std", p.embedding_std)
     _positive("optim.lr", o.lr)
     _positive("optim.weight_decay", o.weight_decay, allow_zero=True)
     _positive("algo.kl_coef", a.kl_coef, allow_zero=True)
+    if a.kl_coef > 0 and a.kl_estimator not in KL_LOSS_ESTIMATORS:
+        raise ConfigError(
+            f"algo.kl_estimator={a.kl_estimator!r} with algo.kl_coef={a.kl_coef}: as a loss term k1's gradient is "
+            f"zero in expectation, so the penalty does nothing; use one of {', '.join(KL_LOSS_ESTIMATORS)} "
+            "(k1+ / k3+: k1's / k3's value with k2's gradient, grad KL(pi||ref)). "
+            "k1 belongs in the reward, which is not supported yet"
+        )
     _positive("algo.clip_eps", a.clip_eps)
     if a.clip_eps >= 1:
         raise ConfigError(f"algo.clip_eps={a.clip_eps} must be < 1 (the ratio is clipped to [1 - eps, ...])")
@@ -362,7 +463,7 @@ def validate(config: Config) -> None:
         _positive("algo.normalizer", a.normalizer)
     if o.max_grad_norm is not None:
         _positive("optim.max_grad_norm", o.max_grad_norm)
-    if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
+    if len(o.betas) != 2 or not all(_finite(b) and 0 <= b < 1 for b in o.betas):
         raise ConfigError(f"optim.betas={o.betas!r} must be two numbers in [0, 1)")
     _positive("optim.micro_batches", o.micro_batches)
     _positive("optim.max_bad_steps", o.max_bad_steps)
@@ -379,10 +480,15 @@ def validate(config: Config) -> None:
     _validate_rewards(config.rewards)
     for key in ("steps", "batch_size", "lr", "max_grad_norm", "num_examples", "eval_every", "eval_size"):
         _positive(f"sft.{key}", getattr(config.sft, key))
-    if config.threads < 0:
-        raise ConfigError(f"threads={config.threads} must be >= 0")
     batch = len(t.prompts) if (t.name == "sorting" and t.prompts is not None) else t.prompts_per_epoch
     n = batch * a.group_size
+    if n > MAX_RESPONSES:
+        raise ConfigError(f"algo.group_size={a.group_size} x {batch} prompts = {n} responses per epoch; "
+                          f"the limit is {MAX_RESPONSES}")
+    eval_n = lg.eval_samples * lg.eval_batch_size
+    if eval_n > MAX_RESPONSES:
+        raise ConfigError(f"log.eval_samples={lg.eval_samples} x log.eval_batch_size={lg.eval_batch_size} = "
+                          f"{eval_n} responses sampled at once; the limit is {MAX_RESPONSES}")
     if n % o.micro_batches:
         raise ConfigError(
             f"optim.micro_batches={o.micro_batches} does not divide the {n} responses per epoch "

@@ -7,13 +7,18 @@ Every error names ``file:line`` and what was expected there, so a bad row in a
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 
 class DataError(ValueError):
     """A data file that cannot be used as it is; the message names file, line and problem."""
+
+
+# The longest line read, in bytes without its newline: a GSM8K row is under 2 KB, and a
+# line is read whole into memory (several times over, as JSON), so a runaway line stops here.
+MAX_LINE_BYTES = 8 * 2**20
 
 
 def read_jsonl(
@@ -30,8 +35,9 @@ def read_jsonl(
         ``DataError`` at that record's line.
     Returns the records (every column, not only the required ones), in file order.
     Blank lines are skipped. Raises ``DataError`` on a missing or empty file, a line
-    that is not valid UTF-8 or JSON, a line that is not an object, a missing column or
-    a value of the wrong type.
+    longer than ``MAX_LINE_BYTES``, a line that is not valid UTF-8 or JSON (nesting too
+    deep for the parser included), a line that is not an object, a missing column or a
+    value of the wrong type.
     """
     path = Path(path)
     if not path.is_file():
@@ -39,8 +45,10 @@ def read_jsonl(
     expected = ", ".join(f"{name}: {kind.__name__}" for name, kind in required.items())
     records = []
     with path.open("rb") as file:
-        for line_number, raw in enumerate(file, start=1):
+        for line_number, raw in enumerate(_lines(file, MAX_LINE_BYTES), start=1):
             where = f"{path}:{line_number}"
+            if raw is None:
+                raise DataError(f"{where}: line longer than {MAX_LINE_BYTES} bytes (rlvr.data.MAX_LINE_BYTES)")
             record = _parse_line(raw, where)
             if record is None:
                 continue
@@ -56,6 +64,13 @@ def read_jsonl(
     return records
 
 
+def _lines(file: BinaryIO, limit: int) -> Iterator[bytes | None]:
+    """The lines of ``file``; None for a line over ``limit`` bytes (newline not counted),
+    of which at most ``limit + 1`` bytes are read."""
+    while raw := file.readline(limit + 1):
+        yield None if len(raw) > limit and not raw.endswith(b"\n") else raw
+
+
 def _parse_line(raw: bytes, where: str) -> dict[str, Any] | None:
     """One line's JSON object, or None for a blank line."""
     try:
@@ -68,6 +83,8 @@ def _parse_line(raw: bytes, where: str) -> dict[str, Any] | None:
         record = json.loads(text)
     except json.JSONDecodeError as exc:
         raise DataError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from exc
+    except RecursionError as exc:  # the parser recurses once per nested array or object
+        raise DataError(f"{where}: invalid JSON (nested too deeply)") from exc
     if not isinstance(record, dict):
         raise DataError(f"{where}: expected a JSON object, got {_json_type(record)}")
     return record

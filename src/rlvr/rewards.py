@@ -18,6 +18,14 @@ nansum) but gives 0.0 when every function abstains; here that case stays NaN so 
 trainer leaves the completion out of its group instead of scoring it 0. A weight of
 0 computes and reports a function (a metric) without making it part of the reward.
 
+Required functions. A spec with ``required=True`` (a task's answer check; a user
+function with ``required: true``) must score a completion for it to have a reward:
+when it does not (an error, a timeout, an invalid value, or a deliberate None), the
+completion's combined reward is NaN, whatever the others scored. Without the answer's
+verdict the other terms (format, length) would rank the completion against its group
+on a different scale. A required function with weight 0 still gates. Any other
+function that does not score only drops its own term.
+
 Safe execution (``RewardRunner``). A reward function is user code that sees model
 output, so it may raise, hang, or return garbage:
   * raises on a completion: that completion abstains for that function, counted as an
@@ -79,12 +87,16 @@ class RewardSpec:
     name:    its name in metrics and errors; defaults to the function's ``__name__``.
     timeout: seconds one call may take, enforced by running the function in a worker
              process that is killed past it; None runs it in-process, unlimited.
+    required: when this function does not score a completion (error, timeout, invalid
+             value or None), the completion's combined reward abstains (NaN) instead
+             of combining the others.
     """
 
     fn: RewardFn
     weight: float = 1.0
     name: str = ""
     timeout: float | None = None
+    required: bool = False
 
     def __post_init__(self) -> None:
         if not callable(self.fn):
@@ -122,7 +134,8 @@ class RewardStats:
 class RewardResult:
     """Rewards of a batch, combined and per function.
 
-    rewards:      [N] float32 (or [B, G] from ``score_groups``), NaN = abstain.
+    rewards:      [N] float32 (or [B, G] from ``score_groups``), NaN = abstain (no function
+                  left to combine, or a required one did not score).
     per_function: [N, F] float32 (or [B, G, F]), column f from the f-th spec, NaN = abstain.
     stats:        function name -> its RewardStats, in spec order.
     """
@@ -148,16 +161,23 @@ class RewardResult:
         return out
 
 
-def combine_rewards(per_function: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+def combine_rewards(
+    per_function: torch.Tensor, weights: torch.Tensor, required: torch.Tensor | None = None
+) -> torch.Tensor:
     """Weighted sum over the functions that scored each completion.
 
-    per_function: [..., F] rewards, NaN = abstain. weights: [F].
-    combined = sum_f w_f * r_f over f with r_f not NaN and w_f != 0; NaN where no f is
-    left (everything abstained). Returns [...], the dtype of ``per_function``.
+    per_function: [..., F] rewards, NaN = abstain. weights: [F]. required: [F] bool,
+    default none. combined = sum_f w_f * r_f over f with r_f not NaN and w_f != 0; NaN
+    where no f is left (everything abstained) or where a required f is NaN.
+    Returns [...], the dtype of ``per_function``.
     """
-    counted = ~torch.isnan(per_function) & (weights != 0)  # [..., F]
+    abstained = torch.isnan(per_function)  # [..., F]
+    counted = ~abstained & (weights != 0)  # [..., F]
     total = torch.where(counted, per_function * weights, 0.0).sum(dim=-1)
-    return torch.where(counted.any(dim=-1), total, torch.nan)
+    kept = counted.any(dim=-1)
+    if required is not None:
+        kept &= ~(abstained & required).any(dim=-1)
+    return torch.where(kept, total, torch.nan)
 
 
 def load_reward_function(path: str) -> RewardFn:
@@ -203,7 +223,7 @@ def load_reward_function(path: str) -> RewardFn:
 class _Failure(NamedTuple):
     sample: int  # index of the completion in the batch
     kind: str  # "errors", "timeouts" or "invalid"
-    what: str  # the exception type, or the bad return value described
+    what: str  # what went wrong: "raised KeyError", "returned nan, not a finite number"
     detail: str  # the traceback, if any
 
 
@@ -248,6 +268,7 @@ class RewardRunner:
         self.chunk_size = chunk_size
         self.start_method = start_method
         self._weights = torch.tensor([spec.weight for spec in self.specs], dtype=torch.float32)
+        self._required = torch.tensor([spec.required for spec in self.specs])
         self._pool: WorkerPool | None = None
         self._logged: set[tuple[str, str, str]] = set()
 
@@ -286,7 +307,8 @@ class RewardRunner:
             spec_values, stats[spec.name] = self._run_spec(index, spec, list(prompts), list(completions), columns)
             values.append(spec_values)
         per_function = torch.tensor(values, dtype=torch.float32).reshape(len(chosen), n).T  # [N, F]
-        return RewardResult(combine_rewards(per_function, self._weights[chosen]), per_function, stats)
+        combined = combine_rewards(per_function, self._weights[chosen], self._required[chosen])
+        return RewardResult(combined, per_function, stats)
 
     def score_groups(
         self,
@@ -382,12 +404,10 @@ class RewardRunner:
     def _report(self, spec: RewardSpec, failures: list[_Failure]) -> None:
         """Raise the first failure (strict) or log the first of each kind once."""
         for failure in failures:
-            if failure.kind == "errors":
-                message = f"reward function {spec.name!r} raised {failure.what} on completion {failure.sample}"
-            elif failure.kind == "invalid":
-                message = f"reward function {spec.name!r} {failure.what} on completion {failure.sample}"
-            else:
+            if failure.kind == "timeouts":
                 message = f"reward function {spec.name!r} took over {spec.timeout} s on completion {failure.sample}"
+            else:  # what says it: "raised ValueError", "returned nan, not a finite number", ...
+                message = f"reward function {spec.name!r} {failure.what} on completion {failure.sample}"
             if self.strict and failure.kind != "timeouts":
                 raise RewardError(f"{message}\n{failure.detail}".rstrip())
             key = (spec.name, failure.kind, failure.what if failure.kind == "errors" else "")

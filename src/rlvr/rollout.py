@@ -55,9 +55,12 @@ class Policy(Protocol):
     """Something that samples responses and scores their log-probs.
 
     ``module`` is the torch module whose parameters the trainer optimises.
+    ``max_response_length`` is the longest response ``sample`` can return, in tokens:
+    a constant of the policy, not of a batch (Dr. GRPO's normalizer).
     """
 
     module: torch.nn.Module
+    max_response_length: int
 
     def sample(
         self, prompts: Any, group_size: int, temperature: float, generator: torch.Generator

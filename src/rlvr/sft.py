@@ -20,8 +20,8 @@ from rlvr.config import Config, ConfigError
 from rlvr.data import read_jsonl
 from rlvr.metrics import JsonlSink, Record
 from rlvr.rollout import Samples
+from rlvr.tasks import build_task, check_prompts_fit
 from rlvr.trainer import build_optimizer, build_policy, seed_everything
-from rlvr.tasks import build_task
 
 
 def load_pairs(config: Config, task: Any, generator: torch.Generator) -> list[tuple[str, str]]:
@@ -60,6 +60,7 @@ def run_sft(config: Config, run_dir: Path, on_record=None) -> Path:
     generator = seed_everything(config.seed)
     task = build_task(config)
     policy = build_policy(config)
+    check_prompts_fit(task, policy)
     pairs = load_pairs(config, task, generator)
     if not pairs:
         raise ConfigError("sft: no training pairs")

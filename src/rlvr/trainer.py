@@ -13,8 +13,8 @@ import logging
 import math
 import random
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 import torch
@@ -23,7 +23,7 @@ from rlvr import core
 from rlvr.config import Config, ConfigError
 from rlvr.evaluation import evaluate
 from rlvr.rollout import Policy, Samples, Task
-from rlvr.tasks import build_task
+from rlvr.tasks import build_task, check_prompts_fit
 
 Record = dict[str, Any]
 logger = logging.getLogger(__name__)
@@ -99,8 +99,13 @@ class TrainState:
     records: list[Record] = field(default_factory=list)
     stop_requested: bool = False  # set by a signal handler: stop after the current step
 
+    PAYLOAD_KEYS: ClassVar[frozenset[str]] = frozenset((
+        "policy", "optimizer", "scheduler", "reference", "generator", "rng",
+        "epoch", "step", "bad_steps", "inner_step", "rollout", "num_records"))
+
     def payload(self) -> dict[str, Any]:
-        """A torch-serialisable snapshot (see ``rlvr.checkpoint``)."""
+        """A snapshot of tensors and plain data only, so that it loads with
+        ``torch.load(weights_only=True)`` (see ``rlvr.checkpoint``); keys PAYLOAD_KEYS."""
         from rlvr.checkpoint import rng_state
 
         return {
@@ -114,7 +119,7 @@ class TrainState:
             "step": self.step,
             "bad_steps": self.bad_steps,
             "inner_step": self.inner_step,
-            "rollout": self.rollout,
+            "rollout": None if self.rollout is None else rollout_to_dict(self.rollout),
             "num_records": len(self.records),
         }
 
@@ -131,8 +136,21 @@ class TrainState:
         self.generator.set_state(payload["generator"])
         set_rng_state(payload["rng"])
         self.epoch, self.step, self.bad_steps = payload["epoch"], payload["step"], payload["bad_steps"]
-        self.inner_step, self.rollout = payload["inner_step"], payload["rollout"]
+        rollout = payload["rollout"]
+        self.inner_step, self.rollout = payload["inner_step"], None if rollout is None else rollout_from_dict(rollout)
         self.records = list(records[: payload["num_records"]])
+
+
+def rollout_to_dict(rollout: "Rollout") -> dict[str, Any]:
+    """A Rollout as nested dicts of tensors and plain data (responses: a tensor, or lists
+    of strings), the form a checkpoint can hold."""
+    out = {f.name: getattr(rollout, f.name) for f in fields(rollout)}
+    out["samples"] = {f.name: getattr(rollout.samples, f.name) for f in fields(rollout.samples)}
+    return out
+
+
+def rollout_from_dict(data: dict[str, Any]) -> "Rollout":
+    return Rollout(**{**data, "samples": Samples(**data["samples"])})
 
 
 def setup(config: Config) -> tuple[Task, TrainState]:
@@ -142,8 +160,15 @@ def setup(config: Config) -> tuple[Task, TrainState]:
     if config.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=False)
     task = build_task(config)
-    generator = seed_everything(config.seed)
-    policy = build_policy(config)
+    try:
+        generator = seed_everything(config.seed)
+        policy = build_policy(config)
+        check_prompts_fit(task, policy)  # fixed prompts the model cannot take: an error before any work
+    except BaseException:
+        close = getattr(task, "close", None)  # its reward workers
+        if close is not None:
+            close()
+        raise
     params = [p for p in policy.module.parameters() if p.requires_grad]
     optimizer = build_optimizer(config, params)
     total = config.algo.epochs * config.algo.inner_steps
@@ -256,7 +281,11 @@ def collect_rollout(config: Config, task: Task, st: TrainState) -> Rollout:
         "response_tokens": tokens,
         "tokens_per_sec_generate": tokens / max(timings["time/generate"], 1e-9),
     }
-    weights = core.aggregation_weights(samples.response_mask, a.aggregation, a.normalizer)  # [N, T]
+    # Dr. GRPO's constant defaults to the policy's longest possible response, not this
+    # batch's width T: with T, one long response would shrink every other token's
+    # weight, and the step size would change from epoch to epoch.
+    normalizer = policy.max_response_length if a.normalizer is None else a.normalizer
+    weights = core.aggregation_weights(samples.response_mask, a.aggregation, normalizer)  # [N, T]
     return Rollout(samples, deltas, old_log_probs, ref_log_probs, weights, stats)
 
 
@@ -265,7 +294,7 @@ def inner_step(config: Config, st: TrainState, rollout: Rollout) -> Record:
     a, policy, temp = config.algo, st.policy, config.policy.temperature
     clock = time.perf_counter()
     st.optimizer.zero_grad(set_to_none=True)
-    sums = []
+    sums: dict[str, torch.Tensor] = {}
     for rows, mb in micro_batches(rollout.samples, config.optim.micro_batches):
         log_probs, entropy = policy.log_probs(mb, temp, with_entropy=True)  # [n, T]
         old = None if rollout.old_log_probs is None else rollout.old_log_probs[rows]
@@ -273,14 +302,19 @@ def inner_step(config: Config, st: TrainState, rollout: Rollout) -> Record:
         kl = None
         per_token = pg
         if rollout.ref_log_probs is not None:
-            kl = core.kl_penalty(log_probs, rollout.ref_log_probs[rows], a.kl_estimator)
+            # kl_loss_term, not kl_penalty: it refuses k1, whose gradient is zero in expectation.
+            kl = core.kl_loss_term(log_probs, rollout.ref_log_probs[rows], a.kl_estimator)
             per_token = pg + a.kl_coef * kl
         w = rollout.weights[rows]
         loss = core.weighted_sum(per_token, w)
         loss.backward()
-        sums.append(weighted_stats(w, loss, pg, kl, stats["clipped"], entropy))
+        for key, value in weighted_stats(w, mb.response_mask, loss, pg, kl, stats["clipped"], entropy).items():
+            sums[key] = sums.get(key, 0) + value
     grad_norm = clip_gradients(policy.module, config.optim.max_grad_norm)
-    values = torch.cat([sum(sums), grad_norm.reshape(1)])
+    # Divide once the whole batch is summed: a mean per micro-batch would change with micro_batches.
+    tokens = sums.pop("tokens").clamp(min=1)
+    sums.update({key: sums[key] / tokens for key in TOKEN_MEAN_KEYS}, grad_norm=grad_norm)
+    values = torch.stack([sums[key] for key in STEP_KEYS[:-1]])  # one tensor: one device sync
     skipped = not bool(torch.isfinite(values).all())
     if skipped:
         skip_step(st, policy.module, values, config.optim.max_bad_steps)
@@ -321,15 +355,23 @@ def micro_batches(samples: Samples, count: int) -> list[tuple[slice, Samples]]:
 
 
 @torch.no_grad()
-def weighted_stats(w, loss, pg, kl, clipped, entropy) -> torch.Tensor:
-    """[loss, pg_loss, kl, clip_frac, entropy], each aggregated with the loss weights w [n, T]."""
-    parts = [pg, clipped.float(), entropy]
-    if kl is not None:
-        parts.insert(1, kl)
-    values = (torch.stack(parts) * w).sum(dim=(1, 2))
-    if kl is None:
-        values = torch.cat([values[:1], values.new_zeros(1), values[1:]])
-    return torch.cat([loss.detach().reshape(1), values])
+def weighted_stats(w, response_mask, loss, pg, kl, clipped, entropy) -> dict[str, torch.Tensor]:
+    """One micro-batch's sums, to be added over the step's micro-batches; all [n, T].
+
+    loss, pg_loss: aggregated with the loss weights w (they are the loss).
+    kl, clip_frac, entropy: plain sums over response tokens, with their count in
+    ``tokens``, for token means as TRL and verl report them. Weighted, they would
+    scale with length / normalizer under seq_mean_token_sum (a clip fraction of 2).
+    """
+    kl = torch.zeros_like(pg) if kl is None else kl
+    return {
+        "loss": loss.detach(),
+        "pg_loss": core.weighted_sum(pg, w),
+        "kl": core.masked_sum(kl, response_mask),
+        "clip_frac": core.masked_sum(clipped.to(pg.dtype), response_mask),
+        "entropy": core.masked_sum(entropy, response_mask),
+        "tokens": response_mask.sum(),
+    }
 
 
 def reference_log_probs(
@@ -370,3 +412,4 @@ def rollout_stats(rewards: torch.Tensor, correct: torch.Tensor, deltas: torch.Te
 
 
 STEP_KEYS = ("loss", "pg_loss", "kl", "clip_frac", "entropy", "grad_norm", "skipped_step")
+TOKEN_MEAN_KEYS = ("kl", "clip_frac", "entropy")  # means over the batch's response tokens

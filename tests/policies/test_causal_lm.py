@@ -5,11 +5,13 @@ Shapes: B prompts, G responses per prompt, N = B*G, P prompt tokens, T response 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
-from rlvr.modeling import init_model, load_model_and_tokenizer
 from rlvr.config import PolicyConfig
+from rlvr.modeling import init_model, load_model_and_tokenizer
 from rlvr.policies.causal_lm import (
     CausalLMPolicy,
     build_causal_lm_policy,
@@ -286,3 +288,40 @@ def test_build_from_policy_config(llama_dir):
         build_causal_lm_policy(PolicyConfig(name="causal_lm", options={"model": str(llama_dir), "max_new_token": 5}))
     with pytest.raises(ValueError, match="model is required"):
         build_causal_lm_policy(PolicyConfig(name="causal_lm", options={}))
+
+
+def test_prompt_longer_than_the_model_positions_is_a_prompt_error(llama_dir):
+    """TINY has 64 positions and max_new_tokens is 12: a 52-token prompt fits, 53 do not.
+    Sampling checks its prompts too, before the model sees them."""
+    from rlvr.config import ConfigError
+    from rlvr.policies.causal_lm import PromptError
+
+    policy = make_policy(llama_dir)
+    policy.check_prompts(["1" * 52])
+    message = "prompt 1 ('" + "1" * 40 + "'...): 53 tokens + max_new_tokens 12 = 65 > 64"
+    with pytest.raises(PromptError, match=re.escape(message)) as err:
+        policy.check_prompts(["12>", {"prompt": "1" * 53}])
+    assert isinstance(err.value, ConfigError)  # the CLI prints it as one line
+    with pytest.raises(PromptError, match=re.escape("eval prompt 1 (")):
+        policy.check_prompts(["12>", "1" * 53], what="eval prompt")
+    with pytest.raises(PromptError, match=re.escape(message)):
+        sample(policy, prompts=["12>", "1" * 53])
+
+
+def test_character_outside_the_vocabulary_is_a_prompt_error(llama_dir):
+    """The char tokenizer has no unknown token: '#' cannot be encoded at all."""
+    from rlvr.policies.causal_lm import PromptError
+
+    policy = make_policy(llama_dir)
+    assert policy.tokenizer.unk_token_id is None
+    message = "prompt 2 ('1 2#3>'): character '#' at index 3 is not in the tokenizer's vocabulary"
+    with pytest.raises(PromptError, match=re.escape(message)):
+        policy.check_prompts(["12>", "3", "1 2#3>"])
+    with pytest.raises(PromptError, match=re.escape(message)):
+        policy.greedy(["12>", "3", "1 2#3>"])
+
+
+def test_max_new_tokens_must_leave_room_for_a_prompt(llama_dir):
+    make_policy(llama_dir, max_new_tokens=63)
+    with pytest.raises(ValueError, match=re.escape("max_new_tokens=64 leaves no room for a prompt: the model has 64")):
+        make_policy(llama_dir, max_new_tokens=64)

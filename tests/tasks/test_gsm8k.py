@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -9,7 +10,14 @@ import pytest
 import torch
 
 from rlvr.data import DataError
-from rlvr.tasks.gsm8k import Gsm8kTask, answer_reward, extract_answer, format_reward, load_gsm8k
+from rlvr.tasks.gsm8k import (
+    Gsm8kTask,
+    answer_reward,
+    extract_answer,
+    format_reward,
+    is_equivalent,
+    load_gsm8k,
+)
 
 # the data lives beside the checkout, in ../shared/data (see its README)
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k"
@@ -96,6 +104,34 @@ def test_equivalent_forms_score_one_and_wrong_numbers_zero():
     assert format_reward([""] * 2, [" x </think> <answer> 5 </answer>", "5"]) == [1.0, 0.0]
 
 
+@pytest.mark.parametrize(
+    "answer, gold, right",
+    [
+        ("\\$18", "18", True),  # an escaped dollar sign is currency, not "\\18"
+        ("\\$18.00", "18", True),
+        ("$\\$18$", "18", True),  # math mode around an escaped dollar
+        ("\\$1,000", "1000", True),
+        ("\\boxed{\\$18}", "18", True),
+        ("18.", "18", True),  # a sentence's period, not a decimal point
+        ("\\[18\\]", "18", True),  # display math is not wrapped in "$...$" again
+        ("\\(18\\)", "18", True),
+        ("The answer is 18.", "18", True),
+        ("The answer is $18$.", "18", True),
+        ("$18", "18", True),  # a lone "$" is currency
+        ("\\$19", "18", False),
+        ("\\$180", "18", False),
+        ("\\$1.8", "18", False),
+        ("180", "18", False),
+        ("1.8", "18", False),
+        ("18.5.", "18", False),
+        ("\\[19\\]", "18", False),
+        ("The answer is 19.", "18", False),
+    ],
+)
+def test_currency_delimiters_and_sentence_periods_grade_by_value(answer, gold, right):
+    assert is_equivalent(answer, gold) is right
+
+
 def test_pathological_answer_times_out_and_abstains(task):
     prompt = {**task.eval_prompts()[0]}  # gold 18
     tower = " x </think> <answer> $9^{9^{9^{9}}}$ </answer>"
@@ -107,11 +143,21 @@ def test_pathological_answer_times_out_and_abstains(task):
     assert result.stats["answer"].timeouts == 1
     answer = result.column("answer")
     assert torch.isnan(answer[0, 0]) and answer[0, 1] == 1.0
-    # the format reward still scores it, so the combined reward is the format's 0.1
-    torch.testing.assert_close(result.rewards, torch.tensor([[0.1, 1.1]]))
+    # the format reward still scores it, but without its answer verdict the sample abstains
+    assert result.stats["format"].scored == 2
+    torch.testing.assert_close(result.rewards, torch.tensor([[math.nan, 1.1]]), equal_nan=True)
+    assert result.metrics()["reward/abstained"] == 1.0
     assert task.correct(result).tolist() == [[False, True]]
     # and the grader still works afterwards
     assert task.is_correct([prompt], [[right]]).tolist() == [[True]]
+
+
+def test_unparseable_gold_abstains_the_sample(task):
+    prompt = {**task.eval_prompts()[0], "answer": "not a number"}
+    result = task.score([prompt], [[" x </think> <answer> 18 </answer>"]])
+    assert result.stats["answer"].abstained == 1 and result.stats["format"].scored == 1
+    assert torch.isnan(result.rewards).all()
+    assert [spec.name for spec in task.runner.specs if spec.required] == ["answer"]
 
 
 def test_sample_prompts_seeded_and_distinct(task):

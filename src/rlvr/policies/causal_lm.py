@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from rlvr.config import ConfigError
 from rlvr.core import entropy_from_logits, token_log_probs
 from rlvr.core.logprobs import DEFAULT_CHUNK_ELEMENTS, row_chunks
 from rlvr.rollout import Samples
@@ -53,6 +54,43 @@ def draw_tokens(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor
     cdf = probs.double().cumsum(dim=-1)  # [n, V]; float64 so the tail of a large V keeps its mass
     tokens = torch.searchsorted(cdf, uniforms.to(probs.device) * cdf[:, -1:], right=True)
     return tokens.squeeze(-1).clamp(max=probs.shape[-1] - 1)
+
+
+class PromptError(ConfigError):
+    """A prompt the model cannot take: with the response it is longer than the model's
+    positions, or it holds a character the tokenizer cannot encode. Names the prompt."""
+
+
+def _excerpt(text: str, at: int = 0, width: int = 40) -> str:
+    """``text`` near index ``at`` as a repr of at most ``width`` characters, "..." where cut."""
+    start = max(0, min(at - width // 2, len(text) - width))
+    return ("..." if start else "") + repr(text[start:start + width]) + ("..." if start + width < len(text) else "")
+
+
+def max_positions(model: torch.nn.Module) -> int | None:
+    """The longest sequence ``model`` takes, prompt and response together: its config's
+    ``max_position_embeddings`` (``n_positions`` in GPT-2's), or None if it states none."""
+    config = getattr(model, "config", None)
+    for name in ("max_position_embeddings", "n_positions"):
+        if isinstance(getattr(config, name, None), int):
+            return getattr(config, name)
+    return None
+
+
+def check_device(device: str | torch.device) -> None:
+    """A ValueError unless ``device`` is a torch device this machine has."""
+    try:
+        where = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device={device!r} is not a torch device (e.g. cpu, cuda, cuda:1, mps)") from None
+    if where.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={device!r} but CUDA is not available (torch.cuda.is_available() is False); "
+                             "use device=cpu")
+        if where.index is not None and where.index >= torch.cuda.device_count():
+            raise ValueError(f"device={device!r} but this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if where.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device={device!r} but MPS is not available; use device=cpu")
 
 
 LOAD_OPTIONS = ("model", "dtype", "device", "lora")
@@ -165,6 +203,10 @@ class CausalLMPolicy:
             raise ValueError(f"need top_k >= 0 and 0 < top_p <= 1, got {top_k=}, {top_p=}")
         if isinstance(stop_strings, str) or any(not s for s in stop_strings):
             raise ValueError(f"stop_strings must be a list of non-empty strings, got {stop_strings!r}")
+        self.max_positions = max_positions(model)
+        if self.max_positions is not None and max_new_tokens >= self.max_positions:
+            raise ValueError(f"max_new_tokens={max_new_tokens} leaves no room for a prompt: the model has "
+                             f"{self.max_positions} positions")
         self.module = model.to(device=device, dtype=dtype)
         if disable_dropout:
             _disable_dropout(model)
@@ -184,12 +226,18 @@ class CausalLMPolicy:
         if gradient_checkpointing:
             _enable_checkpointing(model)
 
+    @property
+    def max_response_length(self) -> int:
+        """Responses stop at max_new_tokens; a batch's width is its longest response."""
+        return self.max_new_tokens
+
     @classmethod
     def from_pretrained(cls, name_or_path: str, dtype: str = "float32", device: str = "cpu",
                         lora: dict | None = None, **settings: Any) -> "CausalLMPolicy":
         """Load with ``rlvr.modeling.load_model_and_tokenizer``; ``settings`` go to the constructor."""
         from rlvr.modeling import load_model_and_tokenizer
 
+        check_device(device)
         model, tokenizer = load_model_and_tokenizer(name_or_path, dtype=dtype, device=device, lora=lora)
         return cls(model, tokenizer, **settings)
 
@@ -217,11 +265,9 @@ class CausalLMPolicy:
         """Tokenize B prompts (strings, or dicts with a "prompt" key), left-padded.
 
         Returns prompt_ids [B, P] long and prompt_mask [B, P] bool (True on real tokens).
+        Raises PromptError for a prompt the model cannot take (see ``check_prompts``).
         """
-        texts = [p["prompt"] if isinstance(p, dict) else p for p in prompts]
-        encoded = self.tokenizer(texts, add_special_tokens=self.add_special_tokens)["input_ids"]
-        if not encoded or any(len(ids) == 0 for ids in encoded):
-            raise ValueError("every prompt must have at least one token (and there must be a prompt)")
+        encoded = self._prompt_token_ids(prompts)
         width = max(len(ids) for ids in encoded)
         prompt_ids = torch.full((len(encoded), width), self.pad_id, dtype=torch.long)
         prompt_mask = torch.zeros((len(encoded), width), dtype=torch.bool)
@@ -229,6 +275,57 @@ class CausalLMPolicy:
             prompt_ids[row, width - len(ids):] = torch.tensor(ids)
             prompt_mask[row, width - len(ids):] = True
         return prompt_ids.to(self.device), prompt_mask.to(self.device)
+
+    def check_prompts(self, prompts: Sequence[str | dict], what: str = "prompt") -> None:
+        """Raise PromptError naming the first prompt (as "<what> <index>") that has no
+        tokens, a character the tokenizer cannot encode, or more tokens than the model's
+        positions leave beside ``max_new_tokens``. Sampling checks each batch it gets;
+        call this on a fixed set of prompts to find a bad one before any work."""
+        chunk = 1024  # token ids of a whole data set at once would be a lot of Python ints
+        for start in range(0, len(prompts), chunk):
+            self._prompt_token_ids(prompts[start:start + chunk], what, start)
+
+    def _prompt_token_ids(self, prompts: Sequence[str | dict], what: str = "prompt",
+                          offset: int = 0) -> list[list[int]]:
+        """The token ids of each prompt, checked as ``check_prompts`` says (``offset``:
+        the index of the first prompt, for messages)."""
+        texts = [p["prompt"] if isinstance(p, dict) else p for p in prompts]
+        if not texts:
+            raise PromptError(f"no {what}s to encode")
+        try:
+            encoded = self.tokenizer(texts, add_special_tokens=self.add_special_tokens)["input_ids"]
+        except Exception as err:  # tokenizers raises a bare Exception for a character it has no id for
+            unknown = self._unknown_character(texts, what, offset)
+            if unknown is None:
+                raise
+            raise unknown from err
+        for i, ids in enumerate(encoded):
+            if not ids:
+                raise PromptError(f"{what} {offset + i} ({texts[i]!r}) has no tokens; "
+                                  "a prompt needs at least one token")
+            total = len(ids) + self.max_new_tokens
+            if self.max_positions is not None and total > self.max_positions:
+                raise PromptError(
+                    f"{what} {offset + i} ({_excerpt(texts[i])}): {len(ids)} tokens + max_new_tokens "
+                    f"{self.max_new_tokens} = {total} > {self.max_positions}, the model's positions; "
+                    "shorten the prompt or lower policy.options.max_new_tokens"
+                )
+        return encoded
+
+    def _unknown_character(self, texts: list[str], what: str, offset: int) -> PromptError | None:
+        """The error for the first character of ``texts`` the tokenizer cannot encode on its own, if any."""
+        known: set[str] = set()
+        for i, text in enumerate(texts):
+            for at, char in enumerate(text):
+                if char in known:
+                    continue
+                try:
+                    self.tokenizer(char, add_special_tokens=False)
+                except Exception:  # as above: the tokenizer's bare Exception
+                    return PromptError(f"{what} {offset + i} ({_excerpt(text, at)}): character {char!r} at index {at} "
+                                       "is not in the tokenizer's vocabulary")
+                known.add(char)
+        return None
 
     # ---- generation ---------------------------------------------------------------
 

@@ -117,6 +117,7 @@ class PositionalPolicy:
 
     def __init__(self, vocab_size: int, embedding_dim: int, num_positions: int, embedding_std: float = 1.0):
         self.module = PositionalModel(vocab_size, embedding_dim, num_positions, embedding_std)
+        self.max_response_length = num_positions  # every response has exactly n tokens
         self._groups: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     @torch.no_grad()

@@ -29,7 +29,8 @@ def _text_task_class(name: str) -> type:
 
 
 def user_reward_specs(config: "Config") -> list:
-    """RewardSpecs of ``rewards.functions``, each imported from its explicit module:function."""
+    """RewardSpecs of ``rewards.functions``, each imported from its explicit module:function
+    (``required`` as in ``rlvr.rewards``: a sample it does not score abstains)."""
     from rlvr.config import ConfigError
     from rlvr.rewards import RewardError, RewardSpec, load_reward_function
 
@@ -41,7 +42,9 @@ def user_reward_specs(config: "Config") -> list:
         except RewardError as err:
             raise ConfigError(f"rewards.functions[{i}]: {err}") from err
         timeout = item.get("timeout", config.rewards.timeout)
-        specs.append(RewardSpec(fn, float(item.get("weight", 1.0)), item.get("name", ""), timeout))
+        specs.append(RewardSpec(
+            fn, float(item.get("weight", 1.0)), item.get("name", ""), timeout, item.get("required", False)
+        ))
     return specs
 
 
@@ -75,6 +78,10 @@ def build_task(config: "Config") -> Any:
     if t.name == "sorting":
         from rlvr.tasks.sorting import SortingTask
 
+        # sorting adds its user rewards to its own (an abstention adds 0): it never withholds one
+        for i, spec in enumerate(extra):
+            if spec.required:
+                raise ConfigError(f"rewards.functions[{i}].required: only text tasks can require a reward")
         try:
             return SortingTask(
                 num_numbers=t.num_numbers,
@@ -101,3 +108,13 @@ def build_task(config: "Config") -> Any:
         except ValueError as err:
             raise ConfigError(f"rewards.functions: {err}") from err
     return task
+
+
+def check_prompts_fit(task: Any, policy: Any) -> None:
+    """Every prompt ``task`` knows before training (its ``fixed_prompts``) fits ``policy``
+    (its ``check_prompts``): a PromptError naming the first that does not, before any
+    work. Sorting and the positional policy have neither method: nothing to check."""
+    check, fixed = getattr(policy, "check_prompts", None), getattr(task, "fixed_prompts", None)
+    if check is not None and fixed is not None:
+        for what, prompts in fixed().items():
+            check(prompts, what)

@@ -112,7 +112,7 @@ class ArithmeticTask(TextTask):
         self.min_ops, self.max_ops, self.max_operand = min_ops, max_ops, max_operand
         weights = resolve_weights(DEFAULT_WEIGHTS, weights)
         self.runner = RewardRunner([
-            RewardSpec(exact_answer_reward, weights["exact_answer"], "exact_answer"),
+            RewardSpec(exact_answer_reward, weights["exact_answer"], "exact_answer", required=True),
             RewardSpec(integer_format_reward, weights["integer_format"], "integer_format"),
         ])
         self.prompts = GeneratedPrompts(self._draw, num_eval, eval_seed)

@@ -13,7 +13,9 @@ works only in the main thread, in whole seconds, and replaces the caller's SIGAL
 handler. They are switched off here; the task runs ``answer_reward`` under the
 ``RewardRunner`` timeout instead (a worker process, killed past the limit), which works
 from any thread. A pathological answer such as ``$9^{9^{9^{9}}}$`` keeps math-verify busy
-for over 20 s (measured; stopped there): that completion times out and abstains.
+for over 20 s (measured; stopped there): that completion times out and abstains. The
+answer reward is required (see ``rlvr.rewards``): a completion it does not grade (a
+timeout, or a gold that does not parse) gets no combined reward, format or not.
 """
 
 from __future__ import annotations
@@ -79,6 +81,8 @@ def extract_answer(completion: str, template: str = "r1_zero") -> str | None:
 
 
 _WORDS = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
+_SENTENCE_END = re.compile(r"\.\s*\Z")
+_MATH_DELIMITERS = ("$", "\\[", "\\(")
 
 
 def is_equivalent(answer: str, gold: str) -> bool | None:
@@ -93,10 +97,15 @@ def is_equivalent(answer: str, gold: str) -> bool | None:
     if not gold_parsed:
         return None
     # Plain words (units such as "18 dollars") are dropped; LaTeX commands (\\frac) stay.
-    text = _WORDS.sub(" ", answer)
-    if text.count("$") % 2:  # a lone "$" is a currency sign, not math mode
+    # Currency goes before math mode is decided: "\\$" always, and a lone "$" ("$18").
+    text = _WORDS.sub(" ", answer).replace("\\$", "")
+    if text.count("$") % 2:
         text = text.replace("$", "")
-    text = text if "$" in text else f"${text}$"
+    # "18." ends a sentence; math-verify reads "$18.$" as the string "18.", not a number
+    text = _SENTENCE_END.sub("", text.strip())
+    # math-verify finds math only inside delimiters; text with its own is not wrapped again
+    if not any(delimiter in text for delimiter in _MATH_DELIMITERS):
+        text = f"${text}$"
     return verify(gold_parsed, parse(text, extraction_config=[LatexExtractionConfig()], parsing_timeout=None),
                   timeout_seconds=None)
 
@@ -178,7 +187,7 @@ class Gsm8kTask(TextTask):
             [
                 RewardSpec(
                     functools.partial(answer_reward, template=template),
-                    weights["answer"], "answer", timeout=grader_timeout,
+                    weights["answer"], "answer", timeout=grader_timeout, required=True,
                 ),
                 RewardSpec(functools.partial(format_reward, template=template), weights["format"], "format"),
             ],
@@ -194,6 +203,10 @@ class Gsm8kTask(TextTask):
 
     def eval_prompts(self) -> list[Prompt]:
         return list(self._eval)
+
+    def fixed_prompts(self) -> dict[str, list[Prompt]]:
+        """Both sets, read from their files up front (indices in file order)."""
+        return {"training prompt": list(self._train), "eval prompt": self.eval_prompts()}
 
     def sft_completion(self, prompt: Prompt) -> str:
         """The worked solution and answer in the template's form."""

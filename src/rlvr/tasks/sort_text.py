@@ -70,7 +70,7 @@ class SortTextTask(TextTask):
         weights = resolve_weights(DEFAULT_WEIGHTS, weights)
         self.runner = RewardRunner([
             RewardSpec(position_reward, weights["position"], "position"),
-            RewardSpec(exact_match_reward, weights["exact_match"], "exact_match"),
+            RewardSpec(exact_match_reward, weights["exact_match"], "exact_match", required=True),
         ])
         self.prompts = GeneratedPrompts(self._draw, num_eval, eval_seed)
 

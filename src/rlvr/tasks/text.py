@@ -22,8 +22,9 @@ class TextTask:
     """The ``Task`` methods every text task has in common.
 
     A subclass sets ``runner`` (its reward specs), ``correct_reward`` (the name of the
-    reward whose value 1.0 means "the response is right") and ``prompts`` (generated
-    prompts), or overrides ``sample_prompts`` and ``eval_prompts``.
+    reward whose value 1.0 means "the response is right"; its spec is ``required``, so a
+    response it does not grade gets no reward) and ``prompts`` (generated prompts), or
+    overrides ``sample_prompts`` and ``eval_prompts``.
     """
 
     runner: RewardRunner
@@ -38,6 +39,11 @@ class TextTask:
     def eval_prompts(self) -> list[Prompt]:
         """The fixed held-out prompts."""
         return list(self.prompts.eval)
+
+    def fixed_prompts(self) -> dict[str, list[Prompt]]:
+        """The prompts known before training, by what they are ("eval prompt"), to check
+        up front (``rlvr.tasks.check_prompts_fit``); drawn ones are checked as drawn."""
+        return {"eval prompt": self.eval_prompts()}
 
     def score(self, prompts: list[Prompt], responses: list[list[str]]) -> RewardResult:
         """All rewards of B prompts x G responses in one pass: rewards [B, G], per-function
