@@ -7,7 +7,6 @@ done. Defaults reproduce the lecture's sorting experiment.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import warnings
 from dataclasses import dataclass, field, fields
@@ -17,12 +16,8 @@ from typing import Any, get_args, get_origin, get_type_hints
 import yaml
 
 from rlvr.core import AGGREGATIONS, DELTA_MODES, KL_ESTIMATORS, KL_LOSS_ESTIMATORS, LOSS_MODES
+from rlvr.errors import ConfigError, did_you_mean
 from rlvr.tasks.sorting import LECTURE_PROMPTS, REWARDS
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot run; the message names the field."""
-
 
 # Sizes past which a run would exhaust memory (or processes) before doing any work. A
 # field's own limit is declared on it ("min"/"max" in its metadata); these bound products.
@@ -189,8 +184,7 @@ def _field_types(cls: type) -> dict[str, Any]:
 
 
 def _suggest(key: str, options: list[str]) -> str:
-    close = difflib.get_close_matches(key, options, n=1, cutoff=0.5)
-    return f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(options)}"
+    return f"; {did_you_mean(key, options)}"
 
 
 def _finite(value: Any) -> bool:

@@ -346,7 +346,7 @@ class RewardRunner:
             self._close_pool()  # the finalizer: closes the pool once, now rather than at collection
             self._pool = None
 
-    def __enter__(self) -> "RewardRunner":
+    def __enter__(self) -> RewardRunner:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

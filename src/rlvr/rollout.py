@@ -38,7 +38,7 @@ class Samples:
     def num_responses(self) -> int:
         return self.response_ids.shape[0]
 
-    def rows(self, index: torch.Tensor | slice) -> "Samples":
+    def rows(self, index: torch.Tensor | slice) -> Samples:
         """The responses at ``index`` ([n] or a slice; token tensors only, ``responses`` dropped)."""
         lp = None if self.sample_log_probs is None else self.sample_log_probs[index]
         return Samples(

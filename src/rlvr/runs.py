@@ -11,10 +11,11 @@ import json
 import os
 import shutil
 import signal
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from functools import partial
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from tqdm import tqdm
 

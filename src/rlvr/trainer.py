@@ -13,8 +13,9 @@ import logging
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -95,7 +96,7 @@ class TrainState:
     step: int = 0
     bad_steps: int = 0  # consecutive optimizer steps skipped for non-finite values
     inner_step: int = 0  # next inner step of the current epoch
-    rollout: "Rollout | None" = None  # the current epoch's batch (None between epochs)
+    rollout: Rollout | None = None  # the current epoch's batch (None between epochs)
     records: list[Record] = field(default_factory=list)
     stop_requested: bool = False  # set by a signal handler: stop after the current step
 
@@ -141,7 +142,7 @@ class TrainState:
         self.records = list(records[: payload["num_records"]])
 
 
-def rollout_to_dict(rollout: "Rollout") -> dict[str, Any]:
+def rollout_to_dict(rollout: Rollout) -> dict[str, Any]:
     """A Rollout as nested dicts of tensors and plain data (responses: a tensor, or lists
     of strings), the form a checkpoint can hold."""
     out = {f.name: getattr(rollout, f.name) for f in fields(rollout)}
@@ -149,7 +150,7 @@ def rollout_to_dict(rollout: "Rollout") -> dict[str, Any]:
     return out
 
 
-def rollout_from_dict(data: dict[str, Any]) -> "Rollout":
+def rollout_from_dict(data: dict[str, Any]) -> Rollout:
     return Rollout(**{**data, "samples": Samples(**data["samples"])})
 
 

@@ -14,7 +14,8 @@ old policy's log-probs without another forward pass.
 from __future__ import annotations
 
 import difflib
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -99,7 +100,7 @@ SETTING_OPTIONS = ("max_new_tokens", "min_new_tokens", "top_k", "top_p", "stop_s
 _AUTOCAST = {None: None, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def build_causal_lm_policy(config: Any) -> "CausalLMPolicy":
+def build_causal_lm_policy(config: Any) -> CausalLMPolicy:
     """The policy of a ``PolicyConfig`` named "causal_lm", from its ``options`` dict.
 
     options: ``model`` (a folder, e.g. from ``rlvr init-model``, or a hub name; required),
@@ -233,7 +234,7 @@ class CausalLMPolicy:
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, dtype: str = "float32", device: str = "cpu",
-                        lora: dict | None = None, **settings: Any) -> "CausalLMPolicy":
+                        lora: dict | None = None, **settings: Any) -> CausalLMPolicy:
         """Load with ``rlvr.modeling.load_model_and_tokenizer``; ``settings`` go to the constructor."""
         from rlvr.modeling import load_model_and_tokenizer
 

@@ -28,7 +28,7 @@ def _text_task_class(name: str) -> type:
     return Gsm8kTask
 
 
-def user_reward_specs(config: "Config") -> list:
+def user_reward_specs(config: Config) -> list:
     """RewardSpecs of ``rewards.functions``, each imported from its explicit module:function
     (``required`` as in ``rlvr.rewards``: a sample it does not score abstains)."""
     from rlvr.config import ConfigError
@@ -48,7 +48,7 @@ def user_reward_specs(config: "Config") -> list:
     return specs
 
 
-def _runner(specs: list, config: "Config"):
+def _runner(specs: list, config: Config):
     from rlvr.rewards import RewardRunner
 
     return RewardRunner(specs, strict=config.rewards.strict, num_workers=config.rewards.num_workers)
@@ -69,7 +69,7 @@ def check_options(where: str, options: dict, cls: type) -> None:
             raise ConfigError(f"{where}: unknown option {key!r}; {hint}")
 
 
-def build_task(config: "Config") -> Any:
+def build_task(config: Config) -> Any:
     """The task of ``config``; configuration errors name the field."""
     from rlvr.config import ConfigError
 

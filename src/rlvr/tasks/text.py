@@ -29,7 +29,7 @@ class TextTask:
 
     runner: RewardRunner
     correct_reward: str
-    prompts: "GeneratedPrompts"
+    prompts: GeneratedPrompts
 
     def sample_prompts(self, num_prompts: int, generator: torch.Generator) -> list[Prompt]:
         """``num_prompts`` training prompts, none from the eval set (same generator state,
@@ -80,7 +80,7 @@ class TextTask:
         """Stop the reward workers, if any."""
         self.runner.close()
 
-    def __enter__(self) -> "TextTask":
+    def __enter__(self) -> TextTask:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
