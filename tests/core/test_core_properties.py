@@ -30,9 +30,9 @@ def reference_deltas(rows, valid_rows, mode, eps):
     for row, valid_row in zip(rows, valid_rows):
         keep = [v and math.isfinite(r) for r, v in zip(row, valid_row)]
         vals = [r for r, k in zip(row, keep) if k]
-        n = len(vals)
-        mean = sum(vals) / n if n else 0.0
-        std = math.sqrt(sum((r - mean) ** 2 for r in vals) / (n - 1)) if n > 1 else 0.0
+        num_valid = len(vals)  # G'
+        mean = sum(vals) / num_valid if num_valid else 0.0
+        std = math.sqrt(sum((r - mean) ** 2 for r in vals) / (num_valid - 1)) if num_valid > 1 else 0.0
         best = max(vals) if vals else None
         deltas = []
         for r, k in zip(row, keep):
@@ -46,8 +46,8 @@ def reference_deltas(rows, valid_rows, mode, eps):
                 deltas.append((r - mean) / (std + eps))
             elif mode == "max_only":
                 deltas.append(r if r == best else 0.0)
-            else:  # leave_one_out: r minus the mean of the other n - 1
-                deltas.append(r - (sum(vals) - r) / (n - 1) if n > 1 else 0.0)
+            else:  # leave_one_out: r minus the mean of the other G' - 1
+                deltas.append(r - (sum(vals) - r) / (num_valid - 1) if num_valid > 1 else 0.0)
         out.append(deltas)
     return out
 
@@ -66,7 +66,7 @@ def reward_groups(draw):
 
 
 @FAST
-@given(reward_groups(), st.sampled_from(DELTA_MODES), st.booleans())
+@given(reward_groups(), st.sampled_from(list(DELTA_MODES)), st.booleans())
 def test_compute_deltas_matches_loop_reference(groups, mode, use_valid):
     rows, valid, scale = groups
     if not use_valid:
@@ -85,7 +85,7 @@ def test_compute_deltas_matches_loop_reference(groups, mode, use_valid):
 @given(
     st.integers(0, 4),
     st.integers(0, 5),
-    st.sampled_from(DELTA_MODES),
+    st.sampled_from(list(DELTA_MODES)),
     st.sampled_from([torch.float32, torch.float64]),
     st.data(),
 )
@@ -109,18 +109,18 @@ def test_compute_deltas_degenerate_inputs_stay_finite(b, g, mode, dtype, data):
     st.integers(0, 5),
     st.integers(0, 6),
     st.sampled_from(["naive", "ratio", "clipped"]),
-    st.sampled_from(AGGREGATIONS),
+    st.sampled_from(list(AGGREGATIONS)),
     st.integers(0, 2**31 - 1),
 )
-def test_loss_pipeline_finite_on_degenerate_batches(n, t, loss_mode, agg_mode, seed):
+def test_loss_pipeline_finite_on_degenerate_batches(N, T, loss_mode, agg_mode, seed):
     # Empty batches, empty responses, fully masked rows and far-apart log-probs (ratios up
     # to e^40) give a finite scalar and finite gradients.
     gen = torch.Generator().manual_seed(seed)
-    log_probs = (-torch.rand(n, t, generator=gen) * 40).requires_grad_()
-    old = -torch.rand(n, t, generator=gen) * 40
-    deltas = torch.randn(n, generator=gen)
-    mask = torch.rand(n, t, generator=gen) < 0.5
-    if n:
+    log_probs = (-torch.rand(N, T, generator=gen) * 40).requires_grad_()
+    old = -torch.rand(N, T, generator=gen) * 40
+    deltas = torch.randn(N, generator=gen)
+    mask = torch.rand(N, T, generator=gen) < 0.5
+    if N:
         mask[0] = False  # always one fully masked response
     per_token, stats = policy_loss(log_probs, deltas, loss_mode, old_log_probs=old)
     loss = aggregate_loss(per_token, mask, agg_mode)
@@ -133,13 +133,13 @@ def test_loss_pipeline_finite_on_degenerate_batches(n, t, loss_mode, agg_mode, s
 
 @FAST
 @given(st.integers(1, 4), st.integers(1, 6), st.integers(0, 2**31 - 1))
-def test_masked_mean_matches_loop_reference(n, t, seed):
+def test_masked_mean_matches_loop_reference(N, T, seed):
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, t, generator=gen, dtype=torch.float64)
-    mask = torch.rand(n, t, generator=gen) < 0.5
+    x = torch.randn(N, T, generator=gen, dtype=torch.float64)
+    mask = torch.rand(N, T, generator=gen) < 0.5
     rows = []
-    for i in range(n):
-        vals = [x[i, j].item() for j in range(t) if mask[i, j]]
+    for i in range(N):
+        vals = [x[i, j].item() for j in range(T) if mask[i, j]]
         rows.append(sum(vals) / len(vals) if vals else 0.0)
     torch.testing.assert_close(masked_mean(x, mask, dim=-1), torch.tensor(rows, dtype=torch.float64))
 

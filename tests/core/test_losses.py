@@ -1,11 +1,11 @@
-"""policy_loss and aggregation: hand values, the clip, the no_grad lesson, micro-batching."""
+"""policy_loss: hand values, the clip, the no_grad lesson."""
 
 import math
 
 import pytest
 import torch
 
-from rlvr.core import AGGREGATIONS, aggregate_loss, aggregation_weights, policy_loss, weighted_sum
+from rlvr.core import policy_loss
 
 E = math.e
 
@@ -81,11 +81,11 @@ def test_clip_eps_high_is_asymmetric():
 @pytest.mark.parametrize("clip_eps_high", [None, 0.28])
 def test_clipped_stat_marks_exactly_the_zero_gradient_tokens(clip_eps_high):
     gen = torch.Generator().manual_seed(0)
-    n, t = 64, 16
-    old = -torch.rand(n, t, generator=gen, dtype=torch.float64) * 3
+    N, T = 64, 16
+    old = -torch.rand(N, T, generator=gen, dtype=torch.float64) * 3
     # log-ratios in [-0.6, 0.6]: ratios 0.55..1.82, so both sides of [0.8, 1.2] are hit.
-    log_probs = (old + (torch.rand(n, t, generator=gen, dtype=torch.float64) - 0.5) * 1.2).requires_grad_()
-    deltas = torch.randn(n, generator=gen, dtype=torch.float64)
+    log_probs = (old + (torch.rand(N, T, generator=gen, dtype=torch.float64) - 0.5) * 1.2).requires_grad_()
+    deltas = torch.randn(N, generator=gen, dtype=torch.float64)
     deltas = deltas + 0.1 * torch.sign(deltas)  # |delta| >= 0.1: no zero-delta tokens
     loss, stats = policy_loss(log_probs, deltas, "clipped", old_log_probs=old, clip_eps_high=clip_eps_high)
     (grad,) = torch.autograd.grad(loss.sum(), log_probs)
@@ -94,7 +94,7 @@ def test_clipped_stat_marks_exactly_the_zero_gradient_tokens(clip_eps_high):
     assert torch.equal(grad == 0, clipped)
     # Where not clipped, the gradient is the ratio-loss gradient -delta * ratio.
     kept = ~clipped
-    expected = (-deltas.unsqueeze(-1) * stats["ratio"]).expand(n, t)
+    expected = (-deltas.unsqueeze(-1) * stats["ratio"]).expand(N, T)
     torch.testing.assert_close(grad[kept], expected[kept], rtol=1e-14, atol=0)
 
 
@@ -178,107 +178,3 @@ def test_policy_loss_bad_inputs():
         policy_loss(lp, torch.zeros(2), "clipped", old_log_probs=torch.zeros(2, 4))
     with pytest.raises(ValueError, match="deltas must be"):
         policy_loss(lp, torch.zeros(3), "naive")
-
-
-# --- aggregation -------------------------------------------------------------------------
-
-# Three responses, T = 4, lengths 4, 2, 1. Padded entries hold 100 so a leak shows.
-LOSS = [[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 100.0, 100.0], [7.0, 100.0, 100.0, 100.0]]
-MASK = [[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]]
-# seq_mean_token_mean: row means 10/4 = 2.5, 11/2 = 5.5, 7 -> (2.5 + 5.5 + 7) / 3 = 5
-# token_mean:          (1+2+3+4+5+6+7) / 7 tokens = 28 / 7 = 4
-# seq_mean_token_sum:  row sums 10, 11, 7 over T = 4 -> 2.5, 2.75, 1.75 -> mean 7/3;
-#                      with normalizer 2: 5, 5.5, 3.5 -> mean 14/3
-AGG_EXPECTED = [
-    ("seq_mean_token_mean", None, 5.0),
-    ("token_mean", None, 4.0),
-    ("seq_mean_token_sum", None, 7 / 3),
-    ("seq_mean_token_sum", 2.0, 14 / 3),
-]
-
-
-@pytest.mark.parametrize("mode,normalizer,expected", AGG_EXPECTED)
-def test_aggregate_loss_by_hand(mode, normalizer, expected):
-    loss, mask = _t(LOSS), torch.tensor(MASK, dtype=torch.bool)
-    assert aggregate_loss(loss, mask, mode, normalizer).item() == pytest.approx(expected, rel=1e-14)
-    # The weights reproduce the same scalar as sum(w * x).
-    weights = aggregation_weights(mask, mode, normalizer, dtype=torch.float64)
-    assert weighted_sum(loss, weights).item() == pytest.approx(expected, rel=1e-14)
-
-
-def test_aggregation_weights_by_hand():
-    mask = torch.tensor(MASK, dtype=torch.bool)
-    # seq_mean_token_mean: 1 / (length * N): row 0 1/12, row 1 1/6, row 2 1/3.
-    w = aggregation_weights(mask, "seq_mean_token_mean", dtype=torch.float64)
-    torch.testing.assert_close(w[:, 0], _t([1 / 12, 1 / 6, 1 / 3]), rtol=1e-15, atol=0)
-    assert (w[~mask] == 0).all()
-    # token_mean: 1/7 on each of the 7 tokens.
-    w = aggregation_weights(mask, "token_mean", dtype=torch.float64)
-    torch.testing.assert_close(w, mask.double() / 7, rtol=1e-15, atol=0)
-
-
-def test_fully_masked_row_counts_as_a_zero_response():
-    # seq_mean_token_mean over [row mean 3, fully masked row]: (3 + 0) / 2 = 1.5.
-    loss = _t([[2.0, 4.0], [9.0, 9.0]])
-    mask = torch.tensor([[True, True], [False, False]])
-    assert aggregate_loss(loss, mask, "seq_mean_token_mean").item() == 1.5
-    assert aggregate_loss(loss, mask, "token_mean").item() == 3.0  # (2 + 4) / 2 tokens
-
-
-@pytest.mark.parametrize("mode", AGGREGATIONS)
-@pytest.mark.parametrize("normalizer", [None, 5.0])
-def test_micro_batching_gives_the_full_batch_gradient(mode, normalizer):
-    # A tiny token policy: logits [N, T, V]; clipped loss on sampled tokens, so the
-    # micro-batch gradient must match through log_softmax, the ratio and the clip.
-    gen = torch.Generator().manual_seed(1)
-    n, t, v = 8, 6, 5
-    logits = torch.randn(n, t, v, generator=gen, dtype=torch.float64, requires_grad=True)
-    tokens = torch.randint(v, (n, t, 1), generator=gen)
-    old = torch.log_softmax(logits.detach() + 0.3 * torch.randn(n, t, v, generator=gen, dtype=torch.float64), -1)
-    old = old.gather(-1, tokens).squeeze(-1)
-    deltas = torch.randn(n, generator=gen, dtype=torch.float64)
-    lengths = torch.tensor([6, 3, 1, 0, 6, 2, 5, 4])  # includes an empty response
-    mask = torch.arange(t) < lengths.unsqueeze(-1)  # [N, T]
-
-    def per_token(rows):
-        lp = torch.log_softmax(logits[rows], -1).gather(-1, tokens[rows]).squeeze(-1)
-        return policy_loss(lp, deltas[rows], "clipped", old_log_probs=old[rows])[0]
-
-    full = aggregate_loss(per_token(slice(None)), mask, mode, normalizer)
-    (full_grad,) = torch.autograd.grad(full, logits)
-    assert full_grad.abs().max() > 1e-3
-    weights = aggregation_weights(mask, mode, normalizer, dtype=torch.float64)
-    for n_micro in (1, 4):
-        logits.grad = None
-        total = 0.0
-        for rows in torch.arange(n).chunk(n_micro):
-            mb_loss = weighted_sum(per_token(rows), weights[rows])
-            mb_loss.backward()
-            total += mb_loss.item()
-        assert total == pytest.approx(full.item(), rel=1e-13)
-        torch.testing.assert_close(logits.grad, full_grad, rtol=1e-12, atol=1e-15)
-
-
-@pytest.mark.parametrize("mode", AGGREGATIONS)
-@pytest.mark.parametrize("shape", [(0, 5), (3, 0), (0, 0)])
-def test_empty_batches_aggregate_to_zero(mode, shape):
-    loss = torch.zeros(shape, requires_grad=True)
-    mask = torch.ones(shape, dtype=torch.bool)
-    out = aggregate_loss(loss, mask, mode)
-    assert out.item() == 0.0  # not NaN (mean of an empty tensor)
-    out.backward()
-    assert aggregation_weights(mask, mode).shape == shape
-
-
-def test_aggregation_bad_inputs():
-    loss, mask = torch.zeros(2, 3), torch.ones(2, 3, dtype=torch.bool)
-    with pytest.raises(ValueError, match="allowed: seq_mean_token_mean"):
-        aggregate_loss(loss, mask, "sum")
-    with pytest.raises(ValueError, match="allowed: seq_mean_token_mean"):
-        aggregation_weights(mask, "sum")
-    with pytest.raises(ValueError, match="mask shape"):
-        aggregate_loss(loss, mask[:, :2], "token_mean")
-    with pytest.raises(ValueError, match="normalizer must be positive"):
-        aggregate_loss(loss, mask, "seq_mean_token_sum", normalizer=0.0)
-    with pytest.raises(ValueError, match="normalizer must be positive"):
-        aggregation_weights(mask, "seq_mean_token_sum", normalizer=-1.0)

@@ -1,16 +1,16 @@
-"""Pure tensor math of policy-gradient RL: no models, no I/O."""
+"""Pure tensor math of policy-gradient RL: no models, no I/O.
 
-from rlvr.core.advantages import DELTA_MODES, compute_deltas
+Deltas, losses, aggregations and KL estimators are name -> function tables
+(``DELTA_MODES``, ``LOSS_MODES``, ``AGGREGATIONS``, ``KL_ESTIMATORS``): the keys are
+the allowed modes, and ``compute_deltas``, ``policy_loss``, ``aggregation_weights`` and
+``kl_penalty`` dispatch through them.
+"""
+
+from rlvr.core.aggregation import AGGREGATIONS, aggregate_loss, aggregation_weights, weighted_sum
+from rlvr.core.deltas import DELTA_MODES, compute_deltas
 from rlvr.core.kl import KL_ESTIMATORS, KL_LOSS_ESTIMATORS, kl_loss_term, kl_penalty
 from rlvr.core.logprobs import token_log_probs
-from rlvr.core.losses import (
-    AGGREGATIONS,
-    LOSS_MODES,
-    aggregate_loss,
-    aggregation_weights,
-    policy_loss,
-    weighted_sum,
-)
+from rlvr.core.losses import LOSS_MODES, policy_loss
 from rlvr.core.masked import entropy_from_logits, masked_mean, masked_normalize, masked_sum
 
 __all__ = [

@@ -18,38 +18,74 @@ E_pi[grad k(a)] is (test_kl.py checks each by exact enumeration):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-KL_ESTIMATORS = ("k1", "k2", "k3", "k1+", "k3+")
-# Those whose expected gradient minimises a KL; k1's is zero, so it cannot be a loss term.
-KL_LOSS_ESTIMATORS = ("k1+", "k2", "k3", "k3+")
+from rlvr.core.registry import lookup
 
 
-def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
-    """Per-token KL estimate; log_probs, ref_log_probs: [N, T] -> [N, T].
+def k1(log_ratio: torch.Tensor) -> torch.Tensor:
+    """k1 = -log r; log_ratio = log r = log(pi_ref / pi) [N, T] -> [N, T]."""
+    return -log_ratio
 
-    Values for every estimator, gradients as in the module docstring; for a loss term
-    use ``kl_loss_term``, which refuses k1. log r is clamped to [-20, 20] inside k3 so
-    that exp never overflows: a token the reference finds e^20 times likelier than the
-    policy is already a huge penalty.
+
+def k2(log_ratio: torch.Tensor) -> torch.Tensor:
+    """k2 = (log r)^2 / 2; [N, T] -> [N, T]."""
+    return 0.5 * log_ratio.square()
+
+
+def k3(log_ratio: torch.Tensor) -> torch.Tensor:
+    """k3 = r - log r - 1; [N, T] -> [N, T].
+
+    log r is clamped to [-20, 20] so that exp never overflows: a token the reference
+    finds e^20 times likelier than the policy is already a huge penalty.
     """
-    if estimator not in KL_ESTIMATORS:
-        raise ValueError(f"unknown KL estimator {estimator!r}; allowed: {', '.join(KL_ESTIMATORS)}")
-    log_ratio = ref_log_probs - log_probs  # log r = log(pi_ref / pi)
-    if estimator.endswith("+"):
-        # Straight-through: the unbiased value is logged, k2's gradient (that of
-        # KL(pi || ref)) is followed. k2 - k2.detach() is exactly 0, so the value is the
-        # base estimator's to the bit.
-        k2 = 0.5 * log_ratio.square()
-        return kl_penalty(log_probs, ref_log_probs, estimator[:-1]).detach() + (k2 - k2.detach())
-    if estimator == "k1":
-        return -log_ratio
-    if estimator == "k2":
-        return 0.5 * log_ratio.square()
     log_ratio = log_ratio.clamp(min=-20.0, max=20.0)
     # expm1 keeps the small-|log r| terms accurate; exp(x) - x - 1 rounds to -6e-8 in
     # float32 for many small x. The clamp makes the k3 >= 0 guarantee exact.
     return (torch.expm1(log_ratio) - log_ratio).clamp(min=0.0)
+
+
+def _with_k2_gradient(value: torch.Tensor, log_ratio: torch.Tensor) -> torch.Tensor:
+    """Straight-through: ``value``'s value, k2's gradient (that of KL(pi || ref)); [N, T].
+
+    k2 - k2.detach() is exactly 0, so the value is ``value``'s to the bit.
+    """
+    k2_value = k2(log_ratio)
+    return value.detach() + (k2_value - k2_value.detach())
+
+
+def k1_plus(log_ratio: torch.Tensor) -> torch.Tensor:
+    """k1+ = k1's value with k2's gradient (verl's "k1+"); [N, T] -> [N, T]."""
+    return _with_k2_gradient(k1(log_ratio), log_ratio)
+
+
+def k3_plus(log_ratio: torch.Tensor) -> torch.Tensor:
+    """k3+ = k3's value with k2's gradient (verl's "k3+"); [N, T] -> [N, T]."""
+    return _with_k2_gradient(k3(log_ratio), log_ratio)
+
+
+# Each maps log r = log(pi_ref / pi) [N, T] to the per-token estimate [N, T].
+KL_ESTIMATORS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "k1": k1,
+    "k2": k2,
+    "k3": k3,
+    "k1+": k1_plus,
+    "k3+": k3_plus,
+}
+# Those whose expected gradient minimises a KL; k1's is zero, so it cannot be a loss term.
+KL_LOSS_ESTIMATORS = {name: KL_ESTIMATORS[name] for name in ("k1+", "k2", "k3", "k3+")}
+
+
+def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
+    """Per-token KL estimate ``KL_ESTIMATORS[estimator](log r)``; log_probs, ref_log_probs: [N, T] -> [N, T].
+
+    Values for every estimator, gradients as in the module docstring; for a loss term
+    use ``kl_loss_term``, which refuses k1.
+    """
+    estimator_fn = lookup(KL_ESTIMATORS, estimator, "KL estimator")
+    return estimator_fn(ref_log_probs - log_probs)  # log r = log(pi_ref / pi)
 
 
 def kl_loss_term(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, estimator: str) -> torch.Tensor:

@@ -1,12 +1,12 @@
 """Log-probabilities of chosen tokens under pi_tau = softmax(logits / tau), chunked.
 
-Shapes: n rows (responses), T tokens per row, V vocabulary.
+Shapes: N rows (responses), T tokens per row, V vocabulary.
 
     log pi_tau(token) = z[token] - logsumexp(z),   z = logits / tau
 
-A float32 log-softmax over [n, T, V] can be gigabytes; here rows are processed in
+A float32 log-softmax over [N, T, V] can be gigabytes; here rows are processed in
 chunks of about ``chunk_elements`` float32 logits, and backward keeps only the logits
-and logsumexp [n, T], so the extra memory is bounded whatever n, T and V are.
+and logsumexp [N, T], so the extra memory is bounded whatever N, T and V are.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ DEFAULT_CHUNK_ELEMENTS = 2**28
 
 
 def row_chunks(logits: torch.Tensor, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> list[slice]:
-    """Slices of the rows of logits [n, T, V], each about ``chunk_elements`` logits (at least one row)."""
+    """Slices of the rows of logits [N, T, V], each about ``chunk_elements`` logits (at least one row)."""
     num_rows = logits.shape[0]
     chunk_rows = max(1, chunk_elements // max(1, logits.shape[1] * logits.shape[2]))
     return [slice(start, min(start + chunk_rows, num_rows)) for start in range(0, num_rows, chunk_rows)]
@@ -30,12 +30,12 @@ class _TokenLogProbs(torch.autograd.Function):
 
     Forward: ``z[token] - logsumexp(z)`` with ``z = logits.float() / tau``; backward:
     ``(onehot(token) - softmax(z)) * grad / tau``. Only the logits (in their own dtype)
-    and logsumexp [n, T] are kept for backward, never a float32 [n, T, V] log-softmax.
+    and logsumexp [N, T] are kept for backward, never a float32 [N, T, V] log-softmax.
     """
 
     @staticmethod
     def forward(ctx, logits, tokens, temperature, chunks):
-        # logits [n, T, V], tokens [n, T], chunks: slices of the n rows -> log-probs [n, T] float32
+        # logits [N, T, V], tokens [N, T], chunks: slices of the N rows -> log-probs [N, T] float32
         log_z = torch.empty(tokens.shape, dtype=torch.float32, device=logits.device)
         log_probs = torch.empty_like(log_z)
         for rows in chunks:
@@ -62,7 +62,7 @@ class _TokenLogProbs(torch.autograd.Function):
 def token_log_probs(
     logits: torch.Tensor, tokens: torch.Tensor, temperature: float, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS
 ) -> torch.Tensor:
-    """log softmax(logits / temperature) at ``tokens``: logits [n, T, V], tokens [n, T] -> [n, T] float32.
+    """log softmax(logits / temperature) at ``tokens``: logits [N, T, V], tokens [N, T] -> [N, T] float32.
 
     Differentiable with respect to ``logits``; rows are processed in chunks of about
     ``chunk_elements`` float32 logits.

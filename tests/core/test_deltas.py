@@ -104,8 +104,8 @@ def test_lecture_two_state_baseline_example():
 
     flat, res = rewards.flatten(), residuals.flatten()
     # Lecture quotes "5.3 -> 1.1". Mean 5.5, squared deviations 30.25 + 12.25 + 30.25 + 12.25
-    # = 85. Bessel (n-1): sqrt(85/3) = 5.3229 -> "5.3"; residuals sqrt(4/3) = 1.1547 -> "1.1".
-    # Population (n): sqrt(85/4) = 4.6098 and sqrt(4/4) = 1.0 would be quoted "4.6 -> 1.0".
+    # = 85. Bessel (divide by 4 - 1): sqrt(85/3) = 5.3229 -> "5.3"; residuals sqrt(4/3) = 1.1547 -> "1.1".
+    # Population (divide by 4): sqrt(85/4) = 4.6098 and sqrt(4/4) = 1.0 would be quoted "4.6 -> 1.0".
     # So the lecture's numbers are torch.std's default (Bessel) standard deviations.
     assert round(flat.std(unbiased=True).item(), 2) == 5.32
     assert round(res.std(unbiased=True).item(), 2) == 1.15

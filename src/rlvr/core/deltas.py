@@ -1,0 +1,110 @@
+"""Deltas from rewards: the factor that multiplies grad log pi(a|s).
+
+Every method is ``grad log pi(a|s) * delta``; they differ only in delta. Rewards and
+deltas are ``[B, G]``: B prompts (states), G sampled responses per prompt (the group).
+
+``DELTA_MODES`` maps each mode to its function ``(rewards, valid, eps) -> deltas``, all
+``[B, G]``: ``rewards`` has its invalid entries already zeroed, ``valid`` is bool (the
+entries that enter the group statistics); entries where ``valid`` is False may hold
+anything, ``compute_deltas`` zeroes them. Below, r is a group's valid rewards and G' their
+number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from rlvr.core.registry import lookup
+
+
+def _group_mean(rewards: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean over the valid entries of each group, and their count G'. [B, G] -> [B, 1] each.
+
+    rewards: [B, G] with G > 0 and invalid entries already zeroed.
+    """
+    count = valid.sum(dim=1, keepdim=True).to(rewards.dtype)
+    # Sum offsets from the group's first valid reward: a constant group then has a mean
+    # exactly equal to its value, so its centered deltas are exactly 0. A plain sum
+    # leaves rounding (0.1 seven times: centered -7e-9, normalized -0.007).
+    first = valid.to(torch.int8).argmax(dim=1, keepdim=True)  # [B, 1]; 0 if none valid
+    shift = rewards.gather(1, first)  # [B, 1]
+    offsets = torch.where(valid, rewards - shift, torch.zeros_like(rewards))
+    return shift + offsets.sum(dim=1, keepdim=True) / count.clamp(min=1), count
+
+
+def raw(rewards: torch.Tensor, valid: torch.Tensor, eps: float) -> torch.Tensor:
+    """delta = r (naive policy gradient). [B, G] -> [B, G]."""
+    return rewards
+
+
+def centered(rewards: torch.Tensor, valid: torch.Tensor, eps: float) -> torch.Tensor:
+    """delta = r - mean(r) (group-mean baseline). [B, G] -> [B, G]."""
+    mean, _ = _group_mean(rewards, valid)
+    return rewards - mean
+
+
+def normalized(rewards: torch.Tensor, valid: torch.Tensor, eps: float) -> torch.Tensor:
+    """delta = (r - mean(r)) / (std(r) + eps) (GRPO). [B, G] -> [B, G].
+
+    std with Bessel's correction, as ``torch.std``; a group with G' = 1 has std 0.
+    """
+    mean, count = _group_mean(rewards, valid)
+    deviations = rewards - mean  # [B, G]
+    sq = torch.where(valid, deviations.square(), torch.zeros_like(rewards)).sum(dim=1, keepdim=True)
+    std = (sq / (count - 1).clamp(min=1)).sqrt()  # [B, 1]
+    return deviations / (std + eps)
+
+
+def max_only(rewards: torch.Tensor, valid: torch.Tensor, eps: float) -> torch.Tensor:
+    """delta = r where r equals the group max, else 0. [B, G] -> [B, G]."""
+    masked = torch.where(valid, rewards, torch.full_like(rewards, -torch.inf))
+    group_max = masked.max(dim=1, keepdim=True).values  # [B, 1]
+    return torch.where(rewards == group_max, rewards, torch.zeros_like(rewards))
+
+
+def leave_one_out(rewards: torch.Tensor, valid: torch.Tensor, eps: float) -> torch.Tensor:
+    """delta = r - mean of the other G'-1 rewards = G'/(G'-1) * (r - mean(r)) (RLOO).
+
+    0 when G' = 1 (no other reward to compare with). [B, G] -> [B, G].
+    """
+    mean, count = _group_mean(rewards, valid)
+    deltas = (rewards - mean) * count / (count - 1).clamp(min=1)
+    return torch.where(count > 1, deltas, torch.zeros_like(rewards))
+
+
+DELTA_MODES: dict[str, Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]] = {
+    "raw": raw,
+    "centered": centered,
+    "normalized": normalized,
+    "max_only": max_only,
+    "leave_one_out": leave_one_out,
+}
+
+
+def compute_deltas(
+    rewards: torch.Tensor,
+    mode: str,
+    eps: float = 1e-6,
+    valid: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Per-response deltas from group rewards: ``DELTA_MODES[mode]`` over the valid rewards.
+
+    rewards: [B, G] float. valid: optional [B, G] bool, False where the reward abstained
+    (those entries are left out of the group statistics and get delta 0). NaN rewards
+    count as abstentions too. eps: added to the std by ``normalized``.
+    Returns [B, G] with the dtype of ``rewards``.
+    """
+    if rewards.dim() != 2:
+        raise ValueError(f"rewards must be [B, G], got shape {tuple(rewards.shape)}")
+    delta_fn = lookup(DELTA_MODES, mode, "delta mode")
+    if valid is not None and valid.shape != rewards.shape:
+        raise ValueError(f"valid shape {tuple(valid.shape)} != rewards shape {tuple(rewards.shape)}")
+    if rewards.numel() == 0:  # B = 0 or G = 0: no group statistics to take
+        return torch.zeros_like(rewards)
+    finite = torch.isfinite(rewards)
+    valid = finite if valid is None else (valid.bool() & finite)
+    zero = torch.zeros_like(rewards)
+    rewards = torch.where(valid, rewards, zero)
+    return torch.where(valid, delta_fn(rewards, valid, eps), zero)
