@@ -9,18 +9,14 @@ import re
 
 import pytest
 import torch
+from tiny_lm import TINY, make_policy
 
 from rlvr.config import PolicyConfig
+from rlvr.engines.hf import draw_tokens
 from rlvr.modeling import init_model, load_model_and_tokenizer
-from rlvr.policies.causal_lm import (
-    CausalLMPolicy,
-    build_causal_lm_policy,
-    cut_at_stop_string,
-    draw_tokens,
-)
+from rlvr.policies.causal_lm import CausalLMPolicy, build_causal_lm_policy, cut_at_stop_string
 
 PROMPTS = ["123456>", "98>", {"prompt": "5"}]  # different lengths: left padding
-TINY = dict(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, max_positions=64)
 
 
 @pytest.fixture(scope="module", params=["llama", "gpt2"])
@@ -31,11 +27,6 @@ def model_dir(request, tmp_path_factory):
 @pytest.fixture(scope="module")
 def llama_dir(tmp_path_factory):
     return init_model(tmp_path_factory.mktemp("llama"), arch="llama", **TINY)
-
-
-def make_policy(path, **settings) -> CausalLMPolicy:
-    model, tokenizer = load_model_and_tokenizer(path)
-    return CausalLMPolicy(model, tokenizer, **{"max_new_tokens": 12, **settings})
 
 
 def sample(policy, seed=0, group_size=4, temperature=1.0, prompts=PROMPTS):
@@ -73,7 +64,7 @@ def reference_greedy(policy, prompt: str) -> str:
     ids = policy.tokenizer(prompt)["input_ids"]
     response = []
     with torch.no_grad():
-        for _ in range(policy.max_new_tokens):
+        for _ in range(policy.max_response_length):
             token = int(policy.module(torch.tensor([ids + response])).logits[0, -1].argmax())
             response.append(token)
             if token == policy.tokenizer.eos_token_id:
@@ -282,7 +273,7 @@ def test_bad_settings_are_rejected(llama_dir):
 def test_build_from_policy_config(llama_dir):
     options = {"model": str(llama_dir), "max_new_tokens": 5, "stop_strings": ["="], "dtype": "float32"}
     policy = build_causal_lm_policy(PolicyConfig(name="causal_lm", options=options))
-    assert policy.max_new_tokens == 5 and policy.stop_strings == ["="]
+    assert policy.max_response_length == 5 and policy.sampling.stop_strings == ("=",)
     assert sample(policy).response_ids.shape[1] <= 5
     with pytest.raises(ValueError, match="max_new_token"):
         build_causal_lm_policy(PolicyConfig(name="causal_lm", options={"model": str(llama_dir), "max_new_token": 5}))

@@ -13,14 +13,14 @@ def lecture_forward(model: PositionalModel, prompts: torch.Tensor) -> torch.Tens
 
 def test_forward_equals_lecture_einsums():
     torch.manual_seed(0)
-    model = PositionalModel(vocab_size=7, embedding_dim=6, num_positions=4).double()
+    model = PositionalModel(vocab_size=7, embedding_dim=6, num_numbers=4).double()
     prompts = torch.randint(0, 7, (5, 4))
     torch.testing.assert_close(model(prompts), lecture_forward(model, prompts), rtol=1e-12, atol=1e-12)
 
 
 def test_sampling_shapes_seed_and_log_probs():
     torch.manual_seed(0)
-    policy = PositionalPolicy(vocab_size=5, embedding_dim=10, num_positions=3)
+    policy = PositionalPolicy(vocab_size=5, embedding_dim=10, num_numbers=3)
     prompts = torch.tensor([[1, 0, 2], [3, 2, 4]])
     a = policy.sample(prompts, 6, 0.7, torch.Generator().manual_seed(1))
     b = policy.sample(prompts, 6, 0.7, torch.Generator().manual_seed(1))
@@ -42,7 +42,7 @@ def test_sampling_shapes_seed_and_log_probs():
 
 def test_sample_frequencies_follow_the_policy():
     torch.manual_seed(0)
-    policy = PositionalPolicy(vocab_size=4, embedding_dim=4, num_positions=2)
+    policy = PositionalPolicy(vocab_size=4, embedding_dim=4, num_numbers=2)
     prompts = torch.tensor([[1, 3]])
     samples = policy.sample(prompts, 20000, 1.0, torch.Generator().manual_seed(0))
     probs = torch.softmax(policy.module(prompts), -1)[0, 0].detach()  # position 0, [V]
@@ -53,14 +53,14 @@ def test_sample_frequencies_follow_the_policy():
 
 def test_greedy_is_argmax():
     torch.manual_seed(0)
-    policy = PositionalPolicy(vocab_size=5, embedding_dim=10, num_positions=3)
+    policy = PositionalPolicy(vocab_size=5, embedding_dim=10, num_numbers=3)
     prompts = torch.tensor([[1, 0, 2]])
     assert torch.equal(policy.greedy(prompts)[:, 0], policy.module(prompts).argmax(-1))
 
 
 def test_fused_log_probs_gradient_equals_autograd():
     torch.manual_seed(0)
-    policy = PositionalPolicy(vocab_size=6, embedding_dim=5, num_positions=4)
+    policy = PositionalPolicy(vocab_size=6, embedding_dim=5, num_numbers=4)
     policy.module.double()
     prompts = torch.randint(0, 6, (3, 4))
     samples = policy.sample(prompts, 5, 1.3, torch.Generator().manual_seed(0))
@@ -90,3 +90,17 @@ def test_consecutive_groups_equal_unique_consecutive():
     got = consecutive_groups(rows)
     want = torch.unique_consecutive(rows, dim=0, return_inverse=True)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_log_probs_of_another_module_are_that_modules_and_leave_the_policy_alone():
+    # the KL reference is scored through ``module=``: same numbers as a policy that owns
+    # those weights, and the policy's own module is neither swapped nor changed
+    torch.manual_seed(0)
+    policy, reference = (PositionalPolicy(vocab_size=5, embedding_dim=6, num_numbers=3) for _ in range(2))
+    own = policy.module
+    samples = policy.sample(torch.tensor([[1, 0, 2], [3, 2, 4]]), 4, 1.0, torch.Generator().manual_seed(0))
+    got, got_entropy = policy.log_probs(samples, 0.7, with_entropy=True, module=reference.module)
+    want, want_entropy = reference.log_probs(samples, 0.7, with_entropy=True)
+    assert torch.equal(got, want) and torch.equal(got_entropy, want_entropy)
+    assert policy.module is own
+    assert not torch.equal(policy.log_probs(samples, 0.7)[0], want)  # the two modules differ

@@ -19,15 +19,15 @@ from rlvr.rollout import Samples
 class PositionalModel(nn.Module):
     """prompts [B, n] -> logits [B, n, V]."""
 
-    def __init__(self, vocab_size: int, embedding_dim: int, num_positions: int, embedding_std: float = 1.0):
+    def __init__(self, vocab_size: int, embedding_dim: int, num_numbers: int, embedding_std: float = 1.0):
         super().__init__()
         d = embedding_dim
         self.embedding = nn.Embedding(vocab_size, d)
         # std 1 is nn.Embedding's default (the lecture's); logits scale with its square,
         # so smaller values start the policy closer to uniform (more exploration).
         nn.init.normal_(self.embedding.weight, std=embedding_std)
-        self.encode = nn.Parameter(torch.randn(num_positions, d, d) / math.sqrt(d))  # [n, D, D]
-        self.decode = nn.Parameter(torch.randn(num_positions, d, d) / math.sqrt(d))  # [n, D, D]
+        self.encode = nn.Parameter(torch.randn(num_numbers, d, d) / math.sqrt(d))  # [n, D, D]
+        self.decode = nn.Parameter(torch.randn(num_numbers, d, d) / math.sqrt(d))  # [n, D, D]
 
     def forward(self, prompts: torch.Tensor) -> torch.Tensor:
         b, n = prompts.shape
@@ -115,9 +115,9 @@ def consecutive_groups(prompt_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 class PositionalPolicy:
     """Policy over fixed-length responses of n tokens; see ``rlvr.rollout.Policy``."""
 
-    def __init__(self, vocab_size: int, embedding_dim: int, num_positions: int, embedding_std: float = 1.0):
-        self.module = PositionalModel(vocab_size, embedding_dim, num_positions, embedding_std)
-        self.max_response_length = num_positions  # every response has exactly n tokens
+    def __init__(self, vocab_size: int, embedding_dim: int, num_numbers: int, embedding_std: float = 1.0):
+        self.module = PositionalModel(vocab_size, embedding_dim, num_numbers, embedding_std)
+        self.max_response_length = num_numbers  # every response has exactly n tokens
         self._groups: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     @torch.no_grad()
@@ -139,10 +139,14 @@ class PositionalPolicy:
         return Samples(responses, response_ids, mask, prompt_ids, mask.clone(), sample_lp)
 
     def log_probs(
-        self, samples: Samples, temperature: float = 1.0, with_entropy: bool = False
+        self, samples: Samples, temperature: float = 1.0, with_entropy: bool = False,
+        module: PositionalModel | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """log pi(response_t | prompt) [n_rows, n], and per-position entropy if asked."""
-        m = self.module
+        """log pi(response_t | prompt) [n_rows, n], and per-position entropy if asked.
+
+        ``module``: score with these weights instead of the policy's (the frozen reference).
+        """
+        m = self.module if module is None else module
         # Every inner step scores the same rollout: find its groups once.
         if self._groups is None or self._groups[0] is not samples.prompt_ids:
             self._groups = (samples.prompt_ids, *consecutive_groups(samples.prompt_ids))

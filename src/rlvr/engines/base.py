@@ -1,0 +1,109 @@
+"""The generation seam: what a policy asks of the thing that decodes responses.
+
+Shapes: B prompts, G responses per prompt, N = B*G responses (row ``b * G + g`` is
+response g of prompt b), P prompt tokens (left-padded), T response tokens (right-padded).
+
+An engine turns token ids into token ids: prompts are encoded and responses decoded to
+text by the policy, and scoring (log-probs for the loss) stays with the policy too. The
+engine holds the weights it samples with; ``load_weights`` gives it the trainer's. The
+in-process engine (``rlvr.engines.hf``) shares the trainer's module, so receiving weights
+costs nothing there; an engine with its own copy (another process, another library) must
+copy them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to decode a response.
+
+    temperature:    tau of pi_tau = softmax(logits / tau); 0 means greedy (argmax).
+    top_k, top_p:   sampling truncation (0 and 1.0 disable them); the recorded log-probs
+                    are those of pi_tau whatever the truncation. Unused when greedy.
+    max_new_tokens: longest response, in tokens.
+    min_new_tokens: the end tokens (EOS and stop tokens) cannot be chosen before this many tokens.
+    eos_token_ids:  tokens that end a response (the model's EOS ids).
+    stop_token_ids: more tokens that end a response (kept in it, like EOS).
+    stop_strings:   a response ends with the token that completes one of these.
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    min_new_tokens: int = 0
+    eos_token_ids: tuple[int, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0.0:
+            raise ValueError(f"temperature must be >= 0 (0: greedy), got {self.temperature}")
+        if self.max_new_tokens < 1 or not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise ValueError(f"need 1 <= max_new_tokens and 0 <= min_new_tokens <= max_new_tokens, "
+                             f"got max_new_tokens={self.max_new_tokens}, min_new_tokens={self.min_new_tokens}")
+        if self.top_k < 0 or not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"need top_k >= 0 and 0 < top_p <= 1, got top_k={self.top_k}, top_p={self.top_p}")
+        if isinstance(self.stop_strings, str) or any(not s for s in self.stop_strings):
+            raise ValueError(f"stop_strings must be a list of non-empty strings, got {self.stop_strings!r}")
+        for name in ("eos_token_ids", "stop_token_ids", "stop_strings"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))  # lists in, hashable tuples kept
+
+    @property
+    def greedy(self) -> bool:
+        """Temperature 0: the argmax token at every step, no randomness."""
+        return self.temperature == 0.0
+
+    @property
+    def end_token_ids(self) -> tuple[int, ...]:
+        """Every token that ends a response: EOS and the stop tokens, sorted, once each."""
+        return tuple(sorted(set(self.eos_token_ids) | set(self.stop_token_ids)))
+
+
+@dataclass
+class Generation:
+    """What an engine returns for N = B*G responses.
+
+    response_ids:     [N, T] long, the chosen tokens, padding after each response's end
+    response_mask:    [N, T] bool, True on response tokens (the end token included);
+                      T is the longest response's length
+    sample_log_probs: [N, T] float, log pi_tau of each chosen token (0 off the mask; all
+                      0 when greedy, where there is no tau > 0 to score under)
+    """
+
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    sample_log_probs: torch.Tensor
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """[N] long: tokens in each response."""
+        return self.response_mask.sum(-1)
+
+
+class Engine(Protocol):
+    """Decodes responses to prompts given as token ids; holds the weights it samples with.
+
+    ``weights_version`` counts the weights received by ``load_weights`` (0: the ones it
+    was built with).
+    """
+
+    weights_version: int
+
+    def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int,
+                 sampling: SamplingParams, generator: torch.Generator | None = None) -> Generation:
+        """G responses to each of B prompts: prompt_ids [B, P] long, prompt_mask [B, P] bool
+        (True on real tokens, left-padded). ``generator`` drives the draws (same seed, same
+        responses); it may be None only when ``sampling.greedy``."""
+        ...
+
+    def load_weights(self, weights: torch.nn.Module | Mapping[str, torch.Tensor]) -> None:
+        """Sample from now on with ``weights`` (the trainer's module, or its state dict)."""
+        ...

@@ -1,0 +1,71 @@
+"""Setting up a transformers causal LM for RL: its limits, its device, dropout, checkpointing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def max_positions(model: torch.nn.Module) -> int | None:
+    """The longest sequence ``model`` takes, prompt and response together: its config's
+    ``max_position_embeddings`` (``n_positions`` in GPT-2's), or None if it states none."""
+    config = getattr(model, "config", None)
+    for name in ("max_position_embeddings", "n_positions"):
+        if isinstance(getattr(config, name, None), int):
+            return getattr(config, name)
+    return None
+
+
+def eos_token_ids(model: torch.nn.Module, tokenizer: Any) -> tuple[int, ...]:
+    """The token ids that end a response, sorted: the tokenizer's EOS and the generation config's."""
+    ids = {tokenizer.eos_token_id}
+    config_ids = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids.update(config_ids if isinstance(config_ids, list) else [config_ids])
+    ids.discard(None)
+    if not ids:
+        raise ValueError("the tokenizer and the model's generation config define no EOS token")
+    return tuple(sorted(ids))
+
+
+def check_device(device: str | torch.device) -> None:
+    """A ValueError unless ``device`` is a torch device this machine has."""
+    try:
+        where = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device={device!r} is not a torch device (e.g. cpu, cuda, cuda:1, mps)") from None
+    if where.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={device!r} but CUDA is not available (torch.cuda.is_available() is False); "
+                             "use device=cpu")
+        if where.index is not None and where.index >= torch.cuda.device_count():
+            raise ValueError(f"device={device!r} but this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if where.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device={device!r} but MPS is not available; use device=cpu")
+
+
+def disable_dropout(model: torch.nn.Module) -> None:
+    """Dropout probability 0 everywhere: ``nn.Dropout`` modules and the float
+    ``attention_dropout`` attributes that attention layers pass to their kernels."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
+
+
+def enable_checkpointing(model: torch.nn.Module) -> None:
+    """Non-reentrant activation checkpointing (transformers 5 name, else the older one)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def checkpointing_active(model: torch.nn.Module) -> bool:
+    """Is activation checkpointing active (it drops KV caches in train mode)?
+
+    Read from the layers' flag, which transformers sets whatever wraps the model (peft).
+    """
+    return model.training and any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
