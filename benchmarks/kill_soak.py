@@ -1,7 +1,7 @@
 """Kill soak: runs killed (SIGKILL) or stopped (SIGTERM) at random moments, then resumed,
 must end exactly where an uninterrupted run ends, and leave no process behind.
 
-Two workloads, both with reward functions that fail at random (``rlvr.reward_faults``:
+Two workloads, both with reward functions that fail at random (``rlvr.rewards.faults``:
 one raises, one returns NaN, one hangs past its time limit): the sorting toy and a
 tiny character LM on text sorting (written offline with ``rlvr.modeling.init_model``).
 Each is first run straight through the CLI. Then, run after run, each process is sent
@@ -44,8 +44,8 @@ import torch
 from rlvr.checkpoint import list_checkpoints, load_latest
 from rlvr.metrics import read_records, without_timings
 
-FAULTS = ("['rlvr.reward_faults:flaky', 'rlvr.reward_faults:sometimes_nan', "
-          "'rlvr.reward_faults:sometimes_hangs']")
+FAULTS = ("['rlvr.rewards.faults:flaky', 'rlvr.rewards.faults:sometimes_nan', "
+          "'rlvr.rewards.faults:sometimes_hangs']")
 # A hang costs its time limit; 1 s is far above a normal call even on a loaded machine,
 # so which calls time out does not depend on the load (the runs must be equal).
 COMMON = [f"rewards.functions={FAULTS}", "rewards.timeout=1.0", "log.progress=false", "log.plot=false",

@@ -1,4 +1,4 @@
-"""rlvr.reward_workers: worker processes, and what they start, never outlive the trainer."""
+"""rlvr.rewards.workers: worker processes, and what they start, never outlive the trainer."""
 
 from __future__ import annotations
 

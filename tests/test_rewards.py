@@ -373,6 +373,29 @@ def test_arrays_and_zero_dim_values_are_accepted(form, timeout):
     assert result.rewards.tolist() == [1.0, 2.0, 3.0, 4.0]
 
 
+def test_a_tensor_of_finite_floats_is_judged_as_a_whole_with_the_same_verdict():
+    # In-process, a 1-d floating tensor of finite values skips the value-by-value judging;
+    # the values (float64 rounded to float32 once) and the stats are those of the list.
+    values = [0.1, 1 / 3, 2.0, 1e-8]
+    as_list = RewardSpec(lambda prompts, completions, **kw: values, name="as_list")
+    as_tensor = RewardSpec(lambda prompts, completions, **kw: torch.tensor(values, dtype=torch.float64),
+                           name="as_tensor")
+    result = RewardRunner([as_list, as_tensor])(["p"] * 4, ["a", "b", "c", "d"])
+    assert torch.equal(result.column("as_list"), result.column("as_tensor"))
+    assert result.stats["as_list"] == result.stats["as_tensor"]  # mean from the float64 values, in both
+    assert result.stats["as_tensor"].mean == math.fsum(values) / 4
+
+
+@pytest.mark.parametrize("bad", [NAN, math.inf])
+def test_a_tensor_with_a_non_finite_value_is_judged_value_by_value(bad, caplog):
+    spec = RewardSpec(lambda prompts, completions, **kw: torch.tensor([1.0, bad, 3.0]), name="vector")
+    with caplog.at_level(logging.WARNING, logger="rlvr.rewards"):
+        result = RewardRunner([spec])(["p"] * 3, ["a", "b", "c"])
+    assert (result.stats["vector"].scored, result.stats["vector"].invalid) == (2, 1)
+    assert result.stats["vector"].mean == 2.0
+    assert "not a finite number on completion 1" in caplog.text
+
+
 # worker processes
 
 
@@ -427,7 +450,8 @@ def test_chunks_that_raise_are_retried_per_completion():
 
 def test_fork_workers_run_closures():
     offset = 10.0
-    spec = RewardSpec(lambda prompts, completions, **kw: [offset + len(c) for c in completions], name="closure", timeout=2.0)
+    spec = RewardSpec(lambda prompts, completions, **kw: [offset + len(c) for c in completions], name="closure",
+                      timeout=2.0)
     with RewardRunner([spec], num_workers=1) as runner:
         assert runner(["p", "p"], ["a", "bb"]).rewards.tolist() == [11.0, 12.0]
 

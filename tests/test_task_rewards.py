@@ -10,9 +10,10 @@ from rlvr.cli import main
 from rlvr.config import ConfigError, load_config
 from rlvr.evaluation import pass_at_k
 from rlvr.metrics import read_records
-from rlvr.reward_faults import flaky
-from rlvr.rewards import RewardRunner, RewardSpec
-from rlvr.tasks import build_task
+from rlvr.rewards import RewardRunner, RewardSpec, combine_rewards
+from rlvr.rewards.faults import flaky
+from rlvr.tasks import TASKS, build_task, check_task_options, reward_runner
+from rlvr.tasks.sorting import LECTURE_PROMPTS, REWARD_FUNCTIONS
 from rlvr.trainer import train
 
 FAST = ["log.progress=false", "log.plot=false", "log.checkpoint_every=0"]
@@ -31,7 +32,7 @@ def test_pass_at_k_by_hand():
 def test_failing_reward_functions_abstain_and_are_counted():
     config = load_config(None, FAST + [
         "algo.epochs=3",
-        "rewards.functions=['rlvr.reward_faults:flaky', {function: 'rlvr.reward_faults:sometimes_nan', weight: 2}]",
+        "rewards.functions=['rlvr.rewards.faults:flaky', {function: 'rlvr.rewards.faults:sometimes_nan', weight: 2}]",
     ])
     records = [r for r in train(config) if r["kind"] == "train"]
     errors = sum(r["reward/flaky/errors"] for r in records[::10])
@@ -44,7 +45,7 @@ def test_failing_reward_functions_abstain_and_are_counted():
 def test_strict_mode_makes_the_first_error_fatal(tmp_path, capsys):
     out = tmp_path / "run"
     code = main(["train", f"out_dir={out}", *FAST, "algo.epochs=3", "rewards.strict=true",
-                 "rewards.functions=['rlvr.reward_faults:flaky']"])
+                 "rewards.functions=['rlvr.rewards.faults:flaky']"])
     assert code == 4
     assert "flaky" in capsys.readouterr().err
 
@@ -53,7 +54,7 @@ def test_hanging_reward_function_times_out_and_the_run_goes_on():
     config = load_config(None, FAST + [
         "algo.epochs=2", "algo.inner_steps=1", "rewards.timeout=0.5", "task.prompts=null",
         "task.vocab_size=10", "task.prompts_per_epoch=6", "task.eval_size=2", "log.eval_samples=2",
-        "rewards.functions=['rlvr.reward_faults:sometimes_hangs']",
+        "rewards.functions=['rlvr.rewards.faults:sometimes_hangs']",
     ])
     records = [r for r in train(config) if r["kind"] == "train"]
     assert sum(r["reward/sometimes_hangs/timeouts"] for r in records) > 0
@@ -61,10 +62,10 @@ def test_hanging_reward_function_times_out_and_the_run_goes_on():
 
 @pytest.mark.parametrize("spec, message", [
     ("['nomodule_xyz:f']", "rewards.functions[0]"),
-    ("['rlvr.reward_faults']", "must be 'module:function'"),
-    ("[{function: 'rlvr.reward_faults:flaky', wieght: 1}]", "unknown keys ['wieght']"),
-    ("[{function: 'rlvr.reward_faults:flaky', required: 1}]", "required=1 must be true or false"),
-    ("[{function: 'rlvr.reward_faults:flaky', required: true}]", "rewards.functions[0].required"),  # sorting
+    ("['rlvr.rewards.faults']", "must be 'module:function'"),
+    ("[{function: 'rlvr.rewards.faults:flaky', wieght: 1}]", "unknown keys ['wieght']"),
+    ("[{function: 'rlvr.rewards.faults:flaky', required: 1}]", "required=1 must be true or false"),
+    ("[{function: 'rlvr.rewards.faults:flaky', name: inclusion_ordering}]", "repeated: inclusion_ordering"),
 ])
 def test_bad_reward_function_specs_are_config_errors(spec, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
@@ -110,7 +111,7 @@ def test_required_function_without_a_verdict_abstains_the_sample(required):
 
 
 def _padded(gold: str, raises: bool) -> str:
-    """``gold`` padded with spaces so that rlvr.reward_faults.flaky raises on it (or not)."""
+    """``gold`` padded with spaces so that rlvr.rewards.faults.flaky raises on it (or not)."""
     for width in range(len(gold), len(gold) + 100):
         text = gold.rjust(width)
         try:
@@ -128,7 +129,7 @@ def _padded(gold: str, raises: bool) -> str:
 def test_required_user_function_that_raises_abstains_the_sample(required):
     config = load_config(None, [
         "task.name=arithmetic", "policy.name=causal_lm", "rewards.timeout=null",
-        f"rewards.functions=[{{function: 'rlvr.reward_faults:flaky', required: {str(required).lower()}}}]",
+        f"rewards.functions=[{{function: 'rlvr.rewards.faults:flaky', required: {str(required).lower()}}}]",
     ])
     with build_task(config) as task:
         prompt = task.eval_prompts()[0]
@@ -142,4 +143,93 @@ def test_required_user_function_that_raises_abstains_the_sample(required):
 @pytest.mark.parametrize("name", ["arithmetic", "sort_text"])
 def test_the_gold_check_is_the_only_required_builtin_reward(name):
     with build_task(load_config(None, [f"task.name={name}", "policy.name=causal_lm"])) as task:
-        assert [spec.name for spec in task.runner.specs if spec.required] == [task.correct_reward]
+        assert [spec.name for spec in task.runner.specs if spec.required] == [task.gold_reward]
+
+
+# sorting: the user's functions and the built-in reward in one runner
+
+
+def tenth(prompts, completions, **kwargs):
+    return [0.1] * len(completions)
+
+
+def fifth(prompts, completions, **kwargs):
+    return [0.2] * len(completions)
+
+
+def abstains(prompts, completions, **kwargs):
+    return [None] * len(completions)
+
+
+def _sorting_batch():
+    prompts = torch.tensor([[1, 0, 2], [3, 2, 4]])
+    responses = torch.tensor([[[0, 1, 2], [2, 1, 0], [1, 1, 1], [0, 0, 2]],
+                              [[2, 3, 4], [4, 3, 2], [3, 3, 3], [0, 1, 2]]])
+    return prompts, responses  # [B=2, n=3], [B, G=4, n]
+
+
+def test_sorting_adds_the_users_sum_to_its_reward_as_before():
+    # Before one runner, sorting computed builtin + (user combined), NaN as 0. In float32
+    # b + (0.1 + 0.2) and (b + 0.1) + 0.2 differ for b in {1, 4, 5}: the user's terms come
+    # first in the sum so that the numbers stay the same.
+    functions = "rewards.functions=['test_task_rewards:tenth', 'test_task_rewards:fifth', 'test_task_rewards:abstains']"
+    with build_task(load_config(None, [functions, "rewards.timeout=null"])) as task:
+        prompts, responses = _sorting_batch()
+        grades = task.grade(prompts, responses)
+    builtin = REWARD_FUNCTIONS["inclusion_ordering"](prompts, responses)  # [B, G]
+    user = torch.tensor([[0.1] * 8, [0.2] * 8, [math.nan] * 8]).T  # [N, 3], laid out as the runner had them
+    before = builtin + torch.nan_to_num(combine_rewards(user, torch.ones(3)), nan=0.0).reshape(2, 4)
+    assert torch.equal(grades.rewards, before)
+    other_order = (builtin + torch.tensor(0.1)) + torch.tensor(0.2)
+    assert not torch.equal(other_order, before)  # the test would see the order change
+    assert grades.metrics["reward/abstains/abstained"] == 8.0 and grades.metrics["reward/abstained"] == 0.0
+
+
+def test_sorting_takes_required_user_functions():
+    # flaky raises on some texts: there the required function leaves no reward at all
+    flaky_raises = []
+    prompts = torch.tensor(LECTURE_PROMPTS)
+    responses = torch.randint(0, 5, (3, 10, 3), generator=torch.Generator().manual_seed(0))  # [B, G, n]
+    for group in responses.tolist():
+        for response in group:
+            try:
+                flaky([""], [" ".join(map(str, response))])
+                flaky_raises.append(False)
+            except ValueError:
+                flaky_raises.append(True)
+    assert any(flaky_raises) and not all(flaky_raises)
+    functions = "rewards.functions=[{function: 'rlvr.rewards.faults:flaky', required: true}]"
+    with build_task(load_config(None, [functions, "rewards.timeout=null"])) as task:
+        rewards = task.grade(prompts, responses).rewards.reshape(-1)
+    builtin = REWARD_FUNCTIONS["inclusion_ordering"](prompts, responses).reshape(-1)
+    for raised, reward, b in zip(flaky_raises, rewards.tolist(), builtin.tolist()):
+        assert math.isnan(reward) if raised else reward == b + 0.5
+
+
+# the registry and the one factory
+
+
+def test_the_registry_names_every_task_by_its_config_name():
+    assert list(TASKS) == ["sorting", "sort_text", "arithmetic", "gsm8k"]
+    assert all(cls.name == name for name, cls in TASKS.items())
+
+
+def test_task_options_are_checked_without_building_the_task(tmp_path):
+    missing = tmp_path / "missing.jsonl"  # never read: the unknown key is found first
+    options = f"task.options={{train_path: '{missing}', eval_path: '{missing}', templat: plain}}"
+    config = load_config(None, ["task.name=gsm8k", "policy.name=causal_lm", options])
+    with pytest.raises(ConfigError, match="'gsm8k': unknown option 'templat'; did you mean 'template'"):
+        check_task_options(config)
+    check_task_options(load_config(None, ["task.options={anything: 1}"]))  # sorting does not read task.options
+
+
+def test_one_factory_builds_the_task_and_user_specs_in_summing_order():
+    config = load_config(None, ["task.name=sort_text", "policy.name=causal_lm", "rewards.strict=true",
+                                "rewards.num_workers=3", "rewards.functions=['test_task_rewards:tenth']"])
+    with build_task(config) as task:
+        assert task.runner.names == ("position", "exact_match", "tenth")  # the task's first
+        assert task.runner.strict and task.runner.num_workers == 3
+    sorting = build_task(load_config(None, ["rewards.functions=['test_task_rewards:tenth']", "rewards.timeout=null"]))
+    assert sorting.runner.names == ("tenth", "inclusion_ordering", "exact")  # the user's first
+    alone = reward_runner(TASKS["sort_text"]())  # as a task built directly grades
+    assert alone.names == ("position", "exact_match") and not alone.strict

@@ -109,8 +109,10 @@ def test_task_rewards_and_gold_check():
     task = ArithmeticTask()
     prompts = task.sample_prompts(3, torch.Generator().manual_seed(0))
     responses = [[p["answer"], str(int(p["answer"]) + 1), "?"] for p in prompts]
-    assert task.rewards(prompts, responses).tolist() == [[1.0, 0.0, 0.0]] * 3
-    assert task.is_correct(prompts, responses).tolist() == [[True, False, False]] * 3
+    grades = task.grade(prompts, responses)
+    assert grades.rewards.tolist() == [[1.0, 0.0, 0.0]] * 3
+    assert grades.correct.tolist() == [[True, False, False]] * 3
     result = task.score(prompts, responses)
     assert result.column("integer_format").tolist() == [[1.0, 1.0, 0.0]] * 3
-    assert all(completion == p["answer"] for (_, completion), p in zip(task.sft_examples(3, torch.Generator().manual_seed(0)), prompts))
+    examples = task.sft_examples(3, torch.Generator().manual_seed(0))
+    assert all(completion == p["answer"] for (_, completion), p in zip(examples, prompts))

@@ -84,12 +84,13 @@ def test_gold_answers_score_one_in_both_templates(task):
     prompts = task.eval_prompts()[:50]
     gold = [[task.sft_completion(p)] for p in prompts]
     # answer 1.0 + format 0.1 * 1.0
-    torch.testing.assert_close(task.rewards(prompts, gold), torch.full((50, 1), 1.1))
-    assert task.is_correct(prompts, gold).all()
+    grades = task.grade(prompts, gold)
+    torch.testing.assert_close(grades.rewards, torch.full((50, 1), 1.1))
+    assert grades.correct.all()
     with Gsm8kTask(DATA / "train.jsonl", DATA / "test.jsonl", template="plain", num_eval=50) as plain:
         prompts = plain.eval_prompts()
         assert len(prompts) == 50 and prompts[0]["prompt"].startswith("Question: Janet")
-        assert plain.is_correct(prompts, [[plain.sft_completion(p)] for p in prompts]).all()
+        assert plain.grade(prompts, [[plain.sft_completion(p)] for p in prompts]).correct.all()
 
 
 def test_equivalent_forms_score_one_and_wrong_numbers_zero():
@@ -147,9 +148,9 @@ def test_pathological_answer_times_out_and_abstains(task):
     assert result.stats["format"].scored == 2
     torch.testing.assert_close(result.rewards, torch.tensor([[math.nan, 1.1]]), equal_nan=True)
     assert result.metrics()["reward/abstained"] == 1.0
-    assert task.correct(result).tolist() == [[False, True]]
+    assert (result.column(task.gold_reward) == 1.0).tolist() == [[False, True]]  # grade's gold check
     # and the grader still works afterwards
-    assert task.is_correct([prompt], [[right]]).tolist() == [[True]]
+    assert task.grade([prompt], [[right]]).correct.tolist() == [[True]]
 
 
 def test_unparseable_gold_abstains_the_sample(task):

@@ -67,26 +67,27 @@ def test_too_large_eval_set_is_refused():
         SortTextTask(num_digits=1, num_eval=6)
 
 
-def test_rewards_is_correct_and_sft_examples():
+def test_grade_and_sft_examples():
     task = SortTextTask(num_digits=3)
     prompts = [{"prompt": "3 1 2>", "answer": "1 2 3"}, {"prompt": "0 0 9>", "answer": "0 0 9"}]
     responses = [["1 2 3", "1 3 2"], ["0 9", "x"]]
-    rewards = task.rewards(prompts, responses)
-    assert rewards.dtype == torch.float32 and rewards.shape == (2, 2)
+    grades = task.grade(prompts, responses)
+    assert grades.rewards.dtype == torch.float32 and grades.rewards.shape == (2, 2)
     # position + exact match, both weight 1
-    torch.testing.assert_close(rewards, torch.tensor([[2.0, 1 / 3], [1 / 3, 0.0]]))
-    assert task.is_correct(prompts, responses).tolist() == [[True, False], [False, False]]
+    torch.testing.assert_close(grades.rewards, torch.tensor([[2.0, 1 / 3], [1 / 3, 0.0]]))
+    assert grades.correct.tolist() == [[True, False], [False, False]]
+    assert grades.metrics["reward/exact_match/mean"] == 0.25
     examples = task.sft_examples(8, gen(0))
     texts, completions = zip(*examples)
     groups = [[c] for c in completions]
     dicts = task.sample_prompts(8, gen(0))
     assert list(texts) == [p["prompt"] for p in dicts]
-    assert task.is_correct(dicts, groups).all()
+    assert task.grade(dicts, groups).correct.all()
 
 
 def test_weights_override_and_unknown_names():
     task = SortTextTask(weights={"position": 0.0})
-    rewards = task.rewards([{"prompt": "2 1>", "answer": "1 2"}], [["1 2", "1 1"]])
+    rewards = task.grade([{"prompt": "2 1>", "answer": "1 2"}], [["1 2", "1 1"]]).rewards
     assert rewards.tolist() == [[1.0, 0.0]]
     with pytest.raises(ValueError, match="unknown reward names \\['exact'\\]; allowed: position, exact_match"):
         SortTextTask(weights={"exact": 1.0})

@@ -1,3 +1,5 @@
+"""rlvr.tasks.sorting: the lecture's rewards by hand, against the scalar definitions, and graded."""
+
 import itertools
 
 import pytest
@@ -5,6 +7,8 @@ import torch
 
 from rlvr.tasks.sorting import (
     LECTURE_PROMPTS,
+    REWARD_FUNCTIONS,
+    NumberTexts,
     SortingTask,
     exact_reward,
     exact_scalar,
@@ -12,6 +16,7 @@ from rlvr.tasks.sorting import (
     inclusion_ordering_scalar,
     position_match_reward,
     position_match_scalar,
+    sorting_reward,
 )
 
 PROMPT = [3, 1, 0, 2]
@@ -40,7 +45,43 @@ def test_lecture_examples_inclusion_ordering():
 def test_exact_reward_and_gold_check():
     assert exact_reward(*batch(PROMPT, RESPONSES)).tolist() == [[1.0, 0.0, 0.0]]
     task = SortingTask(num_numbers=4, vocab_size=8)
-    assert task.is_correct(*batch(PROMPT, RESPONSES)).tolist() == [[True, False, False]]
+    grades = task.grade(*batch(PROMPT, RESPONSES))
+    assert grades.correct.tolist() == [[True, False, False]]
+    # the reward is inclusion_ordering (7, 3, 6 as above); "exact" is reported with weight 0
+    assert grades.rewards.tolist() == [[7.0, 3.0, 6.0]]
+    # the toy's own rewards are its reward_mean and solve_rate: no per-function metrics
+    assert grades.metrics == {}
+    stats = task.score(*batch(PROMPT, RESPONSES)).stats
+    assert stats["inclusion_ordering"].mean == 16 / 3 and stats["exact"].mean == 1 / 3
+
+
+def test_exact_as_the_reward_is_also_the_gold_check():
+    task = SortingTask(num_numbers=4, vocab_size=8, reward="exact")
+    assert [spec.name for spec in task.runner.specs] == ["exact"]
+    grades = task.grade(*batch(PROMPT, RESPONSES))
+    assert grades.rewards.tolist() == [[1.0, 0.0, 0.0]] and grades.correct.tolist() == [[True, False, False]]
+
+
+@pytest.mark.parametrize("reward", ["exact", "position_match", "inclusion_ordering"])
+def test_trl_form_equals_the_vectorised_reward_on_text_and_on_number_texts(reward):
+    gen = torch.Generator().manual_seed(1)
+    prompts = torch.randint(0, 10, (5, 4), generator=gen)
+    responses = torch.randint(0, 10, (5, 3, 4), generator=gen)
+    want = REWARD_FUNCTIONS[reward](prompts, responses).reshape(15)  # [B, G] -> [N]
+    repeated = prompts.repeat_interleave(3, dim=0)  # [N, n]: each prompt once per response
+    texts = NumberTexts(repeated), NumberTexts(responses.reshape(15, 4))
+    assert torch.equal(sorting_reward(*texts, reward=reward), want)
+    as_lists = [list(t) for t in texts]  # plain strings, parsed
+    assert as_lists[1][0] == " ".join(map(str, responses[0, 0].tolist()))
+    assert torch.equal(sorting_reward(*as_lists, reward=reward), want)
+
+
+def test_number_texts_are_written_on_first_read_and_slice_lazily():
+    texts = NumberTexts(torch.tensor([[3, 1, 2], [10, 0, 7]]))
+    assert len(texts) == 2 and texts._texts is None
+    part = texts[1:]
+    assert isinstance(part, NumberTexts) and part._texts is None and texts[0:2] is texts
+    assert list(part) == ["10 0 7"] and texts[0] == "3 1 2"
 
 
 @pytest.mark.parametrize(

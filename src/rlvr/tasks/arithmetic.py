@@ -11,15 +11,16 @@ from __future__ import annotations
 import operator
 import random
 import re
-from typing import Any, Union
+from typing import Any
 
 import torch
 
-from rlvr.rewards import RewardRunner, RewardSpec
-from rlvr.tasks.text import GeneratedPrompts, Prompt, TextTask, resolve_weights
+from rlvr.rewards import RewardSpec
+from rlvr.tasks.grading import Prompt
+from rlvr.tasks.text import GeneratedPrompts, TextTask, resolve_weights
 
 # an expression: an operand, or (operator, left, right)
-Expression = Union[int, tuple[str, "Expression", "Expression"]]
+Expression = int | tuple[str, "Expression", "Expression"]
 
 OPERATORS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 PRECEDENCE = {"+": 1, "-": 1, "*": 2}
@@ -94,7 +95,8 @@ class ArithmeticTask(TextTask):
                unless set.
     """
 
-    correct_reward = "exact_answer"
+    name = "arithmetic"
+    gold_reward = "exact_answer"
 
     def __init__(
         self,
@@ -110,12 +112,14 @@ class ArithmeticTask(TextTask):
         if max_operand < 1:
             raise ValueError(f"max_operand must be >= 1, got {max_operand}")
         self.min_ops, self.max_ops, self.max_operand = min_ops, max_ops, max_operand
-        weights = resolve_weights(DEFAULT_WEIGHTS, weights)
-        self.runner = RewardRunner([
-            RewardSpec(exact_answer_reward, weights["exact_answer"], "exact_answer", required=True),
-            RewardSpec(integer_format_reward, weights["integer_format"], "integer_format"),
-        ])
+        self.weights = resolve_weights(DEFAULT_WEIGHTS, weights)
         self.prompts = GeneratedPrompts(self._draw, num_eval, eval_seed)
+
+    def reward_specs(self) -> list[RewardSpec]:
+        return [
+            RewardSpec(exact_answer_reward, self.weights["exact_answer"], "exact_answer", required=True),
+            RewardSpec(integer_format_reward, self.weights["integer_format"], "integer_format"),
+        ]
 
     def _draw(self, num: int, generator: torch.Generator) -> list[Prompt]:
         """``num`` random prompts. One draw from ``generator`` seeds a Python RNG, so the

@@ -21,17 +21,19 @@ timeout, or a gold that does not parse) gets no combined reward, format or not.
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
 import re
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
-from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
 from rlvr.data import read_jsonl
-from rlvr.rewards import RewardRunner, RewardSpec
-from rlvr.tasks.text import Prompt, TextTask, resolve_weights
+from rlvr.rewards import RewardSpec
+from rlvr.tasks.grading import Prompt
+from rlvr.tasks.text import TextTask, resolve_weights
 
 TEMPLATES = {
     "r1_zero": (
@@ -60,6 +62,12 @@ class _DropTimeoutWarning(logging.Filter):
 
 for _name in ("math_verify.parser", "math_verify.grader"):
     logging.getLogger(_name).addFilter(_DropTimeoutWarning())
+
+
+def math_verify() -> ModuleType:
+    """The math-verify module, imported on first use: it is an optional dependency (the
+    ``lm`` extra), and its import (sympy) takes about half a second."""
+    return importlib.import_module("math_verify")
 
 
 def extract_answer(completion: str, template: str = "r1_zero") -> str | None:
@@ -93,7 +101,8 @@ def is_equivalent(answer: str, gold: str) -> bool | None:
     expression path goes through sympy's ``parse_expr``, which evaluates Python, so model
     output never reaches it. The gold (trusted data) may use it.
     """
-    gold_parsed = parse(gold, extraction_config=[ExprExtractionConfig()], parsing_timeout=None)
+    mv = math_verify()
+    gold_parsed = mv.parse(gold, extraction_config=[mv.ExprExtractionConfig()], parsing_timeout=None)
     if not gold_parsed:
         return None
     # Plain words (units such as "18 dollars") are dropped; LaTeX commands (\\frac) stay.
@@ -106,8 +115,8 @@ def is_equivalent(answer: str, gold: str) -> bool | None:
     # math-verify finds math only inside delimiters; text with its own is not wrapped again
     if not any(delimiter in text for delimiter in _MATH_DELIMITERS):
         text = f"${text}$"
-    return verify(gold_parsed, parse(text, extraction_config=[LatexExtractionConfig()], parsing_timeout=None),
-                  timeout_seconds=None)
+    answer_parsed = mv.parse(text, extraction_config=[mv.LatexExtractionConfig()], parsing_timeout=None)
+    return mv.verify(gold_parsed, answer_parsed, timeout_seconds=None)
 
 
 def answer_reward(
@@ -161,11 +170,13 @@ class Gsm8kTask(TextTask):
     num_eval:       use the first ``num_eval`` eval problems (default all).
     grader_timeout: seconds math-verify may spend on one completion.
     weights:        overrides of DEFAULT_WEIGHTS ("answer", "format").
-    num_workers:    grader processes. Call ``close()`` (or use ``with``) to stop them.
+    num_workers:    grader processes (default: ``rewards.num_workers``, or 2). Call
+                    ``close()`` (or use ``with``) to stop them.
     Prompt dicts: "prompt", "answer" (gold number), "solution" (for SFT).
     """
 
-    correct_reward = "answer"
+    name = "gsm8k"
+    gold_reward = "answer"
 
     def __init__(
         self,
@@ -175,24 +186,29 @@ class Gsm8kTask(TextTask):
         num_eval: int | None = None,
         grader_timeout: float = 5.0,
         weights: dict[str, float] | None = None,
-        num_workers: int = 2,
+        num_workers: int | None = None,
     ) -> None:
         if template not in TEMPLATES:
             raise ValueError(f"unknown template {template!r}; allowed: {', '.join(TEMPLATES)}")
+        # here, not in the graders' first call: a missing math-verify fails before any
+        # work, and forked grader processes inherit the module instead of importing it
+        # within their time limit
+        math_verify()
         self.template = template
         self._train = [self._prompt(record) for record in load_gsm8k(train_path)]
         self._eval = [self._prompt(record) for record in load_gsm8k(eval_path)][:num_eval]
-        weights = resolve_weights(DEFAULT_WEIGHTS, weights)
-        self.runner = RewardRunner(
-            [
-                RewardSpec(
-                    functools.partial(answer_reward, template=template),
-                    weights["answer"], "answer", timeout=grader_timeout, required=True,
-                ),
-                RewardSpec(functools.partial(format_reward, template=template), weights["format"], "format"),
-            ],
-            num_workers=num_workers,
-        )
+        self.weights = resolve_weights(DEFAULT_WEIGHTS, weights)
+        self.grader_timeout = grader_timeout
+        self.reward_workers = num_workers
+
+    def reward_specs(self) -> list[RewardSpec]:
+        return [
+            RewardSpec(
+                functools.partial(answer_reward, template=self.template),
+                self.weights["answer"], "answer", timeout=self.grader_timeout, required=True,
+            ),
+            RewardSpec(functools.partial(format_reward, template=self.template), self.weights["format"], "format"),
+        ]
 
     def sample_prompts(self, num_prompts: int, generator: torch.Generator) -> list[Prompt]:
         """``num_prompts`` distinct training problems (same generator state, same problems)."""

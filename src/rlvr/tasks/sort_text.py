@@ -11,8 +11,9 @@ from typing import Any
 
 import torch
 
-from rlvr.rewards import RewardRunner, RewardSpec
-from rlvr.tasks.text import GeneratedPrompts, Prompt, TextTask, resolve_weights
+from rlvr.rewards import RewardSpec
+from rlvr.tasks.grading import Prompt
+from rlvr.tasks.text import GeneratedPrompts, TextTask, resolve_weights
 
 
 def position_reward(
@@ -50,7 +51,8 @@ class SortTextTask(TextTask):
     Rewards run in-process (cheap pure functions); the gold check is exact match.
     """
 
-    correct_reward = "exact_match"
+    name = "sort_text"
+    gold_reward = "exact_match"
 
     def __init__(
         self,
@@ -67,12 +69,14 @@ class SortTextTask(TextTask):
                 f"sequences of {num_digits} digits, to leave room for training), got {num_eval}"
             )
         self.num_digits = num_digits
-        weights = resolve_weights(DEFAULT_WEIGHTS, weights)
-        self.runner = RewardRunner([
-            RewardSpec(position_reward, weights["position"], "position"),
-            RewardSpec(exact_match_reward, weights["exact_match"], "exact_match", required=True),
-        ])
+        self.weights = resolve_weights(DEFAULT_WEIGHTS, weights)
         self.prompts = GeneratedPrompts(self._draw, num_eval, eval_seed)
+
+    def reward_specs(self) -> list[RewardSpec]:
+        return [
+            RewardSpec(position_reward, self.weights["position"], "position"),
+            RewardSpec(exact_match_reward, self.weights["exact_match"], "exact_match", required=True),
+        ]
 
     def _draw(self, num: int, generator: torch.Generator) -> list[Prompt]:
         digits = torch.randint(0, 10, (num, self.num_digits), generator=generator)  # [num, n]

@@ -14,19 +14,24 @@ response ``[0, 0, 2]`` scores 3 (0, 2 and 2 all "appear") + 2 (both pairs ordere
 the same as the right answer. With distinct prompt numbers the maximum forces a
 permutation in order, so the lecture's fixed prompts (all distinct) cannot be hacked
 this way; prompts sampled with repeats can.
+
+Reward functions see prompts and responses as numbers written as text (``"3 1 2"``):
+the task's own reward (``sorting_reward``, the vectorised one in the TRL form) and the
+user's ``rewards.functions`` alike, in one RewardRunner.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from rlvr.rollout import Grades
+from rlvr.rewards import RewardResult, RewardSpec
+from rlvr.tasks.grading import GradedTask
 
 LECTURE_PROMPTS = [[1, 0, 2], [3, 2, 4], [1, 2, 3]]
-REWARDS = ("exact", "position_match", "inclusion_ordering")
 
 
 # Scalar reference definitions (the lecture's, one prompt and one response as lists).
@@ -69,19 +74,63 @@ REWARD_FUNCTIONS = {
 }
 
 
-def max_reward(reward: str, n: int) -> float:
-    """The largest value ``reward`` can take on n numbers."""
-    return {"exact": 1.0, "position_match": float(n), "inclusion_ordering": float(2 * n - 1)}[reward]
+REWARDS = tuple(REWARD_FUNCTIONS)
+
+
+class NumberTexts(Sequence[str]):
+    """Rows of numbers [N, n] as the texts reward functions see (``"3 1 2"``), written
+    when first read; a slice is a NumberTexts too. ``numbers`` keeps the tensor, so the
+    task's own reward reads it instead of parsing text, and a run without user
+    functions writes no text at all."""
+
+    def __init__(self, numbers: torch.Tensor) -> None:
+        self.numbers = numbers
+        self._texts: list[str] | None = None
+
+    def __len__(self) -> int:
+        return self.numbers.shape[0]
+
+    def __getitem__(self, index: int | slice) -> str | NumberTexts:  # a slice gives a NumberTexts
+        if isinstance(index, slice):
+            return self if index == slice(0, len(self)) else NumberTexts(self.numbers[index])
+        if self._texts is None:
+            self._texts = [" ".join(map(str, row)) for row in self.numbers.tolist()]
+        return self._texts[index]
+
+
+def sorting_reward(
+    prompts: Sequence[str], completions: Sequence[str], reward: str = "inclusion_ordering", **kwargs: object
+) -> torch.Tensor:
+    """``REWARD_FUNCTIONS[reward]`` in the TRL form: prompts [N] and completions [N] of n
+    numbers each, as text ("1 0 2"; NumberTexts are read without parsing) -> rewards [N]."""
+    responses = _numbers(completions).unsqueeze(1)  # [N, 1, n]: one response per prompt
+    return REWARD_FUNCTIONS[reward](_numbers(prompts), responses).squeeze(1)
+
+
+def _numbers(texts: Sequence[str]) -> torch.Tensor:
+    """[N, n] long: the numbers of N texts of n numbers each."""
+    if isinstance(texts, NumberTexts):
+        return texts.numbers
+    return torch.tensor([[int(x) for x in text.split()] for text in texts], dtype=torch.long)
 
 
 @dataclass
-class SortingTask:
+class SortingTask(GradedTask):
     """Sort n numbers from ``range(vocab_size)``.
 
     fixed_prompts: a list of prompts used every epoch (the lecture's setting) and as
     the held-out set; otherwise ``sample_prompts`` draws fresh prompts (with or without
     repeated numbers) and ``eval_prompts`` is a fixed set drawn from ``eval_seed``.
+    reward:        the rewarded function (REWARD_FUNCTIONS); the gold check is "exact",
+                   reported with weight 0 when it is not the reward.
+    The user's reward functions are summed first and the task's reward added to their
+    sum: the float32 number the toy has always computed, builtin + (u1 + u2 + ...).
     """
+
+    name = "sorting"
+    gold_reward = "exact"
+    user_rewards_first = True
+    reports_builtin_rewards = False
 
     num_numbers: int = 3
     vocab_size: int = 5
@@ -90,7 +139,6 @@ class SortingTask:
     fixed_prompts: list[list[int]] | None = None
     eval_size: int = 64
     eval_seed: int = 1234
-    extra_rewards: Any = None  # an rlvr.rewards.RewardRunner of user functions, or None
 
     def __post_init__(self) -> None:
         if self.reward not in REWARD_FUNCTIONS:
@@ -124,34 +172,15 @@ class SortingTask:
         keys = torch.rand(num_prompts, v, generator=generator)
         return keys.argsort(dim=-1)[:, :n]  # n distinct numbers per prompt
 
-    def rewards(self, prompts: torch.Tensor, responses: torch.Tensor) -> torch.Tensor:
-        """Rewards [B, G] for prompts [B, n] and responses [B, G, n]."""
-        return self.grade(prompts, responses).rewards
+    def reward_specs(self) -> list[RewardSpec]:
+        specs = [RewardSpec(functools.partial(sorting_reward, reward=self.reward), name=self.reward)]
+        if self.reward != self.gold_reward:
+            specs.append(RewardSpec(functools.partial(sorting_reward, reward=self.gold_reward), 0.0, self.gold_reward))
+        return specs
 
-    def grade(self, prompts: torch.Tensor, responses: torch.Tensor) -> Grades:
-        """The built-in reward plus, if set, the user reward functions' combined reward.
-
-        User functions see the prompt and response as space-separated numbers
-        (``"3 1 2"``) in the TRL form; where all of them abstain, only the built-in
-        reward counts.
-        """
-        rewards = REWARD_FUNCTIONS[self.reward](prompts, responses)
-        metrics: dict[str, float] = {}
-        if self.extra_rewards is not None:
-            texts = [[" ".join(map(str, r)) for r in group] for group in responses.tolist()]
-            prompt_dicts = [{"prompt": " ".join(map(str, p))} for p in prompts.tolist()]
-            result = self.extra_rewards.score_groups(prompt_dicts, texts)
-            rewards = rewards + torch.nan_to_num(result.rewards, nan=0.0)
-            metrics = result.metrics()
-        return Grades(rewards, exact_reward(prompts, responses).bool(), metrics)
-
-    def close(self) -> None:
-        if self.extra_rewards is not None:
-            self.extra_rewards.close()
-
-    def is_correct(self, prompts: torch.Tensor, responses: torch.Tensor) -> torch.Tensor:
-        """Gold check [B, G]: is the response exactly the sorted prompt?"""
-        return exact_reward(prompts, responses).bool()
-
-    def max_reward(self) -> float:
-        return max_reward(self.reward, self.num_numbers)
+    def score(self, prompts: torch.Tensor, responses: torch.Tensor) -> RewardResult:
+        """Every reward of prompts [B, n] and responses [B, G, n]: rewards [B, G], per
+        function [B, G, F] and per-function stats."""
+        b, g, n = responses.shape
+        prompt_texts = NumberTexts(prompts.repeat_interleave(g, dim=0))  # [N, n]: each prompt G times
+        return self.runner(prompt_texts, NumberTexts(responses.reshape(b * g, n))).reshape(b, g)

@@ -1,34 +1,29 @@
-"""What the text tasks share: prompt dicts, string responses, rewards through a RewardRunner.
+"""What the text tasks share: prompt dicts, string responses, generated prompts.
 
 A text task's prompts are dicts with ``"prompt"`` (the text the LM continues) and gold
-columns such as ``"answer"``; responses are B lists of G completion strings; its reward
-functions are in the TRL form (see ``rlvr.rewards``).
+columns such as ``"answer"``; responses are B lists of G completion strings, which its
+reward functions (TRL form, see ``rlvr.rewards``) see as they are.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Container
-from typing import Any
 
 import torch
 
-from rlvr.rewards import RewardResult, RewardRunner
-from rlvr.rollout import Grades
-
-Prompt = dict[str, Any]
+from rlvr.tasks.grading import GradedTask, Prompt
 
 
-class TextTask:
+class TextTask(GradedTask):
     """The ``Task`` methods every text task has in common.
 
-    A subclass sets ``runner`` (its reward specs), ``correct_reward`` (the name of the
-    reward whose value 1.0 means "the response is right"; its spec is ``required``, so a
-    response it does not grade gets no reward) and ``prompts`` (generated prompts), or
-    overrides ``sample_prompts`` and ``eval_prompts``.
+    A subclass declares its rewards (``reward_specs``, ``gold_reward``: see
+    ``rlvr.tasks.grading``; the gold spec is ``required``, so a response it does not grade
+    gets no reward) and sets ``prompts`` (generated prompts), or overrides
+    ``sample_prompts`` and ``eval_prompts``. Its constructor's keyword arguments are the
+    config's ``task.options``.
     """
 
-    runner: RewardRunner
-    correct_reward: str
     prompts: GeneratedPrompts
 
     def sample_prompts(self, num_prompts: int, generator: torch.Generator) -> list[Prompt]:
@@ -45,29 +40,6 @@ class TextTask:
         up front (``rlvr.tasks.check_prompts_fit``); drawn ones are checked as drawn."""
         return {"eval prompt": self.eval_prompts()}
 
-    def score(self, prompts: list[Prompt], responses: list[list[str]]) -> RewardResult:
-        """All rewards of B prompts x G responses in one pass: rewards [B, G], per-function
-        values [B, G, F] and per-function stats. Use it with ``correct`` to get rewards and
-        the gold check without grading twice."""
-        return self.runner.score_groups(prompts, responses)
-
-    def grade(self, prompts: list[Prompt], responses: list[list[str]]) -> Grades:
-        """Rewards [B, G], gold check [B, G] and reward metrics, grading once."""
-        result = self.score(prompts, responses)
-        return Grades(result.rewards, self.correct(result), result.metrics())
-
-    def rewards(self, prompts: list[Prompt], responses: list[list[str]]) -> torch.Tensor:
-        """Combined rewards [B, G] float32, NaN where every reward abstained."""
-        return self.score(prompts, responses).rewards
-
-    def is_correct(self, prompts: list[Prompt], responses: list[list[str]]) -> torch.Tensor:
-        """Gold check [B, G] bool (runs only the gold reward)."""
-        return self.correct(self.runner.score_groups(prompts, responses, only=[self.correct_reward]))
-
-    def correct(self, result: RewardResult) -> torch.Tensor:
-        """[B, G] bool from a ``score`` result: the gold reward is 1 (an abstention is not)."""
-        return result.column(self.correct_reward) == 1.0
-
     def sft_completion(self, prompt: Prompt) -> str:
         """The gold completion of one prompt, for SFT (the policy appends EOS)."""
         return prompt["answer"]
@@ -75,16 +47,6 @@ class TextTask:
     def sft_examples(self, num: int, generator: torch.Generator) -> list[tuple[str, str]]:
         """``num`` (prompt text, gold completion) pairs from the training prompts."""
         return [(p["prompt"], self.sft_completion(p)) for p in self.sample_prompts(num, generator)]
-
-    def close(self) -> None:
-        """Stop the reward workers, if any."""
-        self.runner.close()
-
-    def __enter__(self) -> TextTask:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
 
 def resolve_weights(defaults: dict[str, float], weights: dict[str, float] | None) -> dict[str, float]:

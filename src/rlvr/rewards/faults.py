@@ -2,7 +2,7 @@
 
 Each is deterministic in the completion text (a hash picks the victims), so a run
 that resumes sees the same faults. Use them as ``rewards.functions``, e.g.
-``rewards.functions=['rlvr.reward_faults:flaky']``.
+``rewards.functions=['rlvr.rewards.faults:flaky']``.
 """
 
 from __future__ import annotations

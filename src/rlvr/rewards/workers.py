@@ -1,22 +1,7 @@
-"""Running reward calls: in-process, or in worker processes each call under a time limit.
+"""Worker processes that run reward calls, each call under a time limit.
 
-The outcome of one call (a slice of the batch) is a tuple of plain data:
-  ("ok", judged)           the function returned; ``judged`` holds (kind, value, what,
-                           detail) for each completion, from ``judge_values``
-  ("error", what, detail)  it raised, changed the working directory, or its worker died
-  ("timeout",)             it ran past its limit; its worker was killed
-``judge_outcome`` turns an outcome into what each completion of the call gets.
-
-A call must not end or move its caller. ``call_reward`` catches SystemExit and a plain
-KeyboardInterrupt from the function as errors of that function, like any exception:
-under the trainer the first Ctrl-C only sets a stop flag, so a plain KeyboardInterrupt
-comes from the function itself. Two kinds propagate: the trainer's own stop (a
-subclass its handler raises on a second signal), and any KeyboardInterrupt while
-Python's default SIGINT handler is installed (library use: a real Ctrl-C). A function
-that changes the working directory has it restored, and the call counts as an error. A returned value is judged where it is produced, in the worker, so
-only floats and strings come back: no user object is unpickled in the trainer.
-Messages go through plain ``pickle``, not multiprocessing's pickler, where torch
-registers reducers that share a tensor by passing its file descriptor through a
+A call's request and outcome go through plain ``pickle``, not multiprocessing's pickler,
+where torch registers reducers that share a tensor by passing its file descriptor through a
 server whose socket lives in a ``pymp-*`` temp folder (left behind when the worker
 is killed).
 
@@ -38,7 +23,7 @@ Nothing a pool starts outlives the trainer, however the trainer ends (SIGKILL to
     and it stops the workers too where there is no ``PR_SET_PDEATHSIG`` (macOS). With
     "forkserver" it also removes the trainer's ``pymp-*`` folder, where the server's
     socket lives and which only a clean exit of the trainer removes.
-Why workers, and how they start (fork, spawn, forkserver): see ``rlvr.rewards``.
+Why workers, and how they start (fork, spawn, forkserver): see ``rlvr.rewards.runner``.
 """
 
 from __future__ import annotations
@@ -49,124 +34,16 @@ import io
 import math
 import multiprocessing
 import multiprocessing.util
-import numbers
 import os
 import pickle
 import signal
 import subprocess
 import sys
 import time
-import traceback
 import weakref
-from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection, wait
-from typing import Any
 
-RewardFn = Callable[..., Sequence[Any]]
-
-_CAUGHT = (Exception, SystemExit, KeyboardInterrupt)  # what user code may raise without ending its caller
-
-
-class RewardError(RuntimeError):
-    """A reward function failed in strict mode, could not be loaded, or could not run."""
-
-
-def call_reward(fn: RewardFn, prompts: list, completions: list, columns: dict[str, list]) -> tuple:
-    """The outcome of one call run in this process: ("ok", judged) or ("error", what, detail)."""
-    cwd = _getcwd()
-    try:
-        returned = fn(prompts=prompts, completions=completions, **columns)  # keywords, as TRL calls
-    except _CAUGHT as exc:  # not swallowed: the runner counts it, logs it once or raises it (strict)
-        if isinstance(exc, KeyboardInterrupt) and (
-            type(exc) is not KeyboardInterrupt  # the trainer's own stop (a second signal)
-            or signal.getsignal(signal.SIGINT) is signal.default_int_handler  # library use: a real Ctrl-C
-        ):
-            raise
-        outcome = ("error", f"raised {type(exc).__qualname__}", traceback.format_exc())
-    else:
-        outcome = ("ok", judge_values(returned, len(completions)))
-    if cwd is not None and _getcwd() != cwd:  # relative paths (the run's directory) would move with it
-        os.chdir(cwd)
-        outcome = ("error", "changed the working directory", f"restored to {cwd}")
-    return outcome
-
-
-def _getcwd() -> str | None:
-    try:
-        return os.getcwd()
-    except OSError:  # it was removed
-        return None
-
-
-def check_picklable(fn: RewardFn, name: str, start_method: str) -> None:
-    """Raise RewardError unless ``fn`` can be sent to a worker started with ``start_method``."""
-    try:
-        pickle.dumps(fn)
-    except Exception as exc:  # pickle raises several types; all mean the same here
-        raise RewardError(
-            f"reward function {name!r} cannot be sent to a {start_method!r} worker "
-            f"({type(exc).__name__}: {exc}); use a module-level function (or a "
-            "functools.partial of one), or start_method='fork'"
-        ) from exc
-
-
-def judge_outcome(outcome: tuple, size: int) -> list[tuple[str, float, str, str]]:
-    """(kind, value, what, detail) of each completion of a call from the call's outcome."""
-    if outcome[0] == "timeout":
-        return [("timeouts", math.nan, "", "")] * size
-    if outcome[0] == "error":
-        return [("errors", math.nan, outcome[1], outcome[2])] * size
-    return outcome[1]
-
-
-def judge_values(returned: Any, size: int) -> list[tuple[str, float, str, str]]:
-    """(kind, value, what, detail) of each of ``size`` completions from what a call returned.
-
-    kind is "scored" (value a finite float), "abstained" (None) or "invalid" (what says
-    why). Accepted, as TRL accepts them: a list or tuple, or a 1-d numpy array or
-    tensor, of numbers, None, 0-d arrays or 0-d tensors.
-    """
-    try:
-        if getattr(returned, "ndim", None) == 1:  # a numpy array or a tensor
-            returned = returned.tolist()
-    except _CAUGHT as exc:  # the object's own code failed
-        what = f"returned {_describe(returned)}, which raised {type(exc).__qualname__} when converted to a list"
-        return [("invalid", math.nan, what, "")] * size
-    if not isinstance(returned, (list, tuple)):
-        return [("invalid", math.nan, f"returned a {type(returned).__name__}, not a list", "")] * size
-    if len(returned) != size:
-        return [("invalid", math.nan, f"returned {len(returned)} values for {size} completions", "")] * size
-    return [_judge_value(value) for value in returned]
-
-
-def _judge_value(value: Any) -> tuple[str, float, str, str]:
-    if value is None:
-        return ("abstained", math.nan, "", "")
-    try:
-        if getattr(value, "ndim", None) == 0:  # a 0-d tensor or numpy array
-            value = value.item()
-        if not isinstance(value, numbers.Real):  # bool, int, float and numpy scalars pass; str does not
-            return ("invalid", math.nan, f"returned {_describe(value)}, not a number", "")
-        as_float = float(value)
-    except _CAUGHT as exc:  # the value's own __float__ (or .item()) failed
-        if isinstance(exc, OverflowError) and isinstance(value, int):
-            return ("invalid", math.nan, f"returned an int of {int.bit_length(value)} bits, too large", "")
-        what = f"returned {_describe(value)}, which raised {type(exc).__qualname__} when converted to a float"
-        return ("invalid", math.nan, what, "")
-    if not math.isfinite(as_float):
-        return ("invalid", math.nan, f"returned {as_float!r}, not a finite number", "")
-    return ("scored", as_float, "", "")
-
-
-def _describe(value: Any) -> str:
-    """A value's repr (cut to 60 characters) and type, for a message; never raises."""
-    kind = type(value).__name__
-    try:
-        text = repr(value)
-    except _CAUGHT as exc:  # a user object's own __repr__, or an int too long to print
-        return f"a {kind} (its repr raised {type(exc).__qualname__})"
-    return f"{text:.60} ({kind})"
-
+from rlvr.rewards.calls import RewardError, RewardFn, call_reward
 
 _STARTUP_TIMEOUT = 60.0  # seconds a new worker may take to start (spawn re-imports torch)
 _POSIX = os.name == "posix"  # process groups, and the reaper; elsewhere workers are killed alone

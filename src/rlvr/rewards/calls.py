@@ -1,0 +1,166 @@
+"""One call of a reward function: how it is called, and how what it returns is judged.
+
+The TRL form, which every reward function has (TRL's GRPOTrainer calls the same, so
+functions move between the two)::
+
+    fn(prompts: list[str], completions: list[str], **columns) -> list[float | None]
+
+The outcome of one call (a slice of the batch) is a tuple of plain data:
+  ("ok", judged)           the function returned; ``judged`` holds (kind, value, what,
+                           detail) for each completion, from ``judge_values``
+  ("scored", values, mean) in-process only: it returned a 1-d floating tensor of finite
+                           values, kept as it is with their mean (a vectorised function's
+                           [N] rewards need no judging one by one; the verdict is the same)
+  ("error", what, detail)  it raised, changed the working directory, or its worker died
+  ("timeout",)             it ran past its limit; its worker was killed
+``judge_outcome`` turns an outcome into what each completion of the call gets.
+
+A call must not end or move its caller. ``call_reward`` catches SystemExit and a plain
+KeyboardInterrupt from the function as errors of that function, like any exception:
+under the trainer the first Ctrl-C only sets a stop flag, so a plain KeyboardInterrupt
+comes from the function itself. Two kinds propagate: the trainer's own stop (a
+subclass its handler raises on a second signal), and any KeyboardInterrupt while
+Python's default SIGINT handler is installed (library use: a real Ctrl-C). A function
+that changes the working directory has it restored, and the call counts as an error.
+A returned value is judged where it is produced (in a worker, for a function with a
+time limit), so only floats and strings cross a process boundary.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+import pickle
+import signal
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+RewardFn = Callable[..., Sequence[Any]]
+
+_CAUGHT = (Exception, SystemExit, KeyboardInterrupt)  # what user code may raise without ending its caller
+
+
+class RewardError(RuntimeError):
+    """A reward function failed in strict mode, could not be loaded, or could not run."""
+
+
+def call_reward(
+    fn: RewardFn, prompts: Sequence, completions: Sequence, columns: dict[str, Sequence], in_process: bool = False
+) -> tuple:
+    """The outcome of one call run in this process: ("ok", judged), ("error", what, detail),
+    or, ``in_process`` (the outcome is not sent anywhere), ("scored", values, mean)."""
+    cwd = _getcwd()
+    try:
+        returned = fn(prompts=prompts, completions=completions, **columns)  # keywords, as TRL calls
+    except _CAUGHT as exc:  # not swallowed: the runner counts it, logs it once or raises it (strict)
+        if isinstance(exc, KeyboardInterrupt) and (
+            type(exc) is not KeyboardInterrupt  # the trainer's own stop (a second signal)
+            or signal.getsignal(signal.SIGINT) is signal.default_int_handler  # library use: a real Ctrl-C
+        ):
+            raise
+        outcome = ("error", f"raised {type(exc).__qualname__}", traceback.format_exc())
+    else:
+        mean = _finite_mean(returned, len(completions)) if in_process else None
+        outcome = ("ok", judge_values(returned, len(completions))) if mean is None else ("scored", returned, mean)
+    if cwd is not None and _getcwd() != cwd:  # relative paths (the run's directory) would move with it
+        os.chdir(cwd)
+        outcome = ("error", "changed the working directory", f"restored to {cwd}")
+    return outcome
+
+
+def _getcwd() -> str | None:
+    try:
+        return os.getcwd()
+    except OSError:  # it was removed
+        return None
+
+
+def check_picklable(fn: RewardFn, name: str, start_method: str) -> None:
+    """Raise RewardError unless ``fn`` can be sent to a worker started with ``start_method``."""
+    try:
+        pickle.dumps(fn)
+    except Exception as exc:  # pickle raises several types; all mean the same here
+        raise RewardError(
+            f"reward function {name!r} cannot be sent to a {start_method!r} worker "
+            f"({type(exc).__name__}: {exc}); use a module-level function (or a "
+            "functools.partial of one), or start_method='fork'"
+        ) from exc
+
+
+def judge_outcome(outcome: tuple, size: int) -> list[tuple[str, float, str, str]]:
+    """(kind, value, what, detail) of each completion of a call from the call's outcome."""
+    if outcome[0] == "timeout":
+        return [("timeouts", math.nan, "", "")] * size
+    if outcome[0] == "error":
+        return [("errors", math.nan, outcome[1], outcome[2])] * size
+    if outcome[0] == "scored":
+        return [("scored", value, "", "") for value in outcome[1].tolist()]
+    return outcome[1]
+
+
+def _finite_mean(returned: Any, size: int) -> float | None:
+    """The mean of ``returned`` if it is a 1-d floating CPU tensor of ``size`` > 0 finite
+    values (all of them scored), else None (judge it value by value)."""
+    if not (
+        isinstance(returned, torch.Tensor) and returned.dim() == 1 and returned.shape[0] == size > 0
+        and returned.dtype.is_floating_point and returned.is_cpu and not returned.requires_grad
+    ):
+        return None
+    try:
+        total = math.fsum(returned.tolist())  # the sum is NaN or inf (or raises) unless every value is finite
+    except (ValueError, OverflowError):  # inf - inf; finite values whose sum overflows
+        return None
+    return total / size if math.isfinite(total) else None
+
+
+def judge_values(returned: Any, size: int) -> list[tuple[str, float, str, str]]:
+    """(kind, value, what, detail) of each of ``size`` completions from what a call returned.
+
+    kind is "scored" (value a finite float), "abstained" (None) or "invalid" (what says
+    why). Accepted, as TRL accepts them: a list or tuple, or a 1-d numpy array or
+    tensor, of numbers, None, 0-d arrays or 0-d tensors.
+    """
+    try:
+        if getattr(returned, "ndim", None) == 1:  # a numpy array or a tensor
+            returned = returned.tolist()
+    except _CAUGHT as exc:  # the object's own code failed
+        what = f"returned {_describe(returned)}, which raised {type(exc).__qualname__} when converted to a list"
+        return [("invalid", math.nan, what, "")] * size
+    if not isinstance(returned, (list, tuple)):
+        return [("invalid", math.nan, f"returned a {type(returned).__name__}, not a list", "")] * size
+    if len(returned) != size:
+        return [("invalid", math.nan, f"returned {len(returned)} values for {size} completions", "")] * size
+    return [_judge_value(value) for value in returned]
+
+
+def _judge_value(value: Any) -> tuple[str, float, str, str]:
+    if value is None:
+        return ("abstained", math.nan, "", "")
+    try:
+        if getattr(value, "ndim", None) == 0:  # a 0-d tensor or numpy array
+            value = value.item()
+        if not isinstance(value, numbers.Real):  # bool, int, float and numpy scalars pass; str does not
+            return ("invalid", math.nan, f"returned {_describe(value)}, not a number", "")
+        as_float = float(value)
+    except _CAUGHT as exc:  # the value's own __float__ (or .item()) failed
+        if isinstance(exc, OverflowError) and isinstance(value, int):
+            return ("invalid", math.nan, f"returned an int of {int.bit_length(value)} bits, too large", "")
+        what = f"returned {_describe(value)}, which raised {type(exc).__qualname__} when converted to a float"
+        return ("invalid", math.nan, what, "")
+    if not math.isfinite(as_float):
+        return ("invalid", math.nan, f"returned {as_float!r}, not a finite number", "")
+    return ("scored", as_float, "", "")
+
+
+def _describe(value: Any) -> str:
+    """A value's repr (cut to 60 characters) and type, for a message; never raises."""
+    kind = type(value).__name__
+    try:
+        text = repr(value)
+    except _CAUGHT as exc:  # a user object's own __repr__, or an int too long to print
+        return f"a {kind} (its repr raised {type(exc).__qualname__})"
+    return f"{text:.60} ({kind})"

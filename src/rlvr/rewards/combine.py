@@ -1,0 +1,142 @@
+"""How the rewards of several functions combine into one, and what a batch's result holds.
+
+Combination. With weights w_f, the combined reward of a completion is
+``sum_f w_f * r_f`` over the functions that did not abstain on it and have w_f != 0;
+it is NaN (abstain) when no such function is left. TRL also skips None (a weighted
+nansum) but gives 0.0 when every function abstains; here that case stays NaN so the
+trainer leaves the completion out of its group instead of scoring it 0. A weight of
+0 computes and reports a function (a metric) without making it part of the reward.
+The sum runs in spec order: float32 addition is not associative, so the order of the
+specs is part of the number.
+
+Required functions. A spec with ``required=True`` (a task's answer check; a user
+function with ``required: true``) must score a completion for it to have a reward:
+when it does not (an error, a timeout, an invalid value, or a deliberate None), the
+completion's combined reward is NaN, whatever the others scored. Without the answer's
+verdict the other terms (format, length) would rank the completion against its group
+on a different scale. A required function with weight 0 still gates. Any other
+function that does not score only drops its own term.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from rlvr.rewards.calls import RewardFn
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    """One reward function and how to run it.
+
+    fn:      the function, in the TRL form (``rlvr.rewards.calls``).
+    weight:  its weight in the combined reward; 0 reports it without combining it.
+    name:    its name in metrics and errors; defaults to the function's ``__name__``.
+    timeout: seconds one call may take, enforced by running the function in a worker
+             process that is killed past it; None runs it in-process, unlimited.
+    required: when this function does not score a completion (error, timeout, invalid
+             value or None), the completion's combined reward abstains (NaN) instead
+             of combining the others.
+    """
+
+    fn: RewardFn
+    weight: float = 1.0
+    name: str = ""
+    timeout: float | None = None
+    required: bool = False
+
+    def __post_init__(self) -> None:
+        if not callable(self.fn):
+            raise TypeError(f"reward function must be callable, got {type(self.fn).__name__}")
+        if not math.isfinite(self.weight):
+            raise ValueError(f"reward weight must be finite, got {self.weight}")
+        if self.timeout is not None and not self.timeout > 0:
+            raise ValueError(f"reward timeout must be positive seconds or None, got {self.timeout}")
+        if not self.name:
+            inner = getattr(self.fn, "func", self.fn)  # functools.partial names its function
+            object.__setattr__(self, "name", getattr(inner, "__name__", type(inner).__name__))
+
+
+@dataclass(frozen=True)
+class RewardStats:
+    """What one reward function did on one batch; the five counts add up to N.
+
+    mean:      mean of its scored values (NaN when none scored).
+    scored:    completions it gave a finite number.
+    abstained: completions it returned None for.
+    errors:    completions lost to an exception (or to its worker dying).
+    timeouts:  completions lost to a call past the time limit.
+    invalid:   completions lost to a bad return value (NaN, inf, not a number, wrong count).
+    """
+
+    mean: float
+    scored: int
+    abstained: int
+    errors: int
+    timeouts: int
+    invalid: int
+
+
+@dataclass
+class RewardResult:
+    """Rewards of a batch, combined and per function.
+
+    rewards:      [N] float32 (or [B, G] from ``score_groups``), NaN = abstain (no function
+                  left to combine, or a required one did not score).
+    per_function: [N, F] float32 (or [B, G, F]), column f from the f-th spec, NaN = abstain.
+    stats:        function name -> its RewardStats, in spec order.
+    """
+
+    rewards: torch.Tensor
+    per_function: torch.Tensor
+    stats: dict[str, RewardStats]
+
+    def column(self, name: str) -> torch.Tensor:
+        """One function's rewards, [N] (or [B, G]), NaN where it abstained."""
+        return self.per_function[..., list(self.stats).index(name)]
+
+    def reshape(self, *shape: int) -> RewardResult:
+        """The same result with the completions in ``shape``, e.g. [N] -> [B, G]."""
+        return RewardResult(self.rewards.reshape(shape), self.per_function.reshape(*shape, len(self.stats)), self.stats)
+
+    def metrics(self, names: Sequence[str] | None = None) -> dict[str, float]:
+        """Flat metrics: per function its stats, overall abstentions (and all-abstain groups).
+
+        names: the functions to report (default all); none at all gives no metrics.
+        """
+        if names is not None and not names:
+            return {}
+        out: dict[str, float] = {}
+        for name, stats in self.stats.items():
+            if names is not None and name not in names:
+                continue
+            for key, value in vars(stats).items():
+                out[f"reward/{name}/{key}"] = float(value)
+        abstained = torch.isnan(self.rewards)
+        out["reward/abstained"] = float(abstained.sum())
+        if self.rewards.dim() == 2:  # [B, G]: a group with no reward gives no learning signal
+            out["reward/abstained_groups"] = float(abstained.all(dim=1).sum())
+        return out
+
+
+def combine_rewards(
+    per_function: torch.Tensor, weights: torch.Tensor, required: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Weighted sum over the functions that scored each completion.
+
+    per_function: [..., F] rewards, NaN = abstain. weights: [F]. required: [F] bool,
+    default none. combined = sum_f w_f * r_f over f with r_f not NaN and w_f != 0; NaN
+    where no f is left (everything abstained) or where a required f is NaN.
+    Returns [...], the dtype of ``per_function``.
+    """
+    abstained = torch.isnan(per_function)  # [..., F]
+    counted = ~abstained & (weights != 0)  # [..., F]
+    total = torch.where(counted, per_function * weights, 0.0).sum(dim=-1)
+    kept = counted.any(dim=-1)
+    if required is not None:
+        kept &= ~(abstained & required).any(dim=-1)
+    return torch.where(kept, total, torch.nan)

@@ -1,0 +1,264 @@
+"""Running reward specs on a batch of completions, safely.
+
+A reward function is user code that sees model output, so it may raise, hang, or
+return garbage. ``RewardRunner`` makes each of those an abstention of that function on
+the completions it concerns, counted in its ``RewardStats``:
+  * raises on a completion: that completion abstains for that function, counted as an
+    error; the first traceback of each (function, exception type) is logged once.
+    A batched call that raises is retried one completion at a time, so only the
+    completions that raise abstain.
+  * returns NaN, inf, a non-number or the wrong number of items: those completions
+    abstain, counted as invalid.
+  * hangs: a spec with ``timeout`` runs in worker processes; a call still running at
+    its limit has its worker killed and replaced, its completions abstain, counted as
+    timeouts. Killing a process is the only limit that also stops code that never
+    returns to the interpreter (a C loop, a huge integer power), and it works from any
+    thread, unlike SIGALRM.
+  * ``strict=True`` turns the first exception or invalid value into a ``RewardError``
+    naming the function (for developing reward functions). Timeouts stay counted
+    abstentions even then: a pathological input hangs a correct grader.
+``timeout=None`` runs the function in-process, the fast path for cheap pure functions.
+
+Workers start with ``fork`` by default: they inherit the functions, so lambdas and
+closures work, and a restart after a timeout costs milliseconds. Functions run in a
+forked worker must not use torch threads or CUDA (reward code rarely does); with
+``start_method="spawn"`` or ``"forkserver"`` functions must be picklable (module-level
+or ``functools.partial`` of one) and each worker start re-imports their modules
+(about a second with torch). The workers themselves live in ``rlvr.rewards.workers``.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import multiprocessing
+import weakref
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import torch
+
+from rlvr.rewards.calls import RewardError, call_reward, check_picklable, judge_outcome
+from rlvr.rewards.combine import RewardResult, RewardSpec, RewardStats, combine_rewards
+from rlvr.rewards.workers import WorkerPool
+
+logger = logging.getLogger(__name__)
+
+
+class _Failure(NamedTuple):
+    sample: int  # index of the completion in the batch
+    kind: str  # "errors", "timeouts" or "invalid"
+    what: str  # what went wrong: "raised KeyError", "returned nan, not a finite number"
+    detail: str  # the traceback, if any
+
+
+class RewardRunner:
+    """Runs reward specs on batches of completions, safely (see the module docstring).
+
+    strict:       raise RewardError on the first exception or invalid value.
+    num_workers:  worker processes for specs with a timeout, started on first use.
+    chunk_size:   completions per worker call; 1 isolates each completion, so a hang
+                  or an error costs only the completion that caused it.
+    start_method: how workers start: "fork" (default), "spawn" or "forkserver".
+    A runner owns its workers: ``close()`` it (or use ``with``) when done. Not thread-safe.
+    """
+
+    def __init__(
+        self,
+        specs: Sequence[RewardSpec],
+        *,
+        strict: bool = False,
+        num_workers: int = 2,
+        chunk_size: int = 1,
+        start_method: str = "fork",
+    ) -> None:
+        self.specs = tuple(specs)
+        self.names = tuple(spec.name for spec in self.specs)
+        repeated = sorted({name for name in self.names if self.names.count(name) > 1})
+        if not self.specs:
+            raise ValueError("RewardRunner needs at least one RewardSpec")
+        if repeated:
+            raise ValueError(f"reward names must be unique (pass name=...); repeated: {', '.join(repeated)}")
+        if num_workers < 1 or chunk_size < 1:
+            raise ValueError(f"num_workers and chunk_size must be >= 1, got {num_workers}, {chunk_size}")
+        methods = multiprocessing.get_all_start_methods()
+        if start_method not in methods:
+            raise ValueError(f"unknown start_method {start_method!r}; allowed: {', '.join(methods)}")
+        if start_method != "fork":  # fork workers inherit the functions; the others unpickle them
+            for spec in self.specs:
+                if spec.timeout is not None:  # only functions with a timeout go to workers
+                    check_picklable(spec.fn, spec.name, start_method)
+        self.strict = strict
+        self.num_workers = num_workers
+        self.chunk_size = chunk_size
+        self.start_method = start_method
+        self._weights = torch.tensor([spec.weight for spec in self.specs], dtype=torch.float32)
+        required = [spec.required for spec in self.specs]
+        self._required = torch.tensor(required) if any(required) else None
+        self._pool: WorkerPool | None = None
+        self._logged: set[tuple[str, str, str]] = set()
+
+    def __call__(
+        self,
+        prompts: Sequence[str],
+        completions: Sequence[str],
+        columns: dict[str, Sequence[Any]] | None = None,
+        only: Sequence[str] | None = None,
+    ) -> RewardResult:
+        """Score N completions: prompts [N], completions [N], columns name -> [N] values.
+
+        Any sequences of length N (lists, or a task's texts written on first read): each
+        call of a function gets a slice of them. only: names of the specs to run (default
+        all), e.g. just the gold check. Returns rewards [N] and per_function [N, F] (F =
+        the specs run).
+        """
+        columns = dict(columns or {})
+        chosen = self._check_call(prompts, completions, columns, only)
+        n = len(completions)
+        values, stats = [], {}
+        for index in chosen:
+            spec = self.specs[index]
+            spec_values, stats[spec.name] = self._run_spec(index, spec, prompts, completions, columns)
+            values.append(torch.as_tensor(spec_values, dtype=torch.float32))
+        per_function = (torch.stack(values) if values else torch.empty(0, n)).T  # [N, F]
+        weights, required = self._weights, self._required
+        if len(chosen) < len(self.specs):
+            weights, required = weights[chosen], None if required is None else required[chosen]
+        combined = combine_rewards(per_function, weights, required)
+        return RewardResult(combined, per_function, stats)
+
+    def score_groups(
+        self,
+        prompts: Sequence[dict[str, Any]],
+        responses: Sequence[Sequence[str]],
+        only: Sequence[str] | None = None,
+    ) -> RewardResult:
+        """Score G responses to each of B prompts.
+
+        prompts: B dicts, each with "prompt" (the text) and gold columns, the same keys in
+        all; responses: B lists of G completions. Every key but "prompt" becomes a column,
+        repeated for each response. Returns rewards [B, G] and per_function [B, G, F].
+        """
+        if len(prompts) != len(responses):
+            raise ValueError(f"{len(prompts)} prompts but {len(responses)} groups of responses")
+        group_size = len(responses[0]) if responses else 0
+        if any(len(group) != group_size for group in responses):
+            raise ValueError(f"groups differ in size: {sorted({len(group) for group in responses})}")
+        keys = list(prompts[0]) if prompts else ["prompt"]
+        for b, prompt in enumerate(prompts):
+            if sorted(prompt) != sorted(keys) or "prompt" not in prompt:
+                raise ValueError(f"prompt {b} has keys {sorted(prompt)}; expected 'prompt' and {sorted(keys)}")
+        repeated = {key: [p[key] for p in prompts for _ in range(group_size)] for key in keys}
+        texts = repeated.pop("prompt")
+        completions = [completion for group in responses for completion in group]
+        return self(texts, completions, repeated, only).reshape(len(prompts), group_size)
+
+    def close(self) -> None:
+        """Stop the worker processes (a later call starts new ones)."""
+        if self._pool is not None:
+            self._close_pool()  # the finalizer: closes the pool once, now rather than at collection
+            self._pool = None
+
+    def __enter__(self) -> RewardRunner:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _check_call(
+        self, prompts: Sequence, completions: Sequence, columns: dict[str, Sequence], only: Sequence[str] | None
+    ) -> list[int]:
+        """The indices of the specs to run; a ValueError for misaligned or clashing inputs."""
+        n = len(completions)
+        for name, values in [("prompts", prompts), *columns.items()]:
+            if len(values) != n:
+                raise ValueError(f"{name} has {len(values)} entries for {n} completions")
+        clash = {"prompts", "completions"} & columns.keys()
+        if clash:
+            raise ValueError(f"column names {sorted(clash)} clash with the reward function arguments")
+        if only is None:
+            return list(range(len(self.specs)))
+        only = [only] if isinstance(only, str) else only
+        unknown = set(only) - set(self.names)
+        if unknown:
+            raise ValueError(f"unknown reward names {sorted(unknown)}; known: {', '.join(self.names)}")
+        return [i for i, name in enumerate(self.names) if name in only]
+
+    def _run_spec(
+        self, index: int, spec: RewardSpec, prompts: Sequence, completions: Sequence, columns: dict[str, Sequence]
+    ) -> tuple[list[float] | torch.Tensor, RewardStats]:
+        """One function on the batch: its values [N] (NaN unless scored) and stats."""
+        n = len(completions)
+        size = max(n, 1) if spec.timeout is None else self.chunk_size
+        calls = [range(start, min(start + size, n)) for start in range(0, n, size)]
+        outcomes = self._execute(index, spec, calls, prompts, completions, columns)
+        if len(calls) == 1 and outcomes[0][0] == "scored":  # a tensor of finite floats: all scored at once
+            return outcomes[0][1], RewardStats(outcomes[0][2], n, 0, 0, 0, 0)
+        done, retry = [], []
+        for call, outcome in zip(calls, outcomes):
+            # a batched call that raised is retried one completion at a time, so that only
+            # the completions that raise abstain
+            if outcome[0] == "error" and len(call) > 1:
+                retry += [range(i, i + 1) for i in call]
+            else:
+                done.append((call, outcome))
+        if retry:
+            done += zip(retry, self._execute(index, spec, retry, prompts, completions, columns))
+        return self._tally(spec, n, done)
+
+    def _tally(self, spec: RewardSpec, n: int, done: list[tuple[range, tuple]]) -> tuple[list[float], RewardStats]:
+        """Each completion's value (NaN unless scored) and the counts, from the outcomes of
+        calls that cover the batch; failures are reported (logged, or raised if strict)."""
+        values, kinds, failures = [math.nan] * n, ["scored"] * n, []
+        for call, outcome in done:
+            for sample, (kind, value, what, detail) in zip(call, judge_outcome(outcome, len(call))):
+                values[sample], kinds[sample] = value, kind
+                if kind in ("errors", "timeouts", "invalid"):
+                    failures.append(_Failure(sample, kind, what, detail))
+        self._report(spec, sorted(failures))
+        counts = collections.Counter(kinds)
+        scored = [value for value, kind in zip(values, kinds) if kind == "scored"]
+        mean = math.fsum(scored) / len(scored) if scored else math.nan
+        return values, RewardStats(
+            mean, counts["scored"], counts["abstained"], counts["errors"], counts["timeouts"], counts["invalid"]
+        )
+
+    def _execute(
+        self, index: int, spec: RewardSpec, calls: list[range], prompts: Sequence, completions: Sequence,
+        columns: dict[str, Sequence],
+    ) -> list[tuple]:
+        """The outcome of each call (a slice of the batch), in-process or in the workers."""
+        requests = [
+            (_part(prompts, c), _part(completions, c), {name: _part(values, c) for name, values in columns.items()})
+            for c in calls
+        ]
+        if spec.timeout is None:
+            return [call_reward(spec.fn, *request, in_process=True) for request in requests]
+        if self._pool is None:
+            fns = [s.fn if s.timeout is not None else None for s in self.specs]
+            self._pool = WorkerPool(fns, self.num_workers, self.start_method)
+            self._close_pool = weakref.finalize(self, self._pool.close)
+        # only plain lists cross to a worker, whatever sequence type the caller passed
+        plain = [(list(p), list(c), {name: list(v) for name, v in cols.items()}) for p, c, cols in requests]
+        return self._pool.run(index, plain, spec.timeout)
+
+    def _report(self, spec: RewardSpec, failures: list[_Failure]) -> None:
+        """Raise the first failure (strict) or log the first of each kind once."""
+        for failure in failures:
+            if failure.kind == "timeouts":
+                message = f"reward function {spec.name!r} took over {spec.timeout} s on completion {failure.sample}"
+            else:  # what says it: "raised ValueError", "returned nan, not a finite number", ...
+                message = f"reward function {spec.name!r} {failure.what} on completion {failure.sample}"
+            if self.strict and failure.kind != "timeouts":
+                raise RewardError(f"{message}\n{failure.detail}".rstrip())
+            key = (spec.name, failure.kind, failure.what if failure.kind == "errors" else "")
+            if key not in self._logged:
+                self._logged.add(key)
+                detail = f"\n{failure.detail}".rstrip()
+                logger.warning("%s; it abstains (later ones alike are counted, not logged)%s", message, detail)
+
+
+def _part(values: Sequence, call: range) -> Sequence:
+    """The slice of ``values`` one call gets."""
+    return values[call.start : call.stop]

@@ -1,0 +1,115 @@
+"""How every task grades: its built-in reward specs and the user's, in one RewardRunner.
+
+A task declares its rewards and does not run them itself:
+  * ``reward_specs()``: its built-in RewardSpecs;
+  * ``gold_reward``: the name of the spec whose value 1.0 means "the response is right"
+    (the gold check; weight 0 makes it a reported metric that is not rewarded);
+and scores a batch with ``score``: by default its prompts are dicts ("prompt" and gold
+columns) and its responses B lists of G strings, as the reward functions see them.
+``reward_runner`` is the one place a runner is built: the task's specs plus the user's
+``rewards.functions``. ``grade`` scores a batch with it, in one pass.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from rlvr.errors import ConfigError
+from rlvr.rewards import RewardError, RewardResult, RewardRunner, RewardSpec, load_reward_specs
+from rlvr.rollout import Grades
+
+if TYPE_CHECKING:
+    from rlvr.config import RewardsConfig
+
+Prompt = dict[str, Any]
+
+
+def reward_runner(task: GradedTask, rewards: RewardsConfig | None = None) -> RewardRunner:
+    """The RewardRunner of ``task``: its built-in specs and the user's ``rewards.functions``
+    (timeout ``rewards.timeout`` unless one sets its own), run with ``rewards.strict`` and
+    ``rewards.num_workers`` (or the task's ``reward_workers``). Without ``rewards``: the
+    built-in specs alone, lenient, as a task constructed directly grades.
+
+    The specs are summed in order, the task's first, or the user's first where the task
+    says so (``user_rewards_first``). Raises ConfigError naming the field.
+    """
+    user: list[RewardSpec] = []
+    if rewards is not None:
+        try:
+            user = load_reward_specs(rewards.functions, rewards.timeout, where="rewards.functions")
+        except RewardError as err:
+            raise ConfigError(str(err)) from err
+    builtin = task.reward_specs()
+    specs = [*user, *builtin] if task.user_rewards_first else [*builtin, *user]
+    num_workers = task.reward_workers or (2 if rewards is None else rewards.num_workers)
+    try:
+        return RewardRunner(specs, strict=rewards is not None and rewards.strict, num_workers=num_workers)
+    except ValueError as err:  # a user function named like another
+        raise ConfigError(f"rewards.functions: {err}") from err
+
+
+class GradedTask:
+    """The grading every task shares (see the module docstring).
+
+    name:               the task's name in a config (``task.name``).
+    gold_reward:        the spec whose 1.0 is the gold check.
+    user_rewards_first: the user's functions come before the task's in the sum.
+    reports_builtin_rewards: per-function metrics of the task's own specs too (else only
+                        of the user's: the toy's built-in reward is its reward_mean).
+    reward_workers:     worker processes the task asks for (None: ``rewards.num_workers``).
+    ``runner`` is built from the task's specs alone on first use, unless ``build_task``
+    gave it the config's; ``close()`` it (or use ``with``) to stop its workers.
+    """
+
+    name: ClassVar[str]
+    gold_reward: ClassVar[str]
+    user_rewards_first: ClassVar[bool] = False
+    reports_builtin_rewards: ClassVar[bool] = True
+    reward_workers: int | None = None
+    _runner: RewardRunner | None = None
+
+    def reward_specs(self) -> list[RewardSpec]:
+        """The task's built-in reward specs, in the order they are summed."""
+        raise NotImplementedError
+
+    @property
+    def runner(self) -> RewardRunner:
+        if self._runner is None:
+            self._runner = reward_runner(self)
+        return self._runner
+
+    @runner.setter
+    def runner(self, runner: RewardRunner) -> None:
+        self.close()
+        self._runner = runner
+        self.__dict__.pop("_user_names", None)
+
+    def score(self, prompts: list[Prompt], responses: list[list[str]]) -> RewardResult:
+        """Every reward of B prompt dicts x G response strings: rewards [B, G], per
+        function [B, G, F] and per-function stats."""
+        return self.runner.score_groups(prompts, responses)
+
+    def grade(self, prompts: Any, responses: Any) -> Grades:
+        """Rewards [B, G] (NaN = abstain), gold check [B, G] and reward metrics, in one pass."""
+        result = self.score(prompts, responses)
+        correct = result.column(self.gold_reward) == 1.0  # an abstention is not right
+        reported = None if self.reports_builtin_rewards else self._user_reward_names()
+        return Grades(result.rewards, correct, result.metrics(reported))
+
+    def _user_reward_names(self) -> list[str]:
+        """The runner's functions that are not the task's own (computed once)."""
+        if "_user_names" not in self.__dict__:
+            builtin = {spec.name for spec in self.reward_specs()}
+            self._user_names = [name for name in self.runner.names if name not in builtin]
+        return self._user_names
+
+    def close(self) -> None:
+        """Stop the reward workers, if any."""
+        if self._runner is not None:
+            self._runner.close()
+
+    def __enter__(self) -> GradedTask:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
