@@ -1,7 +1,12 @@
+import dataclasses
+import re
+from typing import get_type_hints
+
 import pytest
 import yaml
 
-from rlvr.config import Config, ConfigError, config_from_dict, load_config, parse_overrides
+from rlvr.config import BOUNDS, Config, ConfigError, config_from_dict, load_config, parse_overrides
+from rlvr.core import DELTA_MODES
 
 
 def test_defaults_are_the_lecture_experiment():
@@ -12,12 +17,19 @@ def test_defaults_are_the_lecture_experiment():
     assert c.task.reward == "inclusion_ordering" and c.algo.kl_coef == 0
 
 
-def test_yaml_round_trip_and_overrides(tmp_path):
+def test_overrides_beat_the_file_which_beats_the_defaults(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump({"algo": {"group_size": 16, "loss": "clipped"}, "optim": {"lr": 0.01}}))
-    c = load_config(path, ["algo.group_size=32", "task.prompts=null", "policy.temperature=2"])
-    assert c.algo.group_size == 32 and c.algo.loss == "clipped" and c.optim.lr == 0.01
-    assert c.task.prompts is None and c.policy.temperature == 2.0
+    path.write_text(yaml.safe_dump({
+        "algo": {"group_size": 16, "loss": "clipped"}, "optim": {"lr": "1e-2"},
+        "policy": {"options": {"a": 1, "b": 2}},
+    }))
+    c = load_config(path, ["algo.group_size=32", "task.prompts=null", "policy.temperature=2",
+                           "policy.options={b: 3}"])
+    assert c.algo.group_size == 32  # the override, not the file's 16
+    assert c.algo.loss == "clipped" and c.optim.lr == 0.01  # the file's (YAML 1.1 reads 1e-2 as a string)
+    assert c.algo.epochs == 100 and c.optim.name == "adam"  # untouched: the defaults
+    assert c.policy.options == {"a": 1, "b": 3}  # options merge key by key, one level deep
+    assert c.task.prompts is None and c.policy.temperature == 2.0 and isinstance(c.policy.temperature, float)
     again = config_from_dict(yaml.safe_load(c.to_yaml()))
     assert again == c
 
@@ -85,7 +97,63 @@ def test_commented_yaml_documents_every_field_and_round_trips(tmp_path, capsys):
 
     assert main(["config", "algo.group_size=64", "task.prompts=null"]) == 0
     text = capsys.readouterr().out
-    assert "group_size: 64  # G: responses sampled per prompt" in text
+    assert "group_size: 64  # G: responses sampled per prompt [> 0]" in text
+    assert f"deltas: centered  # delta mode [{' | '.join(DELTA_MODES)}]" in text  # from the core's registry
+    assert "num_numbers: 3  # numbers per prompt (n) [>= 2, <= 1024; sorting only]" in text
     path = tmp_path / "c.yaml"
     path.write_text(text)
     assert load_config(path) == load_config(None, ["algo.group_size=64", "task.prompts=null"])
+
+
+def _declared_rules():
+    """(path, value, message): a value just past each rule a field declares, in every section."""
+    hints = get_type_hints(Config)
+    top = [f for f in dataclasses.fields(Config) if not dataclasses.is_dataclass(hints[f.name])]
+    sections = [(f"{f.name}.", dataclasses.fields(hints[f.name]))
+                for f in dataclasses.fields(Config) if dataclasses.is_dataclass(hints[f.name])]
+    for prefix, section in [("", top), *sections]:
+        for f in section:
+            path = prefix + f.name
+            if "choices" in f.metadata:
+                yield path, "bogus", f"{path}='bogus' is not allowed; choose one of: "
+            for rule, (_, word) in BOUNDS.items():
+                if rule in f.metadata:
+                    bound = f.metadata[rule]
+                    past = {"min": bound - 1, "max": bound + 1}.get(rule, bound)  # above, below: the bound itself
+                    yield path, past, f" must be {word} {bound}"
+
+
+RULES = list(_declared_rules())
+
+
+def test_rules_are_declared_on_the_fields():
+    paths = {path for path, _, _ in RULES}
+    assert len(RULES) >= 45 and {"algo.deltas", "algo.clip_eps", "optim.lr", "seed", "task.num_numbers"} <= paths
+
+
+@pytest.mark.parametrize("path, value, message", RULES, ids=[f"{p}={v}" for p, v, _ in RULES])
+def test_every_declared_rule_is_enforced(path, value, message):
+    with pytest.raises(ConfigError, match=re.escape(message)) as err:
+        load_config(None, [f"{path}={value}"])
+    assert str(err.value).startswith(f"{path}=")
+
+
+def test_sorting_only_rules_do_not_apply_to_text_tasks():
+    config = load_config(None, ["task.name=sort_text", "policy.name=causal_lm", "task.num_numbers=1"])
+    assert config.task.num_numbers == 1  # unused by text tasks
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ("policy.options={model: x, modl: y}", "policy.options: unknown option 'modl'; did you mean 'model'?"),
+        ("task.options={num_digit: 3}", "unknown option 'num_digit'; did you mean 'num_digits'?"),
+    ],
+)
+def test_config_command_checks_task_and_policy_options(capsys, options, message):
+    """Without loading a model or data: the model 'x' does not exist."""
+    from rlvr.cli import main
+
+    assert main(["config", "task.name=sort_text", "policy.name=causal_lm", options]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rlvr: error: ") and message in err

@@ -144,7 +144,8 @@ def test_fixed_prompts_are_checked_before_any_work(tmp_path, tiny_model):
     # "Question: " + 40 characters + "\nAnswer:" = 58 tokens, + 8 new ones > 64
     train, evals = jsonl("train.jsonl", ["what is one", "a" * 39 + "?"]), jsonl("eval.jsonl", ["one"])
     with Gsm8kTask(train, evals, template="plain", num_workers=1) as task:
-        with pytest.raises(PromptError, match=r"training prompt 1 \('Question: a.*58 tokens \+ max_new_tokens 8 = 66 > 64"):
+        with pytest.raises(PromptError,
+                           match=r"training prompt 1 \('Question: a.*58 tokens \+ max_new_tokens 8 = 66 > 64"):
             check_prompts_fit(task, policy)
     with Gsm8kTask(evals, evals, template="plain", num_workers=1) as task:
         check_prompts_fit(task, policy)

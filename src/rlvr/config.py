@@ -1,13 +1,17 @@
 """One typed config: dataclasses per concern, YAML in and out, ``key=value`` overrides.
 
-Validation names the bad field, its value and what is allowed, before any work is
-done. Defaults reproduce the lecture's sorting experiment.
+Each field declares its help and its own rules in one line (``setting``); one check
+enforces them over every section, and ``validate`` holds only the rules between fields.
+Validation names the bad field, its value and what is allowed, before any work is done.
+Defaults reproduce the lecture's sorting experiment.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
+import operator
 import warnings
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -17,128 +21,150 @@ import yaml
 
 from rlvr.core import AGGREGATIONS, DELTA_MODES, KL_ESTIMATORS, KL_LOSS_ESTIMATORS, LOSS_MODES
 from rlvr.errors import ConfigError, did_you_mean
+from rlvr.policies.causal_lm import LOAD_OPTIONS, SETTING_OPTIONS
+from rlvr.tasks import TASKS, check_task_options
 from rlvr.tasks.sorting import LECTURE_PROMPTS, REWARDS
 
+POLICIES = ("positional", "causal_lm")
+POLICY_OPTIONS = {"causal_lm": LOAD_OPTIONS + SETTING_OPTIONS}  # the positional model takes none
+OPTIMIZERS = ("adam", "adamw")
+SCHEDULES = ("constant", "linear", "cosine")
+TRACKERS = ("wandb", "trackio")
+GROUP_BASELINES = ("centered", "normalized", "leave_one_out")  # deltas that subtract a group statistic
+REWARD_FUNCTION_KEYS = ("function", "weight", "timeout", "name", "required")
+
 # Sizes past which a run would exhaust memory (or processes) before doing any work. A
-# field's own limit is declared on it ("min"/"max" in its metadata); these bound products.
+# field's own limit is declared on it (``max=``); these bound products.
 MAX_RESPONSES = 2**16  # responses sampled at once: prompts x group_size, eval batch x eval_samples
 MAX_POSITIONAL_PARAMETERS = 2**24  # the positional toy model: 2 n D^2 + V D (64 MiB of float32)
+
+# a bound rule -> (the test a value must pass, how messages and help write it)
+BOUNDS = {"min": (operator.ge, ">="), "above": (operator.gt, ">"),
+          "max": (operator.le, "<="), "below": (operator.lt, "<")}
+
+
+def setting(default: Any, help: str, *, choices: Any = None, min: float | None = None, max: float | None = None,
+            above: float | None = None, below: float | None = None, only: str | None = None) -> Any:
+    """A config field: its default, one line of help and its own rules, declared once.
+
+    choices: the allowed values (a tuple, or a registry whose keys are the names); min,
+    max: inclusive bounds; above, below: exclusive ones; only: the rules hold only when
+    the section's ``name`` is this. An optional field's null passes every rule.
+    """
+    rules = {"choices": choices, "min": min, "max": max, "above": above, "below": below, "only": only}
+    metadata = {"help": help, **{key: rule for key, rule in rules.items() if rule is not None}}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 @dataclass
 class TaskConfig:
-    name: str = field(default="sorting", metadata={"help": "task: sorting | sort_text | arithmetic | gsm8k"})
-    reward: str = field(default="inclusion_ordering", metadata={"help": "sorting reward: " + " | ".join(REWARDS)})
-    num_numbers: int = field(default=3, metadata={"help": "numbers per prompt (n)", "max": 1024})
-    vocab_size: int = field(default=5, metadata={"help": "numbers are drawn from range(vocab_size)", "max": 4096})
-    prompts: list | None = field(
-        default_factory=lambda: [list(p) for p in LECTURE_PROMPTS],
-        metadata={"help": "fixed prompts used every epoch and for evaluation; null to sample fresh ones"},
-    )
-    allow_repeats: bool = field(default=False, metadata={"help": "random prompts may repeat a number"})
-    prompts_per_epoch: int = field(default=3, metadata={"help": "B: prompts sampled per epoch (random prompts)"})
-    eval_size: int = field(default=64, metadata={"help": "held-out prompts (random prompts)", "max": 2**14})
-    options: dict = field(default_factory=dict, metadata={"help": "task-specific options (text tasks)"})
+    name: str = setting("sorting", "task", choices=TASKS)
+    reward: str = setting("inclusion_ordering", "sorting reward", choices=REWARDS, only="sorting")
+    num_numbers: int = setting(3, "numbers per prompt (n)", min=2, max=1024, only="sorting")
+    vocab_size: int = setting(5, "numbers are drawn from range(vocab_size)", above=0, max=4096, only="sorting")
+    prompts: list | None = setting([list(p) for p in LECTURE_PROMPTS],
+                                   "fixed prompts used every epoch and for evaluation; null to sample fresh ones")
+    allow_repeats: bool = setting(False, "random prompts may repeat a number")
+    prompts_per_epoch: int = setting(3, "B: prompts sampled per epoch (random or text-task prompts)", above=0)
+    eval_size: int = setting(64, "held-out prompts (random prompts)", above=0, max=2**14, only="sorting")
+    options: dict = setting({}, "task-specific options (text tasks: the task class's keyword arguments)")
 
 
 @dataclass
 class RewardsConfig:
-    functions: list = field(
-        default_factory=list,
-        metadata={"help": (
-            "user reward functions: [{function: 'module:name', weight: 1.0, timeout: 5.0, name: '', "
-            "required: false}]; required: a completion it does not score (error, timeout, invalid, "
-            "None) gets no reward (NaN) instead of the others' sum (text tasks only)"
-        )},
-    )
-    strict: bool = field(default=False, metadata={"help": "the first reward error is fatal (else: abstain and count)"})
-    timeout: float | None = field(
-        default=10.0,
-        metadata={"help": "seconds per call of a user function, run in a worker killed past it (null: in-process, no limit)"},
-    )
-    num_workers: int = field(default=2, metadata={"help": "reward worker processes (for functions with a timeout)",
-                                                  "max": 256})
+    functions: list = setting([], (
+        "user reward functions: [{function: 'module:name', weight: 1.0, timeout: 5.0, name: '', "
+        "required: false}]; required: a completion it does not score (error, timeout, invalid, "
+        "None) gets no reward (NaN) instead of the others' sum"))
+    strict: bool = setting(False, "the first reward error is fatal (else: abstain and count)")
+    timeout: float | None = setting(
+        10.0, "seconds per call of a user function, run in a worker killed past it (null: in-process, no limit)",
+        above=0)
+    num_workers: int = setting(2, "reward worker processes (for functions with a timeout)", above=0, max=256)
 
 
 @dataclass
 class PolicyConfig:
-    name: str = field(default="positional", metadata={"help": "policy: positional | causal_lm"})
-    embedding_dim: int = field(default=10, metadata={"help": "positional model: embedding size D"})
-    embedding_std: float = field(default=1.0, metadata={"help": "positional model: std of the initial embedding"})
-    temperature: float = field(default=1.0, metadata={"help": "sampling and scoring temperature"})
-    options: dict = field(default_factory=dict, metadata={"help": "policy-specific options (causal_lm)"})
+    name: str = setting("positional", "policy", choices=POLICIES)
+    embedding_dim: int = setting(10, "positional model: embedding size D", above=0, only="positional")
+    embedding_std: float = setting(1.0, "positional model: std of the initial embedding", above=0)
+    temperature: float = setting(1.0, "sampling and scoring temperature", above=0)
+    options: dict = setting({}, "policy-specific options (causal_lm: " + ", ".join(POLICY_OPTIONS["causal_lm"]) + ")")
 
 
 @dataclass
 class AlgoConfig:
-    epochs: int = field(default=100, metadata={"help": "outer loop: sample a batch of responses each epoch"})
-    inner_steps: int = field(default=10, metadata={"help": "optimizer steps on each epoch's responses"})
-    group_size: int = field(default=10, metadata={"help": "G: responses sampled per prompt"})
-    deltas: str = field(default="centered", metadata={"help": "delta mode: " + " | ".join(DELTA_MODES)})
-    loss: str = field(default="naive", metadata={"help": "loss: " + " | ".join(LOSS_MODES)})
-    clip_eps: float = field(default=0.2, metadata={"help": "clipped loss: lower clip range"})
-    clip_eps_high: float | None = field(default=None, metadata={"help": "clipped loss: upper range (default clip_eps)"})
-    aggregation: str = field(default="seq_mean_token_mean", metadata={"help": "loss aggregation: " + " | ".join(AGGREGATIONS)})
-    normalizer: float | None = field(default=None, metadata={
-        "help": "seq_mean_token_sum divisor (default: the policy's longest possible response, e.g. max_new_tokens)"})
-    kl_coef: float = field(default=0.0, metadata={"help": "KL penalty weight toward the reference (0: no reference)"})
-    kl_estimator: str = field(default="k3", metadata={
-        "help": "KL estimator: " + " | ".join(KL_ESTIMATORS) + "; as a loss its gradient minimises KL(pi||ref) for "
-        "k2, k1+, k3+ (k2's gradient), KL(ref||pi) for k3; k1's is zero (refused)"})
-    ref_update_every: int = field(default=10, metadata={"help": "refresh the reference copy every K epochs"})
-    adv_eps: float = field(default=1e-6, metadata={"help": "normalized deltas: std + eps"})
+    epochs: int = setting(100, "outer loop: sample a batch of responses each epoch", above=0)
+    inner_steps: int = setting(10, "optimizer steps on each epoch's responses", above=0)
+    group_size: int = setting(10, "G: responses sampled per prompt", above=0)
+    deltas: str = setting("centered", "delta mode", choices=DELTA_MODES)
+    loss: str = setting("naive", "loss", choices=LOSS_MODES)
+    clip_eps: float = setting(0.2, "clipped loss: lower clip range (the ratio is clipped to [1 - eps, ...])",
+                              above=0, below=1)
+    clip_eps_high: float | None = setting(None, "clipped loss: upper range (default clip_eps)", above=0)
+    aggregation: str = setting("seq_mean_token_mean", "loss aggregation", choices=AGGREGATIONS)
+    normalizer: float | None = setting(
+        None, "seq_mean_token_sum divisor (default: the policy's longest possible response, e.g. max_new_tokens)",
+        above=0)
+    kl_coef: float = setting(0.0, "KL penalty weight toward the reference (0: no reference)", min=0)
+    kl_estimator: str = setting("k3", (
+        "KL estimator; as a loss its gradient minimises KL(pi||ref) for k2, k1+, k3+ (k2's gradient), "
+        "KL(ref||pi) for k3; k1's is zero (refused)"), choices=KL_ESTIMATORS)
+    ref_update_every: int = setting(10, "refresh the reference copy every K epochs", above=0)
+    # > 0: with eps 0 a group of equal rewards would divide 0 by 0
+    adv_eps: float = setting(1e-6, "normalized deltas: std + eps", above=0)
 
 
 @dataclass
 class OptimConfig:
-    name: str = field(default="adam", metadata={"help": "optimizer: adam | adamw"})
-    lr: float = field(default=1e-3, metadata={"help": "learning rate"})
-    weight_decay: float = field(default=0.0, metadata={"help": "weight decay"})
-    betas: list = field(default_factory=lambda: [0.9, 0.999], metadata={"help": "Adam betas"})
-    max_grad_norm: float | None = field(default=None, metadata={"help": "clip the gradient norm (null: no clipping)"})
-    micro_batches: int = field(default=1, metadata={"help": "split each step's N responses into this many micro-batches"})
-    schedule: str = field(default="constant", metadata={"help": "learning rate after warm-up: constant | linear | cosine (to 0)"})
-    warmup_steps: int = field(default=0, metadata={"help": "optimizer steps of linear learning-rate warm-up"})
-    max_bad_steps: int = field(default=5, metadata={"help": "stop after this many consecutive non-finite steps"})
+    name: str = setting("adam", "optimizer", choices=OPTIMIZERS)
+    lr: float = setting(1e-3, "learning rate", above=0)
+    weight_decay: float = setting(0.0, "weight decay", min=0)
+    betas: list = setting([0.9, 0.999], "Adam betas: two numbers in [0, 1)")
+    max_grad_norm: float | None = setting(None, "clip the gradient norm (null: no clipping)", above=0)
+    micro_batches: int = setting(1, "split each step's N responses into this many micro-batches", above=0)
+    schedule: str = setting("constant", "learning rate after warm-up (linear, cosine: decay to 0)", choices=SCHEDULES)
+    warmup_steps: int = setting(0, "optimizer steps of linear learning-rate warm-up", min=0)
+    max_bad_steps: int = setting(5, "stop after this many consecutive non-finite steps", above=0)
 
 
 @dataclass
 class LogConfig:
-    eval_every: int = field(default=10, metadata={"help": "evaluate the held-out prompts every k epochs"})
-    eval_samples: int = field(default=8, metadata={"help": "n: sampled responses per held-out prompt (pass@1 and pass@n)"})
-    eval_batch_size: int = field(default=64, metadata={"help": "held-out prompts decoded at once"})
-    eval_at_start: bool = field(default=True, metadata={"help": "evaluate before the first step (the starting point)"})
-    table_rows: int = field(default=4, metadata={"help": "held-out prompts shown in the samples table"})
-    progress: bool = field(default=True, metadata={"help": "show a progress bar"})
-    plot: bool = field(default=True, metadata={"help": "write plot.png into the run directory"})
-    tensorboard: bool = field(default=False, metadata={"help": "also log scalars to RUN_DIR/tensorboard"})
-    tracker: str | None = field(default=None, metadata={"help": "also log to an experiment tracker: wandb | trackio"})
-    tracker_project: str = field(default="rlvr", metadata={"help": "the tracker's project name"})
-    checkpoint_every: int = field(default=10, metadata={"help": "write a checkpoint every k epochs (0: only at the end)"})
-    keep_checkpoints: int = field(default=2, metadata={"help": "how many recent checkpoints to keep"})
+    eval_every: int = setting(10, "evaluate the held-out prompts every k epochs", above=0)
+    eval_samples: int = setting(8, "n: sampled responses per held-out prompt (pass@1 and pass@n)", above=0)
+    eval_batch_size: int = setting(64, "held-out prompts decoded at once", above=0)
+    eval_at_start: bool = setting(True, "evaluate before the first step (the starting point)")
+    table_rows: int = setting(4, "held-out prompts shown in the samples table", min=0)
+    progress: bool = setting(True, "show a progress bar")
+    plot: bool = setting(True, "write plot.png into the run directory")
+    tensorboard: bool = setting(False, "also log scalars to RUN_DIR/tensorboard")
+    tracker: str | None = setting(None, "also log to an experiment tracker (null: none)", choices=TRACKERS)
+    tracker_project: str = setting("rlvr", "the tracker's project name")
+    checkpoint_every: int = setting(10, "write a checkpoint every k epochs (0: only at the end)", min=0)
+    keep_checkpoints: int = setting(2, "how many recent checkpoints to keep", above=0)
 
 
 @dataclass
 class SftConfig:
-    steps: int = field(default=300, metadata={"help": "SFT optimizer steps (rlvr sft)"})
-    batch_size: int = field(default=32, metadata={"help": "SFT pairs per step", "max": MAX_RESPONSES})
-    lr: float = field(default=1e-3, metadata={"help": "SFT learning rate"})
-    max_grad_norm: float = field(default=1.0, metadata={"help": "SFT gradient clipping"})
-    data: str | None = field(default=None, metadata={"help": "JSONL of {prompt, completion}; default: the task's examples"})
-    num_examples: int = field(default=2000, metadata={"help": "pairs drawn from the task when sft.data is unset",
-                                                      "max": 2**20})
-    eval_every: int = field(default=50, metadata={"help": "held-out greedy accuracy every k steps"})
-    eval_size: int = field(default=50, metadata={"help": "held-out prompts used by SFT evaluation", "max": 2**14})
+    steps: int = setting(300, "SFT optimizer steps (rlvr sft)", above=0)
+    batch_size: int = setting(32, "SFT pairs per step", above=0, max=MAX_RESPONSES)
+    lr: float = setting(1e-3, "SFT learning rate", above=0)
+    max_grad_norm: float = setting(1.0, "SFT gradient clipping", above=0)
+    data: str | None = setting(None, "JSONL of {prompt, completion}; default: the task's examples")
+    num_examples: int = setting(2000, "pairs drawn from the task when sft.data is unset", above=0, max=2**20)
+    eval_every: int = setting(50, "held-out greedy accuracy every k steps", above=0)
+    eval_size: int = setting(50, "held-out prompts used by SFT evaluation", above=0, max=2**14)
 
 
 @dataclass
 class Config:
-    name: str = field(default="lecture", metadata={"help": "run name (runs/<name> by default)"})
-    out_dir: str | None = field(default=None, metadata={"help": "run directory (default runs/<name>)"})
-    seed: int = field(default=0, metadata={"help": "seed for prompts, sampling and initialisation",
-                                           "min": 0, "max": 2**32 - 1})  # numpy's seed range
-    threads: int = field(default=1, metadata={"help": "torch CPU threads (0: torch's default)", "min": 0, "max": 1024})
-    deterministic: bool = field(default=False, metadata={"help": "torch deterministic algorithms (bitwise-equal reruns on GPU too)"})
+    name: str = setting("lecture", "run name (runs/<name> by default)")
+    out_dir: str | None = setting(None, "run directory (default runs/<name>)")
+    seed: int = setting(0, "seed for prompts, sampling and initialisation", min=0, max=2**32 - 1)  # numpy's range
+    threads: int = setting(1, "torch CPU threads (0: torch's default)", min=0, max=1024)
+    deterministic: bool = setting(False, "torch deterministic algorithms (bitwise-equal reruns on GPU too)")
     task: TaskConfig = field(default_factory=TaskConfig)
     rewards: RewardsConfig = field(default_factory=RewardsConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
@@ -158,10 +184,18 @@ class Config:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
     def to_commented_yaml(self) -> str:
-        """YAML with each field's help as a comment: every setting, documented."""
+        """YAML with each field's help and rules as a comment: every setting, documented."""
         lines: list[str] = []
         _commented(self, "", lines)
         return "\n".join(lines) + "\n"
+
+
+def _rules_text(rules: Any) -> str:
+    """A field's declared rules as its help shows them: " [raw | centered]", " [> 0, < 1]", " [> 0; sorting only]"."""
+    parts = [" | ".join(rules["choices"])] if "choices" in rules else []
+    parts += [f"{word} {rules[rule]}" for rule, (_, word) in BOUNDS.items() if rule in rules]
+    when = f"; {rules['only']} only" if "only" in rules else ""
+    return f" [{', '.join(parts)}{when}]" if parts else ""
 
 
 def _commented(obj: Any, indent: str, lines: list[str]) -> None:
@@ -172,19 +206,11 @@ def _commented(obj: Any, indent: str, lines: list[str]) -> None:
             _commented(value, indent + "  ", lines)
             continue
         text = yaml.safe_dump({f.name: value}, default_flow_style=True, width=10**6).strip()[1:-1]
-        help_text = f.metadata.get("help", "")
+        help_text = f.metadata.get("help", "") + _rules_text(f.metadata)
         lines.append(f"{indent}{text}" + (f"  # {help_text}" if help_text else ""))
 
 
 # ---------------------------------------------------------------- building
-
-
-def _field_types(cls: type) -> dict[str, Any]:
-    return get_type_hints(cls)
-
-
-def _suggest(key: str, options: list[str]) -> str:
-    return f"; {did_you_mean(key, options)}"
 
 
 def _finite(value: Any) -> bool:
@@ -232,13 +258,13 @@ def _coerce(path: str, value: Any, hint: Any) -> Any:
 def _build(cls: type, data: dict, prefix: str) -> Any:
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {data!r}")
-    hints = _field_types(cls)
+    hints = get_type_hints(cls)
     names = [f.name for f in fields(cls)]
     kwargs = {}
     for key, value in data.items():
         path = f"{prefix}{key}"
         if key not in names:
-            raise ConfigError(f"unknown key {path!r}{_suggest(key, names)}")
+            raise ConfigError(f"unknown key {path!r}; {did_you_mean(key, names)}")
         hint = hints[key]
         if dataclasses.is_dataclass(hint):
             kwargs[key] = _build(hint, value or {}, path + ".")
@@ -320,25 +346,27 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 # ---------------------------------------------------------------- validation
 
 
-def _choice(path: str, value: str, allowed: tuple[str, ...] | list[str]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{path}={value!r} is not allowed; choose one of: {', '.join(allowed)}")
+def _check_fields(section: Any, prefix: str = "") -> None:
+    """The rules each field declares (``setting``), over every section."""
+    name = getattr(section, "name", None)  # the task's or policy's name, for "only" rules
+    for f in fields(section):
+        value, path, rules = getattr(section, f.name), prefix + f.name, f.metadata
+        if dataclasses.is_dataclass(value):
+            _check_fields(value, path + ".")
+            continue
+        if value is None or rules.get("only", name) != name:
+            continue  # an optional field left null, or a rule for another task or policy
+        choices = rules.get("choices")
+        if choices is not None and value not in choices:
+            raise ConfigError(f"{path}={value!r} is not allowed; choose one of: {', '.join(choices)}")
+        for rule, (passes, word) in BOUNDS.items():
+            if rule in rules and not passes(value, rules[rule]):
+                raise ConfigError(f"{path}={value!r} must be {word} {rules[rule]}")
 
 
-def _positive(path: str, value: float, allow_zero: bool = False) -> None:
-    if value < 0 or (value == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ConfigError(f"{path}={value!r} must be {bound}")
-
-
-REWARD_FUNCTION_KEYS = ("function", "weight", "timeout", "name", "required")
-
-
-def _validate_rewards(r: RewardsConfig) -> None:
-    _positive("rewards.num_workers", r.num_workers)
-    if r.timeout is not None:
-        _positive("rewards.timeout", r.timeout)
-    for i, item in enumerate(r.functions):
+def _check_reward_functions(functions: list) -> None:
+    """Each of ``rewards.functions``: 'module:function', or a mapping of REWARD_FUNCTION_KEYS."""
+    for i, item in enumerate(functions):
         path = f"rewards.functions[{i}]"
         if isinstance(item, str):
             item = {"function": item}
@@ -359,20 +387,6 @@ def _validate_rewards(r: RewardsConfig) -> None:
             raise ConfigError(f"{path}.required={item['required']!r} must be true or false")
 
 
-def _check_limits(obj: Any, prefix: str = "") -> None:
-    """The "min" and "max" declared in each field's metadata, in every section."""
-    for f in fields(obj):
-        value, path = getattr(obj, f.name), prefix + f.name
-        if dataclasses.is_dataclass(value):
-            _check_limits(value, path + ".")
-            continue
-        low, high = f.metadata.get("min"), f.metadata.get("max")
-        if low is not None and value < low:
-            raise ConfigError(f"{path}={value!r} must be >= {low}")
-        if high is not None and value > high:
-            raise ConfigError(f"{path}={value!r} must be <= {high}")
-
-
 def _check_sorting_prompts(t: TaskConfig) -> None:
     """Fixed sorting prompts: at least one, each ``num_numbers`` integers in [0, vocab_size)."""
     if t.prompts is None:
@@ -390,7 +404,6 @@ def _check_sorting_prompts(t: TaskConfig) -> None:
 
 def _check_positional_size(t: TaskConfig, p: PolicyConfig) -> None:
     """The positional model's parameter count, 2 n D^2 (encode, decode) + V D (embedding)."""
-    _positive("policy.embedding_dim", p.embedding_dim)
     size = 2 * t.num_numbers * p.embedding_dim**2 + t.vocab_size * p.embedding_dim
     if size > MAX_POSITIONAL_PARAMETERS:
         raise ConfigError(
@@ -400,80 +413,9 @@ def _check_positional_size(t: TaskConfig, p: PolicyConfig) -> None:
         )
 
 
-TASKS = ("sorting", "sort_text", "arithmetic", "gsm8k")
-POLICIES = ("positional", "causal_lm")
-OPTIMIZERS = ("adam", "adamw")
-
-
-def validate(config: Config) -> None:
-    """Reject configurations that cannot run; warn about ones that run but make no sense."""
-    t, p, a, o, lg = config.task, config.policy, config.algo, config.optim, config.log
-    _check_limits(config)
-    _choice("task.name", t.name, TASKS)
-    _choice("policy.name", p.name, POLICIES)
-    _choice("algo.deltas", a.deltas, DELTA_MODES)
-    _choice("algo.loss", a.loss, LOSS_MODES)
-    _choice("algo.aggregation", a.aggregation, AGGREGATIONS)
-    _choice("algo.kl_estimator", a.kl_estimator, KL_ESTIMATORS)
-    _choice("optim.name", o.name, OPTIMIZERS)
-    if t.name == "sorting":
-        _choice("task.reward", t.reward, REWARDS)
-        if p.name != "positional":
-            raise ConfigError("task.name='sorting' needs policy.name='positional' (use sort_text for LMs)")
-        for key in ("num_numbers", "vocab_size", "prompts_per_epoch", "eval_size"):
-            _positive(f"task.{key}", getattr(t, key))
-        if t.num_numbers < 2:
-            raise ConfigError(f"task.num_numbers={t.num_numbers} must be >= 2 to sort")
-        _check_sorting_prompts(t)
-        _check_positional_size(t, p)
-    elif p.name == "positional":
-        raise ConfigError(f"policy.name='positional' only fits task.name='sorting', not {t.name!r}")
-    for key in ("epochs", "inner_steps", "group_size", "ref_update_every"):
-        _positive(f"algo.{key}", getattr(a, key))
-    if a.group_size < 2 and a.deltas in ("centered", "normalized", "leave_one_out"):
-        raise ConfigError(
-            f"algo.group_size={a.group_size} with algo.deltas={a.deltas!r}: a group baseline needs G >= 2 "
-            "(every delta would be 0); use deltas=raw or a larger group"
-        )
-    _positive("algo.adv_eps", a.adv_eps)  # std + eps: 0 would divide 0 by 0 in a group of equal rewards
-    _positive("policy.temperature", p.temperature)
-    _positive("policy.embedding_std", p.embedding_std)
-    _positive("optim.lr", o.lr)
-    _positive("optim.weight_decay", o.weight_decay, allow_zero=True)
-    _positive("algo.kl_coef", a.kl_coef, allow_zero=True)
-    if a.kl_coef > 0 and a.kl_estimator not in KL_LOSS_ESTIMATORS:
-        raise ConfigError(
-            f"algo.kl_estimator={a.kl_estimator!r} with algo.kl_coef={a.kl_coef}: as a loss term k1's gradient is "
-            f"zero in expectation, so the penalty does nothing; use one of {', '.join(KL_LOSS_ESTIMATORS)} "
-            "(k1+ / k3+: k1's / k3's value with k2's gradient, grad KL(pi||ref)). "
-            "k1 belongs in the reward, which is not supported yet"
-        )
-    _positive("algo.clip_eps", a.clip_eps)
-    if a.clip_eps >= 1:
-        raise ConfigError(f"algo.clip_eps={a.clip_eps} must be < 1 (the ratio is clipped to [1 - eps, ...])")
-    if a.clip_eps_high is not None:
-        _positive("algo.clip_eps_high", a.clip_eps_high)
-    if a.normalizer is not None:
-        _positive("algo.normalizer", a.normalizer)
-    if o.max_grad_norm is not None:
-        _positive("optim.max_grad_norm", o.max_grad_norm)
-    if len(o.betas) != 2 or not all(_finite(b) and 0 <= b < 1 for b in o.betas):
-        raise ConfigError(f"optim.betas={o.betas!r} must be two numbers in [0, 1)")
-    _positive("optim.micro_batches", o.micro_batches)
-    _positive("optim.max_bad_steps", o.max_bad_steps)
-    _choice("optim.schedule", o.schedule, ("constant", "linear", "cosine"))
-    _positive("optim.warmup_steps", o.warmup_steps, allow_zero=True)
-    _positive("log.eval_batch_size", lg.eval_batch_size)
-    _positive("log.checkpoint_every", lg.checkpoint_every, allow_zero=True)
-    _positive("log.keep_checkpoints", lg.keep_checkpoints)
-    _positive("log.eval_every", lg.eval_every)
-    _positive("log.eval_samples", lg.eval_samples)
-    if lg.tracker is not None:
-        _choice("log.tracker", lg.tracker, ("wandb", "trackio"))
-    _positive("log.table_rows", lg.table_rows, allow_zero=True)
-    _validate_rewards(config.rewards)
-    for key in ("steps", "batch_size", "lr", "max_grad_norm", "num_examples", "eval_every", "eval_size"):
-        _positive(f"sft.{key}", getattr(config.sft, key))
+def _check_batch_sizes(config: Config) -> None:
+    """Responses sampled at once stay under MAX_RESPONSES; micro-batches split N evenly."""
+    t, a, o, lg = config.task, config.algo, config.optim, config.log
     batch = len(t.prompts) if (t.name == "sorting" and t.prompts is not None) else t.prompts_per_epoch
     n = batch * a.group_size
     if n > MAX_RESPONSES:
@@ -484,13 +426,50 @@ def validate(config: Config) -> None:
         raise ConfigError(f"log.eval_samples={lg.eval_samples} x log.eval_batch_size={lg.eval_batch_size} = "
                           f"{eval_n} responses sampled at once; the limit is {MAX_RESPONSES}")
     if n % o.micro_batches:
+        raise ConfigError(f"optim.micro_batches={o.micro_batches} does not divide the {n} responses per epoch "
+                          f"({batch} prompts x group_size {a.group_size})")
+
+
+def validate(config: Config) -> None:
+    """Reject configurations that cannot run; warn about ones that run but make no sense.
+    Each field's own rules are declared on it; the rules here are those between fields."""
+    t, p, a, o = config.task, config.policy, config.algo, config.optim
+    _check_fields(config)
+    if t.name == "sorting":
+        if p.name != "positional":
+            raise ConfigError("task.name='sorting' needs policy.name='positional' (use sort_text for LMs)")
+        _check_sorting_prompts(t)
+        _check_positional_size(t, p)
+    elif p.name == "positional":
+        raise ConfigError(f"policy.name='positional' only fits task.name='sorting', not {t.name!r}")
+    if a.group_size < 2 and a.deltas in GROUP_BASELINES:
+        raise ConfigError(f"algo.group_size={a.group_size} with algo.deltas={a.deltas!r}: a group baseline needs "
+                          "G >= 2 (every delta would be 0); use deltas=raw or a larger group")
+    if a.kl_coef > 0 and a.kl_estimator not in KL_LOSS_ESTIMATORS:
         raise ConfigError(
-            f"optim.micro_batches={o.micro_batches} does not divide the {n} responses per epoch "
-            f"({batch} prompts x group_size {a.group_size})"
+            f"algo.kl_estimator={a.kl_estimator!r} with algo.kl_coef={a.kl_coef}: as a loss term k1's gradient is "
+            f"zero in expectation, so the penalty does nothing; use one of {', '.join(KL_LOSS_ESTIMATORS)} "
+            "(k1+ / k3+: k1's / k3's value with k2's gradient, grad KL(pi||ref)). "
+            "k1 belongs in the reward, which is not supported yet"
         )
+    if len(o.betas) != 2 or not all(_finite(b) and 0 <= b < 1 for b in o.betas):
+        raise ConfigError(f"optim.betas={o.betas!r} must be two numbers in [0, 1)")
+    _check_reward_functions(config.rewards.functions)
+    _check_batch_sizes(config)
     if a.loss in ("ratio", "clipped") and a.inner_steps == 1:
-        warnings.warn(
-            f"algo.loss={a.loss!r} with algo.inner_steps=1: the ratio pi/pi_old is always 1 at the only step, "
-            "so the loss equals the naive one",
-            stacklevel=2,
-        )
+        warnings.warn(f"algo.loss={a.loss!r} with algo.inner_steps=1: the ratio pi/pi_old is always 1 at the only "
+                      "step, so the loss equals the naive one", stacklevel=2)
+
+
+def _check_keys(where: str, options: dict, allowed: Any) -> None:
+    for key in options:
+        if key not in allowed:
+            raise ConfigError(f"{where}: unknown option {key!r}; {did_you_mean(key, allowed)}")
+
+
+def check_options(config: Config) -> None:
+    """Unknown keys in policy.options and task.options, each named with the nearest allowed
+    one, without loading a model or data (``rlvr train`` refuses them as it builds)."""
+    if config.policy.name in POLICY_OPTIONS:
+        _check_keys("policy.options", config.policy.options, POLICY_OPTIONS[config.policy.name])
+    check_task_options(config)
