@@ -54,7 +54,8 @@ def fated_reward(prompts, completions, answer, **kwargs):
 
 def make_batch(rng: random.Random, num_prompts: int, group_size: int):
     """B prompt dicts and B x G completions, some carrying a fate token."""
-    prompts = [{"prompt": f"question {rng.randrange(10**6)}?", "answer": str(rng.randrange(10))} for _ in range(num_prompts)]
+    prompts = [{"prompt": f"question {rng.randrange(10**6)}?", "answer": str(rng.randrange(10))}
+               for _ in range(num_prompts)]
     responses = []
     for _ in prompts:
         group = []
@@ -119,7 +120,8 @@ def main() -> int:
     print(f"scored {args.rounds} batches of {args.prompts} x {args.group_size} = {n} completions "
           f"in {wall:.1f} s ({n / wall:.0f} completions/s), {args.workers} workers, timeout {args.timeout} s")
     for name, counts in totals.items():
-        print(f"  {name:14s} " + "  ".join(f"{k} {counts[k]}" for k in ("scored", "abstained", "errors", "timeouts", "invalid")))
+        kinds = ("scored", "abstained", "errors", "timeouts", "invalid")
+        print(f"  {name:14s} " + "  ".join(f"{k} {counts[k]}" for k in kinds))
     fated = totals["fated_reward"]
     print(f"  survived: {fated['errors']} exceptions / worker crashes, {fated['timeouts']} hung calls killed, "
           f"{fated['invalid']} invalid values; {abstained_groups} groups fully abstained")

@@ -89,7 +89,8 @@ def main() -> int:
                     got[side] = records(out)
                 diff = differences(got["base"], got["now"])
                 failed += bool(diff)
-                print(f"{name:<20} {len(got['now']):5d} records  " + ("identical" if not diff else f"{len(diff)} differences"))
+                verdict = "identical" if not diff else f"{len(diff)} differences"
+                print(f"{name:<20} {len(got['now']):5d} records  {verdict}")
                 for line in diff[:10]:
                     print("   ", line)
         finally:

@@ -53,7 +53,8 @@ def main() -> None:
     for label, path, overrides in runs:
         r = solve_rates(path, overrides, seeds)
         mean = statistics.mean(r["solved"])
-        print(f"{label:<60} {str(r['solved']):<22} {mean:5.2f} {r['reward']:7.3f} {r['stall']:6.2f} {r['seconds']:5.1f}s")
+        print(f"{label:<60} {str(r['solved']):<22} {mean:5.2f} {r['reward']:7.3f} {r['stall']:6.2f} "
+              f"{r['seconds']:5.1f}s")
 
 
 if __name__ == "__main__":

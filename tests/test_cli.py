@@ -21,12 +21,21 @@ def test_train_writes_a_run_directory(tmp_path, capsys):
     assert len(read_records(out)) == len(records)
 
 
-def test_plot_redraws(tmp_path):
-    out = tmp_path / "run"
-    main(["train", f"out_dir={out}", "algo.epochs=2", "log.progress=false", "log.plot=false"])
-    assert not (out / "plot.png").exists()
-    assert main(["plot", str(out)]) == 0
-    assert (out / "plot.png").stat().st_size > 1000
+def test_plot_redraws_what_the_records_say(tmp_path):
+    import matplotlib.pyplot as plt
+
+    runs = [tmp_path / "a", tmp_path / "b"]
+    for seed, out in enumerate(runs):
+        main(["train", f"out_dir={out}", "algo.epochs=2", f"seed={seed}", "log.progress=false", "log.plot=false"])
+        assert not (out / "plot.png").exists()
+        assert main(["plot", str(out)]) == 0
+    a, b = (plt.imread(out / "plot.png") for out in runs)
+    height, width = a.shape[:2]
+    assert a.shape == b.shape and abs(width / height - 15 / 3.8) < 0.01  # three 5 x 3.8 inch panels
+    assert a[..., :3].std() > 0.05  # drawn on, not a blank canvas
+    assert (a != b).any()  # other records, other curves
+    assert main(["plot", str(runs[0]), str(runs[1]), "--out", str(tmp_path / "both.png")]) == 0
+    assert (plt.imread(tmp_path / "both.png") != a).any()  # the overlay adds the second run
 
 
 def test_invalid_config_exits_nonzero_and_leaves_nothing(tmp_path):

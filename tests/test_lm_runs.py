@@ -13,13 +13,6 @@ from rlvr.metrics import read_records, without_timings  # noqa: E402
 from rlvr.modeling import init_model  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    out = tmp_path_factory.mktemp("tiny") / "model"
-    init_model(out, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, seed=0)
-    return out
-
-
 def lm_args(model, out, epochs=4):
     return [
         f"out_dir={out}", "task.name=sort_text", "task.prompts_per_epoch=4",
@@ -107,7 +100,7 @@ def test_malformed_sft_data_names_file_and_line(tiny_model, tmp_path, capsys):
 @pytest.mark.parametrize("aggregation", ["seq_mean_token_mean", "token_mean", "seq_mean_token_sum"])
 def test_lm_micro_batching_gives_the_same_gradient(tiny_model, tmp_path, aggregation):
     from rlvr.config import load_config
-    from rlvr.trainer import collect_rollout, inner_step, setup
+    from rlvr.trainer import collect_rollout, optimizer_step, setup
 
     def gradient(micro_batches):
         args = lm_args(tiny_model, tmp_path / "unused") + [
@@ -120,7 +113,7 @@ def test_lm_micro_batching_gives_the_same_gradient(tiny_model, tmp_path, aggrega
         # machine's float rounding, and all-zero deltas would make every gradient 0.
         rollout.deltas = torch.linspace(-1.0, 1.0, rollout.samples.num_responses)
         lengths = rollout.samples.response_mask.sum(dim=1)
-        inner_step(config, st, rollout)
+        optimizer_step(config, st, rollout)
         return [p.grad.clone() for p in st.policy.module.parameters()], lengths
 
     (one, lengths), (four, _) = gradient(1), gradient(4)

@@ -2,13 +2,12 @@
 
 import torch
 
+from conftest import QUIET
 from rlvr.checkpoint import load_latest
 from rlvr.cli import main
 from rlvr.config import load_config
 from rlvr.policies.positional import PositionalPolicy
 from rlvr.trainer import setup, train
-
-FAST = ["log.progress=false", "log.plot=false"]
 
 
 def poison(monkeypatch, bad_calls):
@@ -29,7 +28,7 @@ def poison(monkeypatch, bad_calls):
 
 def test_nan_step_is_skipped_and_weights_stay_finite(monkeypatch, caplog):
     poison(monkeypatch, bad_calls={3})  # the 4th inner step of epoch 0
-    config = load_config(None, FAST + ["algo.epochs=2"])
+    config = load_config(None, QUIET + ["algo.epochs=2"])
     task, st = setup(config)
     before = [p.detach().clone() for p in st.policy.module.parameters()]
     records = [r for r in train(config, state=(task, st)) if r["kind"] == "train"]
@@ -43,7 +42,8 @@ def test_consecutive_nan_steps_stop_with_the_checkpoint_intact(monkeypatch, tmp_
     out = tmp_path / "run"
     # Epochs 0-1 are fine (20 steps) and checkpointed; from step 25 on every step is NaN.
     poison(monkeypatch, bad_calls=set(range(25, 10_000)))
-    code = main(["train", f"out_dir={out}", "algo.epochs=10", "log.checkpoint_every=2", "optim.max_bad_steps=3", *FAST])
+    code = main(["train", f"out_dir={out}", "algo.epochs=10", "log.checkpoint_every=2", "optim.max_bad_steps=3",
+                 *QUIET])
     assert code == 3
     assert "3 consecutive steps with non-finite values" in capsys.readouterr().err
     checkpoint, payload = load_latest(out)

@@ -116,7 +116,7 @@ def test_resume_from_the_middle_of_an_epoch(tmp_path):
     config = load_config(None, args + [f"out_dir={split}"])
     import rlvr.trainer as trainer
 
-    original = trainer.inner_step
+    original = trainer.optimizer_step
     calls = {"n": 0}
 
     def stop_after_eight(config, st, rollout):
@@ -126,12 +126,12 @@ def test_resume_from_the_middle_of_an_epoch(tmp_path):
             st.stop_requested = True
         return record
 
-    trainer.inner_step = stop_after_eight
+    trainer.optimizer_step = stop_after_eight
     try:
         with pytest.raises(KeyboardInterrupt):
             run_training(config)
     finally:
-        trainer.inner_step = original
+        trainer.optimizer_step = original
     _, payload = load_latest(split)
     assert (payload["epoch"], payload["inner_step"], payload["step"]) == (1, 3, 8)
     assert payload["rollout"] is not None
@@ -157,7 +157,7 @@ def test_a_run_killed_before_its_first_checkpoint_resumes_from_the_start(tmp_pat
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     args = ["algo.epochs=3", *BASE]
     assert main(["train", f"out_dir={straight}", *args]) == 0
-    original, calls = trainer.inner_step, []
+    original, calls = trainer.optimizer_step, []
 
     def die_at_the_fourth_step(config, st, rollout):
         calls.append(1)
@@ -165,10 +165,10 @@ def test_a_run_killed_before_its_first_checkpoint_resumes_from_the_start(tmp_pat
             raise Killed
         return original(config, st, rollout)
 
-    monkeypatch.setattr(trainer, "inner_step", die_at_the_fourth_step)
+    monkeypatch.setattr(trainer, "optimizer_step", die_at_the_fourth_step)
     with pytest.raises(Killed):
         run_training(load_config(None, args + [f"out_dir={killed}"]))
-    monkeypatch.setattr(trainer, "inner_step", original)
+    monkeypatch.setattr(trainer, "optimizer_step", original)
     assert not list_checkpoints(killed) and len(read_records(killed)) > 3
     assert main(["train", f"resume={killed}"]) == 0
     assert_same_run(straight, killed)
@@ -270,10 +270,10 @@ def test_a_mid_epoch_text_checkpoint_is_plain_data_and_resumes_exactly(tmp_path,
     args = ["task.name=sort_text", "task.prompts_per_epoch=2", "task.options={num_digits: 3, num_eval: 4}",
             "policy.name=causal_lm", f"policy.options={{model: '{model}', max_new_tokens: 5}}",
             "algo.epochs=2", "algo.inner_steps=3", "algo.group_size=2", "algo.loss=clipped",
-            "rewards.functions=['rlvr.reward_faults:sometimes_nan']", "rewards.timeout=null",
+            "rewards.functions=['rlvr.rewards.faults:sometimes_nan']", "rewards.timeout=null",
             "log.eval_samples=2", "log.progress=false", "log.plot=false", "seed=2"]
     assert main(["train", f"out_dir={straight}", *args]) == 0
-    original, calls = trainer.inner_step, []
+    original, calls = trainer.optimizer_step, []
 
     def stop_after_four(config, st, rollout):
         record = original(config, st, rollout)
@@ -281,10 +281,10 @@ def test_a_mid_epoch_text_checkpoint_is_plain_data_and_resumes_exactly(tmp_path,
         st.stop_requested = len(calls) == 4  # epoch 1, inner step 1 of 3
         return record
 
-    monkeypatch.setattr(trainer, "inner_step", stop_after_four)
+    monkeypatch.setattr(trainer, "optimizer_step", stop_after_four)
     with pytest.raises(KeyboardInterrupt):
         run_training(load_config(None, args + [f"out_dir={split}"]))
-    monkeypatch.setattr(trainer, "inner_step", original)
+    monkeypatch.setattr(trainer, "optimizer_step", original)
     (checkpoint,) = list_checkpoints(split)
     payload = torch.load(checkpoint / "trainer.pt", weights_only=True)
     responses = payload["rollout"]["samples"]["responses"]

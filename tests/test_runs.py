@@ -48,7 +48,7 @@ def test_a_run_directory_in_use_is_refused_and_free_once_its_holder_exits(tmp_pa
 
 def test_concurrent_starts_with_the_default_name_get_different_directories(tmp_path, monkeypatch):
     # Two starts between claiming a directory and writing into it must not pick the same one.
-    from rlvr.runs import new_run_dir
+    from rlvr.run_dir import new_run_dir
 
     monkeypatch.chdir(tmp_path)
     config = load_config(None, ["name=x"])
@@ -61,7 +61,7 @@ def test_concurrent_starts_with_the_default_name_get_different_directories(tmp_p
 
 
 def test_what_may_change_on_resume():
-    from rlvr.runs import resume_changes
+    from rlvr.resume import resume_changes
 
     stored = load_config(None, ["algo.epochs=10"])
     changed = load_config(None, ["algo.epochs=20", "log.progress=false", "rewards.timeout=2", "threads=2"])
@@ -71,7 +71,8 @@ def test_what_may_change_on_resume():
         "algo.epochs": {"was": 10, "now": 20},
         "log.progress": {"was": True, "now": False},
     }
-    with pytest.raises(ConfigError, match=r"resume cannot change algo.group_size \(was 10, now 4\); allowed on resume: "):
+    refused = r"resume cannot change algo.group_size \(was 10, now 4\); allowed on resume: "
+    with pytest.raises(ConfigError, match=refused):
         resume_changes(stored, load_config(None, ["algo.group_size=4"]))
     # A decaying learning rate is laid out over algo.epochs: its length cannot change.
     cosine = load_config(None, ["optim.schedule=cosine"])

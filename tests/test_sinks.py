@@ -6,6 +6,7 @@ import types
 import pytest
 
 from rlvr.cli import main
+from rlvr.metrics import read_records
 
 
 def test_tracker_sink_logs_train_and_eval_scalars(tmp_path, monkeypatch):
@@ -30,9 +31,20 @@ def test_unknown_tracker_is_rejected(tmp_path, capsys):
     assert "log.tracker='mlflow' is not allowed" in capsys.readouterr().err
 
 
-def test_tensorboard_sink_writes_event_files(tmp_path):
+def test_tensorboard_sink_writes_the_records_scalars(tmp_path):
     pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     out = tmp_path / "run"
-    assert main(["train", f"out_dir={out}", "algo.epochs=1", "log.progress=false", "log.plot=false",
-                 "log.tensorboard=true"]) == 0
-    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+    assert main(["train", f"out_dir={out}", "algo.epochs=2", "log.eval_every=2", "log.progress=false",
+                 "log.plot=false", "log.tensorboard=true"]) == 0
+    events = EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    records = read_records(out)
+    train = [r for r in records if r["kind"] == "train"]
+    logged = events.Scalars("train/reward_mean")
+    assert [e.step for e in logged] == [r["step"] for r in train]
+    assert [e.value for e in logged] == pytest.approx([r["reward_mean"] for r in train])  # float32 on disk
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert [(e.step, e.value) for e in events.Scalars("eval/greedy_solve_rate")] == [
+        (r["step"], pytest.approx(r["greedy_solve_rate"])) for r in evals]

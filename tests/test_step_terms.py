@@ -9,35 +9,34 @@ import math
 import pytest
 import torch
 
+from conftest import QUIET
 from rlvr import core
 from rlvr.config import ConfigError, load_config
 from rlvr.metrics import without_timings
 from rlvr.policies.positional import PositionalPolicy
 from rlvr.rollout import Grades, Samples
-from rlvr.trainer import TrainState, collect_rollout, inner_step, setup
-
-FAST = ["log.progress=false", "log.plot=false"]
-
+from rlvr.trainer import TrainState, collect_rollout, optimizer_step, setup
 
 # --- item 1: k1 cannot be a loss term ------------------------------------------------
 
 
 def test_config_refuses_k1_as_a_loss_term():
     with pytest.raises(ConfigError, match=r"algo.kl_estimator='k1'.*zero in expectation.*k1\+.*k2.*k3\+.*reward"):
-        load_config(None, FAST + ["algo.kl_estimator=k1", "algo.kl_coef=0.1"])
+        load_config(None, QUIET + ["algo.kl_estimator=k1", "algo.kl_coef=0.1"])
     # Without a penalty there is nothing to refuse; the straight-through forms are fine.
-    load_config(None, FAST + ["algo.kl_estimator=k1", "algo.kl_coef=0"])
+    load_config(None, QUIET + ["algo.kl_estimator=k1", "algo.kl_coef=0"])
     for estimator in ("k1+", "k3+"):
-        assert load_config(None, FAST + [f"algo.kl_estimator={estimator}", "algo.kl_coef=0.1"]).algo.kl_estimator == estimator
+        config = load_config(None, QUIET + [f"algo.kl_estimator={estimator}", "algo.kl_coef=0.1"])
+        assert config.algo.kl_estimator == estimator
 
 
 def test_trainer_refuses_k1_even_past_validation():
-    config = load_config(None, FAST + ["algo.kl_coef=0.1", "algo.epochs=1"])
+    config = load_config(None, QUIET + ["algo.kl_coef=0.1", "algo.epochs=1"])
     task, st = setup(config)
     rollout = collect_rollout(config, task, st)
     config.algo.kl_estimator = "k1"  # set after validation, as a script might
     with pytest.raises(ValueError, match="zero in expectation"):
-        inner_step(config, st, rollout)
+        optimizer_step(config, st, rollout)
 
 
 # --- item 3: clip_frac, entropy and kl are token-level means ------------------------
@@ -59,7 +58,7 @@ def _steps(micro_batches):
     # normalizer=1 makes the aggregation weights 1/N per token, T = 3 times the token
     # mean's 1/(N T): metrics weighted like the loss would be 3x too large. A small
     # embedding_std starts the policy near uniform, entropy near ln V.
-    config = load_config(None, FAST + [
+    config = load_config(None, QUIET + [
         "algo.aggregation=seq_mean_token_sum", "algo.normalizer=1", "algo.loss=clipped", "algo.clip_eps=0.01",
         "algo.kl_coef=0.05", "algo.epochs=1", "algo.inner_steps=4", "optim.lr=0.05", "policy.embedding_std=0.1",
         f"optim.micro_batches={micro_batches}"])
@@ -68,7 +67,7 @@ def _steps(micro_batches):
     records = []
     for _ in range(config.algo.inner_steps):
         expected = _masked_means(config, st, rollout)
-        records.append(inner_step(config, st, rollout))
+        records.append(optimizer_step(config, st, rollout))
         for name, value in expected.items():
             assert records[-1][name] == pytest.approx(value, rel=1e-5, abs=1e-7), name
     return config, records
@@ -126,7 +125,7 @@ class CountingTask:
 
 
 def test_default_normalizer_is_the_longest_possible_response_not_the_batch_width():
-    config = load_config(None, FAST + ["algo.aggregation=seq_mean_token_sum", "task.prompts_per_epoch=2",
+    config = load_config(None, QUIET + ["algo.aggregation=seq_mean_token_sum", "task.prompts_per_epoch=2",
                                        "task.prompts=null", "algo.group_size=3"])
     n = 2 * 3
     weights = []
@@ -149,7 +148,7 @@ def test_default_normalizer_is_the_longest_possible_response_not_the_batch_width
 
 
 def test_policies_report_their_longest_response():
-    positional = PositionalPolicy(vocab_size=5, embedding_dim=4, num_positions=3)
+    positional = PositionalPolicy(vocab_size=5, embedding_dim=4, num_numbers=3)
     samples = positional.sample(torch.tensor([[0, 1, 2]]), 2, 1.0, torch.Generator().manual_seed(0))
     assert positional.max_response_length == samples.response_ids.shape[1] == 3
 

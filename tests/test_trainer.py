@@ -1,35 +1,47 @@
+import math
 from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import QUIET
 from rlvr.config import load_config
 from rlvr.metrics import without_timings
-from rlvr.trainer import collect_rollout, inner_step, setup, train
+from rlvr.trainer import collect_rollout, optimizer_step, setup, train
 
-FAST = ["log.progress=false", "log.plot=false"]
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 def run(overrides):
-    return train(load_config(None, FAST + overrides))
+    return train(load_config(None, QUIET + overrides))
 
 
 def train_records(records):
     return [r for r in records if r["kind"] == "train"]
 
 
-def test_records_have_every_metric_and_evals():
+def test_records_hold_consistent_metrics_and_evals():
     records = run(["algo.epochs=4", "log.eval_every=2", "algo.kl_coef=0.1", "algo.loss=clipped"])
     train_rs = train_records(records)
-    assert len(train_rs) == 4 * 10
-    for key in ("epoch", "step", "loss", "pg_loss", "kl", "reward_mean", "reward_std", "solve_rate",
-                "frac_zero_delta_groups", "clip_frac", "entropy", "grad_norm"):
-        assert key in train_rs[0]
+    assert [(r["epoch"], r["step"]) for r in train_rs] == [(s // 10, s) for s in range(40)]
+    for r in train_rs:
+        # Every response has all n tokens here, so the KL term's weighted mean in the loss is
+        # the token mean the record reports: loss = pg_loss + kl_coef * kl.
+        assert r["loss"] == pytest.approx(r["pg_loss"] + 0.1 * r["kl"], rel=1e-5, abs=1e-7)
+        assert 0.0 <= r["clip_frac"] <= 1.0 and r["kl"] >= 0.0
+        assert 0.0 < r["entropy"] <= math.log(5) + 1e-6  # a mean over 5 numbers per position
+        assert math.isfinite(r["grad_norm"]) and r["grad_norm"] > 0 and r["skipped_step"] == 0.0
+        assert 0.0 <= r["solve_rate"] <= 1.0 and 0.0 <= r["frac_zero_delta_groups"] <= 1.0
+        assert 0.0 <= r["reward_mean"] <= 5.0  # inclusion_ordering: at most 3 + 2 for n = 3
+    for epoch in range(4):
+        steps = train_rs[10 * epoch: 10 * epoch + 10]
+        assert len({s["reward_mean"] for s in steps}) == 1  # one rollout per epoch
+        assert steps[0]["clip_frac"] == 0.0  # pi == pi_old at an epoch's first step: nothing clipped
     evals = [r for r in records if r["kind"] == "eval"]
-    assert [e["epoch"] for e in evals] == [0, 2, 4]  # the starting point, then every 2 epochs
-    for key in ("greedy_solve_rate", "sampled_solve_rate", "sampled_reward"):
-        assert key in evals[0]
+    assert [(e["epoch"], e["step"]) for e in evals] == [(0, 0), (2, 20), (4, 40)]  # start, then every 2
+    for e in evals:
+        assert 0.0 <= e["greedy_solve_rate"] <= 1.0 and 0.0 <= e["sampled_solve_rate"] <= 1.0
+        assert 0.0 <= e["sampled_reward"] <= 5.0
     # The reference is refreshed from the current policy: at the first step of the
     # run the policy equals the reference, so k3 is exactly 0.
     assert train_rs[0]["kl"] == 0.0
@@ -53,9 +65,9 @@ def test_training_raises_the_mean_reward():
 
 def epoch_gradient(overrides):
     """Gradient of the first inner step of one epoch (inner_steps=1, lr ~ 0)."""
-    config = load_config(None, FAST + ["algo.epochs=1", "algo.inner_steps=1", "optim.lr=1e-30"] + overrides)
+    config = load_config(None, QUIET + ["algo.epochs=1", "algo.inner_steps=1", "optim.lr=1e-30"] + overrides)
     task, st = setup(config)
-    inner_step(config, st, collect_rollout(config, task, st))
+    optimizer_step(config, st, collect_rollout(config, task, st))
     return [p.grad.clone() for p in st.policy.module.parameters()]
 
 
@@ -82,11 +94,11 @@ def test_old_log_probs_are_cached_constants():
 
 
 def test_no_reference_model_without_kl():
-    config = load_config(None, FAST + ["algo.epochs=2"])
+    config = load_config(None, QUIET + ["algo.epochs=2"])
     task, st = setup(config)
     train(config, state=(task, st))
     assert st.ref_module is None
-    config = load_config(None, FAST + ["algo.epochs=3", "algo.kl_coef=0.1", "algo.ref_update_every=2"])
+    config = load_config(None, QUIET + ["algo.epochs=3", "algo.kl_coef=0.1", "algo.ref_update_every=2"])
     task, st = setup(config)
     train(config, state=(task, st))
     assert st.ref_module is not None
@@ -104,7 +116,7 @@ def test_epoch_stats_show_collapse():
 def test_best_example_config_solves_where_the_lecture_default_stalls():
     from rlvr.metrics import summary
 
-    best = summary(train(load_config(EXAMPLES / "sorting_best.yaml", FAST + ["log.checkpoint_every=0"])))
+    best = summary(train(load_config(EXAMPLES / "sorting_best.yaml", QUIET + ["log.checkpoint_every=0"])))
     lecture = summary(run(["log.checkpoint_every=0"]))
     assert best["eval_greedy_solve_rate"] == 1.0  # all 3 prompts, seed 0
     assert lecture["eval_greedy_solve_rate"] < 1.0
@@ -133,10 +145,10 @@ def test_cosine_schedule_ends_near_zero_and_eval_can_start_later():
 def test_evaluation_in_chunks_equals_one_batch():
     from rlvr.evaluation import evaluate
 
-    config = load_config(None, FAST + ["task.prompts=null", "task.eval_size=10"])
+    config = load_config(None, QUIET + ["task.prompts=null", "task.eval_size=10"])
     task, st = setup(config)
     whole = evaluate(config, task, st.policy, 0, 0)[0]
-    config = load_config(None, FAST + ["task.prompts=null", "task.eval_size=10", "log.eval_batch_size=3"])
+    config = load_config(None, QUIET + ["task.prompts=null", "task.eval_size=10", "log.eval_batch_size=3"])
     chunked = evaluate(config, task, st.policy, 0, 0)[0]
     assert whole["greedy_reward"] == pytest.approx(chunked["greedy_reward"])
     assert whole["greedy_solve_rate"] == chunked["greedy_solve_rate"]

@@ -26,12 +26,21 @@ import re
 import shutil
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from rlvr.policies import frozen_copy
+from rlvr.rollout import Rollout
+
+if TYPE_CHECKING:
+    from rlvr.trainer import TrainState
+
 PREFIX = "step-"
+PAYLOAD_KEYS = frozenset((
+    "policy", "optimizer", "scheduler", "reference", "generator", "rng",
+    "epoch", "step", "bad_steps", "inner_step", "rollout", "num_records"))
 
 
 class CheckpointError(RuntimeError):
@@ -74,6 +83,41 @@ def set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state({"bit_generator": "MT19937",
                          "state": {"key": numpy["key"].numpy().astype(np.uint32), "pos": numpy["pos"]},
                          "has_gauss": numpy["has_gauss"], "gauss": numpy["gauss"]})
+
+
+def state_payload(st: TrainState) -> dict[str, Any]:
+    """A run's state (``rlvr.trainer.TrainState``) as tensors and plain data only, so that
+    it loads with ``torch.load(weights_only=True)``; keys PAYLOAD_KEYS."""
+    return {
+        "policy": st.policy.module.state_dict(),
+        "optimizer": st.optimizer.state_dict(),
+        "scheduler": st.scheduler.state_dict(),
+        "reference": None if st.ref_module is None else st.ref_module.state_dict(),
+        "generator": st.generator.get_state(),
+        "rng": rng_state(),
+        "epoch": st.epoch,
+        "step": st.step,
+        "bad_steps": st.bad_steps,
+        "inner_step": st.inner_step,
+        "rollout": None if st.rollout is None else st.rollout.to_dict(),
+        "num_records": len(st.records),
+    }
+
+
+def restore_state(st: TrainState, payload: dict[str, Any], records: list[dict[str, Any]]) -> None:
+    """Continue ``st`` from ``payload``; ``records`` are the run's records so far."""
+    st.policy.module.load_state_dict(payload["policy"])
+    st.optimizer.load_state_dict(payload["optimizer"])
+    st.scheduler.load_state_dict(payload["scheduler"])
+    if payload["reference"] is not None:
+        st.ref_module = frozen_copy(st.policy.module)
+        st.ref_module.load_state_dict(payload["reference"])
+    st.generator.set_state(payload["generator"])
+    set_rng_state(payload["rng"])
+    st.epoch, st.step, st.bad_steps = payload["epoch"], payload["step"], payload["bad_steps"]
+    st.inner_step = payload["inner_step"]
+    st.rollout = None if payload["rollout"] is None else Rollout.from_dict(payload["rollout"])
+    st.records = list(records[: payload["num_records"]])
 
 
 def save_pretrained(policy: Any, path: Path) -> bool:

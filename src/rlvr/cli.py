@@ -9,11 +9,14 @@ import sys
 from pathlib import Path
 
 from rlvr.checkpoint import CheckpointError
-from rlvr.config import ConfigError, load_config
+from rlvr.config import ConfigError, check_options, load_config
 from rlvr.data import DataError
+from rlvr.errors import RunError
 from rlvr.metrics import plot_runs, read_records, summary
+from rlvr.resume import resume_config
 from rlvr.rewards import RewardError
-from rlvr.runs import RunError, resume_config, run_training
+from rlvr.run_dir import new_run_dir, write_atomically
+from rlvr.runs import run_training
 from rlvr.trainer import TrainingError
 
 DELTA_COMPARE = ("raw", "centered", "normalized")
@@ -82,7 +85,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from rlvr.runs import new_run_dir, write_atomically
     from rlvr.sft import run_sft
 
     path, overrides = _split_args(args.items)
@@ -114,7 +116,9 @@ def cmd_init_model(args: argparse.Namespace) -> int:
 
 def cmd_config(args: argparse.Namespace) -> int:
     path, overrides = _split_args(args.items)
-    print(load_config(path, overrides).to_commented_yaml(), end="")
+    config = load_config(path, overrides)
+    check_options(config)  # unknown policy and task options, as `rlvr train` would refuse them
+    print(config.to_commented_yaml(), end="")
     return 0
 
 

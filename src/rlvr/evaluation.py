@@ -8,9 +8,8 @@ from typing import Any
 import torch
 
 from rlvr.config import Config
+from rlvr.metrics import Record
 from rlvr.rollout import Policy, Task
-
-Record = dict[str, Any]
 
 
 def pass_at_k(num_samples: int, num_correct: torch.Tensor, k: int) -> torch.Tensor:

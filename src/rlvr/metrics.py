@@ -156,7 +156,11 @@ def summary(records: list[Record]) -> dict[str, float]:
     return out
 
 
-PANELS = (("train", "loss", "train loss"), ("train", "reward_mean", "mean reward"), ("eval", "greedy_solve_rate", "held-out greedy solve rate"))
+PANELS = (
+    ("train", "loss", "train loss"),
+    ("train", "reward_mean", "mean reward"),
+    ("eval", "greedy_solve_rate", "held-out greedy solve rate"),
+)
 
 
 def plot_runs(runs: dict[str, list[Record] | list[list[Record]]], path: Path, title: str = "") -> Path:

@@ -6,7 +6,7 @@ Shapes: B prompts, G responses per prompt (the group), N = B*G responses (row
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
 import torch
@@ -56,7 +56,9 @@ class Policy(Protocol):
 
     ``module`` is the torch module whose parameters the trainer optimises.
     ``max_response_length`` is the longest response ``sample`` can return, in tokens:
-    a constant of the policy, not of a batch (Dr. GRPO's normalizer).
+    a constant of the policy, not of a batch (Dr. GRPO's normalizer). How responses are
+    generated is the policy's business (an LM policy delegates to an ``rlvr.engines``
+    engine; the positional toy samples by itself).
     """
 
     module: torch.nn.Module
@@ -64,12 +66,17 @@ class Policy(Protocol):
 
     def sample(
         self, prompts: Any, group_size: int, temperature: float, generator: torch.Generator
-    ) -> Samples: ...
+    ) -> Samples:
+        """G responses to each of B prompts at temperature > 0 (same generator seed, same samples)."""
+        ...
 
     def log_probs(
-        self, samples: Samples, temperature: float, with_entropy: bool = False
+        self, samples: Samples, temperature: float, with_entropy: bool = False,
+        module: torch.nn.Module | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Per-token log pi(a_t | s_t) [n, T] of ``samples``' responses, and entropy [n, T]."""
+        """Per-token log pi(a_t | s_t) [n, T] of ``samples``' responses, and entropy [n, T]
+        (None unless ``with_entropy``). ``module``: score with these weights instead of
+        ``self.module`` (None), e.g. the frozen KL reference, a copy of ``module``."""
         ...
 
     def greedy(self, prompts: Any) -> Any:
@@ -105,3 +112,34 @@ class Task(Protocol):
     def eval_prompts(self) -> Any:
         """The fixed held-out prompts."""
         ...
+
+
+@dataclass
+class Rollout:
+    """One epoch's batch, reused by each of its inner steps.
+
+    samples:       the sampled responses (N = B*G rows)
+    deltas:        [N] per-response deltas (0 where the reward abstained)
+    old_log_probs: [N, T] log-probs of the policy that sampled them, or None (naive loss)
+    ref_log_probs: [N, T] log-probs under the frozen reference, or None (no KL penalty)
+    weights:       [N, T] per-token aggregation weights (sum(w * loss) is the loss)
+    stats:         epoch-level numbers: rewards, solve rate, reward metrics, timings
+    """
+
+    samples: Samples
+    deltas: torch.Tensor
+    old_log_probs: torch.Tensor | None
+    ref_log_probs: torch.Tensor | None
+    weights: torch.Tensor
+    stats: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Nested dicts of tensors and plain data (responses: a tensor, or lists of
+        strings): the form a checkpoint holds (``torch.load(weights_only=True)``)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["samples"] = {f.name: getattr(self.samples, f.name) for f in fields(self.samples)}
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Rollout:
+        return cls(**{**data, "samples": Samples(**data["samples"])})

@@ -19,9 +19,11 @@ from rlvr.checkpoint import save_pretrained
 from rlvr.config import Config, ConfigError
 from rlvr.data import read_jsonl
 from rlvr.metrics import JsonlSink, Record
+from rlvr.optim import build_optimizer
+from rlvr.policies import build_policy
 from rlvr.rollout import Samples
 from rlvr.tasks import build_task, check_prompts_fit
-from rlvr.trainer import build_optimizer, build_policy, seed_everything
+from rlvr.trainer import seed_everything
 
 
 def load_pairs(config: Config, task: Any, generator: torch.Generator) -> list[tuple[str, str]]:
@@ -64,7 +66,7 @@ def run_sft(config: Config, run_dir: Path, on_record=None) -> Path:
     pairs = load_pairs(config, task, generator)
     if not pairs:
         raise ConfigError("sft: no training pairs")
-    optimizer = build_optimizer(config, [p for p in policy.module.parameters() if p.requires_grad], lr=s.lr)
+    optimizer = build_optimizer(config.optim, [p for p in policy.module.parameters() if p.requires_grad], lr=s.lr)
     sink = JsonlSink(run_dir / "sft_metrics.jsonl")
     try:
         for step in range(s.steps):

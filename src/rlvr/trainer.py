@@ -1,91 +1,45 @@
-"""The RL loop, top to bottom.
+"""The RL loop, top to bottom: ``train`` -> ``collect_rollout`` -> ``optimizer_step``.
 
 Each epoch: sample G responses per prompt, score them, turn rewards into deltas,
 cache the old policy's log-probs once (a tensor, not a model), and take
 ``inner_steps`` optimizer steps on that batch (micro-batches with gradient
 accumulation). A frozen reference copy exists only when ``kl_coef > 0``.
+Shapes: B prompts, G responses per prompt, N = B*G responses, T response tokens.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from rlvr import core
-from rlvr.config import Config, ConfigError
+from rlvr.config import Config
 from rlvr.evaluation import evaluate
-from rlvr.rollout import Policy, Samples, Task
+from rlvr.metrics import Record
+from rlvr.optim import build_optimizer, build_scheduler
+from rlvr.policies import build_policy, frozen_copy
+from rlvr.rollout import Policy, Rollout, Samples, Task
 from rlvr.tasks import build_task, check_prompts_fit
 
-Record = dict[str, Any]
 logger = logging.getLogger(__name__)
-
-
-def build_policy(config: Config) -> Policy:
-    p = config.policy
-    if p.name == "positional":
-        from rlvr.policies.positional import PositionalPolicy
-
-        return PositionalPolicy(config.task.vocab_size, p.embedding_dim, config.task.num_numbers, p.embedding_std)
-    from rlvr.policies.causal_lm import build_causal_lm_policy
-
-    try:
-        return build_causal_lm_policy(p)
-    except (ValueError, TypeError, OSError) as err:  # bad options or a model that is not there
-        raise ConfigError(f"policy.options: {err}") from err
-
-
-def build_optimizer(config: Config, params: list[torch.nn.Parameter], lr: float | None = None) -> torch.optim.Optimizer:
-    """The configured Adam/AdamW over ``params`` (``lr`` overrides optim.lr)."""
-    o = config.optim
-    cls = torch.optim.Adam if o.name == "adam" else torch.optim.AdamW
-    # fused: one kernel for all parameters; the per-step cost of the toy is mostly overhead.
-    fused = all(p.dtype in (torch.float32, torch.float64) for p in params)
-    return cls(params, lr=o.lr if lr is None else lr, betas=tuple(o.betas), weight_decay=o.weight_decay, fused=fused or None)
-
-
-def build_scheduler(optim: Any, optimizer: torch.optim.Optimizer, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """Learning-rate multiplier per optimizer step: linear warm-up over
-    ``optim.warmup_steps``, then constant, linear decay to 0 or cosine decay to 0 at
-    ``total_steps``."""
-    warmup, schedule = optim.warmup_steps, optim.schedule
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
-        if schedule == "linear":
-            return 1.0 - progress
-        if schedule == "cosine":
-            return 0.5 * (1.0 + math.cos(math.pi * progress))
-        return 1.0
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
-def seed_everything(seed: int) -> torch.Generator:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    return torch.Generator().manual_seed(seed)
 
 
 class TrainingError(RuntimeError):
     """Training cannot go on (e.g. too many consecutive non-finite steps)."""
 
 
+
 @dataclass
 class TrainState:
-    """Everything that changes during a run: enough to resume it."""
+    """Everything that changes during a run: enough to resume it (``rlvr.checkpoint``
+    turns it into a checkpoint and back)."""
 
     policy: Policy
     optimizer: torch.optim.Optimizer
@@ -99,59 +53,6 @@ class TrainState:
     rollout: Rollout | None = None  # the current epoch's batch (None between epochs)
     records: list[Record] = field(default_factory=list)
     stop_requested: bool = False  # set by a signal handler: stop after the current step
-
-    PAYLOAD_KEYS: ClassVar[frozenset[str]] = frozenset((
-        "policy", "optimizer", "scheduler", "reference", "generator", "rng",
-        "epoch", "step", "bad_steps", "inner_step", "rollout", "num_records"))
-
-    def payload(self) -> dict[str, Any]:
-        """A snapshot of tensors and plain data only, so that it loads with
-        ``torch.load(weights_only=True)`` (see ``rlvr.checkpoint``); keys PAYLOAD_KEYS."""
-        from rlvr.checkpoint import rng_state
-
-        return {
-            "policy": self.policy.module.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "reference": None if self.ref_module is None else self.ref_module.state_dict(),
-            "generator": self.generator.get_state(),
-            "rng": rng_state(),
-            "epoch": self.epoch,
-            "step": self.step,
-            "bad_steps": self.bad_steps,
-            "inner_step": self.inner_step,
-            "rollout": None if self.rollout is None else rollout_to_dict(self.rollout),
-            "num_records": len(self.records),
-        }
-
-    def restore(self, payload: dict[str, Any], records: list[Record]) -> None:
-        """Continue from ``payload``; ``records`` are the run's records so far."""
-        from rlvr.checkpoint import set_rng_state
-
-        self.policy.module.load_state_dict(payload["policy"])
-        self.optimizer.load_state_dict(payload["optimizer"])
-        self.scheduler.load_state_dict(payload["scheduler"])
-        if payload["reference"] is not None:
-            self.ref_module = frozen_copy(self.policy.module)
-            self.ref_module.load_state_dict(payload["reference"])
-        self.generator.set_state(payload["generator"])
-        set_rng_state(payload["rng"])
-        self.epoch, self.step, self.bad_steps = payload["epoch"], payload["step"], payload["bad_steps"]
-        rollout = payload["rollout"]
-        self.inner_step, self.rollout = payload["inner_step"], None if rollout is None else rollout_from_dict(rollout)
-        self.records = list(records[: payload["num_records"]])
-
-
-def rollout_to_dict(rollout: Rollout) -> dict[str, Any]:
-    """A Rollout as nested dicts of tensors and plain data (responses: a tensor, or lists
-    of strings), the form a checkpoint can hold."""
-    out = {f.name: getattr(rollout, f.name) for f in fields(rollout)}
-    out["samples"] = {f.name: getattr(rollout.samples, f.name) for f in fields(rollout.samples)}
-    return out
-
-
-def rollout_from_dict(data: dict[str, Any]) -> Rollout:
-    return Rollout(**{**data, "samples": Samples(**data["samples"])})
 
 
 def setup(config: Config) -> tuple[Task, TrainState]:
@@ -171,9 +72,16 @@ def setup(config: Config) -> tuple[Task, TrainState]:
             close()
         raise
     params = [p for p in policy.module.parameters() if p.requires_grad]
-    optimizer = build_optimizer(config, params)
+    optimizer = build_optimizer(config.optim, params)
     total = config.algo.epochs * config.algo.inner_steps
     return task, TrainState(policy, optimizer, generator, build_scheduler(config.optim, optimizer, total))
+
+
+def seed_everything(seed: int) -> torch.Generator:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    return torch.Generator().manual_seed(seed)
 
 
 def train(
@@ -193,7 +101,6 @@ def train(
     a = config.algo
     emit = on_record or (lambda record: None)
 
-
     def record(*records: Record) -> None:
         for r in records:
             st.records.append(r)
@@ -205,7 +112,7 @@ def train(
         if st.rollout is None:
             st.rollout = collect_rollout(config, task, st)
         while st.inner_step < a.inner_steps:
-            record(inner_step(config, st, st.rollout))
+            record(optimizer_step(config, st, st.rollout))
             st.inner_step += 1
             if st.stop_requested and st.inner_step < a.inner_steps:
                 break
@@ -220,31 +127,6 @@ def train(
             break
     return st.records
 
-
-def frozen_copy(module: torch.nn.Module) -> torch.nn.Module:
-    ref = copy.deepcopy(module)
-    ref.requires_grad_(False)
-    return ref.eval()
-
-
-@dataclass
-class Rollout:
-    """One epoch's batch, reused by each of its inner steps.
-
-    samples:       the sampled responses (N = B*G rows)
-    deltas:        [N] per-response deltas (0 where the reward abstained)
-    old_log_probs: [N, T] log-probs of the policy that sampled them, or None (naive loss)
-    ref_log_probs: [N, T] log-probs under the frozen reference, or None (no KL penalty)
-    weights:       [N, T] per-token aggregation weights (sum(w * loss) is the loss)
-    stats:         epoch-level numbers: rewards, solve rate, reward metrics, timings
-    """
-
-    samples: Samples
-    deltas: torch.Tensor
-    old_log_probs: torch.Tensor | None
-    ref_log_probs: torch.Tensor | None
-    weights: torch.Tensor
-    stats: Record
 
 
 def collect_rollout(config: Config, task: Task, st: TrainState) -> Rollout:
@@ -290,7 +172,8 @@ def collect_rollout(config: Config, task: Task, st: TrainState) -> Rollout:
     return Rollout(samples, deltas, old_log_probs, ref_log_probs, weights, stats)
 
 
-def inner_step(config: Config, st: TrainState, rollout: Rollout) -> Record:
+
+def optimizer_step(config: Config, st: TrainState, rollout: Rollout) -> Record:
     """One optimizer step on the epoch's rollout, over micro-batches with gradient accumulation."""
     a, policy, temp = config.algo, st.policy, config.policy.temperature
     clock = time.perf_counter()
@@ -309,54 +192,25 @@ def inner_step(config: Config, st: TrainState, rollout: Rollout) -> Record:
         w = rollout.weights[rows]
         loss = core.weighted_sum(per_token, w)
         loss.backward()
-        for key, value in weighted_stats(w, mb.response_mask, loss, pg, kl, stats["clipped"], entropy).items():
+        for key, value in step_sums(w, mb.response_mask, loss, pg, kl, stats["clipped"], entropy).items():
             sums[key] = sums.get(key, 0) + value
-    grad_norm = clip_gradients(policy.module, config.optim.max_grad_norm)
-    # Divide once the whole batch is summed: a mean per micro-batch would change with micro_batches.
-    tokens = sums.pop("tokens").clamp(min=1)
-    sums.update({key: sums[key] / tokens for key in TOKEN_MEAN_KEYS}, grad_norm=grad_norm)
-    values = torch.stack([sums[key] for key in STEP_KEYS[:-1]])  # one tensor: one device sync
-    skipped = not bool(torch.isfinite(values).all())
+    metrics = step_metrics(sums, clip_gradients(policy.module, config.optim.max_grad_norm))
+    skipped = not all(math.isfinite(v) for v in metrics.values())
     if skipped:
-        skip_step(st, policy.module, values, config.optim.max_bad_steps)
+        skip_step(st, policy.module, metrics, config.optim.max_bad_steps)
     else:
         st.optimizer.step()
         st.bad_steps = 0
     lr = st.scheduler.get_last_lr()[0]
     st.scheduler.step()  # counts steps, skipped ones too: the schedule follows the step number
-    record = {"kind": "train", "epoch": st.epoch, "step": st.step,
-              **dict(zip(STEP_KEYS, values.tolist() + [float(skipped)])), **rollout.stats,
-              "lr": lr, "time/step": time.perf_counter() - clock}
+    record = {"kind": "train", "epoch": st.epoch, "step": st.step, **metrics, "skipped_step": float(skipped),
+              **rollout.stats, "lr": lr, "time/step": time.perf_counter() - clock}
     st.step += 1
     return record
 
 
-def skip_step(st: TrainState, module: torch.nn.Module, values: torch.Tensor, max_bad_steps: int) -> None:
-    """Drop a step whose loss or gradients are not finite; stop after too many in a row."""
-    bad = [key for key, v in zip(STEP_KEYS, values.tolist()) if not math.isfinite(v)]
-    bad += [f"grad of {name}" for name, p in module.named_parameters()
-            if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
-    st.optimizer.zero_grad(set_to_none=True)
-    st.bad_steps += 1
-    logger.warning("step %d: non-finite %s; optimizer step skipped (%d in a row)", st.step, ", ".join(bad), st.bad_steps)
-    if st.bad_steps >= max_bad_steps:
-        raise TrainingError(
-            f"{st.bad_steps} consecutive steps with non-finite values (last: {', '.join(bad)}) at epoch "
-            f"{st.epoch}, step {st.step}; stopping. The last checkpoint written before this is intact."
-        )
-
-
-def micro_batches(samples: Samples, count: int) -> list[tuple[slice, Samples]]:
-    """(rows, samples at those rows) per micro-batch: contiguous slices, so views, not copies."""
-    if count == 1:
-        return [(slice(None), samples)]
-    size = -(-samples.num_responses // count)  # ceil, as torch.chunk
-    return [(rows, samples.rows(rows)) for rows in
-            (slice(start, start + size) for start in range(0, samples.num_responses, size))]
-
-
 @torch.no_grad()
-def weighted_stats(w, response_mask, loss, pg, kl, clipped, entropy) -> dict[str, torch.Tensor]:
+def step_sums(w, response_mask, loss, pg, kl, clipped, entropy) -> dict[str, torch.Tensor]:
     """One micro-batch's sums, to be added over the step's micro-batches; all [n, T].
 
     loss, pg_loss: aggregated with the loss weights w (they are the loss).
@@ -375,15 +229,50 @@ def weighted_stats(w, response_mask, loss, pg, kl, clipped, entropy) -> dict[str
     }
 
 
+def step_metrics(sums: dict[str, torch.Tensor], grad_norm: torch.Tensor) -> dict[str, float]:
+    """The step's named numbers from the micro-batch sums: loss and pg_loss as summed;
+    kl, clip_frac and entropy divided by the batch's token count once, so micro-batching
+    does not change them; the gradient norm."""
+    tokens = sums["tokens"].clamp(min=1)
+    values = {"loss": sums["loss"], "pg_loss": sums["pg_loss"], "kl": sums["kl"] / tokens,
+              "clip_frac": sums["clip_frac"] / tokens, "entropy": sums["entropy"] / tokens, "grad_norm": grad_norm}
+    numbers = torch.stack(list(values.values())).tolist()  # one tensor: one device sync
+    return dict(zip(values, numbers))
+
+
+def skip_step(st: TrainState, module: torch.nn.Module, metrics: dict[str, float], max_bad_steps: int) -> None:
+    """Drop a step whose loss or gradients are not finite; stop after too many in a row."""
+    bad = [key for key, v in metrics.items() if not math.isfinite(v)]
+    bad += [f"grad of {name}" for name, p in module.named_parameters()
+            if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
+    st.optimizer.zero_grad(set_to_none=True)
+    st.bad_steps += 1
+    logger.warning("step %d: non-finite %s; optimizer step skipped (%d in a row)",
+                   st.step, ", ".join(bad), st.bad_steps)
+    if st.bad_steps >= max_bad_steps:
+        raise TrainingError(
+            f"{st.bad_steps} consecutive steps with non-finite values (last: {', '.join(bad)}) at epoch "
+            f"{st.epoch}, step {st.step}; stopping. The last checkpoint written before this is intact."
+        )
+
+
+
+def micro_batches(samples: Samples, count: int) -> list[tuple[slice, Samples]]:
+    """(rows, samples at those rows) per micro-batch: contiguous slices, so views, not copies."""
+    if count == 1:
+        return [(slice(None), samples)]
+    size = -(-samples.num_responses // count)  # ceil, as torch.chunk
+    return [(rows, samples.rows(rows)) for rows in
+            (slice(start, start + size) for start in range(0, samples.num_responses, size))]
+
+
+
 def reference_log_probs(
     policy: Policy, ref_module: torch.nn.Module, samples: Samples, temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs under the frozen reference: the policy's scorer with the reference weights."""
-    current, policy.module = policy.module, ref_module
-    try:
-        return policy.log_probs(samples, temperature)
-    finally:
-        policy.module = current
+    return policy.log_probs(samples, temperature, module=ref_module)
+
 
 
 def clip_gradients(module: torch.nn.Module, max_norm: float | None) -> torch.Tensor:
@@ -396,6 +285,7 @@ def clip_gradients(module: torch.nn.Module, max_norm: float | None) -> torch.Ten
     if max_norm is not None:
         torch.nn.utils.clip_grads_with_norm_(grads, max_norm, norm, foreach=True)
     return norm
+
 
 
 def rollout_stats(rewards: torch.Tensor, correct: torch.Tensor, deltas: torch.Tensor, group_size: int) -> Record:
@@ -411,6 +301,3 @@ def rollout_stats(rewards: torch.Tensor, correct: torch.Tensor, deltas: torch.Te
         "abstain_frac": 1.0 - valid.float().mean().item(),
     }
 
-
-STEP_KEYS = ("loss", "pg_loss", "kl", "clip_frac", "entropy", "grad_norm", "skipped_step")
-TOKEN_MEAN_KEYS = ("kl", "clip_frac", "entropy")  # means over the batch's response tokens
