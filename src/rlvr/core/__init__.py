@@ -3,11 +3,13 @@
 Deltas, losses, aggregations and KL estimators are name -> function tables
 (``DELTA_MODES``, ``LOSS_MODES``, ``AGGREGATIONS``, ``KL_ESTIMATORS``): the keys are
 the allowed modes, and ``compute_deltas``, ``policy_loss``, ``aggregation_weights`` and
-``kl_penalty`` dispatch through them.
+``kl_penalty`` dispatch through them. ``importance``: truncated importance weights
+and mismatch measures between a sampler's log-probs and the trainer's.
 """
 
 from rlvr.core.aggregation import AGGREGATIONS, aggregate_loss, aggregation_weights, weighted_sum
 from rlvr.core.deltas import DELTA_MODES, compute_deltas
+from rlvr.core.importance import max_abs_log_prob_gap, mismatch_k3, tis_truncated_frac, tis_weights
 from rlvr.core.kl import KL_ESTIMATORS, KL_LOSS_ESTIMATORS, kl_loss_term, kl_penalty
 from rlvr.core.logprobs import token_log_probs
 from rlvr.core.losses import LOSS_MODES, policy_loss
@@ -26,9 +28,13 @@ __all__ = [
     "kl_loss_term",
     "kl_penalty",
     "masked_mean",
+    "max_abs_log_prob_gap",
+    "mismatch_k3",
     "masked_normalize",
     "masked_sum",
     "policy_loss",
+    "tis_truncated_frac",
+    "tis_weights",
     "token_log_probs",
     "weighted_sum",
 ]
