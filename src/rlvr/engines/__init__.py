@@ -1,9 +1,16 @@
 """Generation back ends behind one narrow interface (``rlvr.engines.base.Engine``).
 
 base.py: ``SamplingParams``, the ``Generation`` result and the ``Engine`` protocol;
-hf.py: ``HFEngine``, decoding in this process with a transformers KV cache.
+hf.py: ``HFEngine``, decoding in this process with a transformers KV cache, sharing the
+trainer's module; vllm.py: ``VLLMEngine``, vLLM in this process with its own copy of the
+weights (the ``vllm`` extra, imported only when asked for).
 """
 
 from rlvr.engines.base import Engine, Generation, SamplingParams
 
-__all__ = ["Engine", "Generation", "SamplingParams"]
+
+class WeightSyncError(RuntimeError):
+    """An engine's weights are not the trainer's after a weight sync (the probe disagrees)."""
+
+
+__all__ = ["Engine", "Generation", "SamplingParams", "WeightSyncError"]

@@ -1,0 +1,358 @@
+"""vLLM as the generation engine, in the trainer's process (vLLM's offline ``LLM``).
+
+Shapes: B prompts, G responses per prompt, N = B*G responses (row ``b * G + g`` is
+response g of prompt b), P prompt tokens (left-padded), T response tokens, L probe tokens.
+
+The engine holds its own copy of the weights: ``load_weights`` copies the trainer's into
+it (LoRA adapters merged, ``merged_state_dict``) with vLLM's in-place ``reload_weights``,
+then drops the prefix cache, whose keys and values the old weights computed. The policy
+calls it once per epoch (``CausalLMPolicy.sync_engine``) and checks the copy with a
+probe: ``prompt_log_probs`` of a fixed sequence here against the trainer's.
+
+Log-probs. rlvr records log pi_tau(a | s) = log_softmax(logits / tau) over the whole
+vocabulary, whatever top-k, top-p and min_new_tokens did to the draw (``rlvr.engines.hf``).
+vLLM reports one of two things, chosen once per engine (``logprobs_mode``):
+
+    raw_logprobs        log_softmax(logits): log pi_tau when tau = 1, any truncation
+    processed_logprobs  log_softmax of what was drawn from (end tokens banned before
+                        min_new_tokens, then / tau, then top-k, then top-p): log pi_tau
+                        when nothing is truncated, any tau
+
+``logprobs_mode_for`` takes whichever is exact for the run's temperature and truncation;
+with both tau != 1 and truncation neither is, and it takes processed_logprobs (tau is
+right; each value exceeds log pi_tau by -log of the mass the truncation kept). Either
+way the numbers come from vLLM's kernels, not the trainer's (4.8e-7 apart in float32 on
+the tiny model), so ``exact_log_probs`` is False and the trainer recomputes the old
+policy's log-probs (``rlvr.rollout.sampler_log_probs_exact``).
+
+Randomness: each prompt's G samples are seeded from the caller's torch.Generator (vLLM
+seeds sample g of a request with seed + g), so the same generator state gives the same
+responses. vLLM's constructor reseeds the global random, numpy and torch generators and
+replaces ``torch.set_num_threads`` with a no-op for the whole process; ``start_llm``
+undoes both.
+
+Differences from ``HFEngine``: a stop string completed within the first min_new_tokens
+tokens does not end a response here (it does there); the draws differ (another sampler),
+so the same seed gives other responses than with ``engine=hf``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import os
+import random
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlvr.engines.base import Generation, SamplingParams
+from rlvr.errors import did_you_mean
+
+INSTALL_HINT = "pip install 'rlvr[vllm]'"
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+CPU_KV_CACHE_BYTES = 256 << 20  # vLLM's CPU default, most of the machine's memory, refuses to start beside a trainer
+SEED_RANGE = 2**62  # per-prompt seeds; sample g of a prompt uses seed + g
+
+
+def vllm_installed() -> bool:
+    """Is the ``vllm`` package importable? Found without importing it (seconds, and global effects)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+@dataclass(frozen=True)
+class VLLMOptions:
+    """``policy.options.engine_options`` for ``engine: vllm``.
+
+    dtype:                  weights and activations in the engine ("auto": the trainer's dtype)
+    gpu_memory_utilization: share of the GPU vLLM may take (weights, activations, KV cache);
+                            the trainer lives beside it on the same GPU
+    kv_cache_memory_bytes:  KV cache size (null: from gpu_memory_utilization on a GPU, 256 MiB on CPU)
+    max_model_len:          longest prompt + response (null: the model's positions)
+    max_num_seqs:           sequences decoded at once (null: vLLM's default)
+    enable_prefix_caching:  reuse the KV of shared prompt prefixes (whole blocks only)
+    enforce_eager:          no CUDA graphs or torch.compile (starts in seconds; False: faster on a GPU)
+    probe_tolerance:        largest |engine - trainer| log-prob on the probe after a sync;
+                            above it training stops (1e-3 suits float32; raise it for bfloat16)
+    """
+
+    dtype: str = "auto"
+    gpu_memory_utilization: float = 0.3
+    kv_cache_memory_bytes: int | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    enable_prefix_caching: bool = True
+    enforce_eager: bool = True
+    probe_tolerance: float = 1e-3
+
+    def __post_init__(self) -> None:
+        checks = {
+            "dtype": self.dtype in DTYPES,
+            "gpu_memory_utilization": isinstance(self.gpu_memory_utilization, (int, float))
+            and 0 < self.gpu_memory_utilization <= 1,
+            "kv_cache_memory_bytes": _positive_int_or_none(self.kv_cache_memory_bytes),
+            "max_model_len": _positive_int_or_none(self.max_model_len),
+            "max_num_seqs": _positive_int_or_none(self.max_num_seqs),
+            "enable_prefix_caching": isinstance(self.enable_prefix_caching, bool),
+            "enforce_eager": isinstance(self.enforce_eager, bool),
+            "probe_tolerance": isinstance(self.probe_tolerance, (int, float)) and self.probe_tolerance > 0,
+        }
+        allowed = {"dtype": f"one of {', '.join(DTYPES)}", "gpu_memory_utilization": "a number in (0, 1]",
+                   "probe_tolerance": "a number > 0", "enable_prefix_caching": "true or false",
+                   "enforce_eager": "true or false"}
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"engine_options.{name}={getattr(self, name)!r} must be "
+                                 f"{allowed.get(name, 'a positive integer or null')}")
+
+    @classmethod
+    def from_dict(cls, options: Mapping[str, Any] | None) -> VLLMOptions:
+        """The options of a config's ``engine_options`` dict; a ValueError names an unknown key or a bad value."""
+        options = dict(options or {})
+        names = [f.name for f in fields(cls)]
+        for key in options:
+            if key not in names:
+                raise ValueError(f"unknown engine_options key {key!r}; {did_you_mean(key, names)}")
+        return cls(**options)
+
+
+def _positive_int_or_none(value: Any) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0)
+
+
+def logprobs_mode_for(sampling: SamplingParams, temperature: float) -> str:
+    """The vLLM ``logprobs_mode`` whose values are log pi_tau at ``temperature`` given the
+    truncation in ``sampling`` (top_k, top_p, min_new_tokens); see the module docstring."""
+    truncated = sampling.top_k > 0 or sampling.top_p < 1.0 or sampling.min_new_tokens > 0
+    return "raw_logprobs" if truncated and temperature == 1.0 else "processed_logprobs"
+
+
+def merged_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The weights of ``module`` under the plain model's names, LoRA adapters merged in.
+
+    A peft model's LoRA layer ``x.base_layer`` (linear, embedding) with adapters A, B becomes
+    ``x.weight`` = W + sum over active adapters of scaling * B @ A (peft's ``get_delta_weight``), in new
+    tensors: the trainer's weights are not touched. Other modules are the model's own
+    tensors (not copied). Adapter kinds that are not a plain weight delta (DoRA and other
+    variants, LoRA biases, modules_to_save) raise NotImplementedError.
+    """
+    if not hasattr(module, "get_base_model"):  # not peft-wrapped
+        return module.state_dict()
+    from peft.tuners.lora import LoraLayer
+
+    base = module.get_base_model()
+    state = {}
+    for name, tensor in base.state_dict().items():
+        if "modules_to_save" in name or "original_module" in name:
+            raise NotImplementedError(f"LoRA with modules_to_save ({name}) is not supported by engine=vllm")
+        if ".lora_" not in name:  # the adapters' own tensors: merged below
+            state[name.replace(".base_layer.", ".")] = tensor
+    with torch.no_grad():
+        for name, layer in base.named_modules():
+            if isinstance(layer, LoraLayer):
+                state[f"{name}.weight"] = _merged_weight(name, layer)
+    return state
+
+
+def _merged_weight(name: str, layer: Any) -> torch.Tensor:
+    weight = layer.get_base_layer().weight
+    if layer.merged:  # peft already added the adapters into the base weight
+        return weight
+    merged = weight.clone()
+    for adapter in layer.active_adapters:
+        if adapter not in layer.lora_A and adapter not in getattr(layer, "lora_embedding_A", {}):
+            continue  # an adapter of other layers
+        if adapter in getattr(layer, "lora_variant", {}) or getattr(layer, "lora_bias", {}).get(adapter):
+            raise NotImplementedError(f"{name}: only plain LoRA adapters (no DoRA or other variant, no LoRA "
+                                      "bias) can be merged for engine=vllm")
+        merged += layer.get_delta_weight(adapter).to(merged.dtype)
+    return merged
+
+
+@contextlib.contextmanager
+def preserved_process_state() -> Iterator[None]:
+    """Restore what vLLM's constructor changes for the whole process: the random, numpy
+    and torch (CPU, and CUDA when in use) generator states, and ``torch.set_num_threads``
+    with the thread count."""
+    set_threads, threads = torch.set_num_threads, torch.get_num_threads()
+    states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        torch.set_num_threads = set_threads  # vLLM's CPU worker replaces it with a no-op
+        set_threads(threads)
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
+        if cuda_states is not None:
+            torch.cuda.set_rng_state_all(cuda_states)
+
+
+# vLLM logger -> the start of a warning it repeats that says nothing to act on: the CPU
+# worker's no-op set_num_threads (start_llm restores the real one), and, at every weight
+# copy, the rotary embedding's cos/sin table (computed from the config) not being loaded.
+HARMLESS_WARNINGS = {
+    "vllm.v1.worker.cpu_worker": "CPU backend doesn't allow to use `torch.set_num_threads`",
+    "vllm.model_executor.model_loader.reload.layerwise": "RotaryEmbedding: Failed to load weights",
+}
+
+
+def drop_harmless_warnings(record: logging.LogRecord) -> bool:
+    """A logging filter: False (drop) for the ``HARMLESS_WARNINGS``."""
+    return not record.getMessage().startswith(HARMLESS_WARNINGS.get(record.name, "\0"))
+
+
+def start_llm(model_path: str, options: VLLMOptions, dtype: torch.dtype, device: torch.device,
+              logprobs_mode: str) -> Any:
+    """A vLLM ``LLM`` on ``model_path`` in this process (no engine subprocess), leaving the
+    process's random state and thread settings as they were."""
+    if not vllm_installed():
+        raise ImportError(f"engine=vllm needs the vllm package: {INSTALL_HINT}")
+    # In-process: the weights go in by reference, not through a pipe, and a breakpoint() works.
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # dozens of INFO lines per start otherwise
+    engine_dtype = str(dtype).removeprefix("torch.") if options.dtype == "auto" else options.dtype
+    kv_bytes = options.kv_cache_memory_bytes
+    if kv_bytes is None and device.type == "cpu":
+        kv_bytes = CPU_KV_CACHE_BYTES
+    settings = {"max_model_len": options.max_model_len, "max_num_seqs": options.max_num_seqs,
+                "kv_cache_memory_bytes": kv_bytes}
+    with preserved_process_state():
+        from vllm import LLM
+
+        for name in HARMLESS_WARNINGS:
+            logging.getLogger(name).addFilter(drop_harmless_warnings)
+        return LLM(model=model_path, dtype=engine_dtype, gpu_memory_utilization=options.gpu_memory_utilization,
+                   enable_prefix_caching=options.enable_prefix_caching, enforce_eager=options.enforce_eager,
+                   logprobs_mode=logprobs_mode, seed=0, disable_log_stats=True,
+                   **{key: value for key, value in settings.items() if value is not None})
+
+
+class VLLMEngine:
+    """Samples with vLLM in this process (see ``rlvr.engines.base.Engine``).
+
+    model_path:    the model folder or hub name vLLM loads (the trainer's starting point)
+    pad_token_id:  fills response_ids after a response's end
+    options:       ``VLLMOptions``
+    dtype, device: the trainer's weight dtype (for dtype "auto") and device (CPU or GPU)
+    logprobs_mode: see ``logprobs_mode_for``
+    """
+
+    exact_log_probs = False  # vLLM's kernels: the trainer recomputes the old log-probs
+
+    def __init__(self, model_path: str, pad_token_id: int, options: VLLMOptions, dtype: torch.dtype,
+                 device: torch.device, logprobs_mode: str):
+        self.pad_token_id, self.device, self.logprobs_mode = pad_token_id, device, logprobs_mode
+        self.probe_tolerance = options.probe_tolerance
+        self.llm = start_llm(model_path, options, dtype, device, logprobs_mode)
+        self.weights_version = 0
+        self.weight_names: frozenset[str] | None = None  # of the first weights received
+        self.broken: str | None = None  # why the engine cannot be used any more
+
+    def load_weights(self, weights: torch.nn.Module | Mapping[str, torch.Tensor]) -> None:
+        """Copy ``weights`` (a module, LoRA merged; or a state dict under the model's names) into the engine.
+
+        The names must be those of the first weights received: vLLM leaves a model it
+        could not load broken, so other names are refused before anything is copied.
+        """
+        self._check_usable()
+        state = merged_state_dict(weights) if isinstance(weights, torch.nn.Module) else dict(weights)
+        names = frozenset(state)
+        if self.weight_names is not None and names != self.weight_names:
+            extra, missing = sorted(names - self.weight_names), sorted(self.weight_names - names)
+            raise ValueError(f"weights with other names than the engine's first: new {extra[:5]}, "
+                             f"missing {missing[:5]}; nothing was copied")
+        try:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(state.items())})
+        except Exception as err:
+            self.broken = f"vLLM could not load the weights ({type(err).__name__}: {err})"
+            raise RuntimeError(f"{self.broken}; the engine is unusable, build a new one") from err
+        if not self.llm.reset_prefix_cache():  # cached keys and values are the old weights'
+            raise RuntimeError("vLLM did not reset its prefix cache after a weight update (requests running?)")
+        self.weight_names = names
+        self.weights_version += 1
+
+    def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int,
+                 sampling: SamplingParams, generator: torch.Generator | None = None) -> Generation:
+        """G responses to each of B prompts [B, P]; see ``Engine.generate``."""
+        from vllm.inputs import TokensPrompt
+
+        self._check_usable()
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {group_size}")
+        if not sampling.greedy and generator is None:
+            raise ValueError("sampling with temperature > 0 needs a torch.Generator")
+        prompts = [TokensPrompt(prompt_token_ids=ids[mask].tolist())
+                   for ids, mask in zip(prompt_ids.cpu(), prompt_mask.cpu())]  # padding dropped
+        if sampling.greedy:  # one argmax response per prompt, repeated G times (vLLM refuses n > 1 greedy)
+            params = [request_params(sampling, 1, None)] * len(prompts)
+        else:
+            seeds = torch.randint(SEED_RANGE, (len(prompts),), generator=generator, device=generator.device)
+            params = [request_params(sampling, group_size, seed) for seed in seeds.tolist()]
+        # vLLM's CPU sampler also draws from the global torch generator (then overrides
+        # the seeded rows): keep it as it was
+        with torch.random.fork_rng(devices=[]):
+            outputs = self.llm.generate(prompts, params, use_tqdm=False)  # in prompt order
+        completions = []
+        for out in outputs:
+            group = sorted(out.outputs, key=lambda c: c.index)
+            completions += group * group_size if sampling.greedy else group
+        return to_generation(completions, sampling.greedy, self.pad_token_id, prompt_ids.device)
+
+    def prompt_log_probs(self, token_ids: Sequence[int]) -> torch.Tensor:
+        """log pi_1(token_i | tokens before it) [L - 1] of the engine, for i >= 1: the probe.
+
+        vLLM scores prompt tokens from the raw logits whatever ``logprobs_mode`` is, and a
+        request asking for them does not read the prefix cache.
+        """
+        from vllm import SamplingParams as RequestParams
+        from vllm.inputs import TokensPrompt
+
+        self._check_usable()
+        ids = list(token_ids)
+        # temperature 0: the one token it must generate is the argmax, drawn without the global RNG
+        params = RequestParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        out = self.llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0]
+        return torch.tensor([scores[t].logprob for scores, t in zip(out.prompt_logprobs[1:], ids[1:])])
+
+    def _check_usable(self) -> None:
+        if self.broken is not None:
+            raise RuntimeError(f"{self.broken}; the engine is unusable, build a new one")
+
+
+def request_params(sampling: SamplingParams, group_size: int, seed: int | None) -> Any:
+    """vLLM's sampling parameters for one prompt's G responses.
+
+    Exactly the end tokens of ``sampling`` end a response (ignore_eos: vLLM's own EOS
+    is not added; it is among them anyway) and they stay in it; stop strings need the
+    text, so responses are detokenized only when there are some.
+    """
+    from vllm import SamplingParams as RequestParams
+
+    return RequestParams(
+        n=group_size, temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+        max_tokens=sampling.max_new_tokens, min_tokens=sampling.min_new_tokens,
+        stop_token_ids=list(sampling.end_token_ids), ignore_eos=True, stop=list(sampling.stop_strings) or None,
+        detokenize=bool(sampling.stop_strings), logprobs=None if sampling.greedy else 0, seed=seed,
+    )
+
+
+def to_generation(completions: Sequence[Any], greedy: bool, pad_token_id: int, device: torch.device) -> Generation:
+    """N vLLM completions (row b*G + g) as a ``Generation``: token ids [N, T] padded after
+    each response's end, the mask, the sampled tokens' log-probs (0 off the mask; all 0 when greedy)."""
+    rows = [list(c.token_ids) for c in completions]
+    width = max(1, max(len(ids) for ids in rows))
+    response_ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
+    log_probs = torch.zeros((len(rows), width))
+    for n, (ids, c) in enumerate(zip(rows, completions)):
+        response_ids[n, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        if not greedy:
+            log_probs[n, : len(ids)] = torch.tensor([c.logprobs[t][token].logprob for t, token in enumerate(ids)])
+    lengths = torch.tensor([len(ids) for ids in rows])
+    response_mask = torch.arange(width) < lengths.unsqueeze(-1)  # [N, T]
+    return Generation(response_ids.to(device), response_mask.to(device), log_probs.to(device))
