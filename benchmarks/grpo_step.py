@@ -1,4 +1,4 @@
-"""Time one GRPO step of CausalLMPolicy against a minimal hand-written PyTorch loop.
+"""Time one GRPO step of CausalLMPolicy against a minimal hand-written PyTorch loop, and TRL.
 
 Workload: Llama-style model (hidden 128, intermediate 384, 4 layers, 4 heads, tied
 embeddings, character vocabulary of 17), 8 prompts of 6 digits, G = 8 responses each
@@ -6,22 +6,35 @@ embeddings, character vocabulary of 17), 8 prompts of 6 digits, G = 8 responses 
 
 Each step is split into three phases:
 
-    generate  ours: policy.sample (KV cache, prompt encoded once per group, finished
-              rows leave the batch); baseline: model.generate(do_sample=True,
-              num_return_sequences=G, max_new_tokens=16)
+    generate  ours: policy.sample (HFEngine: preallocated KV cache, prompt encoded once
+              per group, finished rows leave the batch); baseline:
+              model.generate(do_sample=True, num_return_sequences=G, max_new_tokens=16)
     score     old log-probs. Ours: the sampling log-probs (no forward pass);
               baseline: one no_grad forward + log_softmax + gather
     update    one forward + backward of the clipped loss (rlvr.core.policy_loss,
               aggregate_loss) and an AdamW step; ours scores with policy.log_probs
+              (with the entropy, as the trainer logs it) and steps the trainer's
+              fused AdamW, the baseline a plain torch.optim.AdamW
 
-Both start from the same weights and run interleaved in one process; the script prints
-the median of each phase and the ratio baseline / ours of the whole step (goal >= 1.3).
-Times are this process's CPU time by default (``time.process_time``, one torch thread):
-on a shared machine it leaves out the time other processes hold the core; ``--clock
-wall`` measures wall time instead (use it with more threads).
+Both start from the same weights, see the same prompts and run interleaved in one
+process, once per thread setting: each count in ``--threads`` for both sides, then each
+side's default (rlvr's ``threads: null`` for a causal LM, and torch's own default for
+the baseline and TRL: both the machine's cores, so that row is the cores row). One
+torch thread is timed in this process's CPU time (``time.process_time``: on a shared
+machine it leaves out the time other processes hold the core), more threads in wall
+time; ``--clock`` forces one. The script prints the median of each phase and the ratio
+baseline / ours of the whole step.
 
-    python benchmarks/grpo_step.py                        # 3 warm-up + 15 timed steps
-    python benchmarks/grpo_step.py --repeats 30 --threads 2 --clock wall
+With ``--trl``, TRL's GRPOTrainer runs the same steps (same saved model, prompts, G, new
+tokens and threads; float32, no checkpointing, no KL) in a subprocess of
+``--trl-python`` (default: this interpreter), e.g. a virtual environment made with
+``python -m venv /tmp/trl-venv && /tmp/trl-venv/bin/pip install torch==2.13.0 trl`` so
+that TRL's transformers stays out of rlvr's. It is timed after ours, not interleaved;
+the script prints TRL / ours, or "TRL not installed".
+
+    python benchmarks/grpo_step.py                        # 1 thread and the cores; 3 warm-up + 15 timed steps
+    python benchmarks/grpo_step.py --threads 1 --repeats 30
+    python benchmarks/grpo_step.py --trl --trl-python /tmp/trl-venv/bin/python
     python benchmarks/grpo_step.py --no-share-prompts     # ours without prompt sharing
 """
 
@@ -29,18 +42,27 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
 from rlvr import core
+from rlvr.config import Config, OptimConfig, PolicyConfig
 from rlvr.modeling import build_char_tokenizer, build_model
+from rlvr.optim import build_optimizer
 from rlvr.policies.causal_lm import CausalLMPolicy
 
 PHASES = ("generate", "score", "update")
 CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
 BENCHMARK_CHARS = "0123456789 >+="  # with pad, bos, eos: a vocabulary of 17
+TORCH_DEFAULT_THREADS = torch.get_num_threads()  # read before anything sets it
+RLVR_DEFAULT_THREADS = Config(policy=PolicyConfig(name="causal_lm")).torch_threads  # rlvr's threads: null
 
 
 def parse_args() -> argparse.Namespace:
@@ -50,8 +72,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--prompts", type=int, default=8, help="B: prompts per step")
     parser.add_argument("--group-size", type=int, default=8, help="G: responses per prompt")
     parser.add_argument("--new-tokens", type=int, default=16, help="longest response")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads")
-    parser.add_argument("--clock", choices=CLOCKS, default="cpu", help="cpu: process CPU time; wall: elapsed time")
+    parser.add_argument("--threads", default=f"1,{TORCH_DEFAULT_THREADS}",
+                        help="comma-separated torch thread counts, each for both sides (default: 1 and the cores)")
+    parser.add_argument("--clock", choices=("auto", *CLOCKS), default="auto",
+                        help="cpu: process CPU time; wall: elapsed time; auto: cpu at 1 thread, else wall")
+    parser.add_argument("--trl", action="store_true", help="also time TRL's GRPOTrainer step (a subprocess)")
+    parser.add_argument("--trl-python", default=sys.executable, help="an interpreter that can import trl")
     parser.add_argument("--share-prompts", action=argparse.BooleanOptionalAction, default=True,
                         help="ours: score each prompt once for its group (CausalLMPolicy.share_prompts)")
     parser.add_argument("--seed", type=int, default=0, help="model, prompt and sampling seed")
@@ -70,7 +96,7 @@ def rewards_of(prompts: list[str], responses: list[list[str]]) -> torch.Tensor:
 
 def grpo_loss(log_probs, old_log_probs, rewards, mask) -> torch.Tensor:
     """Clipped GRPO loss of [N, T] log-probs, from [B, G] rewards and the [N, T] mask."""
-    deltas = core.compute_deltas(rewards, "normalized").reshape(-1)  # [N]
+    deltas = core.compute_deltas(rewards.to(log_probs.device), "normalized").reshape(-1)  # [N]
     per_token, _ = core.policy_loss(log_probs, deltas, "clipped", old_log_probs)
     return core.aggregate_loss(per_token, mask, "seq_mean_token_mean")
 
@@ -79,10 +105,11 @@ class Ours:
     """One GRPO step through CausalLMPolicy."""
 
     def __init__(self, model, tokenizer, args):
-        self.clock = CLOCKS[args.clock]
+        self.clock = time.process_time
         self.policy = CausalLMPolicy(model, tokenizer, max_new_tokens=args.new_tokens,
                                      share_prompts=args.share_prompts)
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        # the trainer's optimizer (fused AdamW) and its scoring call, entropy included
+        self.optimizer = build_optimizer(OptimConfig(name="adamw", lr=1e-4), list(model.parameters()))
         self.group_size = args.group_size
 
     def step(self, prompts: list[str], generator: torch.Generator) -> dict[str, float]:
@@ -93,11 +120,12 @@ class Ours:
         times.append(self.clock())
         rewards = rewards_of(prompts, samples.responses)  # [B, G]
         start = self.clock()
-        log_probs, _ = self.policy.log_probs(samples, 1.0)
+        log_probs, _ = self.policy.log_probs(samples, 1.0, with_entropy=True)
         grpo_loss(log_probs, old_log_probs, rewards, samples.response_mask).backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         times.append(self.clock() - start + times[-1])
+        self.last_tokens = int(samples.response_mask.sum())  # response tokens of this step
         return {phase: b - a for phase, a, b in zip(PHASES, times, times[1:])}
 
 
@@ -105,7 +133,7 @@ class Baseline:
     """The same step written directly against transformers and torch."""
 
     def __init__(self, model, tokenizer, args):
-        self.clock = CLOCKS[args.clock]
+        self.clock = time.process_time
         self.model, self.tokenizer, self.args = model, tokenizer, args
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         self.eos = tokenizer.eos_token_id
@@ -120,7 +148,7 @@ class Baseline:
     def step(self, prompts: list[str], generator: torch.Generator) -> dict[str, float]:
         g, new_tokens = self.args.group_size, self.args.new_tokens
         times = [self.clock()]
-        inputs = self.tokenizer(prompts, return_tensors="pt", padding=True)
+        inputs = self.tokenizer(prompts, return_tensors="pt", padding=True).to(self.model.device)
         torch.manual_seed(int(torch.randint(2**31, (1,), generator=generator)))
         sequences = self.model.generate(**inputs, do_sample=True, num_return_sequences=g, max_new_tokens=new_tokens,
                                         temperature=1.0, top_k=0, top_p=1.0, pad_token_id=self.tokenizer.pad_token_id)
@@ -141,40 +169,100 @@ class Baseline:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         times.append(self.clock() - start + times[-1])
+        self.last_tokens = int(mask.sum())
         return {phase: b - a for phase, a, b in zip(PHASES, times, times[1:])}
 
 
-def report(results: dict[str, list[dict[str, float]]]) -> None:
-    medians = {}
-    print(f"{'path':<10}" + "".join(f"{p:>12}" for p in (*PHASES, "step")) + "   (median ms)")
-    for name, steps in results.items():
-        medians[name] = {p: statistics.median(s[p] for s in steps) for p in PHASES}
-        medians[name]["step"] = statistics.median(sum(s.values()) for s in steps)
-        print(f"{name:<10}" + "".join(f"{1000 * medians[name][p]:>12.1f}" for p in (*PHASES, "step")))
-    ratio = medians["baseline"]["step"] / medians["ours"]["step"]
-    print("baseline / ours: " + ", ".join(
-        f"{p} {medians['baseline'][p] / medians['ours'][p]:.2f}x" for p in ("generate", "update", "step")))
-    print(f"step speed-up: {ratio:.2f}x (goal >= 1.3x)")
+def clock_name(threads: int, clock: str) -> str:
+    return clock if clock != "auto" else ("cpu" if threads == 1 else "wall")
+
+
+def time_pair(model, tokenizer, args, threads: tuple[int, int], prompts: list[list[str]]) -> dict:
+    """Ours and the baseline (threads[0], threads[1]) from copies of ``model``, interleaved
+    step by step on the same prompts: {path: [{phase: seconds}]} of the timed steps."""
+    clock = CLOCKS[clock_name(max(threads), args.clock)]
+    paths = {"ours": Ours(copy.deepcopy(model), tokenizer, args),
+             "baseline": Baseline(copy.deepcopy(model), tokenizer, args)}
+    generator = torch.Generator().manual_seed(args.seed + 1)
+    results = {name: [] for name in paths}
+    for i, step_prompts in enumerate(prompts):
+        for (name, path), count in zip(paths.items(), threads):  # interleaved: both see the same machine load
+            path.clock = clock
+            torch.set_num_threads(count)
+            times = path.step(step_prompts, generator)
+            if i >= args.warmup:
+                results[name].append(times)
+    return results
+
+
+def medians(steps: list[dict[str, float]]) -> dict[str, float]:
+    out = {p: statistics.median(s[p] for s in steps) for p in PHASES}
+    out["step"] = statistics.median(sum(s.values()) for s in steps)
+    return out
+
+
+def report(title: str, results: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, float]]:
+    print(f"\n{title}")
+    table = {name: medians(steps) for name, steps in results.items()}
+    print(f"  {'path':<10}" + "".join(f"{p:>12}" for p in (*PHASES, "step")) + "   (median ms)")
+    for name, m in table.items():
+        print(f"  {name:<10}" + "".join(f"{1000 * m[p]:>12.1f}" for p in (*PHASES, "step")))
+    print("  baseline / ours: " + ", ".join(
+        f"{p} {table['baseline'][p] / table['ours'][p]:.2f}x" for p in ("generate", "update", "step")))
+    return table
+
+
+def trl_step_times(args, model, tokenizer, prompts: list[list[str]], threads: int) -> list[dict] | None:
+    """TRL's step seconds ({"wall", "cpu"} per step) in a subprocess of ``--trl-python``, or None without trl."""
+    found = subprocess.run([args.trl_python, "-c", "import trl"], capture_output=True)
+    if found.returncode != 0:
+        return None
+    with tempfile.TemporaryDirectory() as folder:
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        prompts_file = Path(folder) / "prompts.json"
+        prompts_file.write_text(json.dumps([p for step in prompts for p in step]))
+        command = [args.trl_python, str(Path(__file__).with_name("trl_step.py")), "--model", folder,
+                   "--prompts-file", str(prompts_file), "--prompts", str(args.prompts), "--group-size",
+                   str(args.group_size), "--new-tokens", str(args.new_tokens), "--steps", str(len(prompts)),
+                   "--threads", str(threads), "--seed", str(args.seed)]
+        done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"TRL run failed:\n{done.stderr[-3000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"  (TRL {result['trl']}, transformers {result['transformers']})")
+    return result["steps"][args.warmup:]
 
 
 def main() -> None:
     args = parse_args()
-    torch.set_num_threads(args.threads)
+    counts = sorted({int(t) for t in args.threads.split(",")})
     tokenizer = build_char_tokenizer(BENCHMARK_CHARS)
     model = build_model("llama", vocab_size=len(tokenizer), hidden_size=128, intermediate_size=384,
                         num_layers=4, num_heads=4, tie_embeddings=True, seed=args.seed)
-    paths = {"ours": Ours(copy.deepcopy(model), tokenizer, args), "baseline": Baseline(model, tokenizer, args)}
-    generator = torch.Generator().manual_seed(args.seed)
-    results = {name: [] for name in paths}
-    for i in range(args.warmup + args.repeats):
-        prompts = digit_prompts(args.prompts, generator)
-        for name, path in paths.items():  # interleaved: both see the same machine load
-            times = path.step(prompts, generator)
-            if i >= args.warmup:
-                results[name].append(times)
-    print(f"{args.repeats} steps after {args.warmup} warm-up, {torch.get_num_threads()} torch thread(s), {args.clock} "
-          f"time; V={len(tokenizer)} B={args.prompts} G={args.group_size} new tokens={args.new_tokens}")
-    report(results)
+    prompt_generator = torch.Generator().manual_seed(args.seed)
+    prompts = [digit_prompts(args.prompts, prompt_generator) for _ in range(args.warmup + args.repeats)]
+    print(f"{args.repeats} steps after {args.warmup} warm-up per setting; V={len(tokenizer)} B={args.prompts} "
+          f"G={args.group_size} new tokens={args.new_tokens}; defaults: rlvr {RLVR_DEFAULT_THREADS} thread(s), "
+          f"baseline and TRL {TORCH_DEFAULT_THREADS} (torch's)")
+    settings = {f"{n} thread(s) each": (n, n) for n in counts}
+    defaults = (RLVR_DEFAULT_THREADS, TORCH_DEFAULT_THREADS)
+    if defaults not in settings.values():
+        settings[f"defaults (rlvr {defaults[0]}, baseline {defaults[1]} threads)"] = defaults
+    for title, threads in settings.items():
+        name = clock_name(max(threads), args.clock)
+        table = report(f"{title}, {name} time", time_pair(model, tokenizer, args, threads, prompts))
+        if threads == defaults and not title.startswith("defaults"):
+            print("  (this row is each side's default)")
+        if args.trl and threads[0] == threads[1]:
+            steps = trl_step_times(args, model, tokenizer, prompts, threads[1])
+            if steps is None:
+                print(f"  TRL not installed (for {args.trl_python}); see --trl-python")
+                args.trl = False
+                continue
+            trl = statistics.median(s[name] for s in steps)
+            print(f"  TRL GRPOTrainer step {1000 * trl:.1f} ms: TRL / ours {trl / table['ours']['step']:.2f}x "
+                  f"(ours {1 / table['ours']['step']:.2f} steps/s, TRL {1 / trl:.2f} steps/s)")
 
 
 if __name__ == "__main__":

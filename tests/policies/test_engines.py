@@ -92,13 +92,15 @@ def test_shared_engine_takes_weights_without_copying(llama_dir):
     assert policy.engine.module is policy.module and policy.engine.weights_version == 0
     policy.sample(PROMPTS, 2, 1.0, torch.Generator().manual_seed(0))
     policy.greedy(PROMPTS)
-    assert policy.engine.weights_version == 2  # one hand-over per generation call
+    assert policy.engine.weights_version == 0  # generation hands nothing over; the trainer syncs
+    assert policy.sync_engine() == {"engine/weights_version": 1.0}
     assert [p.data_ptr() for p in policy.engine.module.parameters()] == before
 
 
 def test_engine_with_its_own_weights_samples_the_policys_after_load_weights(llama_dir):
     # an engine holding another copy (as a vLLM or Ray worker will) gets the trainer's
-    # weights before each generation: same samples as the in-process engine, bit for bit
+    # weights when the policy is built and at each sync: same samples as the in-process
+    # engine, bit for bit
     plain = make_policy(llama_dir)
     model, tokenizer = load_model_and_tokenizer(llama_dir)
     stale, _ = load_model_and_tokenizer(llama_dir)

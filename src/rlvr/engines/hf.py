@@ -8,6 +8,9 @@ vocabulary. ``top_k``, ``top_p`` and ``min_new_tokens`` change which token is dr
 sampler is then not exactly pi_tau), never the recorded log-probs, so they equal what
 the policy scores at tau and serve as the old policy's log-probs without another
 forward pass.
+
+The KV cache is allocated once per call, [N, heads, P + max_new_tokens, head_dim] per
+layer, and each step writes its token's keys and values in place (``rlvr.engines.kv_cache``).
 """
 
 from __future__ import annotations
@@ -132,16 +135,24 @@ class HFEngine:
         with autocast_context(self.device, self.autocast):
             return self.module(**inputs)
 
-    def _prefill(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int) -> tuple:
-        """Encode each prompt once, then repeat it G times: the cache, the first logits
-        [N, V], the attention mask [N, P] and each row's next position [N]."""
+    def _prefill(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int,
+                 max_new_tokens: int) -> tuple:
+        """Encode each prompt once, then repeat it G times: the cache (room for
+        ``max_new_tokens`` more positions), the first logits [N, V], the attention mask
+        [N, P + max_new_tokens] (1 on every response position) and each row's next position [N]."""
         positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # [B, P], 0 on left padding
         out = self._forward(input_ids=prompt_ids, attention_mask=prompt_mask.long(), position_ids=positions,
                             use_cache=True, logits_to_keep=1)
-        cache = out.past_key_values
-        cache.batch_repeat_interleave(group_size)  # [B, ...] -> [N, ...], row b*G + g
+        from rlvr.engines.kv_cache import preallocated_cache  # imports transformers, an optional dependency
+
+        cache = preallocated_cache(out.past_key_values, group_size, prompt_ids.shape[1] + max_new_tokens)
+        if cache is None:
+            cache = out.past_key_values
+            cache.batch_repeat_interleave(group_size)  # [B, ...] -> [N, ...], row b*G + g
         logits = out.logits[:, -1].repeat_interleave(group_size, dim=0)  # [N, V]
-        attention = prompt_mask.long().repeat_interleave(group_size, dim=0)  # [N, P]
+        # built once; each step passes its first P + step + 1 columns (no concatenation per step)
+        attention = torch.nn.functional.pad(prompt_mask.long(), (0, max_new_tokens), value=1)  # [B, P + T]
+        attention = attention.repeat_interleave(group_size, dim=0)  # [N, P + max_new_tokens]
         next_position = prompt_mask.sum(-1).repeat_interleave(group_size)  # [N]
         return cache, logits, attention, next_position
 
@@ -153,8 +164,8 @@ class HFEngine:
         Finished rows leave the batch (and the cache), so late steps cost only the rows
         still running; the loop stops when none is.
         """
-        n, width = prompt_ids.shape[0] * group_size, sampling.max_new_tokens
-        cache, logits, attention, next_position = self._prefill(prompt_ids, prompt_mask, group_size)
+        n, width, prompt_width = prompt_ids.shape[0] * group_size, sampling.max_new_tokens, prompt_ids.shape[1]
+        cache, logits, attention, next_position = self._prefill(prompt_ids, prompt_mask, group_size, width)
         rows = torch.arange(n, device=self.device)  # global index of each running row
         response_ids = torch.full((n, width), self.pad_token_id, dtype=torch.long, device=self.device)
         log_probs = torch.zeros((n, width), device=self.device)
@@ -163,8 +174,9 @@ class HFEngine:
             tokens, picked_log_probs = pick(logits, step)  # [n], [n]
             response_ids[rows, step] = tokens
             log_probs[rows, step] = picked_log_probs
-            tails = response_ids[rows, : step + 1]  # [n, step + 1]
-            done = torch.isin(tokens, end_ids) | self._stop_string_hits(tails, sampling.stop_strings)
+            done = torch.isin(tokens, end_ids)
+            if sampling.stop_strings:
+                done |= self._stop_string_hits(response_ids[rows, : step + 1], sampling.stop_strings)
             lengths[rows[done]] = step + 1
             running = ~done
             if step + 1 == width or not running.any():
@@ -173,8 +185,7 @@ class HFEngine:
                 cache.batch_select_indices(running.nonzero().squeeze(-1))
                 rows, tokens = rows[running], tokens[running]
                 attention, next_position = attention[running], next_position[running]
-            attention = torch.cat([attention, attention.new_ones((rows.shape[0], 1))], dim=-1)
-            out = self._forward(input_ids=tokens.unsqueeze(-1), attention_mask=attention,
+            out = self._forward(input_ids=tokens.unsqueeze(-1), attention_mask=attention[:, : prompt_width + step + 1],
                                 position_ids=next_position.unsqueeze(-1), past_key_values=cache, use_cache=True)
             logits = out.logits[:, -1]
             next_position = next_position + 1

@@ -1,0 +1,161 @@
+"""Generation engines side by side: tokens/s of each, and a full rlvr GRPO step with each.
+
+For each model size (random-init Llama-style models with the character vocabulary of
+``rlvr init-model``), every available engine in ``--engines`` samples the same prompts
+(``task.name=sort_text``, B prompts x G responses, up to T new tokens) in this one
+process, interleaved repeat by repeat; the script prints the median generation tokens/s
+(response tokens / wall seconds of ``policy.sample``) and the median wall seconds of
+one GRPO step through the trainer (``collect_rollout`` + ``optimizer_step``: sampling,
+rewards, old log-probs as the trainer takes them for that engine, one clipped update),
+then each engine's ratio to the first one.
+
+    tiny  hidden 64, intermediate 128, 2 layers, 2 heads
+    mid   hidden 512, intermediate 1536, 8 layers, 8 heads
+
+An engine is one entry of ENGINES: the ``policy.options`` that select it and a check
+that says why it cannot run here (e.g. its package is missing); an unavailable engine
+is skipped with that message. Adding one is adding an entry.
+
+    python benchmarks/engines.py                          # hf on tiny and mid
+    python benchmarks/engines.py --engines hf,vllm --models tiny --repeats 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from rlvr.config import load_config
+from rlvr.modeling import init_model
+from rlvr.trainer import collect_rollout, optimizer_step, setup
+
+MODELS = {
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2),
+    "mid": dict(hidden_size=512, intermediate_size=1536, num_layers=8, num_heads=8),
+}
+
+
+@dataclass(frozen=True)
+class BenchEngine:
+    """One engine as this benchmark runs it.
+
+    options:     ``policy.options`` entries that select it (none: the default hf engine)
+    unavailable: why it cannot run in this environment, or None when it can
+    """
+
+    options: dict = field(default_factory=dict)
+    unavailable: Callable[[], str | None] = lambda: None
+
+
+def missing_package(name: str) -> Callable[[], str | None]:
+    return lambda: None if importlib.util.find_spec(name) is not None else f"the {name} package is not installed"
+
+
+ENGINES: dict[str, BenchEngine] = {
+    "hf": BenchEngine(),
+    "vllm": BenchEngine({"engine": "vllm"}, missing_package("vllm")),
+}
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--engines", default="hf", help=f"comma-separated, from: {', '.join(ENGINES)}")
+    parser.add_argument("--models", default="tiny,mid", help=f"comma-separated, from: {', '.join(MODELS)}")
+    parser.add_argument("--prompts", type=int, default=8, help="B: prompts per step")
+    parser.add_argument("--group-size", type=int, default=8, help="G: responses per prompt")
+    parser.add_argument("--new-tokens", type=int, default=32, help="T: longest response")
+    parser.add_argument("--repeats", type=int, default=3, help="timed repeats per engine, after one warm-up")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: rlvr's, the cores)")
+    parser.add_argument("--device", default="cpu", help="where the trainer's model lives")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args()
+
+
+def engine_config(args: argparse.Namespace, model_dir: Path, engine: BenchEngine, out_dir: str):
+    options = {"model": str(model_dir), "max_new_tokens": args.new_tokens, "device": args.device, **engine.options}
+    overrides = [
+        "task.name=sort_text", "task.options={num_digits: 4, num_eval: 8}", f"task.prompts_per_epoch={args.prompts}",
+        "policy.name=causal_lm", f"algo.group_size={args.group_size}", "algo.loss=clipped", "algo.inner_steps=2",
+        f"algo.epochs={args.repeats + 1}", "log.progress=false", "log.plot=false", f"seed={args.seed}",
+        f"out_dir={out_dir}",
+    ]
+    config = load_config(None, overrides)
+    config.policy.options = options  # a dict with a path: set directly rather than through YAML quoting
+    if args.threads is not None:
+        config.threads = args.threads
+    return config
+
+
+def time_engines(args: argparse.Namespace, model_dir: Path, names: list[str]) -> dict[str, dict[str, float]]:
+    """Per engine: median generation tokens/s and median GRPO step seconds."""
+    runs = {}
+    with tempfile.TemporaryDirectory() as out:
+        for name in names:
+            config = engine_config(args, model_dir, ENGINES[name], f"{out}/{name}")
+            task, state = setup(config)
+            runs[name] = (config, task, state, {"tokens_per_s": [], "step_s": []})
+        try:
+            for repeat in range(args.repeats + 1):
+                for config, task, state, times in runs.values():  # interleaved: same machine load
+                    prompts = task.sample_prompts(args.prompts, torch.Generator().manual_seed(repeat))
+                    start = time.perf_counter()
+                    samples = state.policy.sample(prompts, args.group_size, 1.0, state.generator)
+                    generate = time.perf_counter() - start
+                    start = time.perf_counter()
+                    rollout = collect_rollout(config, task, state)
+                    optimizer_step(config, state, rollout)
+                    step = time.perf_counter() - start
+                    if repeat > 0:  # the first is warm-up
+                        times["tokens_per_s"].append(int(samples.response_mask.sum()) / generate)
+                        times["step_s"].append(step)
+        finally:
+            for _, task, _, _ in runs.values():
+                close = getattr(task, "close", None)
+                if close is not None:
+                    close()
+    return {name: {key: statistics.median(values) for key, values in run[3].items()} for name, run in runs.items()}
+
+
+def report(size: str, results: dict[str, dict[str, float]]) -> None:
+    first = next(iter(results))
+    print(f"{size}:")
+    for name, r in results.items():
+        gen_ratio = r["tokens_per_s"] / results[first]["tokens_per_s"]
+        step_ratio = results[first]["step_s"] / r["step_s"]
+        print(f"  {name:<6} generate {r['tokens_per_s']:>10.0f} tokens/s ({gen_ratio:.2f}x {first})   "
+              f"GRPO step {r['step_s'] * 1000:>9.1f} ms ({step_ratio:.2f}x {first}'s speed)")
+
+
+def main() -> None:
+    args = parse_args()
+    names = []
+    for name in args.engines.split(","):
+        if name not in ENGINES:
+            raise SystemExit(f"unknown engine {name!r}; choose from: {', '.join(ENGINES)}")
+        reason = ENGINES[name].unavailable()
+        if reason is not None:
+            print(f"skipping engine {name}: {reason}")
+        else:
+            names.append(name)
+    if not names:
+        raise SystemExit("no engine to run")
+    print(f"B={args.prompts} G={args.group_size} T<={args.new_tokens}, {args.repeats} repeats after 1 warm-up, "
+          f"device {args.device}, torch {torch.__version__}")
+    with tempfile.TemporaryDirectory() as folder:
+        for size in args.models.split(","):
+            model_dir = init_model(Path(folder) / size, arch="llama", max_positions=512, seed=args.seed,
+                                   **MODELS[size])
+            report(size, time_engines(args, model_dir, names))
+    print(f"torch threads: {torch.get_num_threads()}")
+
+
+if __name__ == "__main__":
+    main()
