@@ -66,7 +66,7 @@ def test_what_may_change_on_resume():
     stored = load_config(None, ["algo.epochs=10"])
     changed = load_config(None, ["algo.epochs=20", "log.progress=false", "rewards.timeout=2", "threads=2"])
     assert resume_changes(stored, changed) == {
-        "threads": {"was": 1, "now": 2},
+        "threads": {"was": None, "now": 2},
         "rewards.timeout": {"was": 10.0, "now": 2.0},
         "algo.epochs": {"was": 10, "now": 20},
         "log.progress": {"was": True, "now": False},

@@ -152,3 +152,12 @@ def test_evaluation_in_chunks_equals_one_batch():
     chunked = evaluate(config, task, st.policy, 0, 0)[0]
     assert whole["greedy_reward"] == pytest.approx(chunked["greedy_reward"])
     assert whole["greedy_solve_rate"] == chunked["greedy_solve_rate"]
+
+
+def test_entropy_is_computed_only_when_logged():
+    with_entropy = without_timings(run(["algo.epochs=2", "algo.loss=clipped"]))
+    without = without_timings(run(["algo.epochs=2", "algo.loss=clipped", "log.entropy=false"]))
+    assert all("entropy" in r for r in with_entropy if r["kind"] == "train")
+    assert not any("entropy" in r for r in without)
+    # the same run otherwise: entropy is a metric, not part of the loss
+    assert [{k: v for k, v in r.items() if k != "entropy"} for r in with_entropy] == without

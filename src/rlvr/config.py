@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
+import torch
 import yaml
 
 from rlvr.core import AGGREGATIONS, DELTA_MODES, KL_ESTIMATORS, KL_LOSS_ESTIMATORS, LOSS_MODES
@@ -30,6 +31,7 @@ POLICY_OPTIONS = {"causal_lm": LOAD_OPTIONS + SETTING_OPTIONS}  # the positional
 OPTIMIZERS = ("adam", "adamw")
 SCHEDULES = ("constant", "linear", "cosine")
 TRACKERS = ("wandb", "trackio")
+OLD_LOG_PROBS = ("auto", "sampler", "recompute")  # where the old policy's log-probs come from
 GROUP_BASELINES = ("centered", "normalized", "leave_one_out")  # deltas that subtract a group statistic
 REWARD_FUNCTION_KEYS = ("function", "weight", "timeout", "name", "required")
 
@@ -37,6 +39,8 @@ REWARD_FUNCTION_KEYS = ("function", "weight", "timeout", "name", "required")
 # field's own limit is declared on it (``max=``); these bound products.
 MAX_RESPONSES = 2**16  # responses sampled at once: prompts x group_size, eval batch x eval_samples
 MAX_POSITIONAL_PARAMETERS = 2**24  # the positional toy model: 2 n D^2 + V D (64 MiB of float32)
+# torch's own thread count (physical cores, or OMP_NUM_THREADS), read before any run sets its own
+DEFAULT_TORCH_THREADS = torch.get_num_threads()
 
 # a bound rule -> (the test a value must pass, how messages and help write it)
 BOUNDS = {"min": (operator.ge, ">="), "above": (operator.gt, ">"),
@@ -115,6 +119,13 @@ class AlgoConfig:
     ref_update_every: int = setting(10, "refresh the reference copy every K epochs", above=0)
     # > 0: with eps 0 a group of equal rewards would divide 0 by 0
     adv_eps: float = setting(1e-6, "normalized deltas: std + eps", above=0)
+    old_log_probs: str = setting("auto", (
+        "the old policy's log-probs (ratio/clipped losses, TIS): sampler (recorded while sampling), recompute "
+        "(the trainer's scorer after sampling, one more forward pass; logs mismatch/*), auto (recompute when "
+        "the engine's log-probs are not the trainer's, or with tis_cap)"), choices=OLD_LOG_PROBS)
+    tis_cap: float | None = setting(None, (
+        "truncated importance sampling: each token's policy-gradient term times min(pi_old / pi_sampler, C), "
+        "this C (null: off; needs recompute)"), min=1)
 
 
 @dataclass
@@ -139,6 +150,8 @@ class LogConfig:
     table_rows: int = setting(4, "held-out prompts shown in the samples table", min=0)
     progress: bool = setting(True, "show a progress bar")
     plot: bool = setting(True, "write plot.png into the run directory")
+    entropy: bool = setting(True, "compute and log the policy's entropy every step (a second pass over the vocabulary "
+                                  "of every response token: turn off for large vocabularies)")
     tensorboard: bool = setting(False, "also log scalars to RUN_DIR/tensorboard")
     tracker: str | None = setting(None, "also log to an experiment tracker (null: none)", choices=TRACKERS)
     tracker_project: str = setting("rlvr", "the tracker's project name")
@@ -163,7 +176,10 @@ class Config:
     name: str = setting("lecture", "run name (runs/<name> by default)")
     out_dir: str | None = setting(None, "run directory (default runs/<name>)")
     seed: int = setting(0, "seed for prompts, sampling and initialisation", min=0, max=2**32 - 1)  # numpy's range
-    threads: int = setting(1, "torch CPU threads (0: torch's default)", min=0, max=1024)
+    threads: int | None = setting(None, (
+        "torch CPU threads; null: 1 for the positional toy (its ops are too small to split), torch's default "
+        "for causal_lm (the machine's cores; more threads may change an LM's numbers in their last bits); "
+        "0: leave torch's setting"), min=0, max=1024)
     deterministic: bool = setting(False, "torch deterministic algorithms (bitwise-equal reruns on GPU too)")
     task: TaskConfig = field(default_factory=TaskConfig)
     rewards: RewardsConfig = field(default_factory=RewardsConfig)
@@ -172,6 +188,14 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     log: LogConfig = field(default_factory=LogConfig)
     sft: SftConfig = field(default_factory=SftConfig)
+
+    @property
+    def torch_threads(self) -> int:
+        """The torch CPU threads a run uses: ``threads`` when set, else 1 for the positional
+        toy and torch's default for an LM (0: leave torch's setting as it is)."""
+        if self.threads is not None:
+            return self.threads
+        return 1 if self.policy.name == "positional" else DEFAULT_TORCH_THREADS
 
     @property
     def run_dir(self) -> Path:
@@ -452,10 +476,16 @@ def validate(config: Config) -> None:
             "(k1+ / k3+: k1's / k3's value with k2's gradient, grad KL(pi||ref)). "
             "k1 belongs in the reward, which is not supported yet"
         )
+    if a.tis_cap is not None and a.old_log_probs == "sampler":
+        raise ConfigError(f"algo.tis_cap={a.tis_cap} with algo.old_log_probs='sampler': the TIS weights "
+                          "pi_old / pi_sampler need the trainer's own old log-probs; use recompute or auto")
     if len(o.betas) != 2 or not all(_finite(b) and 0 <= b < 1 for b in o.betas):
         raise ConfigError(f"optim.betas={o.betas!r} must be two numbers in [0, 1)")
     _check_reward_functions(config.rewards.functions)
     _check_batch_sizes(config)
+    if a.old_log_probs == "recompute" and a.loss == "naive" and a.tis_cap is None:
+        warnings.warn("algo.old_log_probs='recompute' with algo.loss='naive' and no algo.tis_cap: the naive loss "
+                      "uses no old log-probs, so none are recomputed (and no mismatch/* is logged)", stacklevel=2)
     if a.loss in ("ratio", "clipped") and a.inner_steps == 1:
         warnings.warn(f"algo.loss={a.loss!r} with algo.inner_steps=1: the ratio pi/pi_old is always 1 at the only "
                       "step, so the loss equals the naive one", stacklevel=2)

@@ -58,7 +58,10 @@ class Policy(Protocol):
     ``max_response_length`` is the longest response ``sample`` can return, in tokens:
     a constant of the policy, not of a batch (Dr. GRPO's normalizer). How responses are
     generated is the policy's business (an LM policy delegates to an ``rlvr.engines``
-    engine; the positional toy samples by itself).
+    engine; the positional toy samples by itself). A policy, or its ``engine``, whose
+    ``sample_log_probs`` are not those its ``log_probs`` computes (another library's
+    kernels, another precision) says so with ``exact_log_probs = False``; see
+    ``sampler_log_probs_exact``.
     """
 
     module: torch.nn.Module
@@ -82,6 +85,18 @@ class Policy(Protocol):
     def greedy(self, prompts: Any) -> Any:
         """One greedy (argmax) response per prompt, in the task's form grouped as G = 1."""
         ...
+
+
+def sampler_log_probs_exact(policy: Policy) -> bool:
+    """Are the log-probs recorded while sampling the trainer's own (``policy.log_probs``
+    of the same tokens, up to float rounding)? The policy's ``exact_log_probs``, else its
+    engine's, else True: the in-process samplers (the positional toy, ``HFEngine``)
+    score with the trainer's module and its numbers."""
+    for owner in (policy, getattr(policy, "engine", None)):
+        exact = getattr(owner, "exact_log_probs", None)
+        if exact is not None:
+            return bool(exact)
+    return True
 
 
 @dataclass
@@ -124,6 +139,8 @@ class Rollout:
     ref_log_probs: [N, T] log-probs under the frozen reference, or None (no KL penalty)
     weights:       [N, T] per-token aggregation weights (sum(w * loss) is the loss)
     stats:         epoch-level numbers: rewards, solve rate, reward metrics, timings
+    importance_weights: [N, T] truncated importance weights min(pi_old / pi_sampler, C)
+                   of the policy-gradient term, or None (``algo.tis_cap`` unset)
     """
 
     samples: Samples
@@ -132,6 +149,7 @@ class Rollout:
     ref_log_probs: torch.Tensor | None
     weights: torch.Tensor
     stats: dict[str, Any]
+    importance_weights: torch.Tensor | None = None  # last, defaulted: checkpoints from before it load
 
     def to_dict(self) -> dict[str, Any]:
         """Nested dicts of tensors and plain data (responses: a tensor, or lists of

@@ -57,8 +57,8 @@ def run_sft(config: Config, run_dir: Path, on_record=None) -> Path:
     s = config.sft
     if config.policy.name != "causal_lm":
         raise ConfigError("sft needs policy.name='causal_lm'")
-    if config.threads:
-        torch.set_num_threads(config.threads)
+    if config.torch_threads:
+        torch.set_num_threads(config.torch_threads)
     generator = seed_everything(config.seed)
     task = build_task(config)
     policy = build_policy(config)

@@ -20,12 +20,13 @@ import numpy as np
 import torch
 
 from rlvr import core
-from rlvr.config import Config
+from rlvr.config import AlgoConfig, Config
+from rlvr.engines import WeightSyncError
 from rlvr.evaluation import evaluate
 from rlvr.metrics import Record
 from rlvr.optim import build_optimizer, build_scheduler
 from rlvr.policies import build_policy, frozen_copy
-from rlvr.rollout import Policy, Rollout, Samples, Task
+from rlvr.rollout import Policy, Rollout, Samples, Task, sampler_log_probs_exact
 from rlvr.tasks import build_task, check_prompts_fit
 
 logger = logging.getLogger(__name__)
@@ -57,8 +58,8 @@ class TrainState:
 
 def setup(config: Config) -> tuple[Task, TrainState]:
     """Build the task, the policy (seeded) and the optimizer."""
-    if config.threads:
-        torch.set_num_threads(config.threads)
+    if config.torch_threads:
+        torch.set_num_threads(config.torch_threads)
     if config.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=False)
     task = build_task(config)
@@ -107,6 +108,7 @@ def train(
             emit(r)
 
     if config.log.eval_at_start and st.step == 0 and not st.records:
+        sync_engine(st)
         record(*evaluate(config, task, st.policy, 0, 0))  # the starting point
     while st.epoch < a.epochs:
         if st.rollout is None:
@@ -120,6 +122,7 @@ def train(
             st.rollout, st.inner_step = None, 0
             st.epoch += 1
             if st.epoch % config.log.eval_every == 0 or st.epoch == a.epochs:
+                sync_engine(st)  # evaluation samples with the weights of the steps just taken
                 record(*evaluate(config, task, st.policy, st.epoch, st.step))
         if on_epoch_end is not None:
             on_epoch_end(st)
@@ -134,6 +137,7 @@ def collect_rollout(config: Config, task: Task, st: TrainState) -> Rollout:
     a, policy, temp = config.algo, st.policy, config.policy.temperature
     if a.kl_coef > 0 and (st.ref_module is None or st.epoch % a.ref_update_every == 0):
         st.ref_module = frozen_copy(policy.module)  # the reference: a frozen copy, refreshed every K epochs
+    engine_stats = sync_engine(st)  # the engine samples with the weights of the last optimizer step
     clock = time.perf_counter()
     prompts = task.sample_prompts(config.task.prompts_per_epoch, st.generator)
     samples = policy.sample(prompts, a.group_size, temp, st.generator)
@@ -147,12 +151,11 @@ def collect_rollout(config: Config, task: Task, st: TrainState) -> Rollout:
 
     # no_grad: old and reference log-probs are constants. If they carried gradient,
     # pi/pi_old would be identically 1 and its gradient silently 0.
-    old_log_probs = ref_log_probs = None
+    old_log_probs = ref_log_probs = importance_weights = None
+    mismatch: dict[str, torch.Tensor] = {}
     with torch.no_grad():
-        if a.loss != "naive":
-            old_log_probs = samples.sample_log_probs
-            if old_log_probs is None:
-                old_log_probs, _ = policy.log_probs(samples, temp)
+        if a.loss != "naive" or a.tis_cap is not None:  # the naive loss alone needs no old log-probs
+            old_log_probs, importance_weights, mismatch = old_policy_log_probs(a, policy, samples, temp)
         if a.kl_coef > 0:
             ref_log_probs, _ = reference_log_probs(policy, st.ref_module, samples, temp)
     timings["time/score"] = time.perf_counter() - clock
@@ -163,13 +166,61 @@ def collect_rollout(config: Config, task: Task, st: TrainState) -> Rollout:
         **timings,
         "response_tokens": tokens,
         "tokens_per_sec_generate": tokens / max(timings["time/generate"], 1e-9),
+        **engine_stats,
+        **{key: value.item() for key, value in mismatch.items()},
     }
     # Dr. GRPO's constant defaults to the policy's longest possible response, not this
     # batch's width T: with T, one long response would shrink every other token's
     # weight, and the step size would change from epoch to epoch.
     normalizer = policy.max_response_length if a.normalizer is None else a.normalizer
     weights = core.aggregation_weights(samples.response_mask, a.aggregation, normalizer)  # [N, T]
-    return Rollout(samples, deltas, old_log_probs, ref_log_probs, weights, stats)
+    return Rollout(samples, deltas, old_log_probs, ref_log_probs, weights, stats, importance_weights)
+
+
+def old_policy_log_probs(
+    a: AlgoConfig, policy: Policy, samples: Samples, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]:
+    """The old policy's log-probs [N, T], the TIS weights [N, T] (None unless ``a.tis_cap``)
+    and the sampler-trainer mismatch (scalar tensors, only when recomputed); call under no_grad.
+
+    sampler: the log-probs recorded while sampling (no extra pass). recompute: the
+    trainer's scorer on the sampled tokens, so pi / pi_old compares the trainer with
+    itself, and the recorded ones measure (and, with TIS, correct) the sampler's gap.
+    auto: recompute when TIS is on or the sampler's numbers are not the trainer's.
+    """
+    recorded = samples.sample_log_probs  # [N, T], or None: the policy records none
+    recompute = a.old_log_probs == "recompute" or (
+        a.old_log_probs == "auto" and (a.tis_cap is not None or not sampler_log_probs_exact(policy)))
+    if recorded is not None and not recompute:
+        return recorded, None, {}
+    old_log_probs, _ = policy.log_probs(samples, temperature)  # [N, T]
+    if recorded is None:
+        if a.tis_cap is not None:
+            raise TrainingError(f"algo.tis_cap={a.tis_cap}: the weights pi_old / pi_sampler need the sampler's "
+                                "log-probs, and this policy records none (sample_log_probs is None)")
+        return old_log_probs, None, {}
+    mask, cap = samples.response_mask, math.inf if a.tis_cap is None else a.tis_cap  # [N, T]
+    mismatch = {
+        "mismatch/k3": core.mismatch_k3(old_log_probs, recorded, mask),
+        "mismatch/max_abs_gap": core.max_abs_log_prob_gap(old_log_probs, recorded, mask),
+        "mismatch/tis_truncated_frac": core.tis_truncated_frac(old_log_probs, recorded, cap, mask),
+    }
+    weights = None if a.tis_cap is None else core.tis_weights(old_log_probs, recorded, a.tis_cap)
+    return old_log_probs, weights, mismatch
+
+
+
+def sync_engine(st: TrainState) -> dict[str, float]:
+    """Hand the policy's generation engine the trainer's current weights, named by the
+    step count (``sync_engine`` of an LM policy; a policy that samples by itself has
+    none): engine/* numbers."""
+    sync = getattr(st.policy, "sync_engine", None)
+    if sync is None:
+        return {}
+    try:
+        return sync(st.step)
+    except WeightSyncError as err:
+        raise TrainingError(f"epoch {st.epoch}, step {st.step}: {err}") from err
 
 
 
@@ -180,9 +231,12 @@ def optimizer_step(config: Config, st: TrainState, rollout: Rollout) -> Record:
     st.optimizer.zero_grad(set_to_none=True)
     sums: dict[str, torch.Tensor] = {}
     for rows, mb in micro_batches(rollout.samples, config.optim.micro_batches):
-        log_probs, entropy = policy.log_probs(mb, temp, with_entropy=True)  # [n, T]
+        log_probs, entropy = policy.log_probs(mb, temp, with_entropy=config.log.entropy)  # [n, T]
         old = None if rollout.old_log_probs is None else rollout.old_log_probs[rows]
         pg, stats = core.policy_loss(log_probs, rollout.deltas[rows], a.loss, old, a.clip_eps, a.clip_eps_high)
+        if rollout.importance_weights is not None:
+            # TIS: the tokens came from the sampler, not pi_old; w = min(pi_old / pi_sampler, C), a constant
+            pg = pg * rollout.importance_weights[rows]
         kl = None
         per_token = pg
         if rollout.ref_log_probs is not None:
@@ -224,7 +278,7 @@ def step_sums(w, response_mask, loss, pg, kl, clipped, entropy) -> dict[str, tor
         "pg_loss": core.weighted_sum(pg, w),
         "kl": core.masked_sum(kl, response_mask),
         "clip_frac": core.masked_sum(clipped.to(pg.dtype), response_mask),
-        "entropy": core.masked_sum(entropy, response_mask),
+        **({} if entropy is None else {"entropy": core.masked_sum(entropy, response_mask)}),
         "tokens": response_mask.sum(),
     }
 
@@ -235,7 +289,9 @@ def step_metrics(sums: dict[str, torch.Tensor], grad_norm: torch.Tensor) -> dict
     does not change them; the gradient norm."""
     tokens = sums["tokens"].clamp(min=1)
     values = {"loss": sums["loss"], "pg_loss": sums["pg_loss"], "kl": sums["kl"] / tokens,
-              "clip_frac": sums["clip_frac"] / tokens, "entropy": sums["entropy"] / tokens, "grad_norm": grad_norm}
+              "clip_frac": sums["clip_frac"] / tokens, "grad_norm": grad_norm}
+    if "entropy" in sums:  # computed only when logged (log.entropy)
+        values["entropy"] = sums["entropy"] / tokens
     numbers = torch.stack(list(values.values())).tolist()  # one tensor: one device sync
     return dict(zip(values, numbers))
 

