@@ -7,7 +7,7 @@ import torch
 from conftest import QUIET
 from rlvr.config import load_config
 from rlvr.metrics import without_timings
-from rlvr.trainer import collect_rollout, optimizer_step, setup, train
+from rlvr.trainer import accumulate_gradients, collect_rollout, optimizer_step, setup, train
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -161,3 +161,23 @@ def test_entropy_is_computed_only_when_logged():
     assert not any("entropy" in r for r in without)
     # the same run otherwise: entropy is a metric, not part of the loss
     assert [{k: v for k, v in r.items() if k != "entropy"} for r in with_entropy] == without
+
+
+def test_shares_of_a_rollout_add_up_to_the_full_batch_loss_and_gradient():
+    # What a data-parallel learner relies on: each share's loss is its part of the whole
+    # batch's loss (the aggregation weights are the whole batch's), so shares add up.
+    config = load_config(None, QUIET + ["algo.epochs=1", "algo.loss=clipped", "algo.kl_coef=0.05",
+                                        "algo.aggregation=seq_mean_token_sum", "seed=2"])
+    task, st = setup(config)
+    rollout = collect_rollout(config, task, st)
+    params = list(st.policy.module.parameters())
+    full = accumulate_gradients(config, st.policy, rollout, 1)
+    full_grads = [p.grad.clone() for p in params]
+    for p in params:
+        p.grad = None
+    parts = [accumulate_gradients(config, st.policy, rollout.rows(rows), 1) for rows in (slice(0, 11), slice(11, 30))]
+    for a, b in zip(full_grads, [p.grad for p in params]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    for key in full:
+        torch.testing.assert_close(full[key], parts[0][key] + parts[1][key], rtol=1e-5, atol=1e-7)
+    assert any(g.abs().sum() > 0 for g in full_grads)

@@ -151,6 +151,17 @@ class Rollout:
     stats: dict[str, Any]
     importance_weights: torch.Tensor | None = None  # last, defaulted: checkpoints from before it load
 
+    def rows(self, index: slice) -> Rollout:
+        """The responses at ``index`` (a slice: views, not copies) with everything that goes
+        with them; the aggregation weights stay the whole batch's, so the losses of the
+        parts add up to the loss of the whole (micro-batches, data-parallel shares)."""
+
+        def part(x: torch.Tensor | None) -> torch.Tensor | None:
+            return None if x is None else x[index]
+
+        return Rollout(self.samples.rows(index), self.deltas[index], part(self.old_log_probs),
+                       part(self.ref_log_probs), self.weights[index], self.stats, part(self.importance_weights))
+
     def to_dict(self) -> dict[str, Any]:
         """Nested dicts of tensors and plain data (responses: a tensor, or lists of
         strings): the form a checkpoint holds (``torch.load(weights_only=True)``)."""

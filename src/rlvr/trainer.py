@@ -26,7 +26,7 @@ from rlvr.evaluation import evaluate
 from rlvr.metrics import Record
 from rlvr.optim import build_optimizer, build_scheduler
 from rlvr.policies import build_policy, frozen_copy
-from rlvr.rollout import Policy, Rollout, Samples, Task, sampler_log_probs_exact
+from rlvr.rollout import Grades, Policy, Rollout, Samples, Task, sampler_log_probs_exact
 from rlvr.tasks import build_task, check_prompts_fit
 
 logger = logging.getLogger(__name__)
@@ -133,18 +133,35 @@ def train(
 
 
 def collect_rollout(config: Config, task: Task, st: TrainState) -> Rollout:
-    """Sample G responses per prompt, grade them, compute deltas, cache old/ref log-probs."""
-    a, policy, temp = config.algo, st.policy, config.policy.temperature
+    """The epoch's batch: sample G responses per prompt and grade them (what a rollout
+    worker does), then deltas, old and reference log-probs and loss weights."""
+    a = config.algo
     if a.kl_coef > 0 and (st.ref_module is None or st.epoch % a.ref_update_every == 0):
-        st.ref_module = frozen_copy(policy.module)  # the reference: a frozen copy, refreshed every K epochs
+        st.ref_module = frozen_copy(st.policy.module)  # the reference: a frozen copy, refreshed every K epochs
     engine_stats = sync_engine(st)  # the engine samples with the weights of the last optimizer step
+    samples, grades, timings = sample_and_grade(config, task, st.policy, st.generator)
+    return build_rollout(config, st, samples, grades, {**timings, **engine_stats})
+
+
+def sample_and_grade(config: Config, task: Task, policy: Policy, generator: torch.Generator
+                     ) -> tuple[Samples, Grades, dict[str, float]]:
+    """B prompts from the task, G responses each from the policy, graded: the samples, the
+    grades and the phase timings."""
     clock = time.perf_counter()
-    prompts = task.sample_prompts(config.task.prompts_per_epoch, st.generator)
-    samples = policy.sample(prompts, a.group_size, temp, st.generator)
+    prompts = task.sample_prompts(config.task.prompts_per_epoch, generator)
+    samples = policy.sample(prompts, config.algo.group_size, config.policy.temperature, generator)
     timings = {"time/generate": time.perf_counter() - clock}
     clock = time.perf_counter()
     grades = task.grade(prompts, samples.responses)
     timings["time/reward"] = time.perf_counter() - clock
+    return samples, grades, timings
+
+
+def build_rollout(config: Config, st: TrainState, samples: Samples, grades: Grades, stats: dict[str, float]
+                  ) -> Rollout:
+    """Graded samples -> the batch the inner steps train on: deltas [N], old and reference
+    log-probs [N, T] (constants), aggregation weights [N, T] and the epoch's stats."""
+    a, policy, temp = config.algo, st.policy, config.policy.temperature
     clock = time.perf_counter()
     rewards, correct = grades.rewards, grades.correct  # [B, G] (NaN = abstain), [B, G]
     deltas = core.compute_deltas(rewards, a.deltas, eps=a.adv_eps).reshape(-1)  # [N]; 0 where abstained
@@ -158,7 +175,8 @@ def collect_rollout(config: Config, task: Task, st: TrainState) -> Rollout:
             old_log_probs, importance_weights, mismatch = old_policy_log_probs(a, policy, samples, temp)
         if a.kl_coef > 0:
             ref_log_probs, _ = reference_log_probs(policy, st.ref_module, samples, temp)
-    timings["time/score"] = time.perf_counter() - clock
+    timings = {"time/generate": stats["time/generate"], "time/reward": stats["time/reward"],
+               "time/score": time.perf_counter() - clock}
     tokens = samples.response_mask.sum().item()
     stats = {
         **rollout_stats(rewards, correct, deltas, a.group_size),
@@ -166,7 +184,7 @@ def collect_rollout(config: Config, task: Task, st: TrainState) -> Rollout:
         **timings,
         "response_tokens": tokens,
         "tokens_per_sec_generate": tokens / max(timings["time/generate"], 1e-9),
-        **engine_stats,
+        **{k: v for k, v in stats.items() if k not in timings},
         **{key: value.item() for key, value in mismatch.items()},
     }
     # Dr. GRPO's constant defaults to the policy's longest possible response, not this
@@ -225,33 +243,15 @@ def sync_engine(st: TrainState) -> dict[str, float]:
 
 
 def optimizer_step(config: Config, st: TrainState, rollout: Rollout) -> Record:
-    """One optimizer step on the epoch's rollout, over micro-batches with gradient accumulation."""
-    a, policy, temp = config.algo, st.policy, config.policy.temperature
+    """One optimizer step on the epoch's rollout: the gradient accumulated over
+    micro-batches, then the step (skipped when anything is not finite)."""
     clock = time.perf_counter()
     st.optimizer.zero_grad(set_to_none=True)
-    sums: dict[str, torch.Tensor] = {}
-    for rows, mb in micro_batches(rollout.samples, config.optim.micro_batches):
-        log_probs, entropy = policy.log_probs(mb, temp, with_entropy=config.log.entropy)  # [n, T]
-        old = None if rollout.old_log_probs is None else rollout.old_log_probs[rows]
-        pg, stats = core.policy_loss(log_probs, rollout.deltas[rows], a.loss, old, a.clip_eps, a.clip_eps_high)
-        if rollout.importance_weights is not None:
-            # TIS: the tokens came from the sampler, not pi_old; w = min(pi_old / pi_sampler, C), a constant
-            pg = pg * rollout.importance_weights[rows]
-        kl = None
-        per_token = pg
-        if rollout.ref_log_probs is not None:
-            # kl_loss_term, not kl_penalty: it refuses k1, whose gradient is zero in expectation.
-            kl = core.kl_loss_term(log_probs, rollout.ref_log_probs[rows], a.kl_estimator)
-            per_token = pg + a.kl_coef * kl
-        w = rollout.weights[rows]
-        loss = core.weighted_sum(per_token, w)
-        loss.backward()
-        for key, value in step_sums(w, mb.response_mask, loss, pg, kl, stats["clipped"], entropy).items():
-            sums[key] = sums.get(key, 0) + value
-    metrics = step_metrics(sums, clip_gradients(policy.module, config.optim.max_grad_norm))
+    sums = accumulate_gradients(config, st.policy, rollout, config.optim.micro_batches)
+    metrics = step_metrics(sums, clip_gradients(st.policy.module, config.optim.max_grad_norm))
     skipped = not all(math.isfinite(v) for v in metrics.values())
     if skipped:
-        skip_step(st, policy.module, metrics, config.optim.max_bad_steps)
+        skip_step(st, st.policy.module, metrics, config.optim.max_bad_steps)
     else:
         st.optimizer.step()
         st.bad_steps = 0
@@ -261,6 +261,38 @@ def optimizer_step(config: Config, st: TrainState, rollout: Rollout) -> Record:
               **rollout.stats, "lr": lr, "time/step": time.perf_counter() - clock}
     st.step += 1
     return record
+
+
+def accumulate_gradients(config: Config, policy: Policy, rollout: Rollout, num_micro_batches: int
+                         ) -> dict[str, torch.Tensor]:
+    """Backpropagate the loss of ``rollout`` in micro-batches, the gradients adding up in
+    each parameter's ``.grad``; returns the step's sums (``step_sums``, added up).
+
+    The loss of any part of a rollout (``Rollout.rows``) is its share of the whole batch's
+    loss, so the gradients of parts add up to the full-batch gradient: micro-batches here,
+    and the shares of data-parallel learners, whose gradients and sums are summed across
+    learners before ``step_metrics`` and the optimizer step.
+    """
+    a, temp = config.algo, config.policy.temperature
+    sums: dict[str, torch.Tensor] = {}
+    for mb in micro_batches(rollout, num_micro_batches):
+        log_probs, entropy = policy.log_probs(mb.samples, temp, with_entropy=config.log.entropy)  # [n, T]
+        pg, stats = core.policy_loss(log_probs, mb.deltas, a.loss, mb.old_log_probs, a.clip_eps, a.clip_eps_high)
+        if mb.importance_weights is not None:
+            # TIS: the tokens came from the sampler, not pi_old; w = min(pi_old / pi_sampler, C), a constant
+            pg = pg * mb.importance_weights
+        kl = None
+        per_token = pg
+        if mb.ref_log_probs is not None:
+            # kl_loss_term, not kl_penalty: it refuses k1, whose gradient is zero in expectation.
+            kl = core.kl_loss_term(log_probs, mb.ref_log_probs, a.kl_estimator)
+            per_token = pg + a.kl_coef * kl
+        loss = core.weighted_sum(per_token, mb.weights)
+        loss.backward()
+        for key, value in step_sums(mb.weights, mb.samples.response_mask, loss, pg, kl, stats["clipped"],
+                                    entropy).items():
+            sums[key] = sums.get(key, 0) + value
+    return sums
 
 
 @torch.no_grad()
@@ -313,13 +345,13 @@ def skip_step(st: TrainState, module: torch.nn.Module, metrics: dict[str, float]
 
 
 
-def micro_batches(samples: Samples, count: int) -> list[tuple[slice, Samples]]:
-    """(rows, samples at those rows) per micro-batch: contiguous slices, so views, not copies."""
+def micro_batches(rollout: Rollout, count: int) -> list[Rollout]:
+    """``count`` parts of ``rollout`` (contiguous rows, so views, not copies)."""
     if count == 1:
-        return [(slice(None), samples)]
-    size = -(-samples.num_responses // count)  # ceil, as torch.chunk
-    return [(rows, samples.rows(rows)) for rows in
-            (slice(start, start + size) for start in range(0, samples.num_responses, size))]
+        return [rollout]
+    n = rollout.samples.num_responses
+    size = -(-n // count)  # ceil, as torch.chunk
+    return [rollout.rows(slice(start, start + size)) for start in range(0, n, size)]
 
 
 
