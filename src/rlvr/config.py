@@ -172,6 +172,18 @@ class SftConfig:
 
 
 @dataclass
+class ClusterConfig:
+    rollout_workers: int = setting(0, (
+        "Ray actors that sample and grade each epoch's batch (0: sample in this process; nothing changes)"),
+        min=0, max=1024)
+    learners: int = setting(1, "data-parallel learner processes (only 1 is implemented yet)", above=0, max=1024)
+    max_staleness: int = setting(0, (
+        "k: rollouts may be sampled with weights up to k optimizer steps old (only 0 is implemented yet)"),
+        min=0)
+    address: str | None = setting(None, "Ray cluster address (null: start a local Ray with the CPUs needed)")
+
+
+@dataclass
 class Config:
     name: str = setting("lecture", "run name (runs/<name> by default)")
     out_dir: str | None = setting(None, "run directory (default runs/<name>)")
@@ -188,6 +200,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     log: LogConfig = field(default_factory=LogConfig)
     sft: SftConfig = field(default_factory=SftConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     @property
     def torch_threads(self) -> int:
@@ -483,12 +496,21 @@ def validate(config: Config) -> None:
         raise ConfigError(f"optim.betas={o.betas!r} must be two numbers in [0, 1)")
     _check_reward_functions(config.rewards.functions)
     _check_batch_sizes(config)
+    _check_cluster(config.cluster)
     if a.old_log_probs == "recompute" and a.loss == "naive" and a.tis_cap is None:
         warnings.warn("algo.old_log_probs='recompute' with algo.loss='naive' and no algo.tis_cap: the naive loss "
                       "uses no old log-probs, so none are recomputed (and no mismatch/* is logged)", stacklevel=2)
     if a.loss in ("ratio", "clipped") and a.inner_steps == 1:
         warnings.warn(f"algo.loss={a.loss!r} with algo.inner_steps=1: the ratio pi/pi_old is always 1 at the only "
                       "step, so the loss equals the naive one", stacklevel=2)
+
+
+def _check_cluster(c: ClusterConfig) -> None:
+    if c.learners > 1:
+        raise ConfigError(f"cluster.learners={c.learners}: more than one learner is not implemented yet; use 1")
+    if c.max_staleness > 0:
+        raise ConfigError(f"cluster.max_staleness={c.max_staleness}: off-policy (stale) rollouts are not "
+                          "implemented yet; use 0")
 
 
 def _check_keys(where: str, options: dict, allowed: Any) -> None:

@@ -15,6 +15,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -54,6 +55,7 @@ class TrainState:
     rollout: Rollout | None = None  # the current epoch's batch (None between epochs)
     records: list[Record] = field(default_factory=list)
     stop_requested: bool = False  # set by a signal handler: stop after the current step
+    rollout_source: Any = None  # the Ray rollout workers (cluster.rollout_workers > 0), made at the first batch
 
 
 def setup(config: Config) -> tuple[Task, TrainState]:
@@ -110,24 +112,29 @@ def train(
     if config.log.eval_at_start and st.step == 0 and not st.records:
         sync_engine(st)
         record(*evaluate(config, task, st.policy, 0, 0))  # the starting point
-    while st.epoch < a.epochs:
-        if st.rollout is None:
-            st.rollout = collect_rollout(config, task, st)
-        while st.inner_step < a.inner_steps:
-            record(optimizer_step(config, st, st.rollout))
-            st.inner_step += 1
-            if st.stop_requested and st.inner_step < a.inner_steps:
+    try:
+        while st.epoch < a.epochs:
+            if st.rollout is None:
+                st.rollout = collect_rollout(config, task, st)
+            while st.inner_step < a.inner_steps:
+                record(optimizer_step(config, st, st.rollout))
+                st.inner_step += 1
+                if st.stop_requested and st.inner_step < a.inner_steps:
+                    break
+            if st.inner_step == a.inner_steps:  # the epoch is complete
+                st.rollout, st.inner_step = None, 0
+                st.epoch += 1
+                if st.epoch % config.log.eval_every == 0 or st.epoch == a.epochs:
+                    sync_engine(st)  # evaluation samples with the weights of the steps just taken
+                    record(*evaluate(config, task, st.policy, st.epoch, st.step))
+            if on_epoch_end is not None:
+                on_epoch_end(st)
+            if st.stop_requested:
                 break
-        if st.inner_step == a.inner_steps:  # the epoch is complete
-            st.rollout, st.inner_step = None, 0
-            st.epoch += 1
-            if st.epoch % config.log.eval_every == 0 or st.epoch == a.epochs:
-                sync_engine(st)  # evaluation samples with the weights of the steps just taken
-                record(*evaluate(config, task, st.policy, st.epoch, st.step))
-        if on_epoch_end is not None:
-            on_epoch_end(st)
-        if st.stop_requested:
-            break
+    finally:
+        if st.rollout_source is not None:  # the Ray rollout workers end with the run
+            st.rollout_source.close()
+            st.rollout_source = None
     return st.records
 
 
@@ -138,6 +145,13 @@ def collect_rollout(config: Config, task: Task, st: TrainState) -> Rollout:
     a = config.algo
     if a.kl_coef > 0 and (st.ref_module is None or st.epoch % a.ref_update_every == 0):
         st.ref_module = frozen_copy(st.policy.module)  # the reference: a frozen copy, refreshed every K epochs
+    if config.cluster.rollout_workers > 0:  # Ray actors sample with the weights of the last optimizer step
+        if st.rollout_source is None:
+            from rlvr.cluster.rollout import RayRolloutSource
+
+            st.rollout_source = RayRolloutSource(config)
+        samples, grades, stats = st.rollout_source.sample_and_grade(st)
+        return build_rollout(config, st, samples, grades, stats)
     engine_stats = sync_engine(st)  # the engine samples with the weights of the last optimizer step
     samples, grades, timings = sample_and_grade(config, task, st.policy, st.generator)
     return build_rollout(config, st, samples, grades, {**timings, **engine_stats})

@@ -1,0 +1,207 @@
+"""Data-parallel learners: M Ray actors, each holding a full replica of the policy and its
+optimizer, joined in a ``torch.distributed`` gloo group.
+
+Each step the driver puts the rollout into the object store once; learner ``r`` takes its
+contiguous share ``rollout.rows(...)`` of the N responses. A share's loss is its part of the
+whole batch's loss (``Rollout.rows`` keeps the whole batch's aggregation weights), so the
+shares' gradients and step sums *add up* to the full batch's: the learners all-reduce them
+with SUM (the gradients as one flat buffer per dtype), then every learner clips, computes
+``step_metrics`` and takes the same optimizer step on the same gradient, so the replicas stay
+equal without ever exchanging weights.
+
+Ray is imported lazily: ``import rlvr.cluster.learners`` works without it. The caller starts
+Ray (``ray.init``) before building a ``LearnerGroup`` and shuts it down after ``close()``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import socket
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from rlvr.config import Config
+from rlvr.metrics import Record
+from rlvr.optim import build_optimizer, build_scheduler
+from rlvr.policies import build_policy
+from rlvr.rollout import Rollout
+from rlvr.trainer import (
+    TrainState,
+    accumulate_gradients,
+    clip_gradients,
+    seed_everything,
+    skip_step,
+    step_metrics,
+)
+
+
+def share_bounds(num_rows: int, num_shares: int) -> list[tuple[int, int]]:
+    """``num_shares`` contiguous, nearly equal ``[start, stop)`` parts of ``num_rows`` rows
+    (sizes differ by at most one; every part non-empty)."""
+    if num_rows < num_shares:
+        raise ValueError(f"a rollout of {num_rows} responses cannot be split among {num_shares} learners")
+    cuts = [r * num_rows // num_shares for r in range(num_shares + 1)]
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
+def free_port() -> int:
+    """A TCP port free on this host now (for the process group's rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Learner:
+    """One replica (run as a Ray actor by ``LearnerGroup``): the policy, its optimizer and
+    scheduler, and rank ``rank`` of a gloo group of ``world_size``."""
+
+    def __init__(self, config: Config, rank: int, world_size: int, init_method: str,
+                 state: dict[str, torch.Tensor] | None = None, timeout_s: float = 120.0) -> None:
+        torch.set_num_threads(config.torch_threads or 1)  # one thread per actor: oversubscription is slow
+        self.config, self.rank, self.world_size = config, rank, world_size
+        generator = seed_everything(config.seed)  # as rlvr.trainer.setup: seeded replicas start equal
+        policy = build_policy(config)
+        if state is not None:
+            policy.module.load_state_dict(state)
+        self.params = [p for p in policy.module.parameters() if p.requires_grad]
+        optimizer = build_optimizer(config.optim, self.params)
+        total = config.algo.epochs * config.algo.inner_steps
+        self.st = TrainState(policy, optimizer, generator, build_scheduler(config.optim, optimizer, total))
+        dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+
+    def _share(self, rollout: Rollout) -> Rollout:
+        start, stop = share_bounds(rollout.samples.num_responses, self.world_size)[self.rank]
+        return rollout.rows(slice(start, stop))
+
+    def _reduced_gradients(self, rollout: Rollout) -> dict[str, torch.Tensor]:
+        """Backpropagate this learner's share, then sum gradients and step sums over the group:
+        afterwards every learner holds the full batch's gradient and sums."""
+        self.st.optimizer.zero_grad(set_to_none=True)
+        sums = accumulate_gradients(self.config, self.st.policy, self._share(rollout), self.config.optim.micro_batches)
+        self._all_reduce_gradients()
+        keys = sorted(sums)  # the same keys, in the same order, on every learner (same config)
+        values = torch.stack([torch.as_tensor(sums[k]).detach().to(torch.float64) for k in keys])
+        dist.all_reduce(values, op=dist.ReduceOp.SUM)
+        return {k: v.to(torch.as_tensor(sums[k]).dtype) for k, v in zip(keys, values)}
+
+    def _all_reduce_gradients(self) -> None:
+        """One all-reduce (SUM) per gradient dtype over a flat buffer. A parameter without a
+        gradient counts as zero, and keeps ``grad=None`` only if it has none on every learner
+        (as in a single process, where Adam skips it): a 0/1 flag per parameter travels along."""
+        by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = {}
+        for p in self.params:
+            by_dtype.setdefault(p.dtype, []).append(p)
+        for dtype, params in by_dtype.items():
+            parts = [torch.zeros(p.numel(), dtype=dtype) if p.grad is None else p.grad.reshape(-1) for p in params]
+            flags = torch.tensor([float(p.grad is not None) for p in params], dtype=dtype)
+            flat = torch.cat([*parts, flags])
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+            offset = 0
+            for p, has_grad in zip(params, flat[-len(params):].tolist()):
+                n = p.numel()
+                if has_grad:
+                    p.grad = flat[offset:offset + n].view_as(p).clone()
+                offset += n
+
+    def gradients(self, rollout: Rollout) -> dict[str, torch.Tensor]:
+        """The full batch's gradient (summed over the group), by parameter name; no step."""
+        self._reduced_gradients(rollout)
+        grads = {name: p.grad.detach().clone() for name, p in self.st.policy.module.named_parameters()
+                 if p.grad is not None}
+        self.st.optimizer.zero_grad(set_to_none=True)
+        return grads
+
+    def step(self, rollout: Rollout, epoch: int) -> Record:
+        """``rlvr.trainer.optimizer_step`` with the gradient summed over the group; every
+        learner sees the same numbers, so all take (or all skip) the same step."""
+        clock = time.perf_counter()
+        st = self.st
+        st.epoch = epoch
+        sums = self._reduced_gradients(rollout)
+        metrics = step_metrics(sums, clip_gradients(st.policy.module, self.config.optim.max_grad_norm))
+        skipped = not all(math.isfinite(v) for v in metrics.values())
+        if skipped:
+            skip_step(st, st.policy.module, metrics, self.config.optim.max_bad_steps)
+        else:
+            st.optimizer.step()
+            st.bad_steps = 0
+        lr = st.scheduler.get_last_lr()[0]
+        st.scheduler.step()
+        record = {"kind": "train", "epoch": st.epoch, "step": st.step, **metrics, "skipped_step": float(skipped),
+                  **rollout.stats, "lr": lr, "time/step": time.perf_counter() - clock}
+        st.step += 1
+        return record
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The policy's weights (copies, on the CPU)."""
+        return {k: v.detach().cpu().clone() for k, v in self.st.policy.module.state_dict().items()}
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class LearnerGroup:
+    """``num_learners`` data-parallel ``Learner`` actors on the running Ray instance.
+
+    The replicas start equal: each builds the policy seeded with ``config.seed`` (as
+    ``rlvr.trainer.setup`` does), or loads ``state`` (the driver's ``state_dict()``) when
+    given. ``num_cpus`` is each actor's Ray CPU request (explicit: a default request can
+    leave actors pending forever on a small machine); ``timeout_s`` bounds every wait.
+    """
+
+    def __init__(self, config: Config, num_learners: int, *, state: dict[str, torch.Tensor] | None = None,
+                 num_cpus: float = 0.5, timeout_s: float = 300.0) -> None:
+        import ray
+
+        if num_learners < 1:
+            raise ValueError(f"num_learners must be at least 1, got {num_learners}")
+        self._ray, self.timeout_s, self.num_learners = ray, timeout_s, num_learners
+        actor = ray.remote(num_cpus=num_cpus)(Learner)
+        init_method = f"tcp://127.0.0.1:{free_port()}"
+        state_ref = None if state is None else ray.put(state)
+        self.learners = [actor.remote(config, rank, num_learners, init_method, state_ref, timeout_s)
+                         for rank in range(num_learners)]
+        # init_process_group returns only once all ranks joined: a cheap call proves the group is up
+        self._get([learner.state_dict.remote() for learner in self.learners[:1]])
+
+    def _get(self, refs: list) -> list:
+        return self._ray.get(refs, timeout=self.timeout_s)
+
+    def step(self, rollout: Rollout, epoch: int = 0) -> Record:
+        """One optimizer step of every learner on the whole ``rollout``; rank 0's record
+        (every learner computes the same metrics from the same summed numbers)."""
+        share_bounds(rollout.samples.num_responses, self.num_learners)  # fail here, not inside the actors
+        ref = self._ray.put(rollout)  # serialised once, read by every learner
+        return self._get([learner.step.remote(ref, epoch) for learner in self.learners])[0]
+
+    def gradients(self, rollout: Rollout) -> dict[str, torch.Tensor]:
+        """The full batch's gradient as the group computes it (rank 0's copy); no step."""
+        share_bounds(rollout.samples.num_responses, self.num_learners)
+        ref = self._ray.put(rollout)
+        return self._get([learner.gradients.remote(ref) for learner in self.learners])[0]
+
+    def state_dict(self, rank: int = 0) -> dict[str, torch.Tensor]:
+        """The policy's weights from learner ``rank`` (all are equal): for rollout workers and
+        checkpoints."""
+        return self._get([self.learners[rank].state_dict.remote()])[0]
+
+    def close(self) -> None:
+        """Leave the process group and end the actors."""
+        try:
+            self._get([learner.close.remote() for learner in self.learners])
+        finally:
+            for learner in self.learners:
+                self._ray.kill(learner)
+            self.learners = []
+
+    def __enter__(self) -> LearnerGroup:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
