@@ -13,6 +13,11 @@ Faults: an actor restarts (Ray's ``max_restarts``) with fresh state; a call that
 ``RayActorError`` is retried on the restarted actor after resending the weights, with the
 same generator state, so the batch is the same one. ``cluster/worker_restarts`` counts the
 failed calls so recovered.
+
+Placement: with ``cluster.address`` set (a cluster of one or more nodes), the workers go into
+a placement group of one ``{"CPU": WORKER_CPUS}`` bundle each with strategy ``SPREAD``: Ray
+puts them on distinct nodes where it can (and packs them where it cannot); the group is
+removed by ``close``. Without an address (a private local Ray) there is no group.
 """
 
 from __future__ import annotations
@@ -86,6 +91,12 @@ class RolloutWorker:
     def pid(self) -> int:
         return os.getpid()
 
+    def node_id(self) -> str:
+        """The Ray node this worker runs on."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
     def set_weights(self, weights: dict[str, Any], version: int) -> int:
         """Load the trainer's weights (an ObjectRef argument arrives resolved), named by
         ``version``; the policy's engine, if it has one, gets them too."""
@@ -128,7 +139,24 @@ class RayRolloutSource:
             else:
                 ray.init(address=c.address, logging_level="ERROR")
         actor = ray.remote(num_cpus=WORKER_CPUS, max_restarts=MAX_RESTARTS, max_task_retries=0)(RolloutWorker)
-        self.workers = [actor.remote(config) for _ in range(c.rollout_workers)]
+        self.placement_group = None
+        if c.address is None:
+            self.workers = [actor.remote(config) for _ in range(c.rollout_workers)]
+        else:  # one bundle per worker, spread over the nodes where they fit
+            from ray.exceptions import GetTimeoutError
+            from ray.util.placement_group import placement_group
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            self.placement_group = placement_group([{"CPU": WORKER_CPUS}] * c.rollout_workers, strategy="SPREAD")
+            try:
+                ray.get(self.placement_group.ready(), timeout=READY_TIMEOUT)
+            except GetTimeoutError as err:
+                self.close()
+                raise ClusterError(f"the cluster has no room for {c.rollout_workers} workers of "
+                                   f"{WORKER_CPUS} CPU within {READY_TIMEOUT:.0f} s") from err
+            self.workers = [actor.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
+                self.placement_group, placement_group_bundle_index=i)).remote(config)
+                for i in range(c.rollout_workers)]
         self.versions: list[int | None] = [None] * len(self.workers)
         self.restarts = 0
         self._weights: tuple[int, Any] | None = None  # (version, ObjectRef): put once per version
@@ -192,9 +220,17 @@ class RayRolloutSource:
     def worker_pids(self) -> list[int]:
         return self.ray.get([w.pid.remote() for w in self.workers], timeout=READY_TIMEOUT)
 
+    def worker_nodes(self) -> list[str]:
+        return self.ray.get([w.node_id.remote() for w in self.workers], timeout=READY_TIMEOUT)
+
     def close(self) -> None:
-        for worker in self.workers:
+        for worker in getattr(self, "workers", []):
             self.ray.kill(worker)
         self.workers, self._weights = [], None
+        if self.placement_group is not None:  # after its actors are gone
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self.placement_group)
+            self.placement_group = None
         if self.owns_ray:
             self.ray.shutdown()

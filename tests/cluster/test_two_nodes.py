@@ -1,0 +1,49 @@
+"""Rollout workers on a simulated two-node Ray cluster (``ray.cluster_utils.Cluster``): the
+same records as the single-process run, and the workers spread over both nodes."""
+
+import os
+
+import pytest
+
+from conftest import QUIET
+from rlvr.config import load_config
+from rlvr.trainer import train
+
+pytestmark = pytest.mark.ray
+
+SORTING = QUIET + ["algo.epochs=4", "algo.inner_steps=2", "log.eval_every=2", "log.checkpoint_every=0"]
+
+
+def comparable(records):
+    """Records minus wall-clock (time/*, tokens_per_sec*) and cluster/* fields."""
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "tokens_per_sec", "cluster/"))}
+            for r in records]
+
+
+def test_two_workers_on_two_nodes_give_the_single_process_records():
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    assert not ray.is_initialized()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    try:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes(timeout=60)
+        local = train(load_config(None, SORTING))
+        nodes = []
+
+        def record_nodes(st):
+            if not nodes:
+                nodes.extend(st.rollout_source.worker_nodes())
+
+        remote = train(load_config(None, SORTING + ["cluster.rollout_workers=2", f"cluster.address={cluster.address}"]),
+                       on_epoch_end=record_nodes)
+        assert comparable(remote) == comparable(local)
+        assert len(nodes) == 2 and len(set(nodes)) == 2  # one worker on each node
+        assert not ray.is_initialized()  # the run's source connected, and disconnected at the end
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        cluster.shutdown()
