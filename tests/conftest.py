@@ -1,6 +1,8 @@
-"""What many tests share: the quiet run settings and a tiny language model built offline."""
+"""What many tests share: the quiet run settings, a tiny language model built offline, a private Ray."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -18,3 +20,14 @@ def tiny_model(tmp_path_factory):
     out = tmp_path_factory.mktemp("tiny") / "model"
     init_model(out, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, seed=0)
     return out
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """A private Ray instance for one test module (never someone else's cluster)."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray = pytest.importorskip("ray")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR")
+    yield ray
+    ray.shutdown()

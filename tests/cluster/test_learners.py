@@ -1,6 +1,5 @@
 """Data-parallel learners (rlvr.cluster.learners) against the single-process step."""
 
-import os
 
 import pytest
 import torch
@@ -17,17 +16,6 @@ def test_share_bounds_are_contiguous_and_cover_every_row():
     assert share_bounds(7, 3) == [(0, 2), (2, 4), (4, 7)]
     with pytest.raises(ValueError, match="cannot be split"):
         share_bounds(1, 2)
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray = pytest.importorskip("ray")
-    # a private instance: never attach to someone else's cluster
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR")
-    yield ray
-    ray.shutdown()
 
 
 def test_two_learners_match_the_single_process_gradient_and_step(ray_local):

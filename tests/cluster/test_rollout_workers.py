@@ -17,17 +17,6 @@ pytestmark = pytest.mark.ray
 SORTING = QUIET + ["algo.epochs=4", "algo.inner_steps=2", "log.eval_every=2", "log.checkpoint_every=0"]
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray = pytest.importorskip("ray")
-    # a private instance: never attach to someone else's cluster
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR")
-    yield ray
-    ray.shutdown()
-
-
 def comparable(records):
     """Records minus wall-clock (time/*, tokens_per_sec*) and cluster/* fields."""
     return [{k: v for k, v in r.items() if not k.startswith(("time/", "tokens_per_sec", "cluster/"))}
