@@ -37,7 +37,6 @@ class TrainingError(RuntimeError):
     """Training cannot go on (e.g. too many consecutive non-finite steps)."""
 
 
-
 @dataclass
 class TrainState:
     """Everything that changes during a run: enough to resume it (``rlvr.checkpoint``
@@ -138,7 +137,6 @@ def train(
     return st.records
 
 
-
 def collect_rollout(config: Config, task: Task, st: TrainState) -> Rollout:
     """The epoch's batch: sample G responses per prompt and grade them (what a rollout
     worker does), then deltas, old and reference log-probs and loss weights."""
@@ -189,16 +187,15 @@ def build_rollout(config: Config, st: TrainState, samples: Samples, grades: Grad
             old_log_probs, importance_weights, mismatch = old_policy_log_probs(a, policy, samples, temp)
         if a.kl_coef > 0:
             ref_log_probs, _ = reference_log_probs(policy, st.ref_module, samples, temp)
-    timings = {"time/generate": stats["time/generate"], "time/reward": stats["time/reward"],
-               "time/score": time.perf_counter() - clock}
+    score_seconds = time.perf_counter() - clock
     tokens = samples.response_mask.sum().item()
     stats = {
         **rollout_stats(rewards, correct, deltas, a.group_size),
         **grades.metrics,
-        **timings,
+        **stats,  # time/generate, time/reward and the sampler's own numbers
+        "time/score": score_seconds,
         "response_tokens": tokens,
-        "tokens_per_sec_generate": tokens / max(timings["time/generate"], 1e-9),
-        **{k: v for k, v in stats.items() if k not in timings},
+        "tokens_per_sec_generate": tokens / max(stats["time/generate"], 1e-9),
         **{key: value.item() for key, value in mismatch.items()},
     }
     # Dr. GRPO's constant defaults to the policy's longest possible response, not this
@@ -241,7 +238,6 @@ def old_policy_log_probs(
     return old_log_probs, weights, mismatch
 
 
-
 def sync_engine(st: TrainState) -> dict[str, float]:
     """Hand the policy's generation engine the trainer's current weights, named by the
     step count (``sync_engine`` of an LM policy; a policy that samples by itself has
@@ -253,7 +249,6 @@ def sync_engine(st: TrainState) -> dict[str, float]:
         return sync(st.step)
     except WeightSyncError as err:
         raise TrainingError(f"epoch {st.epoch}, step {st.step}: {err}") from err
-
 
 
 def optimizer_step(config: Config, st: TrainState, rollout: Rollout) -> Record:
@@ -358,7 +353,6 @@ def skip_step(st: TrainState, module: torch.nn.Module, metrics: dict[str, float]
         )
 
 
-
 def micro_batches(rollout: Rollout, count: int) -> list[Rollout]:
     """``count`` parts of ``rollout`` (contiguous rows, so views, not copies)."""
     if count == 1:
@@ -368,13 +362,11 @@ def micro_batches(rollout: Rollout, count: int) -> list[Rollout]:
     return [rollout.rows(slice(start, start + size)) for start in range(0, n, size)]
 
 
-
 def reference_log_probs(
     policy: Policy, ref_module: torch.nn.Module, samples: Samples, temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs under the frozen reference: the policy's scorer with the reference weights."""
     return policy.log_probs(samples, temperature, module=ref_module)
-
 
 
 def clip_gradients(module: torch.nn.Module, max_norm: float | None) -> torch.Tensor:
@@ -387,7 +379,6 @@ def clip_gradients(module: torch.nn.Module, max_norm: float | None) -> torch.Ten
     if max_norm is not None:
         torch.nn.utils.clip_grads_with_norm_(grads, max_norm, norm, foreach=True)
     return norm
-
 
 
 def rollout_stats(rewards: torch.Tensor, correct: torch.Tensor, deltas: torch.Tensor, group_size: int) -> Record:

@@ -21,7 +21,6 @@ checked by a probe (``probe_gap``).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -33,6 +32,7 @@ from rlvr.core.logprobs import DEFAULT_CHUNK_ELEMENTS, row_chunks
 from rlvr.engines import Engine, Generation, SamplingParams, WeightSyncError
 from rlvr.engines.hf import HFEngine, autocast_context
 from rlvr.engines.vllm import INSTALL_HINT, VLLMOptions, vllm_installed
+from rlvr.errors import did_you_mean
 from rlvr.policies.hf_model import (
     check_device,
     checkpointing_active,
@@ -68,9 +68,7 @@ def build_causal_lm_policy(config: Any) -> CausalLMPolicy:
     allowed = LOAD_OPTIONS + SETTING_OPTIONS
     unknown = sorted(set(options) - set(allowed))
     if unknown:
-        close = difflib.get_close_matches(unknown[0], allowed, n=1, cutoff=0.5)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"unknown policy.options {unknown}{hint} (allowed: {', '.join(allowed)})")
+        raise ValueError(f"unknown policy.options {unknown}; {did_you_mean(unknown[0], allowed)}")
     if "model" not in options:
         raise ValueError("policy.options.model is required: a model folder (rlvr init-model) or a hub name")
     return CausalLMPolicy.from_pretrained(options.pop("model"), temperature=config.temperature, **options)

@@ -67,6 +67,7 @@ class GradedTask:
     reports_builtin_rewards: ClassVar[bool] = True
     reward_workers: int | None = None
     _runner: RewardRunner | None = None
+    _user_reward_names: list[str]  # the runner's functions that are not the task's own
 
     def reward_specs(self) -> list[RewardSpec]:
         """The task's built-in reward specs, in the order they are summed."""
@@ -75,14 +76,15 @@ class GradedTask:
     @property
     def runner(self) -> RewardRunner:
         if self._runner is None:
-            self._runner = reward_runner(self)
+            self.runner = reward_runner(self)
         return self._runner
 
     @runner.setter
     def runner(self, runner: RewardRunner) -> None:
         self.close()
         self._runner = runner
-        self.__dict__.pop("_user_names", None)
+        builtin = {spec.name for spec in self.reward_specs()}
+        self._user_reward_names = [name for name in runner.names if name not in builtin]
 
     def score(self, prompts: list[Prompt], responses: list[list[str]]) -> RewardResult:
         """Every reward of B prompt dicts x G response strings: rewards [B, G], per
@@ -93,15 +95,8 @@ class GradedTask:
         """Rewards [B, G] (NaN = abstain), gold check [B, G] and reward metrics, in one pass."""
         result = self.score(prompts, responses)
         correct = result.column(self.gold_reward) == 1.0  # an abstention is not right
-        reported = None if self.reports_builtin_rewards else self._user_reward_names()
+        reported = None if self.reports_builtin_rewards else self._user_reward_names
         return Grades(result.rewards, correct, result.metrics(reported))
-
-    def _user_reward_names(self) -> list[str]:
-        """The runner's functions that are not the task's own (computed once)."""
-        if "_user_names" not in self.__dict__:
-            builtin = {spec.name for spec in self.reward_specs()}
-            self._user_names = [name for name in self.runner.names if name not in builtin]
-        return self._user_names
 
     def close(self) -> None:
         """Stop the reward workers, if any."""
