@@ -176,10 +176,12 @@ class ClusterConfig:
     rollout_workers: int = setting(0, (
         "Ray actors that sample and grade each epoch's batch (0: sample in this process; nothing changes)"),
         min=0, max=1024)
-    learners: int = setting(1, "data-parallel learner processes (only 1 is implemented yet)", above=0, max=1024)
+    learners: int = setting(1, (
+        "data-parallel learners (Ray actors in a torch.distributed group, each taking its share of the batch; "
+        "1: this process takes the optimizer steps)"), above=0, max=1024)
     max_staleness: int = setting(0, (
-        "k: rollouts may be sampled with weights up to k optimizer steps old (only 0 is implemented yet)"),
-        min=0)
+        "k: rollout workers sample up to k epochs ahead, with weights up to k versions old, while the "
+        "trainer trains (0: synchronous; >= 1 needs rollout workers and algo.tis_cap)"), min=0, max=64)
     address: str | None = setting(None, "Ray cluster address (null: start a local Ray with the CPUs needed)")
 
 
@@ -496,7 +498,7 @@ def validate(config: Config) -> None:
         raise ConfigError(f"optim.betas={o.betas!r} must be two numbers in [0, 1)")
     _check_reward_functions(config.rewards.functions)
     _check_batch_sizes(config)
-    _check_cluster(config.cluster)
+    _check_cluster(config)
     if a.old_log_probs == "recompute" and a.loss == "naive" and a.tis_cap is None:
         warnings.warn("algo.old_log_probs='recompute' with algo.loss='naive' and no algo.tis_cap: the naive loss "
                       "uses no old log-probs, so none are recomputed (and no mismatch/* is logged)", stacklevel=2)
@@ -505,12 +507,20 @@ def validate(config: Config) -> None:
                       "step, so the loss equals the naive one", stacklevel=2)
 
 
-def _check_cluster(c: ClusterConfig) -> None:
-    if c.learners > 1:
-        raise ConfigError(f"cluster.learners={c.learners}: more than one learner is not implemented yet; use 1")
+def _check_cluster(config: Config) -> None:
+    c, a = config.cluster, config.algo
+    responses = config.task.prompts_per_epoch * a.group_size
+    if c.learners > responses:
+        raise ConfigError(f"cluster.learners={c.learners}: more learners than the {responses} responses of a batch "
+                          "(task.prompts_per_epoch x algo.group_size) to share among them")
     if c.max_staleness > 0:
-        raise ConfigError(f"cluster.max_staleness={c.max_staleness}: off-policy (stale) rollouts are not "
-                          "implemented yet; use 0")
+        if c.rollout_workers == 0:
+            raise ConfigError(f"cluster.max_staleness={c.max_staleness} needs rollout workers to sample ahead "
+                              "(cluster.rollout_workers >= 1)")
+        if a.tis_cap is None:
+            raise ConfigError(
+                f"cluster.max_staleness={c.max_staleness}: stale batches need the off-policy correction; set "
+                "algo.tis_cap (e.g. 2.0: each token's term times min(pi_old / pi_behaviour, 2))")
 
 
 def _check_keys(where: str, options: dict, allowed: Any) -> None:

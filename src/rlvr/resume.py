@@ -18,6 +18,8 @@ from rlvr.run_dir import write_atomically
 # how fast it goes (a call on the edge of its time limit aside, and threads may change
 # the last bits of CPU sums).
 RESUMABLE = ("algo.epochs", "name", "threads", "rewards.timeout", "rewards.num_workers",
+             # where the work runs, not what it computes (cluster.max_staleness does change it)
+             "cluster.rollout_workers", "cluster.learners", "cluster.address",
              *(f"log.{f.name}" for f in dataclasses.fields(LogConfig)))
 
 

@@ -21,6 +21,8 @@ import numpy as np
 import torch
 
 from rlvr import core
+from rlvr.cluster.session import Cluster
+from rlvr.cluster.session import wanted as cluster_wanted
 from rlvr.config import AlgoConfig, Config
 from rlvr.engines import WeightSyncError
 from rlvr.evaluation import evaluate
@@ -54,7 +56,7 @@ class TrainState:
     rollout: Rollout | None = None  # the current epoch's batch (None between epochs)
     records: list[Record] = field(default_factory=list)
     stop_requested: bool = False  # set by a signal handler: stop after the current step
-    rollout_source: Any = None  # the Ray rollout workers (cluster.rollout_workers > 0), made at the first batch
+    cluster: Any = None  # the run's Ray actors (rlvr.cluster.session.Cluster), while train runs
 
 
 def setup(config: Config) -> tuple[Task, TrainState]:
@@ -112,14 +114,22 @@ def train(
         sync_engine(st)
         record(*evaluate(config, task, st.policy, 0, 0))  # the starting point
     try:
+        if cluster_wanted(config):  # Ray rollout workers and/or data-parallel learners
+            st.cluster = Cluster(config, st)
+        learners = None if st.cluster is None else st.cluster.learners
         while st.epoch < a.epochs:
             if st.rollout is None:
                 st.rollout = collect_rollout(config, task, st)
             while st.inner_step < a.inner_steps:
-                record(optimizer_step(config, st, st.rollout))
+                if learners is None:
+                    record(optimizer_step(config, st, st.rollout))
+                else:
+                    record(learners.optimizer_step(st, st.rollout))
                 st.inner_step += 1
                 if st.stop_requested and st.inner_step < a.inner_steps:
                     break
+            if learners is not None:  # the driver samples, evaluates and checkpoints with their weights
+                learners.pull(st)
             if st.inner_step == a.inner_steps:  # the epoch is complete
                 st.rollout, st.inner_step = None, 0
                 st.epoch += 1
@@ -131,9 +141,9 @@ def train(
             if st.stop_requested:
                 break
     finally:
-        if st.rollout_source is not None:  # the Ray rollout workers end with the run
-            st.rollout_source.close()
-            st.rollout_source = None
+        if st.cluster is not None:  # the Ray actors end with the run
+            st.cluster.close()
+            st.cluster = None
     return st.records
 
 
@@ -143,12 +153,10 @@ def collect_rollout(config: Config, task: Task, st: TrainState) -> Rollout:
     a = config.algo
     if a.kl_coef > 0 and (st.ref_module is None or st.epoch % a.ref_update_every == 0):
         st.ref_module = frozen_copy(st.policy.module)  # the reference: a frozen copy, refreshed every K epochs
-    if config.cluster.rollout_workers > 0:  # Ray actors sample with the weights of the last optimizer step
-        if st.rollout_source is None:
-            from rlvr.cluster.rollout import RayRolloutSource
-
-            st.rollout_source = RayRolloutSource(config)
-        samples, grades, stats = st.rollout_source.sample_and_grade(st)
+    if st.cluster is not None and st.cluster.rollouts is not None:
+        # Ray actors sample, with the weights of the last optimizer step (max_staleness k = 0)
+        # or of up to k epochs before (k >= 1: corrected by TIS in build_rollout)
+        samples, grades, stats = st.cluster.rollouts.sample_and_grade(st)
         return build_rollout(config, st, samples, grades, stats)
     engine_stats = sync_engine(st)  # the engine samples with the weights of the last optimizer step
     samples, grades, timings = sample_and_grade(config, task, st.policy, st.generator)

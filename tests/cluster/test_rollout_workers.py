@@ -32,11 +32,14 @@ def cpus_freed(ray, timeout=20.0):
     return True
 
 
-def test_only_rollout_workers_are_implemented():
-    for override in ("cluster.learners=2", "cluster.max_staleness=1"):
-        with pytest.raises(ConfigError, match="not implemented yet"):
-            load_config(None, [override])
+def test_the_cluster_settings_are_checked_before_any_work():
     assert load_config(None, []).cluster.rollout_workers == 0
+    with pytest.raises(ConfigError, match="needs rollout workers"):
+        load_config(None, ["cluster.max_staleness=1", "algo.tis_cap=2"])
+    with pytest.raises(ConfigError, match="set algo.tis_cap"):
+        load_config(None, ["cluster.max_staleness=1", "cluster.rollout_workers=1"])
+    with pytest.raises(ConfigError, match="more learners than the 30 responses"):
+        load_config(None, ["cluster.learners=31"])
 
 
 def test_one_worker_gives_the_single_process_records(ray_local):
@@ -55,7 +58,7 @@ def test_a_killed_worker_is_restarted_and_the_batch_retried(ray_local):
 
     def kill_after_first_epoch(st):
         if st.epoch == 1:
-            pid = st.rollout_source.worker_pids()[0]
+            pid = st.cluster.rollouts.worker_pids()[0]
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
 
@@ -76,3 +79,38 @@ def test_a_language_model_run_gives_the_single_process_records(ray_local, tiny_m
     local = train(load_config(None, overrides))
     remote = train(load_config(None, overrides + ["cluster.rollout_workers=1"]))
     assert comparable(remote) == comparable(local)
+
+
+def test_asynchronous_batches_are_at_most_k_versions_old_and_corrected(ray_local):
+    """k = 1: the batch of epoch e+1 is sampled with the weights held at the start of epoch e
+    (while the trainer trains on epoch e): one version old, corrected by TIS."""
+    overrides = SORTING + ["cluster.rollout_workers=1", "cluster.max_staleness=1", "algo.tis_cap=2"]
+    records = train(load_config(None, overrides))
+    firsts = [r for r in records if r["kind"] == "train" and r["step"] % 2 == 0]  # each epoch's first step
+    assert [r["cluster/staleness"] for r in firsts] == [0.0, 1.0, 1.0, 1.0]
+    # epoch e >= 1 sampled with the weights at the start of epoch e-1: after 2 (e-1) optimizer steps
+    assert [r["cluster/weights_version"] for r in firsts] == [0.0, 0.0, 2.0, 4.0]
+    stale, fresh = firsts[1:], firsts[:1]
+    assert all(r["mismatch/max_abs_gap"] > 0 for r in stale)  # the sampler's weights are not the trainer's
+    assert all(r["mismatch/max_abs_gap"] == 0 for r in fresh)
+    assert len([r for r in records if r["kind"] == "train"]) == 8
+
+
+def test_a_killed_worker_with_batches_in_flight_is_restarted_once(ray_local):
+    overrides = QUIET + ["algo.epochs=6", "algo.inner_steps=2", "log.eval_every=3", "log.checkpoint_every=0",
+                         "cluster.rollout_workers=1", "cluster.max_staleness=1", "algo.tis_cap=2"]
+    expected = train(load_config(None, overrides))
+    killed = []
+
+    def kill_after_second_epoch(st):  # the batch of epoch 2 is delivered; that of epoch 3 is not asked yet
+        if st.epoch == 2:
+            pid = st.cluster.rollouts.worker_pids()[0]
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+
+    records = train(load_config(None, overrides), on_epoch_end=kill_after_second_epoch)
+    assert killed
+    # the same batches: each asynchronous batch has its own generator and its weights reference
+    assert comparable(records) == comparable(expected)
+    restarts = [r["cluster/worker_restarts"] for r in records if r["kind"] == "train"]
+    assert restarts == [0] * 6 + [1] * 6  # seen with the batch of epoch 3, from the new process

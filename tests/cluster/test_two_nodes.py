@@ -36,7 +36,7 @@ def test_two_workers_on_two_nodes_give_the_single_process_records():
 
         def record_nodes(st):
             if not nodes:
-                nodes.extend(st.rollout_source.worker_nodes())
+                nodes.extend(st.cluster.rollouts.worker_nodes())
 
         remote = train(load_config(None, SORTING + ["cluster.rollout_workers=2", f"cluster.address={cluster.address}"]),
                        on_epoch_end=record_nodes)

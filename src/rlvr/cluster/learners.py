@@ -9,6 +9,17 @@ with SUM (the gradients as one flat buffer per dtype), then every learner clips,
 ``step_metrics`` and takes the same optimizer step on the same gradient, so the replicas stay
 equal without ever exchanging weights.
 
+In a run (``cluster.learners = M > 1``, see ``rlvr.cluster.session``) the group starts from
+the driver's state (weights, optimizer, scheduler), takes every optimizer step, and hands its
+state back to the driver at the end of each epoch (``pull``): the driver samples, evaluates
+and checkpoints with it as a single-process run does, so a checkpoint is the same file and a
+run resumes with any number of learners. A learner that dies stops the run with a
+``TrainingError``; the checkpoints written before are untouched.
+
+Transport: gloo on the CPU. On GPUs the same code runs with the ``nccl`` backend (each actor
+asks Ray for ``num_gpus=1`` and all-reduces CUDA gradients); that path is written but has
+not run here (no GPU on the machine that tests it).
+
 Ray is imported lazily: ``import rlvr.cluster.learners`` works without it. The caller starts
 Ray (``ray.init``) before building a ``LearnerGroup`` and shuts it down after ``close()``.
 """
@@ -17,6 +28,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import os
 import socket
 import time
 from typing import Any
@@ -30,6 +42,7 @@ from rlvr.optim import build_optimizer, build_scheduler
 from rlvr.policies import build_policy
 from rlvr.rollout import Rollout
 from rlvr.trainer import (
+    TrainingError,
     TrainState,
     accumulate_gradients,
     clip_gradients,
@@ -60,18 +73,19 @@ class Learner:
     scheduler, and rank ``rank`` of a gloo group of ``world_size``."""
 
     def __init__(self, config: Config, rank: int, world_size: int, init_method: str,
-                 state: dict[str, torch.Tensor] | None = None, timeout_s: float = 120.0) -> None:
+                 state: dict[str, Any] | None = None, timeout_s: float = 120.0) -> None:
         torch.set_num_threads(config.torch_threads or 1)  # one thread per actor: oversubscription is slow
         self.config, self.rank, self.world_size = config, rank, world_size
         generator = seed_everything(config.seed)  # as rlvr.trainer.setup: seeded replicas start equal
         policy = build_policy(config)
-        if state is not None:
-            policy.module.load_state_dict(state)
         self.params = [p for p in policy.module.parameters() if p.requires_grad]
         optimizer = build_optimizer(config.optim, self.params)
         total = config.algo.epochs * config.algo.inner_steps
         self.st = TrainState(policy, optimizer, generator, build_scheduler(config.optim, optimizer, total))
-        dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size,
+        if state is not None:
+            self.load_train_state(state)
+        backend = "nccl" if torch.cuda.is_available() and policy_device(policy).type == "cuda" else "gloo"
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout_s))
 
     def _share(self, rollout: Rollout) -> Rollout:
@@ -116,12 +130,15 @@ class Learner:
         self.st.optimizer.zero_grad(set_to_none=True)
         return grads
 
-    def step(self, rollout: Rollout, epoch: int) -> Record:
+    def step(self, rollout: Rollout, epoch: int, step: int | None = None) -> Record:
         """``rlvr.trainer.optimizer_step`` with the gradient summed over the group; every
-        learner sees the same numbers, so all take (or all skip) the same step."""
+        learner sees the same numbers, so all take (or all skip) the same step. ``step``:
+        the driver's step count (default: this learner's own)."""
         clock = time.perf_counter()
         st = self.st
         st.epoch = epoch
+        if step is not None:
+            st.step = step
         sums = self._reduced_gradients(rollout)
         metrics = step_metrics(sums, clip_gradients(st.policy.module, self.config.optim.max_grad_norm))
         skipped = not all(math.isfinite(v) for v in metrics.values())
@@ -141,44 +158,108 @@ class Learner:
         """The policy's weights (copies, on the CPU)."""
         return {k: v.detach().cpu().clone() for k, v in self.st.policy.module.state_dict().items()}
 
+    def pid(self) -> int:
+        return os.getpid()
+
+    def train_state(self) -> dict[str, Any]:
+        """What the driver takes over at the end of an epoch: weights, optimizer and
+        scheduler state, the count of consecutive skipped steps."""
+        return {"model": self.state_dict(), "optimizer": self.st.optimizer.state_dict(),
+                "scheduler": self.st.scheduler.state_dict(), "bad_steps": self.st.bad_steps}
+
+    def load_train_state(self, state: dict[str, Any]) -> None:
+        load_train_state(self.st, state)
+
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def policy_device(policy: Any) -> torch.device:
+    return next(policy.module.parameters()).device
+
+
+def load_train_state(st: TrainState, state: dict[str, Any]) -> None:
+    """``Learner.train_state()`` (or the driver's ``train_state``) into ``st``."""
+    st.policy.module.load_state_dict(state["model"])
+    st.optimizer.load_state_dict(state["optimizer"])
+    st.scheduler.load_state_dict(state["scheduler"])
+    st.bad_steps = state["bad_steps"]
+
+
+def train_state(st: TrainState) -> dict[str, Any]:
+    """The driver's state that the learners start from (as ``Learner.train_state``)."""
+    return {"model": {k: v.detach().cpu() for k, v in st.policy.module.state_dict().items()},
+            "optimizer": st.optimizer.state_dict(), "scheduler": st.scheduler.state_dict(),
+            "bad_steps": st.bad_steps}
 
 
 class LearnerGroup:
     """``num_learners`` data-parallel ``Learner`` actors on the running Ray instance.
 
     The replicas start equal: each builds the policy seeded with ``config.seed`` (as
-    ``rlvr.trainer.setup`` does), or loads ``state`` (the driver's ``state_dict()``) when
-    given. ``num_cpus`` is each actor's Ray CPU request (explicit: a default request can
-    leave actors pending forever on a small machine); ``timeout_s`` bounds every wait.
+    ``rlvr.trainer.setup`` does), or takes ``state`` (a driver's ``TrainState``: its weights,
+    optimizer and scheduler) when given. ``num_cpus`` is each actor's Ray CPU request
+    (explicit: a default request can leave actors pending forever on a small machine); on a
+    GPU each actor also asks for one GPU. ``timeout_s`` bounds every wait.
     """
 
-    def __init__(self, config: Config, num_learners: int, *, state: dict[str, torch.Tensor] | None = None,
+    def __init__(self, config: Config, num_learners: int, *, state: TrainState | None = None,
                  num_cpus: float = 0.5, timeout_s: float = 300.0) -> None:
         import ray
 
         if num_learners < 1:
             raise ValueError(f"num_learners must be at least 1, got {num_learners}")
         self._ray, self.timeout_s, self.num_learners = ray, timeout_s, num_learners
-        actor = ray.remote(num_cpus=num_cpus)(Learner)
-        init_method = f"tcp://127.0.0.1:{free_port()}"
-        state_ref = None if state is None else ray.put(state)
+        gpus = 1 if state is not None and policy_device(state.policy).type == "cuda" else 0
+        actor = ray.remote(num_cpus=num_cpus, num_gpus=gpus)(Learner)
+        init_method = f"tcp://{ray.util.get_node_ip_address()}:{free_port()}"
+        state_ref = None if state is None else ray.put(train_state(state))
         self.learners = [actor.remote(config, rank, num_learners, init_method, state_ref, timeout_s)
                          for rank in range(num_learners)]
         # init_process_group returns only once all ranks joined: a cheap call proves the group is up
         self._get([learner.state_dict.remote() for learner in self.learners[:1]])
 
     def _get(self, refs: list) -> list:
-        return self._ray.get(refs, timeout=self.timeout_s)
+        """The results of ``refs``, raising the first failure as soon as it is known: a dead
+        learner's error comes at once, not after its peers time out waiting for it."""
+        pending, deadline = list(refs), time.monotonic() + self.timeout_s
+        while pending:
+            ready, pending = self._ray.wait(pending, num_returns=1, timeout=max(deadline - time.monotonic(), 0))
+            if not ready:
+                raise TrainingError(f"the learners gave no answer within {self.timeout_s:.0f} s")
+            self._ray.get(ready)
+        return self._ray.get(refs)
 
-    def step(self, rollout: Rollout, epoch: int = 0) -> Record:
+    def step(self, rollout: Rollout, epoch: int = 0, step: int | None = None) -> Record:
         """One optimizer step of every learner on the whole ``rollout``; rank 0's record
         (every learner computes the same metrics from the same summed numbers)."""
         share_bounds(rollout.samples.num_responses, self.num_learners)  # fail here, not inside the actors
         ref = self._ray.put(rollout)  # serialised once, read by every learner
-        return self._get([learner.step.remote(ref, epoch) for learner in self.learners])[0]
+        return self._get([learner.step.remote(ref, epoch, step) for learner in self.learners])[0]
+
+    def pids(self) -> list[int]:
+        return self._get([learner.pid.remote() for learner in self.learners])
+
+    def optimizer_step(self, st: TrainState, rollout: Rollout) -> Record:
+        """``rlvr.trainer.optimizer_step`` for a run: the group's step at the driver's epoch and
+        step count. A learner that died stops the run (a ``TrainingError``)."""
+        from ray.exceptions import RayActorError
+
+        try:
+            record = self.step(rollout, st.epoch, st.step)
+        except RayActorError as err:
+            cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__  # Ray's is long
+            raise TrainingError(
+                f"a learner died at epoch {st.epoch}, step {st.step} ({cause}). The run stops; the checkpoints "
+                "written before are intact (resume=RUN_DIR continues from the last one)") from err
+        st.step += 1
+        return record
+
+    def pull(self, st: TrainState) -> None:
+        """The group's state into the driver's ``st`` (rank 0's: all are equal), so the driver
+        samples, evaluates and checkpoints with the trained weights."""
+        load_train_state(st, self._get([self.learners[0].train_state.remote()])[0])
 
     def gradients(self, rollout: Rollout) -> dict[str, torch.Tensor]:
         """The full batch's gradient as the group computes it (rank 0's copy); no step."""
@@ -192,13 +273,11 @@ class LearnerGroup:
         return self._get([self.learners[rank].state_dict.remote()])[0]
 
     def close(self) -> None:
-        """Leave the process group and end the actors."""
-        try:
-            self._get([learner.close.remote() for learner in self.learners])
-        finally:
-            for learner in self.learners:
-                self._ray.kill(learner)
-            self.learners = []
+        """End the actors (their process group ends with them; a survivor of a dead peer may be
+        waiting inside an all-reduce, so nothing is asked of them first)."""
+        for learner in self.learners:
+            self._ray.kill(learner)
+        self.learners = []
 
     def __enter__(self) -> LearnerGroup:
         return self

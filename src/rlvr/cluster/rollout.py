@@ -1,18 +1,30 @@
 """Rollout workers on Ray: each epoch's batch sampled and graded by an actor.
 
-The driver (``RayRolloutSource``) hands a worker the trainer's weights (a state dict of
-numpy arrays, put into Ray's object store once per version; the version is the optimizer
-step count) and the state of the run's ``torch.Generator``; the worker runs the trainer's
-own ``sample_and_grade`` with a generator in that state and returns the samples, the
-grades, the timings and the generator's new state, which the driver takes over. With
-``max_staleness=0`` a batch is always sampled with the weights of the last optimizer step,
-so a run's records equal the single-process run's (wall-clock ``time/*`` and ``cluster/*``
-fields aside).
+The driver (``RayRolloutSource``) hands a worker, with each call, a reference to the weights
+it must sample with (a state dict of numpy arrays, put into Ray's object store once per
+version; the version is the optimizer step count) and the state of a ``torch.Generator``;
+the worker loads the weights if it does not hold that version yet, runs the trainer's own
+``sample_and_grade`` with a generator in that state and returns the samples, the grades, the
+timings and the generator's new state. Epoch e's batch goes to worker e mod W.
+
+Staleness (``cluster.max_staleness = k``):
+
+- k = 0: a batch is sampled with the weights of the last optimizer step, with the run's own
+  generator (whose new state the driver takes over), so a run's records equal the
+  single-process run's (wall-clock ``time/*`` and ``cluster/*`` fields aside).
+- k >= 1: at the start of epoch e the driver also submits the batches of epochs e+1 .. e+k
+  with the weights it has then, and the workers generate them while it trains: a batch is
+  sampled with weights at most k epochs (weight versions) old, logged as ``cluster/staleness``.
+  Each such batch has its own generator, seeded from (seed, epoch), so it does not depend on
+  when it was sampled. The loss corrects for the stale sampler with the trainer's own
+  recomputed log-probs as pi_old and truncated importance weights min(pi_old / pi_behaviour, C)
+  (``algo.tis_cap``), the behaviour policy's log-probs travelling with each sample.
 
 Faults: an actor restarts (Ray's ``max_restarts``) with fresh state; a call that fails with
-``RayActorError`` is retried on the restarted actor after resending the weights, with the
-same generator state, so the batch is the same one. ``cluster/worker_restarts`` counts the
-failed calls so recovered.
+``RayActorError`` is sent again to the restarted actor with the same weights reference and
+generator state, so the batch is the same one. ``cluster/worker_restarts`` counts restarts:
+a new process behind a worker, seen when it answers (however many queued calls it failed; a
+worker killed after its last batch was delivered lost nothing and is not counted).
 
 Placement: with ``cluster.address`` set (a cluster of one or more nodes), the workers go into
 a placement group of one ``{"CPU": WORKER_CPUS}`` bundle each with strategy ``SPREAD``: Ray
@@ -22,19 +34,19 @@ removed by ``close``. Without an address (a private local Ray) there is no group
 
 from __future__ import annotations
 
-import math
 import os
 import time
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from rlvr.cluster.session import WORKER_CPUS
 from rlvr.config import Config
 from rlvr.rollout import Grades, Samples
 
-WORKER_CPUS = 0.5  # Ray CPUs each worker holds (an explicit value: a default actor can pend forever)
 MAX_RESTARTS = 100  # per worker, over a run
 CALL_TIMEOUT = 3600.0  # seconds a batch may take before the run gives up
 READY_TIMEOUT = 300.0  # seconds a restarting worker may take to answer again
@@ -42,19 +54,6 @@ READY_TIMEOUT = 300.0  # seconds a restarting worker may take to answer again
 
 class ClusterError(RuntimeError):
     """The rollout workers cannot go on (restarts used up, a call timed out)."""
-
-
-def import_ray() -> Any:
-    """``ray``, with its usage report and token auth off (set before the import, which
-    worker processes inherit)."""
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    try:
-        import ray
-    except ImportError as err:
-        raise ImportError("cluster.rollout_workers > 0 needs Ray: pip install 'rlvr[ray]'") from err
-    return ray
 
 
 def weights_payload(module: torch.nn.Module) -> dict[str, Any]:
@@ -65,6 +64,13 @@ def weights_payload(module: torch.nn.Module) -> dict[str, Any]:
         value = value.detach().cpu()
         out[key] = value if value.dtype == torch.bfloat16 else value.numpy()
     return out
+
+
+def epoch_generator_state(seed: int, epoch: int) -> torch.Tensor:
+    """The state of the generator an asynchronously sampled batch of ``epoch`` starts from:
+    seeded from (seed, epoch), so the batch does not depend on when it was sampled."""
+    (derived,) = np.random.SeedSequence([seed, epoch]).generate_state(1, dtype=np.uint64)
+    return torch.Generator().manual_seed(int(derived) & (2**63 - 1)).get_state()
 
 
 class RolloutWorker:
@@ -98,8 +104,8 @@ class RolloutWorker:
         return ray.get_runtime_context().get_node_id()
 
     def set_weights(self, weights: dict[str, Any], version: int) -> int:
-        """Load the trainer's weights (an ObjectRef argument arrives resolved), named by
-        ``version``; the policy's engine, if it has one, gets them too."""
+        """Load the trainer's weights, named by ``version``; the policy's engine, if it has
+        one, gets them too."""
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             state = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in weights.items()}
@@ -109,37 +115,48 @@ class RolloutWorker:
         self.version = version
         return version
 
-    def sample_and_grade(self, generator_state: torch.Tensor, version: int
-                         ) -> tuple[Samples, Grades, dict[str, float], torch.Tensor]:
-        """The trainer's ``sample_and_grade`` with a generator in ``generator_state``: the
-        samples, the grades, the timings (and engine numbers) and the generator's new state."""
+    def sample_and_grade(self, weights: list[Any], version: int, generator_state: torch.Tensor
+                         ) -> tuple[Samples, Grades, dict[str, float], torch.Tensor, int]:
+        """The trainer's ``sample_and_grade`` with the weights of ``version`` (``weights``: a
+        one-item list holding their ObjectRef, fetched only when this worker holds another
+        version) and a generator in ``generator_state``: the samples, the grades, the timings
+        (and engine numbers), the generator's new state and this process's id."""
+        import ray
+
         from rlvr.trainer import sample_and_grade
 
-        if version != self.version:  # e.g. restarted since the weights were sent
-            raise ClusterError(f"worker holds weights version {self.version}, asked for {version}")
+        if version != self.version:  # a new version, or restarted since the last call
+            self.set_weights(ray.get(weights[0]), version)
         generator = torch.Generator()
         generator.set_state(generator_state)
         samples, grades, timings = sample_and_grade(self.config, self.task, self.policy, generator)
-        return samples, grades, {**timings, **self.engine_stats}, generator.get_state()
+        return samples, grades, {**timings, **self.engine_stats}, generator.get_state(), os.getpid()
+
+
+@dataclass
+class Job:
+    """One epoch's batch, submitted to a worker: all it takes to send it again."""
+
+    epoch: int
+    worker: int
+    version: int  # the optimizer step of the weights it samples with
+    weights_epoch: int  # the epoch at whose start the driver held those weights
+    weights: Any  # their ObjectRef
+    generator_state: torch.Tensor
+    ref: Any = None  # the call's ObjectRef
 
 
 class RayRolloutSource:
-    """The driver's side: ``cluster.rollout_workers`` actors, the weights each holds, and
-    the restarts seen. Epoch e's batch goes to worker e mod W (k=0 leaves nothing to overlap
-    yet); ``close`` ends the actors, and Ray if this source started it."""
+    """The driver's side: ``cluster.rollout_workers`` actors, the batches submitted to them
+    (up to ``max_staleness`` epochs ahead) and the restarts seen; ``close`` ends the actors."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, ray: Any) -> None:
         c = config.cluster
-        self.ray = ray = import_ray()
-        self.owns_ray = not ray.is_initialized()
-        if self.owns_ray:
-            if c.address is None:  # a private local instance, never someone else's cluster
-                ray.init(address="local", num_cpus=math.ceil(c.rollout_workers * WORKER_CPUS) + 1,
-                         include_dashboard=False, logging_level="ERROR")
-            else:
-                ray.init(address=c.address, logging_level="ERROR")
+        self.ray = ray
+        self.max_staleness, self.epochs, self.seed = c.max_staleness, config.algo.epochs, config.seed
         actor = ray.remote(num_cpus=WORKER_CPUS, max_restarts=MAX_RESTARTS, max_task_retries=0)(RolloutWorker)
         self.placement_group = None
+        self.workers: list[Any] = []
         if c.address is None:
             self.workers = [actor.remote(config) for _ in range(c.rollout_workers)]
         else:  # one bundle per worker, spread over the nodes where they fit
@@ -157,58 +174,70 @@ class RayRolloutSource:
             self.workers = [actor.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
                 self.placement_group, placement_group_bundle_index=i)).remote(config)
                 for i in range(c.rollout_workers)]
-        self.versions: list[int | None] = [None] * len(self.workers)
+        self.pids = self.worker_pids()  # also waits until every worker is up
         self.restarts = 0
+        self.jobs: dict[int, Job] = {}  # submitted batches by epoch
         self._weights: tuple[int, Any] | None = None  # (version, ObjectRef): put once per version
 
     def sample_and_grade(self, st: Any) -> tuple[Samples, Grades, dict[str, float]]:
-        """The epoch's batch from a worker holding the weights of step ``st.step``; the
-        driver's generator moves on as if it had sampled the batch itself."""
-        from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError
-
-        index = st.epoch % len(self.workers)
-        worker, version = self.workers[index], st.step
-        generator_state = st.generator.get_state()
-        sync = 0.0
-        while True:
-            try:
-                clock = time.perf_counter()
-                if self.versions[index] != version:
-                    self.ray.get(worker.set_weights.remote(self._weights_ref(st.policy.module, version), version),
-                                 timeout=CALL_TIMEOUT)
-                    self.versions[index] = version
-                sync += time.perf_counter() - clock
-                result = self.ray.get(worker.sample_and_grade.remote(generator_state, version), timeout=CALL_TIMEOUT)
-                break
-            except ActorDiedError as err:
-                raise ClusterError(f"rollout worker {index} is dead (restarts used up): {err}") from err
-            except RayActorError:  # killed or lost: it restarts with fresh state; resend and retry
-                self.restarts += 1
-                self.versions[index] = None
-                self._wait_ready(index)
-            except GetTimeoutError as err:
-                raise ClusterError(f"rollout worker {index}: no answer within {CALL_TIMEOUT:.0f} s") from err
-        samples, grades, stats, new_state = result
-        st.generator.set_state(new_state)
-        stats = {**stats, "time/sync": sync, "cluster/weights_version": float(version),
+        """The batch of epoch ``st.epoch``; first submits the batches of the next
+        ``max_staleness`` epochs with the current weights. With k = 0 the driver's generator
+        moves on as if it had sampled the batch itself."""
+        clock = time.perf_counter()
+        last = min(st.epoch + self.max_staleness, self.epochs - 1)
+        for epoch in range(st.epoch, last + 1):
+            if epoch not in self.jobs:
+                state = st.generator.get_state() if self.max_staleness == 0 else epoch_generator_state(
+                    self.seed, epoch)
+                weights = self._weights_ref(st.policy.module, st.step)
+                job = Job(epoch, epoch % len(self.workers), st.step, st.epoch, weights, state)
+                self.jobs[epoch] = self._submit(job)
+        sync = time.perf_counter() - clock
+        job = self.jobs.pop(st.epoch)
+        samples, grades, stats, new_state, pid = self._result(job)
+        self._seen(job.worker, pid)
+        if self.max_staleness == 0:
+            st.generator.set_state(new_state)
+        stats = {**stats, "time/sync": sync, "cluster/weights_version": float(job.version),
+                 "cluster/staleness": float(st.epoch - job.weights_epoch),
                  "cluster/worker_restarts": float(self.restarts)}
         return samples, grades, stats
 
+    def _submit(self, job: Job) -> Job:
+        job.ref = self.workers[job.worker].sample_and_grade.remote([job.weights], job.version, job.generator_state)
+        return job
+
+    def _result(self, job: Job) -> tuple[Samples, Grades, dict[str, float], torch.Tensor, int]:
+        """The job's result; a worker that died meanwhile is waited for (restarted by Ray) and
+        the job sent again."""
+        from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError
+
+        while True:
+            try:
+                return self.ray.get(job.ref, timeout=CALL_TIMEOUT)
+            except ActorDiedError as err:
+                raise ClusterError(f"rollout worker {job.worker} is dead (restarts used up): {err}") from err
+            except RayActorError:  # killed or lost: it restarts with fresh state; send the job again
+                self._wait_ready(job.worker)
+                self._submit(job)
+            except GetTimeoutError as err:
+                raise ClusterError(f"rollout worker {job.worker}: no answer within {CALL_TIMEOUT:.0f} s") from err
+
     def _weights_ref(self, module: torch.nn.Module, version: int) -> Any:
         if self._weights is None or self._weights[0] != version:
-            self._weights = None  # drop the old reference first: its object can be freed
-            self._weights = (version, self.ray.put(weights_payload(module)))
+            self._weights = (version, self.ray.put(weights_payload(module)))  # queued jobs keep the old one alive
         return self._weights[1]
 
     def _wait_ready(self, index: int) -> None:
-        """Until the restarted worker answers (calls fail at once while it restarts)."""
+        """Until the restarted worker answers (calls fail at once while it restarts); a new
+        process behind it counts as a restart."""
         from ray.exceptions import ActorDiedError, RayActorError
 
         deadline = time.monotonic() + READY_TIMEOUT
         while True:
             try:
-                self.ray.get(self.workers[index].pid.remote(), timeout=READY_TIMEOUT)
-                return
+                pid = self.ray.get(self.workers[index].pid.remote(), timeout=READY_TIMEOUT)
+                break
             except ActorDiedError as err:
                 raise ClusterError(f"rollout worker {index} is dead (restarts used up): {err}") from err
             except RayActorError as err:
@@ -216,6 +245,13 @@ class RayRolloutSource:
                     raise ClusterError(f"rollout worker {index} did not come back within {READY_TIMEOUT:.0f} s"
                                        ) from err
                 time.sleep(0.2)
+        self._seen(index, pid)
+
+    def _seen(self, index: int, pid: int) -> None:
+        """Worker ``index`` answered from process ``pid``: a new one is a restart."""
+        if pid != self.pids[index]:
+            self.pids[index] = pid
+            self.restarts += 1
 
     def worker_pids(self) -> list[int]:
         return self.ray.get([w.pid.remote() for w in self.workers], timeout=READY_TIMEOUT)
@@ -224,13 +260,12 @@ class RayRolloutSource:
         return self.ray.get([w.node_id.remote() for w in self.workers], timeout=READY_TIMEOUT)
 
     def close(self) -> None:
-        for worker in getattr(self, "workers", []):
+        self.jobs, self._weights = {}, None
+        for worker in self.workers:
             self.ray.kill(worker)
-        self.workers, self._weights = [], None
+        self.workers = []
         if self.placement_group is not None:  # after its actors are gone
             from ray.util.placement_group import remove_placement_group
 
             remove_placement_group(self.placement_group)
             self.placement_group = None
-        if self.owns_ray:
-            self.ray.shutdown()
