@@ -159,3 +159,22 @@ def test_policies_report_their_longest_response():
     tokenizer = build_char_tokenizer()
     model = build_model("llama", len(tokenizer), hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2)
     assert CausalLMPolicy(model, tokenizer, max_new_tokens=5).max_response_length == 5
+
+
+def test_max_grad_norm_clips_the_step_to_that_norm():
+    """The gradient the optimizer steps with is scaled to norm max_grad_norm, its direction
+    kept; clip_gradients returns (and the record logs) the norm before clipping."""
+    from rlvr.trainer import accumulate_gradients, clip_gradients
+
+    config = load_config(None, QUIET + ["optim.max_grad_norm=0.01"])
+    task, st = setup(config)
+    rollout = collect_rollout(config, task, st)
+    accumulate_gradients(config, st.policy, rollout, 1)
+    before = [p.grad.clone() for p in st.policy.module.parameters()]
+    norm = clip_gradients(st.policy.module, config.optim.max_grad_norm)
+    assert norm > 0.1  # far above the cap, so clipping must act
+    after = [p.grad for p in st.policy.module.parameters()]
+    clipped = torch.linalg.vector_norm(torch.stack([g.norm() for g in after]))
+    assert clipped == pytest.approx(0.01, rel=1e-4)
+    for b, a in zip(before, after):  # the direction is kept
+        torch.testing.assert_close(a, b * (0.01 / norm), rtol=1e-5, atol=1e-12)

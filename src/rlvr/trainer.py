@@ -379,13 +379,14 @@ def reference_log_probs(
 
 def clip_gradients(module: torch.nn.Module, max_norm: float | None) -> torch.Tensor:
     """The total gradient norm (before clipping); clips in place when ``max_norm`` is set."""
-    grads = [p.grad for p in module.parameters() if p.grad is not None]
-    if not grads:
+    params = [p for p in module.parameters() if p.grad is not None]
+    if not params:
         return torch.zeros(())
     # One foreach call for all per-tensor norms: the toy's step is dominated by per-op overhead.
-    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm([p.grad for p in params])))
     if max_norm is not None:
-        torch.nn.utils.clip_grads_with_norm_(grads, max_norm, norm, foreach=True)
+        # the parameters, not their gradients: it scales each argument's .grad (a gradient has none)
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
     return norm
 
 
