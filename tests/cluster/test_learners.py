@@ -71,8 +71,11 @@ def test_a_run_with_two_learners_follows_the_single_process_run(ray_local):
 
     local = train(load_config(None, RUN))
     states = []
-    group = train(load_config(None, RUN + ["cluster.learners=2"]),
-                  on_epoch_end=lambda st: states.append({k: v.clone() for k, v in st.policy.module.state_dict().items()}))
+
+    def keep_weights(st):
+        states.append({k: v.clone() for k, v in st.policy.module.state_dict().items()})
+
+    group = train(load_config(None, RUN + ["cluster.learners=2"]), on_epoch_end=keep_weights)
     assert [(r["kind"], r["epoch"], r["step"]) for r in group] == [(r["kind"], r["epoch"], r["step"]) for r in local]
     for a, b in zip(group, local):
         for key in ("loss", "pg_loss", "kl", "clip_frac", "grad_norm", "reward_mean", "solve_rate", "lr",
@@ -92,7 +95,8 @@ def test_a_dead_learner_stops_the_run_with_a_clear_message(ray_local):
         if st.epoch == 1:
             os.kill(st.cluster.learners.pids()[1], signal.SIGKILL)
 
-    with pytest.raises(TrainingError, match=r"a learner died at epoch 1, step 2 \(.*\)\. The run stops; the checkpoints written before are intact"):
+    message = r"a learner died at epoch 1, step 2 \(.*\)\. The run stops; the checkpoints written before are intact"
+    with pytest.raises(TrainingError, match=message):
         train(load_config(None, RUN + ["cluster.learners=2"]), on_epoch_end=kill_rank_one)
     assert ray_local.available_resources().get("CPU", 0) > 0  # its actors were ended
 
