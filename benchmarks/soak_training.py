@@ -32,7 +32,7 @@ def main() -> None:
         f"rewards.functions={FUNCTIONS}", f"rewards.timeout={args.timeout}",
     ])
     start = time.perf_counter()
-    records = rlvr.train(config)
+    records = rlvr.train(config).records
     wall = time.perf_counter() - start
     epochs = [r for r in records if r["kind"] == "train" and r["step"] % config.algo.inner_steps == 0]
     totals: dict[str, float] = {}

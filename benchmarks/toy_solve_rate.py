@@ -25,7 +25,7 @@ def solve_rates(path: str | None, overrides: list[str], seeds: list[int]) -> dic
     start = time.perf_counter()
     for seed in seeds:
         config = rlvr.load_config(path, QUIET + overrides + [f"seed={seed}"])
-        s = summary(rlvr.train(config))
+        s = summary(rlvr.train(config).records)
         solved.append(round(s["eval_greedy_solve_rate"] * len(config.task.prompts or [0] * config.task.eval_size)))
         rewards.append(s["reward_end"])
         stalls.append(s["frac_zero_delta_groups_end"])

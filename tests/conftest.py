@@ -3,11 +3,23 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
 # A run that draws no progress bar and no figure (the tests read metrics, not pictures).
 QUIET = ["log.progress=false", "log.plot=false"]
+
+# GSM8K lives beside the checkout (../shared/data/gsm8k); its tests skip without it.
+GSM8K_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k"
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line when the GSM8K data is missing, so its skipped tests are not missed."""
+    if not (GSM8K_DATA / "test.jsonl").is_file():
+        skipped = [r for r in terminalreporter.stats.get("skipped", []) if "GSM8K" in str(r.longrepr)]
+        terminalreporter.write_line(f"GSM8K data not found at {GSM8K_DATA}: {len(skipped)} GSM8K test(s) skipped "
+                                    "(put train.jsonl and test.jsonl there to run them; see README, Run the tests)")
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,12 @@
-"""rlvr: reinforcement learning from verifiable rewards."""
+"""rlvr: reinforcement learning from verifiable rewards.
 
+``rlvr.train(config, reward_funcs=[...], out_dir=...)`` trains and returns a
+``TrainResult``; ``rlvr.check(config)`` makes the checks a run makes before loading the
+model (``rlvr.api``). The training loop itself is ``rlvr.trainer.train``.
+"""
+
+from rlvr.api import TrainResult, check, train
 from rlvr.config import Config, ConfigError, load_config
-from rlvr.trainer import train
 
 __version__ = "0.1.0"
-__all__ = ["Config", "ConfigError", "load_config", "train", "__version__"]
+__all__ = ["Config", "ConfigError", "TrainResult", "check", "load_config", "train", "__version__"]

@@ -6,17 +6,22 @@ import argparse
 import shutil
 import signal
 import sys
+import textwrap
+import warnings
 from pathlib import Path
 
+from rlvr.api import check
 from rlvr.checkpoint import CheckpointError
-from rlvr.config import ConfigError, check_options, load_config
+from rlvr.config import ConfigError, load_config
 from rlvr.data import DataError
 from rlvr.errors import RunError
+from rlvr.evaluation import eval_prompts_label
 from rlvr.metrics import plot_runs, read_records, summary
+from rlvr.presets import markdown_table as presets_table
 from rlvr.resume import resume_config
 from rlvr.rewards import RewardError
 from rlvr.run_dir import new_run_dir, write_atomically
-from rlvr.runs import run_training
+from rlvr.runs import run_training, start_or_continue
 from rlvr.trainer import TrainingError
 
 DELTA_COMPARE = ("raw", "centered", "normalized")
@@ -54,9 +59,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         config = load_config(path, overrides)
     records, run_dir = run_training(config, resume=resume[-1] if resume else None)
-    print_summary({config.name: records})
+    print_summary({config.name: records}, eval_prompts_label(config))
     print(f"run directory: {run_dir}")
     return 0
+
+
+COMPARE_AGAIN = ("Run again on the same out_dir, compare goes on where it stopped: finished runs are reused "
+                 "(their records as they are), unfinished ones resumed, one stopped before its first checkpoint "
+                 "started again; a raised algo.epochs continues every run. Other settings than the runs' own are "
+                 "refused by name: give them another out_dir.")
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -73,13 +84,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
             name = f"{mode}-seed{seed}"
             extra = [f"algo.deltas={mode}", f"seed={seed}", f"name={name}", f"out_dir={root / name}"]
             config = load_config(path, overrides + extra)
-            records, _ = run_training(config, plot=False)
+            records, _, done = start_or_continue(config)
+            if done != "started":
+                print(f"{name}: {done}", flush=True)
             runs[name] = records
             by_mode[mode].append(records)
     seeds = ", ".join(map(str, args.seeds))
-    figure = plot_runs(by_mode, root / "compare.png", f"mean over seeds {seeds} (band: min to max)")
-    print_summary(runs)
-    print_mode_means(by_mode)
+    label = eval_prompts_label(base)
+    figure = plot_runs(by_mode, root / "compare.png", f"mean over seeds {seeds} (band: min to max)", label)
+    print_summary(runs, label)
+    print_mode_means(by_mode, label)
     print(f"figure: {figure}")
     return 0
 
@@ -92,10 +106,10 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
     def show(record):
         if "eval_greedy_solve_rate" in record:
-            print(f"sft step {record['step'] + 1}: loss {record['loss']:.4f}  "
-                  f"held-out greedy solve rate {record['eval_greedy_solve_rate']:.3f}", flush=True)
+            print(f"sft step {record['step'] + 1}: loss {record['loss']:.4f}  greedy solve rate on the "
+                  f"{eval_prompts_label(config)} {record['eval_greedy_solve_rate']:.3f}", flush=True)
 
-    with new_run_dir(config) as run_dir:
+    with new_run_dir(config, resumable=False) as run_dir:
         config.out_dir = str(run_dir)
         try:
             write_atomically(run_dir / "config.yaml", config.to_yaml())
@@ -116,19 +130,33 @@ def cmd_init_model(args: argparse.Namespace) -> int:
 
 def cmd_config(args: argparse.Namespace) -> int:
     path, overrides = _split_args(args.items)
-    config = load_config(path, overrides)
-    check_options(config)  # unknown policy and task options, as `rlvr train` would refuse them
+    # what `rlvr train` refuses before loading the model: fields, task and policy options, reward functions
+    config = check(load_config(path, overrides))
     print(config.to_commented_yaml(), end="")
     return 0
 
 
+def plot_labels(run_dirs: list[str]) -> tuple[list[str], str]:
+    """Each run directory's legend label (its name, with its seed when its config.yaml
+    is there: two runs of one config differ by seed) and what their evaluation is on
+    (``eval_prompts_label``; "eval prompts" when the runs disagree or say nothing)."""
+    labels, evals = [], set()
+    for d in map(Path, run_dirs):
+        config = load_config(d / "config.yaml") if (d / "config.yaml").is_file() else None
+        labels.append(d.name if config is None else f"{d.name} (seed {config.seed})")
+        evals.add(None if config is None else eval_prompts_label(config))
+    return labels, evals.pop() if len(evals) == 1 and None not in evals else "eval prompts"
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
+    labels, eval_label = plot_labels(args.run_dirs)
     try:
-        runs = {Path(d).name: read_records(Path(d)) for d in args.run_dirs}
+        runs = {label: read_records(Path(d)) for label, d in zip(labels, args.run_dirs)}
     except ValueError as err:  # a line that is not a record (a torn last line is skipped)
         raise RunError(str(err)) from err
     out = Path(args.out) if args.out else Path(args.run_dirs[0]) / "plot.png"
-    print(f"wrote {plot_runs(runs, out)}")
+    title = labels[0] if len(labels) == 1 else ""
+    print(f"wrote {plot_runs(runs, out, title, eval_label)}")
     return 0
 
 
@@ -137,43 +165,98 @@ COLUMNS = (
     ("reward_end", "reward end"),
     ("solve_rate_end", "solve rate"),
     ("frac_zero_delta_groups_end", "zero-delta groups"),
-    ("eval_greedy_solve_rate", "held-out greedy"),
-    ("eval_sampled_solve_rate", "held-out sampled"),
+    ("eval_greedy_solve_rate", "greedy"),
+    ("eval_sampled_solve_rate", "sampled"),
 )
 
 
-def print_summary(runs: dict[str, list]) -> None:
+def print_summary(runs: dict[str, list], eval_label: str = "held-out prompts") -> None:
+    """One row per run; the eval columns say what they are on (``eval_prompts_label``)."""
+    where = "training prompts" if eval_label == "training prompts" else "held-out"
+    labels = [f"{label}, {where}" if key.startswith("eval_") else label for key, label in COLUMNS]
     width = max(len(n) for n in runs) + 2
-    print("".join([f"{'run':<{width}}"] + [f"{label:>18}" for _, label in COLUMNS]))
+    cells = [max(18, len(label) + 2) for label in labels]
+    print("".join([f"{'run':<{width}}"] + [f"{label:>{w}}" for label, w in zip(labels, cells)]))
     for name, records in runs.items():
         s = summary(records)
-        print("".join([f"{name:<{width}}"] + [f"{s.get(key, float('nan')):>18.3f}" for key, _ in COLUMNS]))
+        print("".join([f"{name:<{width}}"] + [f"{s.get(key, float('nan')):>{w}.3f}"
+                                               for (key, _), w in zip(COLUMNS, cells)]))
 
 
-def print_mode_means(by_mode: dict[str, list]) -> None:
+def print_mode_means(by_mode: dict[str, list], eval_label: str = "held-out prompts") -> None:
     print("\nmean over seeds")
     for mode, runs in by_mode.items():
         sums = [summary(r) for r in runs]
         reward = sum(s["reward_end"] for s in sums) / len(sums)
         greedy = sum(s.get("eval_greedy_solve_rate", 0.0) for s in sums) / len(sums)
-        print(f"  {mode:<12} reward end {reward:7.3f}   held-out greedy solve rate {greedy:6.3f}")
+        print(f"  {mode:<12} reward end {reward:7.3f}   greedy solve rate on the {eval_label} {greedy:6.3f}")
+
+
+ITEMS_HELP = ("a YAML config file and/or key=value overrides of any field (dotted paths: algo.group_size=16); "
+              "`rlvr config` lists every field")
+EXAMPLES = {
+    "train": """examples:
+  rlvr train                                        # the lecture's sorting run -> runs/lecture/
+  rlvr train examples/sort_text_tiny.yaml seed=1 out_dir=runs/s1
+  rlvr train task.name=sort_text policy.name=causal_lm policy.options.model=MODEL_DIR algo.preset=grpo
+  rlvr train resume=runs/s1 algo.epochs=300         # continue a run from its newest checkpoint""",
+    "compare": """examples:
+  rlvr compare --seeds 0,1,2,3,4                    # raw / centered / normalized deltas on the lecture's run
+  rlvr compare examples/sorting_best.yaml --modes centered,leave_one_out out_dir=runs/cmp""",
+    "sft": """example:
+  rlvr sft examples/sort_text_sft.yaml              # -> RUN_DIR/model, for policy.options.model""",
+    "init-model": """example:
+  rlvr init-model --out runs/base --hidden-size 64 --num-layers 2 --num-heads 4""",
+    "config": """examples:
+  rlvr config                                       # every field, its default and its rules
+  rlvr config examples/sort_text_tiny.yaml algo.preset=dapo   # the values a run would use
+  rlvr config > my_run.yaml                          # a starting point to edit
+
+algo.preset sets these algo fields unless they are given (docs/trl.md):
+""" + presets_table(),
+    "plot": """example:
+  rlvr plot runs/a runs/b --out both.png""",
+    "export": """examples:
+  rlvr export runs/sort_text_tiny/rl-seed0 --out my_model
+  python -c "from transformers import AutoModelForCausalLM; AutoModelForCausalLM.from_pretrained('my_model')"
+
+A causal LM's folder holds the weights (LoRA adapters merged), its config and the
+tokenizer. The positional toy's holds policy.pt (its state_dict) and config.yaml.""",
+}
+
+
+def _command(sub: argparse._SubParsersAction, name: str, text: str) -> argparse.ArgumentParser:
+    """A subcommand whose --help shows ``text``, its options and an example (EXAMPLES)."""
+    return sub.add_parser(name, help=text, description=text[:1].upper() + text[1:] + ".",
+                          epilog=EXAMPLES[name], formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from rlvr.export import export_model
+
+    print(f"wrote {export_model(args.run_dir, args.out, args.checkpoint)}")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rlvr", description="RL from verifiable rewards: policy gradient and GRPO.")
+    parser = argparse.ArgumentParser(
+        prog="rlvr", description="RL from verifiable rewards: policy gradient and GRPO.",
+        epilog="`rlvr COMMAND --help` shows a command's options and an example.")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("train", help="train a policy (no arguments: the lecture's sorting run)")
-    p.add_argument("items", nargs="*", metavar="[CONFIG] [key=value]", help="YAML config and overrides")
+    p = _command(sub, "train", "train a policy (no arguments: the lecture's sorting run)")
+    p.add_argument("items", nargs="*", metavar="[CONFIG] [key=value]", help=ITEMS_HELP + "; resume=RUN_DIR continues "
+                   "a run")
     p.set_defaults(func=cmd_train)
-    p = sub.add_parser("compare", help="the same run with several delta modes and seeds, overlaid")
-    p.add_argument("items", nargs="*", metavar="[CONFIG] [key=value]")
+    p = _command(sub, "compare", "the same run with several delta modes and seeds, overlaid")
+    p.description += "\n\n" + "\n".join(textwrap.wrap(COMPARE_AGAIN, 88))
+    p.add_argument("items", nargs="*", metavar="[CONFIG] [key=value]", help=ITEMS_HELP)
     p.add_argument("--modes", default=",".join(DELTA_COMPARE), help="comma-separated delta modes")
     p.add_argument("--seeds", type=_int_list, default=[0, 1, 2], help="comma-separated seeds, the same for every mode")
     p.set_defaults(func=cmd_compare)
-    p = sub.add_parser("sft", help="supervised warm start of a causal LM on (prompt, completion) pairs")
-    p.add_argument("items", nargs="*", metavar="[CONFIG] [key=value]")
+    p = _command(sub, "sft", "supervised warm start of a causal LM on (prompt, completion) pairs")
+    p.add_argument("items", nargs="*", metavar="[CONFIG] [key=value]", help=ITEMS_HELP)
     p.set_defaults(func=cmd_sft)
-    p = sub.add_parser("init-model", help="write a character tokenizer and a random tiny LM (offline)")
+    p = _command(sub, "init-model", "write a character tokenizer and a random tiny LM (offline)")
     try:
         from rlvr.modeling import add_init_model_arguments
 
@@ -181,19 +264,27 @@ def build_parser() -> argparse.ArgumentParser:
     except ImportError:  # transformers not installed: the command explains when run
         pass
     p.set_defaults(func=cmd_init_model)
-    p = sub.add_parser("config", help="print the resolved config, every field with its help")
-    p.add_argument("items", nargs="*", metavar="[CONFIG] [key=value]")
+    p = _command(sub, "config", "print the resolved config, every field with its help, after the checks "
+                 "`rlvr train` makes before loading the model")
+    p.add_argument("items", nargs="*", metavar="[CONFIG] [key=value]", help=ITEMS_HELP)
     p.set_defaults(func=cmd_config)
-    p = sub.add_parser("plot", help="redraw the figure of one or more run directories")
+    p = _command(sub, "plot", "redraw the figure of one or more run directories")
     p.add_argument("run_dirs", nargs="+")
     p.add_argument("--out", help="output PNG (default RUN_DIR/plot.png)")
     p.set_defaults(func=cmd_plot)
+    p = _command(sub, "export", "write a run's trained model to a folder that transformers' from_pretrained loads")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (holds config.yaml and checkpoints/)")
+    p.add_argument("--out", required=True, help="the folder to write (new, or empty)")
+    p.add_argument("--checkpoint", help="a checkpoint's name, e.g. step-000000100 (default: the newest good one)")
+    p.set_defaults(func=cmd_export)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # a warning is one line, like the errors (not the file and source line Python shows)
+    previous_format, warnings.formatwarning = warnings.formatwarning, _one_line_warning
     try:
         return args.func(args)
     except (ConfigError, RunError, CheckpointError, DataError, FileNotFoundError) as err:
@@ -212,6 +303,12 @@ def main(argv: list[str] | None = None) -> int:
         where = f" ({err.filename})" if err.filename else ""
         print(f"rlvr: error: {err.strerror or err}{where}", file=sys.stderr)
         return 2
+    finally:
+        warnings.formatwarning = previous_format
+
+
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    return f"rlvr: warning: {message}\n"
 
 
 if __name__ == "__main__":

@@ -23,8 +23,10 @@ import yaml
 from rlvr.core import AGGREGATIONS, DELTA_MODES, KL_ESTIMATORS, KL_LOSS_ESTIMATORS, LOSS_MODES
 from rlvr.errors import ConfigError, did_you_mean
 from rlvr.policies.causal_lm import LOAD_OPTIONS, SETTING_OPTIONS
+from rlvr.presets import ALGO_PRESETS, resolve_defaults
 from rlvr.tasks import TASKS, check_task_options
 from rlvr.tasks.sorting import LECTURE_PROMPTS, REWARDS
+from rlvr.trl_names import trl_hint
 
 POLICIES = ("positional", "causal_lm")
 POLICY_OPTIONS = {"causal_lm": LOAD_OPTIONS + SETTING_OPTIONS}  # the positional model takes none
@@ -87,6 +89,9 @@ class RewardsConfig:
         10.0, "seconds per call of a user function, run in a worker killed past it (null: in-process, no limit)",
         above=0)
     num_workers: int = setting(2, "reward worker processes (for functions with a timeout)", above=0, max=256)
+    replace_task_rewards: bool = setting(False, (
+        "the functions replace the task's built-in rewards instead of adding to them; the task's gold "
+        "check still runs, for the solve rate only (weight 0, not required)"))
 
 
 @dataclass
@@ -100,6 +105,9 @@ class PolicyConfig:
 
 @dataclass
 class AlgoConfig:
+    preset: str | None = setting(None, (
+        "set deltas, loss, aggregation, the clip ranges and kl_coef at once (the table: rlvr config --help, "
+        "docs/trl.md); fields given beside it win; null: each field's own default"), choices=ALGO_PRESETS)
     epochs: int = setting(100, "outer loop: sample a batch of responses each epoch", above=0)
     inner_steps: int = setting(10, "optimizer steps on each epoch's responses", above=0)
     group_size: int = setting(10, "G: responses sampled per prompt", above=0)
@@ -220,13 +228,25 @@ class Config:
         return dataclasses.asdict(self)
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+        return yaml.safe_dump(_named_callables(self.to_dict()), sort_keys=False)
 
     def to_commented_yaml(self) -> str:
         """YAML with each field's help and rules as a comment: every setting, documented."""
         lines: list[str] = []
         _commented(self, "", lines)
         return "\n".join(lines) + "\n"
+
+
+def _named_callables(value: Any) -> Any:
+    """``value`` with each callable (a reward function given from Python, ``rlvr.train``)
+    written as its "module:name", so that YAML holds no Python object."""
+    if callable(value):
+        return f"{getattr(value, '__module__', '?')}:{getattr(value, '__qualname__', type(value).__name__)}"
+    if isinstance(value, dict):
+        return {key: _named_callables(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_named_callables(item) for item in value]
+    return value
 
 
 def _rules_text(rules: Any) -> str:
@@ -244,7 +264,7 @@ def _commented(obj: Any, indent: str, lines: list[str]) -> None:
             lines.append(f"{indent}{f.name}:")
             _commented(value, indent + "  ", lines)
             continue
-        text = yaml.safe_dump({f.name: value}, default_flow_style=True, width=10**6).strip()[1:-1]
+        text = yaml.safe_dump({f.name: _named_callables(value)}, default_flow_style=True, width=10**6).strip()[1:-1]
         help_text = f.metadata.get("help", "") + _rules_text(f.metadata)
         lines.append(f"{indent}{text}" + (f"  # {help_text}" if help_text else ""))
 
@@ -303,7 +323,7 @@ def _build(cls: type, data: dict, prefix: str) -> Any:
     for key, value in data.items():
         path = f"{prefix}{key}"
         if key not in names:
-            raise ConfigError(f"unknown key {path!r}; {did_you_mean(key, names)}")
+            raise ConfigError(f"unknown key {path!r}; {trl_hint(key) or did_you_mean(key, names)}")
         hint = hints[key]
         if dataclasses.is_dataclass(hint):
             kwargs[key] = _build(hint, value or {}, path + ".")
@@ -313,8 +333,9 @@ def _build(cls: type, data: dict, prefix: str) -> Any:
 
 
 def config_from_dict(data: dict) -> Config:
-    """A validated Config from a nested mapping (missing keys take the defaults)."""
-    config = _build(Config, data or {}, "")
+    """A validated Config from a nested mapping (missing keys take the defaults, after
+    ``algo.preset`` and the causal-LM defaults: ``rlvr.presets.resolve_defaults``)."""
+    config = _build(Config, resolve_defaults(data or {}), "")
     validate(config)
     return config
 
@@ -365,21 +386,25 @@ def merge(base: dict, update: dict) -> dict:
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Defaults <- YAML file <- ``key=value`` overrides, then validation."""
-    data: dict = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        try:
-            text = path.read_bytes().decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise ConfigError(f"{path}: not valid UTF-8 ({err.reason} at byte {err.start})") from err
-        data = _load_yaml(text, str(path)) or {}
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: expected a mapping at the top level")
+    data = {} if path is None else read_mapping(path)
     if overrides:
         data = merge(data, parse_overrides(overrides))
     return config_from_dict(data)
+
+
+def read_mapping(path: str | Path) -> dict:
+    """The mapping a YAML config file holds, not yet built or validated."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not valid UTF-8 ({err.reason} at byte {err.start})") from err
+    data = _load_yaml(text, str(path)) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    return data
 
 
 # ---------------------------------------------------------------- validation
@@ -393,8 +418,13 @@ def _check_fields(section: Any, prefix: str = "") -> None:
         if dataclasses.is_dataclass(value):
             _check_fields(value, path + ".")
             continue
-        if value is None or rules.get("only", name) != name:
-            continue  # an optional field left null, or a rule for another task or policy
+        if value is None:
+            continue  # an optional field left null
+        if rules.get("only", name) != name:  # a field of another task or policy: unused here
+            if value != f.default:
+                warnings.warn(f"{path}={value!r} is ignored: it is for {prefix}name={rules['only']!r} only, "
+                              f"not {name!r}", stacklevel=3)
+            continue
         choices = rules.get("choices")
         if choices is not None and value not in choices:
             raise ConfigError(f"{path}={value!r} is not allowed; choose one of: {', '.join(choices)}")
@@ -404,18 +434,21 @@ def _check_fields(section: Any, prefix: str = "") -> None:
 
 
 def _check_reward_functions(functions: list) -> None:
-    """Each of ``rewards.functions``: 'module:function', or a mapping of REWARD_FUNCTION_KEYS."""
+    """Each of ``rewards.functions``: 'module:function' or a Python callable (``rlvr.train(...,
+    reward_funcs=[fn])``), or a mapping of REWARD_FUNCTION_KEYS whose function is one."""
     for i, item in enumerate(functions):
         path = f"rewards.functions[{i}]"
-        if isinstance(item, str):
+        if isinstance(item, str) or callable(item):
             item = {"function": item}
         if not isinstance(item, dict) or "function" not in item:
-            raise ConfigError(f"{path}: expected 'module:function' or a mapping with a 'function' key, got {item!r}")
+            raise ConfigError(f"{path}: expected 'module:function', a callable or a mapping with a 'function' key, "
+                              f"got {item!r}")
         unknown = sorted(set(item) - set(REWARD_FUNCTION_KEYS))
         if unknown:
             raise ConfigError(f"{path}: unknown keys {unknown}; allowed: {', '.join(REWARD_FUNCTION_KEYS)}")
-        if not isinstance(item["function"], str) or item["function"].count(":") != 1:
-            raise ConfigError(f"{path}.function={item['function']!r} must be 'module:function'")
+        function = item["function"]
+        if not callable(function) and (not isinstance(function, str) or function.count(":") != 1):
+            raise ConfigError(f"{path}.function={function!r} must be 'module:function' or a callable")
         weight = item.get("weight", 1.0)
         if not _finite(weight):
             raise ConfigError(f"{path}.weight={weight!r} must be a finite number")
@@ -499,12 +532,23 @@ def validate(config: Config) -> None:
     _check_reward_functions(config.rewards.functions)
     _check_batch_sizes(config)
     _check_cluster(config)
+    _check_sink_packages(config.log)
     if a.old_log_probs == "recompute" and a.loss == "naive" and a.tis_cap is None:
         warnings.warn("algo.old_log_probs='recompute' with algo.loss='naive' and no algo.tis_cap: the naive loss "
                       "uses no old log-probs, so none are recomputed (and no mismatch/* is logged)", stacklevel=2)
     if a.loss in ("ratio", "clipped") and a.inner_steps == 1:
         warnings.warn(f"algo.loss={a.loss!r} with algo.inner_steps=1: the ratio pi/pi_old is always 1 at the only "
                       "step, so the loss equals the naive one", stacklevel=2)
+
+
+def _check_sink_packages(lg: LogConfig) -> None:
+    """A tracker or TensorBoard whose package is missing: an error before any run directory exists."""
+    from rlvr.metrics import missing_sink_package
+
+    for path, module in (("log.tracker", lg.tracker), ("log.tensorboard", "tensorboard" if lg.tensorboard else None)):
+        problem = module and missing_sink_package(module)
+        if problem:
+            raise ConfigError(f"{path}={getattr(lg, path.split('.')[1])!r}: {problem}")
 
 
 def _check_cluster(config: Config) -> None:

@@ -1,4 +1,5 @@
-"""Evaluation on the fixed held-out prompts: solve rates, rewards, pass@k, a samples table."""
+"""Evaluation on the task's fixed eval prompts (held-out ones, or the training prompts in
+the lecture's setting): solve rates, rewards, pass@k, a samples table."""
 
 from __future__ import annotations
 
@@ -30,9 +31,20 @@ def pass_at_k(num_samples: int, num_correct: torch.Tensor, k: int) -> torch.Tens
     return torch.tensor(out)
 
 
+def eval_prompts_label(config: Config) -> str:
+    """What the evaluation is on, for figures and tables: "training prompts" when the
+    task evaluates the prompts it trains on (the sorting task with fixed ``task.prompts``,
+    the lecture's setting: its solve rate says nothing about prompts it has not seen),
+    else "held-out prompts"."""
+    if config.task.name == "sorting" and config.task.prompts is not None:
+        return "training prompts"
+    return "held-out prompts"
+
+
 @torch.no_grad()
 def evaluate(config: Config, task: Task, policy: Policy, epoch: int, step: int) -> list[Record]:
-    """Greedy and sampled solve rate, pass@k and mean reward on the fixed held-out prompts.
+    """Greedy and sampled solve rate, pass@k and mean reward on the task's fixed eval
+    prompts (``eval_prompts_label`` says whether they are held out).
 
     Prompts go through the policy ``log.eval_batch_size`` at a time (a real LM cannot
     decode a whole validation set at once). Returns the eval record and a "samples"
@@ -66,7 +78,7 @@ def evaluate(config: Config, task: Task, policy: Policy, epoch: int, step: int) 
 
 
 def sample_table(prompts: Any, responses: Any, grades: Any, epoch: int, step: int, rows: int) -> Record:
-    """The first ``rows`` held-out prompts, one sampled response each, with reward and verdict."""
+    """The first ``rows`` eval prompts, one sampled response each, with reward and verdict."""
     table = []
     for b in range(min(rows, len(prompts))):
         prompt = prompts[b]

@@ -79,6 +79,18 @@ def without_timings(records: Iterable[Record]) -> list[Record]:
     return [{k: v for k, v in r.items() if not k.startswith(TIMING_PREFIXES)} for r in records]
 
 
+def missing_sink_package(module: str) -> str | None:
+    """Why the sink backed by ``module`` (wandb, trackio, tensorboard) cannot start, found
+    without importing it (config validation asks, before a run directory exists); None
+    when it is installed. A module already imported (or put in place by a test) counts."""
+    import importlib.util
+    import sys
+
+    if module in sys.modules or importlib.util.find_spec(module) is not None:
+        return None
+    return f"the {module} package is not installed: pip install 'rlvr[{module}]'"
+
+
 class ExperimentTrackerSink:
     """Scalars to an experiment tracker with the ``init / log / finish`` API that wandb and
     trackio share (each an optional install). ``backend`` is the module name."""
@@ -89,7 +101,7 @@ class ExperimentTrackerSink:
         try:
             self.module = importlib.import_module(backend)
         except ImportError as err:
-            raise RuntimeError(f"log.tracker={backend!r} needs: pip install {backend}") from err
+            raise RuntimeError(f"log.tracker={backend!r}: {missing_sink_package(backend) or err}") from err
         self.run = self.module.init(project=project, name=name, config=config)
 
     def __call__(self, record: Record) -> None:
@@ -156,43 +168,95 @@ def summary(records: list[Record]) -> dict[str, float]:
     return out
 
 
-PANELS = (
-    ("train", "loss", "train loss"),
-    ("train", "reward_mean", "mean reward"),
-    ("eval", "greedy_solve_rate", "held-out greedy solve rate"),
+PANELS = (  # (kind, key, title, y-axis label); the eval title names the prompts evaluated
+    ("train", "loss", "train loss", "loss (epoch mean; faint: per step)"),
+    ("train", "reward_mean", "mean reward", "mean reward of the epoch's batch"),
+    ("eval", "greedy_solve_rate", "greedy solve rate", "solve rate"),
 )
+# Each run its own colour, line style and marker: curves that coincide (every run at
+# solve rate 0) stay visible as dashes over a solid line, not hidden under the last one.
+LINE_STYLES = ("-", "--", ":", "-.")
+MARKERS = ("o", "s", "^", "D", "v", "x")
 
 
-def plot_runs(runs: dict[str, list[Record] | list[list[Record]]], path: Path, title: str = "") -> Path:
-    """The lecture's two panels (train loss, mean reward vs step) plus held-out solve rate.
+def per_epoch(records: Iterable[Record], key: str) -> tuple[list[float], list[float]]:
+    """(step of each epoch's first inner step, mean of ``key`` over the epoch's train
+    records). The loss of the K inner steps on one batch falls as the policy fits that
+    batch and jumps with the next one: per step it reads as a comb, the epoch mean as a
+    curve. Non-finite values are left out of the mean (NaN when none is left)."""
+    steps: dict[int, int] = {}
+    values: dict[int, list[float]] = {}
+    for r in records:
+        if r.get("kind") == "train" and r.get(key) is not None:
+            steps.setdefault(r["epoch"], r["step"])
+            values.setdefault(r["epoch"], []).extend([r[key]] if math.isfinite(r[key]) else [])
+    means = [sum(v) / len(v) if v else math.nan for v in values.values()]
+    return list(steps.values()), means
 
-    ``runs`` maps a label to its records, or to several runs' records (seeds): those are
-    drawn as their mean with a band from the lowest to the highest seed.
-    """
+
+def _seed_curves(seeds: list[list[Record]], kind: str, key: str) -> tuple[list[float], np.ndarray]:
+    """(xs, values [S, X]): each seed's curve (train: per epoch), cut to the shortest."""
+    curves = [per_epoch(r, key) if kind == "train" else series(r, kind, key) for r in seeds]
+    length = min(len(xs) for xs, _ in curves)
+    values = np.array([[y if y is not None and math.isfinite(y) else np.nan for y in ys[:length]] for _, ys in curves])
+    return curves[0][0][:length], values.reshape(len(curves), length)
+
+
+def draw_runs(runs: dict[str, list[Record] | list[list[Record]]], title: str = "",
+              eval_label: str = "held-out prompts") -> Any:
+    """The figure of ``plot_runs`` (a matplotlib Figure; the caller closes it)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 3.8))
-    for ax, (kind, key, label) in zip(axes, PANELS):
-        for name, records in runs.items():
+    for ax, (kind, key, panel, ylabel) in zip(axes, PANELS):
+        for i, (name, records) in enumerate(runs.items()):
             seeds = records if records and isinstance(records[0], list) else [records]
-            curves = [series(r, kind, key) for r in seeds]
-            xs = curves[0][0]
-            values = np.array([[y if y is not None and math.isfinite(y) else np.nan for y in ys[: len(xs)]]
-                               for _, ys in curves if len(ys) >= len(xs)])
-            marker = "o" if kind == "eval" else None
-            line = ax.plot(xs, values.mean(axis=0), label=name, marker=marker, markersize=3)[0]
-            if len(values) > 1:
-                ax.fill_between(xs, values.min(axis=0), values.max(axis=0), color=line.get_color(), alpha=0.2)
-        ax.set_title(label)
+            xs, values = _seed_curves(seeds, kind, key)
+            # earlier runs drawn wider, with larger hollow markers: a later run on the same
+            # values sits inside them, both visible
+            wider = len(runs) - 1 - i
+            style = {"color": f"C{i % 10}", "linestyle": LINE_STYLES[i % len(LINE_STYLES)],
+                     "linewidth": 1.3 + 0.9 * wider, "marker": MARKERS[i % len(MARKERS)],
+                     "markevery": max(1, len(xs) // 10), "markersize": 4 + 2.5 * wider, "markerfacecolor": "none"}
+            if kind == "train" and key == "loss":
+                for seed in seeds[:1]:  # one seed's per-step loss, faint, behind the mean
+                    step_xs, step_ys = series(seed, kind, key)
+                    ax.plot(step_xs, step_ys, color=style["color"], alpha=0.2, linewidth=0.7, label=f"_{name} raw")
+            ax.plot(xs, np.nanmean(values, axis=0) if len(xs) else [], label=name, **style)
+            if len(values) > 1 and len(xs):
+                low, high = np.nanmin(values, axis=0), np.nanmax(values, axis=0)
+                ax.fill_between(xs, low, high, color=style["color"], alpha=0.12, linewidth=0)
+                for edge in (low, high):  # the band's edges in the run's line style: overlapping bands stay apart
+                    ax.plot(xs, edge, color=style["color"], linestyle=style["linestyle"], linewidth=0.6,
+                            alpha=0.6, label=f"_{name} band")
+        ax.set_title(f"{panel} on the {eval_label}" if kind == "eval" else panel)
         ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=8)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), fontsize=9, frameon=False)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return fig
+
+
+def plot_runs(runs: dict[str, list[Record] | list[list[Record]]], path: Path, title: str = "",
+              eval_label: str = "held-out prompts") -> Path:
+    """The lecture's two panels (train loss, mean reward vs step) plus the greedy solve
+    rate on the eval prompts (``eval_label``: "held-out prompts", or "training prompts"
+    when the task evaluates those), written to ``path``.
+
+    ``runs`` maps a label to its records, or to several runs' records (seeds): those are
+    drawn as their mean with a band from the lowest to the highest seed. One legend for
+    the figure; each run its own colour, line style and marker.
+    """
+    import matplotlib.pyplot as plt
+
+    fig = draw_runs(runs, title, eval_label)
     path = Path(path)
     fig.savefig(path, dpi=110)
     plt.close(fig)

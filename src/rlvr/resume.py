@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +34,16 @@ def _flat(config: Config) -> dict[str, Any]:
     return out
 
 
-def resume_changes(stored: Config, config: Config) -> dict[str, dict[str, Any]]:
+def resume_changes(stored: Config, config: Config, restart: bool = False) -> dict[str, dict[str, Any]]:
     """What ``config`` changes from the run's ``stored`` config, ``{key: {"was", "now"}}``
     (``out_dir`` aside: the directory may have moved); ConfigError naming every change
-    a resume cannot honour."""
+    a resume cannot honour. ``restart``: the run has no checkpoint and starts again from
+    the beginning, so nothing computed can disagree with a change: every one is allowed
+    (a run that failed in its first epoch resumes with the fix, e.g. rewards.strict=false)."""
     was, now = _flat(stored), _flat(config)
     changes = {key: {"was": was[key], "now": now[key]} for key in now if key != "out_dir" and now[key] != was[key]}
+    if restart:
+        return changes
     refused = [f"{key} (was {c['was']!r}, now {c['now']!r})" for key, c in changes.items() if key not in RESUMABLE]
     if refused:
         raise ConfigError(f"resume cannot change {', '.join(refused)}; allowed on resume: {', '.join(RESUMABLE)}")
@@ -64,14 +67,6 @@ def records_at_checkpoint(path: Path, count: int, checkpoint: Path) -> list[Reco
     records = records[:count]
     write_atomically(path, "".join(json.dumps(record) + "\n" for record in records))
     return records
-
-
-def discard_partial_outputs(run_dir: Path) -> None:
-    """What a run killed before its first checkpoint wrote, but its config."""
-    for name in ("metrics.jsonl", "samples.md"):
-        (run_dir / name).unlink(missing_ok=True)
-    for name in ("tensorboard", "checkpoints"):  # checkpoints: only half-written ones
-        shutil.rmtree(run_dir / name, ignore_errors=True)
 
 
 def resume_config(run_dir: str | Path, overrides: list[str]) -> Config:

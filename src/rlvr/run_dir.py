@@ -5,6 +5,8 @@ from __future__ import annotations
 import fcntl
 import itertools
 import os
+import shutil
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -16,6 +18,9 @@ if TYPE_CHECKING:
     from rlvr.config import Config
 
 LOCK_FILE = ".lock"
+# What a run writes beside its config.yaml before its first checkpoint (checkpoints: only
+# temporary folders then); a resume may replace all of it.
+PARTIAL_OUTPUTS = ("metrics.jsonl", "samples.md", "tensorboard", "checkpoints")
 
 
 # ---------------------------------------------------------------- the run directory and its lock
@@ -86,19 +91,59 @@ def locked_run_dir(run_dir: Path) -> Iterator[Path]:
         _unlock(fd)
 
 
+def stopped_before_first_checkpoint(run_dir: Path) -> bool:
+    """Does ``run_dir`` hold a training run that ended (a reward error, a kill) before its
+    first checkpoint: its config.yaml, metrics.jsonl (opened as training starts) and
+    partial outputs, nothing else? Such a run has nothing a resume would keep: it starts
+    again from the beginning either way."""
+    allowed = {LOCK_FILE, "config.yaml", "resumes.jsonl", *PARTIAL_OUTPUTS}
+    names = {p.name for p in run_dir.iterdir() if not p.name.startswith(".tmp-")}
+    checkpoints = run_dir / "checkpoints"
+    finished = checkpoints.is_dir() and any(not p.name.startswith(".tmp-") for p in checkpoints.iterdir())
+    return {"config.yaml", "metrics.jsonl"} <= names <= allowed and not finished
+
+
+def discard_partial_outputs(run_dir: Path) -> None:
+    """What a run killed before its first checkpoint wrote, but its config (and the
+    history of its resumes)."""
+    for name in PARTIAL_OUTPUTS:
+        path = run_dir / name
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
+def _reuse_stopped_run(run_dir: Path) -> bool:
+    """With ``run_dir``'s lock held: if it holds only a run that stopped before its first
+    checkpoint, empty it (with a warning saying so) for the new run, and True."""
+    if not stopped_before_first_checkpoint(run_dir):
+        return False
+    warnings.warn(f"{run_dir} held a run that stopped before its first checkpoint; the new run takes its place "
+                  "(its partial records are discarded)", stacklevel=3)
+    discard_partial_outputs(run_dir)
+    for name in ("config.yaml", "resumes.jsonl"):
+        (run_dir / name).unlink(missing_ok=True)
+    return True
+
+
 @contextmanager
-def new_run_dir(config: Config) -> Iterator[Path]:
+def new_run_dir(config: Config, resumable: bool = True) -> Iterator[Path]:
     """A new, empty run directory, locked for the block.
 
     ``runs/<name>`` takes the first of ``runs/<name>``, ``runs/<name>-2``, ... that is
     empty and unlocked; the lock is taken before looking inside, so two concurrent
     starts pick different directories. An explicit ``out_dir`` that holds a run or is
-    in use is an error (nothing is overwritten).
+    in use is an error (nothing is overwritten). ``resumable``: a training run, which
+    takes the place of a run that stopped before its first checkpoint (nothing of it
+    could be kept) and whose "already holds files" error suggests ``resume=``; sft's
+    runs have no resume.
     """
     base = config.run_dir
     for k in itertools.count(1):
         run_dir = base if k == 1 else base.parent / f"{base.name}-{k}"
-        if not config.out_dir and run_dir.is_dir() and _holds_files(run_dir):
+        reusable = resumable and run_dir.is_dir() and stopped_before_first_checkpoint(run_dir)
+        if not config.out_dir and run_dir.is_dir() and _holds_files(run_dir) and not reusable:
             continue  # taken: not even a lock file is added to another run
         try:
             if run_dir.exists() and not run_dir.is_dir():
@@ -107,13 +152,14 @@ def new_run_dir(config: Config) -> Iterator[Path]:
         except OSError as err:
             raise RunError(f"cannot create run directory {run_dir}: {os_reason(err)}") from err
         fd = _try_lock(run_dir)
-        if fd is not None and not _holds_files(run_dir):
+        if fd is not None and (not _holds_files(run_dir) or (resumable and _reuse_stopped_run(run_dir))):
             break
         if fd is not None:
             _unlock(fd)
         if config.out_dir:
-            raise RunError(_in_use(run_dir) if fd is None else
-                           f"run directory {run_dir} already holds files; choose another out_dir or resume={run_dir}")
+            again = (f"choose another out_dir, or continue that run with: rlvr train resume={run_dir}" if resumable
+                     else "choose another out_dir (sft has no resume: a new run needs an empty directory)")
+            raise RunError(_in_use(run_dir) if fd is None else f"run directory {run_dir} already holds files; {again}")
     try:
         yield run_dir
     finally:

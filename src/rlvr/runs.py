@@ -8,11 +8,12 @@ import datetime
 import json
 import shutil
 import signal
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from tqdm import tqdm
 
@@ -27,25 +28,32 @@ from rlvr.checkpoint import (
 )
 from rlvr.config import Config, load_config
 from rlvr.errors import ConfigError, RunError, os_reason
+from rlvr.evaluation import eval_prompts_label
 from rlvr.metrics import (
     ExperimentTrackerSink,
     JsonlSink,
     Record,
     TensorBoardSink,
     plot_runs,
+    read_records,
     write_samples_markdown,
 )
-from rlvr.resume import discard_partial_outputs, records_at_checkpoint, resume_changes
-from rlvr.run_dir import locked_run_dir, new_run_dir, write_atomically
+from rlvr.resume import records_at_checkpoint, resume_changes
+from rlvr.run_dir import discard_partial_outputs, locked_run_dir, new_run_dir, write_atomically
 from rlvr.trainer import TrainState, setup, train
 
 
 class Progress:
-    """A progress bar over epochs showing the mean reward and solve rate."""
+    """Progress over epochs with the mean reward and solve rate, on ``stream`` (stderr):
+    a bar on a terminal; elsewhere (a log file, a pipe) a plain line every tenth of the
+    run, since a bar's carriage returns make one unreadable line of a log."""
 
-    def __init__(self, epochs: int, enabled: bool, desc: str, initial: int = 0):
-        self.bar = tqdm(total=epochs, initial=initial, disable=not enabled, desc=desc,
-                        dynamic_ncols=True, leave=True, mininterval=0.5)
+    def __init__(self, epochs: int, enabled: bool, desc: str, initial: int = 0, stream: IO[str] | None = None):
+        self.stream = sys.stderr if stream is None else stream
+        self.plain = enabled and not self.stream.isatty()
+        self.epochs, self.desc, self.every = epochs, desc, max(1, epochs // 10)
+        self.bar = tqdm(total=epochs, initial=initial, disable=not enabled or self.plain, desc=desc,
+                        dynamic_ncols=True, leave=True, mininterval=0.5, file=self.stream)
         self.epoch = -1
 
     def __call__(self, record: Record) -> None:
@@ -53,6 +61,10 @@ class Progress:
             self.epoch = record["epoch"]
             self.bar.update(1)
             self.bar.set_postfix(reward=f"{record['reward_mean']:.3f}", solve=f"{record['solve_rate']:.2f}")
+            number = self.epoch + 1  # the epoch whose batch this is, counted from 1
+            if self.plain and (number % self.every == 0 or number == self.epochs):
+                print(f"{self.desc}: epoch {number}/{self.epochs}  reward {record['reward_mean']:.3f}  "
+                      f"solve rate {record['solve_rate']:.2f}", file=self.stream, flush=True)
         elif record["kind"] == "eval":
             self.bar.set_postfix(eval_greedy=f"{record['greedy_solve_rate']:.2f}")
 
@@ -122,20 +134,41 @@ def _checkpointer(config: Config, run_dir: Path, metrics: JsonlSink):
 # ---------------------------------------------------------------- resuming
 
 
+class RunFinished(RunError):
+    """A resume of a run that has run all its epochs: there is nothing to do."""
+
+
+def _check_unfinished(stored: Config, config: Config, run_dir: Path, epoch: int) -> None:
+    """RunFinished when the run has reached ``config.algo.epochs``: a resume would train
+    nothing, and saying so beats exiting 0 having done nothing."""
+    if config.algo.epochs > epoch:
+        return
+    if epoch < stored.algo.epochs:
+        raise ConfigError(f"algo.epochs={config.algo.epochs} is not above epoch {epoch}, which run {run_dir} has "
+                          f"reached (of algo.epochs={stored.algo.epochs}): nothing would be trained; leave "
+                          "algo.epochs out to finish the run")
+    asked = "" if config.algo.epochs == stored.algo.epochs else f" (asked now: algo.epochs={config.algo.epochs})"
+    raise RunFinished(f"run {run_dir} is finished: it has run epoch {epoch} of algo.epochs={stored.algo.epochs}"
+                      f"{asked}, so there is nothing to resume; to train on, raise algo.epochs: "
+                      f"rlvr train resume={run_dir} algo.epochs={2 * epoch}")
+
+
 def _resume(config: Config, run_dir: Path, stack: ExitStack) -> tuple[Any, TrainState]:
     """The state to continue ``run_dir`` from, after checking what ``config`` changes;
-    a run killed before its first checkpoint starts again from the beginning. The
-    accepted changes go into ``config.yaml`` and a line of ``resumes.jsonl``."""
-    changes = resume_changes(load_config(run_dir / "config.yaml"), config)
-    _, st = state = _setup(config, stack)
+    a run killed before its first checkpoint starts again from the beginning (any change
+    allowed: nothing of it is kept). A finished run is a RunFinished. The accepted
+    changes go into ``config.yaml`` and a line of ``resumes.jsonl``."""
+    stored = load_config(run_dir / "config.yaml")
     checkpoint = None
     if not list_checkpoints(run_dir):
+        changes = resume_changes(stored, config, restart=True)
         discard_partial_outputs(run_dir)
+        _, st = state = _setup(config, stack)
     else:
+        changes = resume_changes(stored, config)
         checkpoint, payload = load_latest(run_dir, PAYLOAD_KEYS)
-        if config.algo.epochs < payload["epoch"]:
-            raise ConfigError(f"algo.epochs={config.algo.epochs} is below the epoch the run has reached "
-                              f"({payload['epoch']})")
+        _check_unfinished(stored, config, run_dir, payload["epoch"])
+        _, st = state = _setup(config, stack)
         restore_state(st, payload, records_at_checkpoint(run_dir / "metrics.jsonl", payload["num_records"], checkpoint))
     entry = {"time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
              "checkpoint": checkpoint and checkpoint.name, "epoch": st.epoch, "step": st.step, "changes": changes}
@@ -237,5 +270,23 @@ def run_training(
         raise Stopped(f"stopped by {signal.Signals(signum).name} at epoch {st.epoch} (step {st.step}), checkpoint "
                       f"written; continue with: rlvr train resume={run_dir}", signum)
     if config.log.plot if plot is None else plot:
-        plot_runs({config.name: records}, run_dir / "plot.png", config.name)
+        plot_runs({config.name: records}, run_dir / "plot.png", f"{run_dir.name} (seed {config.seed})",
+                  eval_prompts_label(config))
     return records, run_dir
+
+
+def start_or_continue(config: Config) -> tuple[list[Record], Path, str]:
+    """``run_training`` in ``config.run_dir`` without a figure, or, when a run is there
+    already (``rlvr compare`` run again), that run continued: (records, run_dir, what
+    was done). A finished run's records are reused as they are ("finished, records
+    reused"); an unfinished one is resumed ("resumed"), one without a checkpoint starts
+    again ("started again"). A run there with other settings is refused by
+    ``resume_changes``, naming them."""
+    run_dir = config.run_dir
+    if not (run_dir / "config.yaml").is_file():
+        return *run_training(config, plot=False), "started"
+    what = "resumed" if list_checkpoints(run_dir) else "started again"
+    try:
+        return *run_training(config, plot=False, resume=run_dir), what
+    except RunFinished:
+        return read_records(run_dir), run_dir, "finished, records reused"

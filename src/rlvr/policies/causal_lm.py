@@ -46,7 +46,7 @@ from rlvr.rollout import Samples
 
 __all__ = ["CausalLMPolicy", "PromptError", "build_causal_lm_policy", "cut_at_stop_string"]
 
-LOAD_OPTIONS = ("model", "dtype", "device", "lora", "engine", "engine_options")
+LOAD_OPTIONS = ("model", "dtype", "device", "lora", "engine", "engine_options", "chat_template")
 SETTING_OPTIONS = ("max_new_tokens", "min_new_tokens", "top_k", "top_p", "stop_strings", "gradient_checkpointing",
                    "add_special_tokens", "autocast", "chunk_elements", "share_prompts", "disable_dropout")
 ENGINES = ("hf", "vllm")
@@ -180,18 +180,25 @@ class CausalLMPolicy:
     @classmethod
     def from_pretrained(cls, name_or_path: str, dtype: str = "float32", device: str = "cpu",
                         lora: dict | None = None, engine: str = "hf", engine_options: Mapping | None = None,
-                        temperature: float = 1.0, **settings: Any) -> CausalLMPolicy:
+                        temperature: float = 1.0, chat_template: str | None = None,
+                        **settings: Any) -> CausalLMPolicy:
         """Load with ``rlvr.modeling.load_model_and_tokenizer``; ``settings`` go to the constructor.
 
         engine: "hf" (in-process, sharing the model) or "vllm" (``VLLMEngine`` on
         ``name_or_path`` with ``engine_options``, its log-prob mode exact at ``temperature``
         when it can be), handed the loaded weights (LoRA merged) and probed before this returns.
+        chat_template: a Jinja chat template that renders chat prompts (``rlvr.policies.prompts``)
+        in place of the tokenizer's own, or for a tokenizer that has none; checkpoints save it.
         """
         from rlvr.modeling import load_model_and_tokenizer
+        from rlvr.policies.hf_model import locate_model
 
         check_device(device)
         check_engine(engine, engine_options)  # before loading anything
+        name_or_path = locate_model(name_or_path)  # a hub name: fail fast when neither online nor cached
         model, tokenizer = load_model_and_tokenizer(name_or_path, dtype=dtype, device=device, lora=lora)
+        if chat_template is not None:
+            tokenizer.chat_template = chat_template
         policy = cls(model, tokenizer, **settings)
         if engine == "vllm":  # built after the policy: its mode depends on the policy's sampling settings
             from rlvr.engines.vllm import VLLMEngine, logprobs_mode_for

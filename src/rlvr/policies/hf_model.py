@@ -1,10 +1,74 @@
-"""Setting up a transformers causal LM for RL: its limits, its device, dropout, checkpointing."""
+"""Setting up a transformers causal LM for RL: where it comes from, its limits, its device,
+dropout, checkpointing."""
 
 from __future__ import annotations
 
+import os
+import socket
+import threading
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import torch
+
+PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+
+
+def locate_model(name_or_path: str | Path, timeout: float = 3.0) -> str:
+    """Where ``from_pretrained`` should load ``name_or_path`` from, found in seconds.
+
+    A local folder is itself. A hub name is itself when the hub answers (within
+    ``timeout`` seconds; behind a proxy it is not probed), else its snapshot folder in
+    the Hugging Face cache. Neither there nor reachable (or ``HF_HUB_OFFLINE`` set and not
+    cached) is a FileNotFoundError naming the model and what to do, where transformers
+    would retry the hub for about 50 s before failing.
+    """
+    source = str(name_or_path)
+    if Path(source).expanduser().exists():
+        return source
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(source)
+    except HFValidationError:
+        raise FileNotFoundError(f"policy.options.model={source!r}: no folder there (and it is not a hub name)") \
+            from None
+    offline = bool(constants.HF_HUB_OFFLINE)
+    if not offline and (any(os.environ.get(v) for v in PROXY_VARIABLES) or _reachable(constants.ENDPOINT, timeout)):
+        return source
+    try:
+        return snapshot_download(source, local_files_only=True)
+    except (LocalEntryNotFoundError, OSError):
+        pass
+    why = "HF_HUB_OFFLINE is set" if offline else f"{constants.ENDPOINT} cannot be reached (no network?)"
+    raise FileNotFoundError(
+        f"model {source!r} is not a local folder nor in the Hugging Face cache ({constants.HF_HUB_CACHE}), and {why}: "
+        f"download it where there is network (hf download {source}, or save_pretrained to a folder) and set "
+        "policy.options.model to that folder, or copy the cache here")
+
+
+def _reachable(url: str, timeout: float) -> bool:
+    """Does a TCP connection to ``url``'s host open within ``timeout`` seconds? The name
+    lookup cannot be given a timeout, so the attempt runs in a thread that is waited for
+    at most that long."""
+    parsed = urlparse(url)
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    opened: list[bool] = []
+
+    def connect() -> None:
+        try:
+            with socket.create_connection((parsed.hostname, port), timeout=timeout):
+                opened.append(True)
+        except OSError:
+            opened.append(False)
+
+    thread = threading.Thread(target=connect, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return bool(opened and opened[0])
 
 
 def max_positions(model: torch.nn.Module) -> int | None:

@@ -20,12 +20,15 @@ One idea per module:
   workers  the processes that run calls under a time limit, and never outlive the trainer
   loading  ``load_reward_function("module:function")``, ``load_reward_specs`` (a config's list)
   faults   functions that misbehave on purpose, for tests and soak runs
+  verifiers ready reward functions: ``math_answer``, ``exact_match``, ``numeric_match``
+           (gold column ``answer``), ``answer_format``, ``regex_reward(pattern)``
 """
 
 from rlvr.rewards.calls import RewardError, RewardFn
 from rlvr.rewards.combine import RewardResult, RewardSpec, RewardStats, combine_rewards
 from rlvr.rewards.loading import load_reward_function, load_reward_specs
 from rlvr.rewards.runner import RewardRunner
+from rlvr.rewards.verifiers import answer_format, exact_match, math_answer, numeric_match, regex_reward
 
 __all__ = [
     "RewardError",
@@ -34,7 +37,12 @@ __all__ = [
     "RewardRunner",
     "RewardSpec",
     "RewardStats",
+    "answer_format",
     "combine_rewards",
+    "exact_match",
     "load_reward_function",
     "load_reward_specs",
+    "math_answer",
+    "numeric_match",
+    "regex_reward",
 ]

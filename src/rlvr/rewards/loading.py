@@ -1,8 +1,21 @@
-"""Reward functions named ``"module:function"``, and the specs of a config's list of them."""
+"""Reward functions named ``"module:function"``, and the specs of a config's list of them.
+
+A module is looked up on ``sys.path`` first, then in the current working directory (a
+user's ``my_rewards.py`` next to the YAML the run is started beside): the directory is
+appended to ``sys.path`` then, last, so a file there never hides an installed package,
+and workers started with "spawn" (which copy ``sys.path``) find it too.
+
+An entry of a config's list may also be a Python callable, bare or as the ``function`` of
+a dict (``rlvr.train(config, reward_funcs=[fn])``). Reward workers (``rewards.timeout``
+set) start with "fork" and inherit it, so lambdas and closures work there too; where fork
+does not exist, one that does not pickle is an error naming it (``RewardRunner``).
+"""
 
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
@@ -23,7 +36,7 @@ def load_reward_function(path: str) -> RewardFn:
             f"reward function {path!r}: expected 'module:function', "
             "e.g. 'rlvr.tasks.gsm8k:answer_reward'"
         )
-    module = _import(path, module_name)
+    module = _import(path, module_name, module_name.split(".")[0])
     if not hasattr(module, attr):
         raise RewardError(f"reward function {path!r}: module {module_name!r} has no {attr!r}{_defined(module)}")
     fn = getattr(module, attr)
@@ -37,16 +50,21 @@ def load_reward_function(path: str) -> RewardFn:
 def load_reward_specs(
     items: Sequence[str | dict[str, Any]], timeout: float | None, where: str = "functions"
 ) -> list[RewardSpec]:
-    """RewardSpecs of a list of functions, each ``"module:function"`` or a dict
-    ``{function, weight: 1.0, name: '', timeout: <timeout>, required: false}``.
+    """RewardSpecs of a list of functions, each ``"module:function"``, a callable, or a
+    dict ``{function, weight: 1.0, name: '', timeout: <timeout>, required: false}`` whose
+    function is either.
 
     Raises RewardError naming the item (``where[i]``) whose function does not load.
     """
     specs = []
     for i, item in enumerate(items):
-        item = {"function": item} if isinstance(item, str) else item
+        item = item if isinstance(item, dict) else {"function": item}
+        fn = item.get("function")
         try:
-            fn = load_reward_function(item["function"])
+            if isinstance(fn, str):
+                fn = load_reward_function(fn)
+            elif not callable(fn):
+                raise RewardError(f"expected 'module:function' or a callable, got {type(fn).__name__} {fn!r:.60}")
         except RewardError as err:
             raise RewardError(f"{where}[{i}]: {err}") from err
         specs.append(RewardSpec(
@@ -56,15 +74,22 @@ def load_reward_specs(
     return specs
 
 
-def _import(path: str, module_name: str) -> ModuleType:
-    """The module of ``path``; a RewardError that tells a missing module from one whose
-    own import fails."""
+def _import(path: str, module_name: str, top: str) -> ModuleType:
+    """The module of ``path`` (``top`` its first name), from ``sys.path`` or else the
+    working directory; a RewardError that tells a missing module from one whose own
+    import fails."""
     dotted = module_name.split(".")
     try:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name in {".".join(dotted[: i + 1]) for i in range(len(dotted))}:
-            raise RewardError(f"reward function {path!r}: no module named {exc.name!r}") from exc
+            cwd = os.getcwd()
+            if exc.name == top and _in_directory(top, cwd) and cwd not in sys.path:
+                sys.path.append(cwd)  # last: a file here never hides an installed package
+                importlib.invalidate_caches()
+                return _import(path, module_name, top)
+            raise RewardError(f"reward function {path!r}: no module named {exc.name!r} "
+                              f"(looked on sys.path and in {cwd})") from exc
         raise RewardError(f"reward function {path!r}: importing {module_name!r} failed: {exc}") from exc
     except Exception as exc:  # the module's own import-time failure: say which import, keep the cause
         raise RewardError(
@@ -81,3 +106,8 @@ def _defined(module: ModuleType) -> str:
         and getattr(value, "__module__", None) == module.__name__
     )
     return f"; it defines: {', '.join(defined)}" if defined else ""
+
+
+def _in_directory(top: str, directory: str) -> bool:
+    """Is there a module ``top`` (a file or a package folder) in ``directory``?"""
+    return os.path.isfile(os.path.join(directory, f"{top}.py")) or os.path.isdir(os.path.join(directory, top))

@@ -3,7 +3,8 @@
 ``TASKS`` names every task; ``build_task`` turns the ``task`` and ``rewards`` sections
 of a config into a task with its one RewardRunner (``rlvr.tasks.grading``). Sorting
 takes its settings from ``task.*``; the text tasks take their constructor's keyword
-arguments from ``task.options``.
+arguments from ``task.options``, and a task that shuffles its data (a ``shuffle_seed``
+argument: dataset, reasoning_gym) gets the run's ``seed`` there unless the options set it.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 from rlvr.errors import ConfigError, did_you_mean
 from rlvr.tasks.arithmetic import ArithmeticTask
+from rlvr.tasks.dataset import DatasetTask
 from rlvr.tasks.grading import GradedTask, reward_runner
 from rlvr.tasks.gsm8k import Gsm8kTask
+from rlvr.tasks.reasoning_gym import ReasoningGymTask
 from rlvr.tasks.sort_text import SortTextTask
 from rlvr.tasks.sorting import SortingTask
 
@@ -22,7 +25,7 @@ if TYPE_CHECKING:
     from rlvr.config import Config
 
 TASKS: dict[str, type[GradedTask]] = {
-    cls.name: cls for cls in (SortingTask, SortTextTask, ArithmeticTask, Gsm8kTask)
+    cls.name: cls for cls in (SortingTask, SortTextTask, ArithmeticTask, Gsm8kTask, DatasetTask, ReasoningGymTask)
 }
 
 __all__ = ["TASKS", "GradedTask", "build_task", "check_prompts_fit", "check_task_options", "reward_runner"]
@@ -41,7 +44,10 @@ def build_task(config: Config) -> GradedTask:
                 allow_repeats=t.allow_repeats, fixed_prompts=t.prompts, eval_size=t.eval_size,
             )
         else:
-            task = cls(**t.options)
+            options = dict(t.options)
+            if "shuffle_seed" in inspect.signature(cls).parameters:
+                options.setdefault("shuffle_seed", config.seed)
+            task = cls(**options)
     except (TypeError, ValueError, OSError) as err:
         raise ConfigError(f"{_settings_field(t.name)}: {err}") from err
     task.runner = reward_runner(task, config.rewards)  # the task has started no runner of its own

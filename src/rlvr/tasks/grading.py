@@ -12,7 +12,10 @@ columns) and its responses B lists of G strings, as the reward functions see the
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
 
 from rlvr.errors import ConfigError
 from rlvr.rewards import RewardError, RewardResult, RewardRunner, RewardSpec, load_reward_specs
@@ -31,7 +34,10 @@ def reward_runner(task: GradedTask, rewards: RewardsConfig | None = None) -> Rew
     built-in specs alone, lenient, as a task constructed directly grades.
 
     The specs are summed in order, the task's first, or the user's first where the task
-    says so (``user_rewards_first``). Raises ConfigError naming the field.
+    says so (``user_rewards_first``). With ``rewards.replace_task_rewards`` the task's
+    specs are left out but for its gold check, kept with weight 0 and not required: the
+    solve rate is still measured, and only the user's functions make the reward. Raises
+    ConfigError naming the field, also when no function would make a reward.
     """
     user: list[RewardSpec] = []
     if rewards is not None:
@@ -40,11 +46,20 @@ def reward_runner(task: GradedTask, rewards: RewardsConfig | None = None) -> Rew
         except RewardError as err:
             raise ConfigError(str(err)) from err
     builtin = task.reward_specs()
+    if rewards is not None and rewards.replace_task_rewards:
+        if not user:
+            raise ConfigError("rewards.replace_task_rewards=true needs rewards.functions to replace the task's rewards")
+        builtin = [dataclasses.replace(s, weight=0.0, required=False) for s in builtin if s.name == task.gold_reward]
+    if not user and not builtin:
+        raise ConfigError(f"task {task.name!r} has no reward of its own here ({task.no_reward_hint}); "
+                          "add rewards.functions, e.g. ['rlvr.rewards.verifiers:math_answer']")
     specs = [*user, *builtin] if task.user_rewards_first else [*builtin, *user]
     num_workers = task.reward_workers or (2 if rewards is None else rewards.num_workers)
     try:
         return RewardRunner(specs, strict=rewards is not None and rewards.strict, num_workers=num_workers)
     except ValueError as err:  # a user function named like another
+        raise ConfigError(f"rewards.functions: {err}") from err
+    except RewardError as err:  # a function that cannot reach a worker (no fork here, and it does not pickle)
         raise ConfigError(f"rewards.functions: {err}") from err
 
 
@@ -52,7 +67,9 @@ class GradedTask:
     """The grading every task shares (see the module docstring).
 
     name:               the task's name in a config (``task.name``).
-    gold_reward:        the spec whose 1.0 is the gold check.
+    gold_reward:        the spec whose 1.0 is the gold check (None: the task has none, and
+                        no response counts as solved).
+    no_reward_hint:     what gives the task a reward when it has none of its own (for the error).
     user_rewards_first: the user's functions come before the task's in the sum.
     reports_builtin_rewards: per-function metrics of the task's own specs too (else only
                         of the user's: the toy's built-in reward is its reward_mean).
@@ -62,7 +79,8 @@ class GradedTask:
     """
 
     name: ClassVar[str]
-    gold_reward: ClassVar[str]
+    gold_reward: str | None
+    no_reward_hint: ClassVar[str] = ""
     user_rewards_first: ClassVar[bool] = False
     reports_builtin_rewards: ClassVar[bool] = True
     reward_workers: int | None = None
@@ -94,7 +112,10 @@ class GradedTask:
     def grade(self, prompts: Any, responses: Any) -> Grades:
         """Rewards [B, G] (NaN = abstain), gold check [B, G] and reward metrics, in one pass."""
         result = self.score(prompts, responses)
-        correct = result.column(self.gold_reward) == 1.0  # an abstention is not right
+        if self.gold_reward is None:
+            correct = torch.zeros(result.rewards.shape, dtype=torch.bool)
+        else:
+            correct = result.column(self.gold_reward) == 1.0  # an abstention is not right
         reported = None if self.reports_builtin_rewards else self._user_reward_names
         return Grades(result.rewards, correct, result.metrics(reported))
 

@@ -1,0 +1,179 @@
+"""The Python API: ``rlvr.train(config, reward_funcs=[...], out_dir=...)`` and ``rlvr.check``.
+
+``train`` takes a config in any form the command line does (a ``Config``, a mapping, a
+YAML path, plus ``key=value`` overrides) and reward functions as plain callables in the
+form ``rlvr.rewards`` describes (``fn(prompts, completions, **columns) -> list[float |
+None]``). With a run directory (``out_dir=`` or ``config.out_dir``) it writes exactly
+what ``rlvr train`` writes (``rlvr.runs.run_training``); without one it trains in
+memory and writes nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlvr.config import Config, check_options, config_from_dict, merge, parse_overrides, read_mapping
+from rlvr.errors import ConfigError
+from rlvr.metrics import Record
+
+
+@dataclass
+class TrainResult:
+    """What ``train`` returns.
+
+    records: every record of the run (one per optimizer step, plus evaluations and
+             samples tables), as ``metrics.jsonl`` holds them.
+    run_dir: the run directory, or None for a run in memory.
+    policy:  the trained policy (``rlvr.rollout.Policy``: ``sample``, ``greedy``; for a
+             causal LM ``policy.module`` is the transformers model and ``policy.tokenizer``
+             its tokenizer).
+    config:  the resolved config the run used.
+    """
+
+    records: list[Record]
+    run_dir: Path | None
+    policy: Any
+    config: Config
+
+
+def resolve_config(config: Config | dict | str | Path | None = None, overrides: Sequence[str] = (),
+                   reward_funcs: Sequence[Callable] = (), out_dir: str | Path | None = None) -> Config:
+    """One validated Config from any of the forms ``train`` takes; ``reward_funcs`` are
+    appended to ``rewards.functions`` and ``out_dir`` replaces ``config.out_dir``. A
+    ``Config`` passed in is never changed."""
+    if isinstance(config, (str, Path)):
+        data = read_mapping(config)
+    elif isinstance(config, Config):
+        data = config.to_dict()
+    elif isinstance(config, dict) or config is None:
+        data = copy.deepcopy(config or {})
+    else:
+        raise ConfigError(f"config: expected a Config, a mapping or a YAML path, got {type(config).__name__}")
+    if overrides:
+        if isinstance(overrides, str):
+            raise ConfigError(f"overrides: expected a list of 'key=value' strings, got the string {overrides!r}")
+        data = merge(data, parse_overrides(list(overrides)))
+    if reward_funcs:
+        _check_callables(reward_funcs)
+        rewards = data.setdefault("rewards", {})
+        if not isinstance(rewards, dict):
+            raise ConfigError(f"rewards: expected a mapping, got {rewards!r}")
+        rewards["functions"] = [*(rewards.get("functions") or []), *reward_funcs]
+    if out_dir is not None:
+        data["out_dir"] = str(out_dir)
+    return config_from_dict(data)
+
+
+def check(config: Config | dict | str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
+    """Everything ``train`` checks before any work, without loading a model: the config's
+    fields, the task built (its data read, the reward functions imported; no worker
+    started) and closed, and the policy's options that need no model. Returns the
+    resolved Config; raises ConfigError naming what is wrong. ``rlvr config`` runs this."""
+    from rlvr.tasks import build_task
+
+    resolved = config if isinstance(config, Config) and not overrides else resolve_config(config, overrides)
+    check_options(resolved)
+    build_task(resolved).close()
+    if resolved.policy.name == "causal_lm":
+        _check_causal_lm_options(resolved.policy.options)
+    return resolved
+
+
+def train(config: Config | dict | str | Path | None = None, overrides: Sequence[str] = (), *,
+          reward_funcs: Sequence[Callable] = (), out_dir: str | Path | None = None,
+          on_record: Callable[[Record], None] | None = None) -> TrainResult:
+    """Train a policy; returns a ``TrainResult`` (records, run_dir, policy, config).
+
+    config:       a ``Config``, a mapping of the YAML file's shape (``{"policy": {"name":
+                  "causal_lm", "options": {"model": "..."}}, ...}``), a YAML path, or None
+                  (the lecture's run); ``overrides`` (``["algo.group_size=16"]``) apply on top.
+    reward_funcs: callables appended to ``rewards.functions`` (see ``rlvr.rewards`` for
+                  their form); each is named by its ``__name__`` in the records.
+    out_dir:      the run directory (else ``config.out_dir``). When either is set the run
+                  writes config.yaml, metrics.jsonl, samples.md, checkpoints and plot.png
+                  there, as ``rlvr train`` does (then ``on_record`` is not called: read
+                  ``metrics.jsonl`` or the result). None: the run stays in memory.
+    on_record:    called with each record as it is made (in-memory runs).
+    """
+    resolved = resolve_config(config, overrides, reward_funcs, out_dir)
+    if resolved.out_dir is None:
+        return _train_in_memory(resolved, on_record)
+    from rlvr.runs import run_training
+
+    records, run_dir = run_training(resolved)
+    return TrainResult(records, run_dir, _policy_from_run(resolved, run_dir), resolved)
+
+
+def _train_in_memory(config: Config, on_record: Callable[[Record], None] | None) -> TrainResult:
+    from rlvr.trainer import setup
+    from rlvr.trainer import train as train_loop
+
+    task, st = setup(config)
+    try:
+        records = train_loop(config, on_record=on_record, state=(task, st))
+    finally:
+        close = getattr(task, "close", None)  # its reward workers
+        if close is not None:
+            close()
+    return TrainResult(records, None, st.policy, config)
+
+
+def _policy_from_run(config: Config, run_dir: Path) -> Any:
+    """The trained policy, from the run's final checkpoint (``run_training`` returns no
+    state). An LM is rebuilt with the in-process engine: a second vLLM engine beside the
+    run's would hold the accelerator's memory twice."""
+    from rlvr.checkpoint import load_latest
+    from rlvr.policies import build_policy
+
+    _, payload = load_latest(run_dir)
+    rebuilt = copy.deepcopy(config)
+    rebuilt.policy.options.pop("engine", None)
+    rebuilt.policy.options.pop("engine_options", None)
+    policy = build_policy(rebuilt)
+    policy.module.load_state_dict(payload["policy"])
+    return policy
+
+
+def _check_callables(reward_funcs: Sequence[Callable]) -> None:
+    if isinstance(reward_funcs, (str, bytes)) or callable(reward_funcs):
+        raise ConfigError("reward_funcs: expected a list of functions, e.g. reward_funcs=[my_reward]")
+    for i, fn in enumerate(reward_funcs):
+        if not callable(fn):
+            raise ConfigError(f"reward_funcs[{i}]={fn!r} is not callable; give the function itself "
+                              "(a 'module:function' name goes in rewards.functions)")
+
+
+def _check_causal_lm_options(options: dict) -> None:
+    """The causal_lm options' values that can be checked without the model: device, dtype,
+    engine and its options, the sampling settings. What depends on the machine (a CUDA
+    device present, vllm installed) is left to the run: a config may be written on a
+    laptop for a GPU machine."""
+    import torch
+
+    from rlvr.engines import SamplingParams
+    from rlvr.engines.vllm import VLLMOptions, vllm_installed
+    from rlvr.modeling import DTYPES
+    from rlvr.policies.causal_lm import check_engine
+
+    sampling = {key: options[key] for key in ("max_new_tokens", "min_new_tokens", "top_k", "top_p", "stop_strings")
+                if key in options}
+    device, engine, engine_options = options.get("device", "cpu"), options.get("engine", "hf"), options.get(
+        "engine_options")
+    try:
+        try:
+            torch.device(device)
+        except (RuntimeError, TypeError):
+            raise ValueError(f"device={device!r} is not a torch device (e.g. cpu, cuda, cuda:1, mps)") from None
+        if options.get("dtype", "float32") not in DTYPES:
+            raise ValueError(f"dtype={options['dtype']!r} is not allowed; choose one of: {', '.join(DTYPES)}")
+        if engine == "vllm" and not vllm_installed():
+            VLLMOptions.from_dict(engine_options)  # its values; the package may be on the machine that runs it
+        else:
+            check_engine(engine, engine_options)
+        SamplingParams(**sampling)
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"policy.options: {err}") from err

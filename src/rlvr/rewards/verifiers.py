@@ -1,0 +1,184 @@
+"""Verifiers ready to use as reward functions: math, exact and numeric answers, a format check.
+
+Each is a reward function in the TRL form (``rlvr.rewards``), usable from YAML as
+``rlvr.rewards.verifiers:<name>``::
+
+    rewards:
+      functions:
+        - rlvr.rewards.verifiers:math_answer      # needs a data column named "answer"
+        - {function: rlvr.rewards.verifiers:answer_format, weight: 0.1}
+
+``regex_reward(pattern)`` makes a format reward for any regular expression (from Python).
+
+The gold column is named ``answer`` (the keyword each function takes): a data set whose
+gold is in another column renames it, or sets the dataset task's ``answer_column``
+(which also makes it the task's gold check). Values: 1.0 right, 0.0 wrong or no answer
+found, None (abstain) when the gold itself cannot be read (a bad data row, not the
+model's fault).
+
+Where the answer is in a completion (``extract``, a keyword of each answer verifier;
+``extract_answer``):
+  auto        the last ``<answer>...</answer>``, else the last ``\\boxed{...}``, else none
+  answer_tag  the last ``<answer>...</answer>`` only
+  boxed       the last ``\\boxed{...}`` only (braces balanced)
+  whole       the whole completion, stripped (a model that answers with the answer alone)
+From Python, ``functools.partial(math_answer, extract="whole")`` picks another (a
+partial of a module-level function is what reward worker processes can receive).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from collections.abc import Callable
+from typing import Any
+
+EXTRACTORS = ("auto", "answer_tag", "boxed", "whole")
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_LATEX_SIGNS = re.compile(r"[\\^{}]")
+_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
+# <think> reasoning </think> <answer> answer </answer>, nothing around them but white space
+R1_FORMAT = r"\s*<think>.*?</think>\s*<answer>.*?</answer>\s*"
+
+
+def extract_answer(completion: str, extract: str = "auto") -> str | None:
+    """The answer in ``completion`` by the rule ``extract`` (see the module docstring),
+    stripped; None when there is none (or it is empty)."""
+    if extract == "whole":
+        answer: str | None = completion
+    elif extract == "answer_tag":
+        answer = _last_answer_tag(completion)
+    elif extract == "boxed":
+        answer = last_boxed(completion)
+    elif extract == "auto":
+        answer = _last_answer_tag(completion)
+        answer = last_boxed(completion) if answer is None else answer
+    else:
+        raise ValueError(f"extract={extract!r} is not allowed; choose one of: {', '.join(EXTRACTORS)}")
+    return (answer.strip() or None) if answer is not None else None
+
+
+def _last_answer_tag(text: str) -> str | None:
+    matches = _ANSWER_TAG.findall(text)
+    return matches[-1] if matches else None
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}`` (nested braces balanced), or None when
+    there is none or its braces do not close."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, begin = 0, start + len("\\boxed{")
+    for i in range(begin, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth < 0:
+            return text[begin:i]
+    return None
+
+
+def math_equal(answer: str, gold: str) -> bool | None:
+    """Does ``answer`` equal ``gold`` as mathematics (math-verify)? None when the gold
+    cannot be parsed. No time limit here: run it under a reward timeout.
+
+    A gold without "\\", "^", "{" or "}" that parses as a plain number or expression
+    ("0.5", "1/2", "3,000") is read as GSM8K's grader reads it
+    (``rlvr.tasks.gsm8k.is_equivalent``: units and currency dropped from the answer); any
+    other gold ("\\frac{1}{2}", "x^2+1", "\\sqrt{2}") is read as LaTeX, like the answer
+    (the plain reader would take "^" for Python's xor). Model output is only ever parsed
+    as LaTeX (a grammar, never eval).
+    """
+    # imported here: rlvr.tasks imports rlvr.rewards, so a module-level import would be a cycle
+    from rlvr.tasks.gsm8k import is_equivalent, math_verify
+
+    if not _LATEX_SIGNS.search(gold):
+        same = is_equivalent(answer, gold)
+        if same is not None:
+            return same
+    mv = math_verify()
+    latex = [mv.LatexExtractionConfig()]
+    gold_parsed = mv.parse(_in_math_mode(gold), extraction_config=latex, parsing_timeout=None)
+    if not gold_parsed:
+        return None
+    answer_parsed = mv.parse(_in_math_mode(answer), extraction_config=latex, parsing_timeout=None)
+    return bool(mv.verify(gold_parsed, answer_parsed, timeout_seconds=None))
+
+
+def _in_math_mode(text: str) -> str:
+    """``text`` inside "$...$" unless it already has math delimiters (math-verify reads math only there)."""
+    return text if any(d in text for d in ("$", "\\[", "\\(", "\\boxed")) else f"${text}$"
+
+
+def parse_number(text: str) -> float | None:
+    """The number ``text`` is ("1,234.5", "$12", "-3e2", "50%" -> 50.0), or None when it
+    is not exactly one number."""
+    cleaned = text.strip().replace(",", "").replace("\\$", "").lstrip("$").rstrip("%").strip()
+    return float(cleaned) if _NUMBER.fullmatch(cleaned) else None
+
+
+def _per_completion(score: Callable[[str, Any], float | None], completions: list[str], answer: list[Any],
+                    extract: str) -> list[float | None]:
+    """``score(extracted, gold)`` of each completion, 0.0 where no answer is found. [N]"""
+    if extract not in EXTRACTORS:
+        raise ValueError(f"extract={extract!r} is not allowed; choose one of: {', '.join(EXTRACTORS)}")
+    rewards: list[float | None] = []
+    for completion, gold in zip(completions, answer):
+        extracted = extract_answer(completion, extract)
+        rewards.append(0.0 if extracted is None else score(extracted, gold))
+    return rewards
+
+
+def math_answer(completions: list[str], answer: list[Any], extract: str = "auto", **kwargs: Any
+                ) -> list[float | None]:
+    """1.0 when the completion's answer equals the gold ``answer`` under math-verify
+    (``math_equal``), 0.0 when it differs or none is found, None when the gold does not parse. [N]"""
+
+    def score(extracted: str, gold: Any) -> float | None:
+        same = math_equal(extracted, str(gold))
+        return None if same is None else float(same)
+
+    return _per_completion(score, completions, answer, extract)
+
+
+def exact_match(completions: list[str], answer: list[Any], extract: str = "auto", **kwargs: Any) -> list[float]:
+    """1.0 when the completion's answer is the gold ``answer`` exactly (both stripped;
+    a non-string gold compared as ``str(gold)``), else 0.0. [N]"""
+    return _per_completion(lambda extracted, gold: float(extracted == str(gold).strip()), completions, answer,
+                           extract)
+
+
+def numeric_match(completions: list[str], answer: list[Any], extract: str = "auto", rel_tol: float = 1e-6,
+                  abs_tol: float = 1e-9, **kwargs: Any) -> list[float | None]:
+    """1.0 when the completion's answer is a number within ``math.isclose(rel_tol, abs_tol)``
+    of the gold ``answer`` (``parse_number``: commas, "$" and "%" dropped), 0.0 when it
+    is not or is no number, None when the gold is no number. [N]"""
+
+    def score(extracted: str, gold: Any) -> float | None:
+        gold_number = float(gold) if isinstance(gold, (int, float)) else parse_number(str(gold))
+        if gold_number is None or not math.isfinite(gold_number):
+            return None
+        value = parse_number(extracted)
+        return float(value is not None and math.isclose(value, gold_number, rel_tol=rel_tol, abs_tol=abs_tol))
+
+    return _per_completion(score, completions, answer, extract)
+
+
+def regex_match(completions: list[str], pattern: str = R1_FORMAT, **kwargs: Any) -> list[float]:
+    """1.0 when the whole completion matches the regular expression ``pattern``
+    (``re.fullmatch``, "." matching newlines), else 0.0. [N]"""
+    compiled = re.compile(pattern, re.DOTALL)
+    return [float(compiled.fullmatch(c) is not None) for c in completions]
+
+
+def answer_format(completions: list[str], **kwargs: Any) -> list[float]:
+    """1.0 when the completion is "<think> ... </think> <answer> ... </answer>" (``R1_FORMAT``), else 0.0. [N]"""
+    return regex_match(completions, R1_FORMAT)
+
+
+def regex_reward(pattern: str) -> Callable[..., list[float]]:
+    """A reward function that is 1.0 when a completion fully matches ``pattern``: a
+    ``functools.partial`` of ``regex_match``, so reward worker processes can receive it.
+    The pattern is checked now (``re.error`` for a bad one)."""
+    re.compile(pattern)
+    return functools.partial(regex_match, pattern=pattern)

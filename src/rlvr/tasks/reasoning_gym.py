@@ -1,0 +1,113 @@
+"""Procedurally generated reasoning problems from the ``reasoning-gym`` package, offline.
+
+``task.name: reasoning_gym`` with ``task.options.dataset`` a generator name
+(``basic_arithmetic``, ``chain_sum``, ``leg_counting``, ...; an unknown one gets a "did
+you mean"), ``size`` training problems generated with ``data_seed`` and ``eval_size``
+held-out ones with ``data_seed + 1`` (a held-out question never appears in training),
+``config`` the generator's own settings (e.g. ``{min_terms: 2, max_terms: 3}``).
+
+Prompts: the question, as the user message after ``system_prompt`` (default: reasoning-
+gym's "default" system prompt, which asks for ``<answer>...</answer>``; a name of
+``reasoning_gym.utils.SYSTEM_PROMPTS`` or your own text), rendered by the policy's chat
+template; ``system_prompt: null`` gives the bare question as text. Training order:
+``rlvr.tasks.dataset.PassOrder``.
+
+Reward: each problem's own scorer (``score_answer`` of the generator, with the problem's
+metadata) on the answer ``extract`` finds in the completion (``rlvr.rewards.verifiers.
+extract_answer``; default ``answer_tag``: the last ``<answer>...</answer>``, stripped,
+as reasoning-gym's own ``extract_answer`` reads it; no answer scores 0.0). Scorers give
+partial credit in [0, 1]; 1.0 is the gold check. The scorers are third-party code run on
+model output: each call runs in a reward worker under ``grader_timeout``.
+Columns the user's reward functions see: ``answer`` (the reference answer, text),
+``question`` and ``metadata`` (the generator's dict).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from rlvr.errors import did_you_mean
+from rlvr.rewards import RewardSpec
+from rlvr.rewards.verifiers import EXTRACTORS, extract_answer
+from rlvr.tasks.dataset import PassOrder
+from rlvr.tasks.grading import Prompt
+from rlvr.tasks.text import TextTask
+
+
+def score_reasoning_gym(completions: list[str], answer: list[str], question: list[str], metadata: list[dict],
+                        generator: Any, extract: str = "answer_tag", **kwargs: Any) -> list[float]:
+    """The generator's ``score_answer`` of each completion's extracted answer against its
+    problem (question, answer, metadata); 0.0 where no answer is found. [N]"""
+    rewards = []
+    for completion, gold, text, meta in zip(completions, answer, question, metadata):
+        found = extract_answer(completion, extract)
+        entry = {"question": text, "answer": gold, "metadata": meta}
+        rewards.append(0.0 if found is None else float(generator.score_answer(found, entry)))
+    return rewards
+
+
+class ReasoningGymTask(TextTask):
+    """A reasoning-gym generator as a task (see the module docstring for the options)."""
+
+    name = "reasoning_gym"
+    gold_reward = "score"
+
+    def __init__(
+        self,
+        dataset: str,
+        size: int = 1000,
+        eval_size: int = 100,
+        data_seed: int = 0,
+        config: dict[str, Any] | None = None,
+        system_prompt: str | None = "default",
+        extract: str = "answer_tag",
+        shuffle_seed: int = 0,
+        grader_timeout: float | None = 5.0,
+    ) -> None:
+        import reasoning_gym
+        from reasoning_gym.factory import DATASETS
+        from reasoning_gym.utils import SYSTEM_PROMPTS
+
+        if dataset not in DATASETS:
+            raise ValueError(f"unknown reasoning-gym dataset {dataset!r}; {did_you_mean(dataset, sorted(DATASETS))}")
+        if extract not in EXTRACTORS:
+            raise ValueError(f"extract={extract!r} is not allowed; choose one of: {', '.join(EXTRACTORS)}")
+        if size < 1 or eval_size < 1:
+            raise ValueError(f"size and eval_size must be >= 1, got {size}, {eval_size}")
+        self.system_prompt = SYSTEM_PROMPTS.get(system_prompt, system_prompt) if system_prompt else None
+        settings = dict(config or {})
+        held_out = reasoning_gym.create_dataset(dataset, size=eval_size, seed=data_seed + 1, **settings)
+        self._eval = [self._prompt(entry) for entry in held_out]
+        questions = {p["question"] for p in self._eval}
+        train = reasoning_gym.create_dataset(dataset, size=size, seed=data_seed, **settings)
+        self._train = [self._prompt(entry) for entry in train if entry["question"] not in questions]
+        if not self._train:
+            raise ValueError(f"every one of the {size} training problems is also held out; widen the generator")
+        self.order = PassOrder(len(self._train), shuffle_seed)
+        self._score = functools.partial(score_reasoning_gym, generator=train, extract=extract)
+        self.grader_timeout = grader_timeout
+
+    def reward_specs(self) -> list[RewardSpec]:
+        return [RewardSpec(self._score, 1.0, "score", timeout=self.grader_timeout, required=True)]
+
+    def sample_prompts(self, num_prompts: int, generator: torch.Generator) -> list[Prompt]:
+        return [self._train[i] for i in self.order.take(num_prompts, generator)]
+
+    def eval_prompts(self) -> list[Prompt]:
+        return list(self._eval)
+
+    def fixed_prompts(self) -> dict[str, list[Prompt]]:
+        return {"training prompt": list(self._train), "eval prompt": self.eval_prompts()}
+
+    def sft_completion(self, prompt: Prompt) -> str:
+        return f"<answer>{prompt['answer']}</answer>"
+
+    def _prompt(self, entry: dict[str, Any]) -> Prompt:
+        question = entry["question"]
+        text: Any = question
+        if self.system_prompt is not None:
+            text = [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": question}]
+        return {"prompt": text, "answer": str(entry["answer"]), "question": question, "metadata": entry["metadata"]}
