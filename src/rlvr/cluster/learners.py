@@ -243,12 +243,15 @@ class LearnerGroup:
 
     def optimizer_step(self, st: TrainState, rollout: Rollout) -> Record:
         """``rlvr.trainer.optimizer_step`` for a run: the group's step at the driver's epoch and
-        step count. A learner that died stops the run (a ``TrainingError``)."""
-        from ray.exceptions import RayActorError
+        step count. A learner that died stops the run (a ``TrainingError``), whichever error
+        arrives first: its own, or a surviving peer's failed all-reduce."""
+        from ray.exceptions import RayError
 
         try:
             record = self.step(rollout, st.epoch, st.step)
-        except RayActorError as err:
+        except TrainingError:  # a learner's own (too many non-finite steps), as a single process raises it
+            raise
+        except RayError as err:  # the dead one's RayActorError, or a peer's all-reduce cut off by it
             cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__  # Ray's is long
             raise TrainingError(
                 f"a learner died at epoch {st.epoch}, step {st.step} ({cause}). The run stops; the checkpoints "
