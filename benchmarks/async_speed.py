@@ -74,7 +74,7 @@ def run(way: str, seed: int, epochs: int, model: Path) -> dict:
     end = [r for r in records if r["kind"] == "eval"][-1]
     staleness = [r.get("cluster/staleness", 0.0) for r in records if r["kind"] == "train"]
     return {"samples_per_s": samples / seconds, "steady": steady, "seconds": seconds,
-            "greedy": end["eval_greedy_solve_rate"], "staleness": max(staleness)}
+            "greedy": end["greedy_solve_rate"], "staleness": max(staleness)}
 
 
 def main() -> None:
