@@ -11,17 +11,20 @@ import warnings
 from pathlib import Path
 
 from rlvr.api import check
+from rlvr.batched import batching_refusal
 from rlvr.checkpoint import CheckpointError
 from rlvr.config import ConfigError, load_config
 from rlvr.data import DataError
+from rlvr.diagnostics import hacking_warnings, prompt_summary
 from rlvr.errors import RunError
 from rlvr.evaluation import eval_prompts_label
 from rlvr.metrics import plot_runs, read_records, summary
 from rlvr.presets import markdown_table as presets_table
+from rlvr.report import cmd_report
 from rlvr.resume import resume_config
 from rlvr.rewards import RewardError
 from rlvr.run_dir import new_run_dir, write_atomically
-from rlvr.runs import run_training, start_or_continue
+from rlvr.runs import run_batched, run_training, start_or_continue
 from rlvr.trainer import TrainingError
 
 DELTA_COMPARE = ("raw", "centered", "normalized")
@@ -77,18 +80,25 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for mode in modes:
         load_config(path, overrides + [f"algo.deltas={mode}"])  # validate every mode before any work
     root = Path(base.out_dir) if base.out_dir else Path("runs") / "compare"
+    configs = {(mode, seed): load_config(path, overrides + [
+        f"algo.deltas={mode}", f"seed={seed}", f"name={mode}-seed{seed}", f"out_dir={root / f'{mode}-seed{seed}'}"])
+        for mode in modes for seed in args.seeds}
+    fresh = not any((c.run_dir / "config.yaml").exists() for c in configs.values())
+    batched = {}
+    if fresh and not args.one_by_one and batching_refusal(list(configs.values())) is None:
+        # the runs as one batched computation: the same records, several times faster
+        batched = dict(zip(configs, (records for records, _ in run_batched(list(configs.values())))))
     runs: dict[str, list] = {}
     by_mode: dict[str, list] = {m: [] for m in modes}
-    for mode in modes:
-        for seed in args.seeds:
-            name = f"{mode}-seed{seed}"
-            extra = [f"algo.deltas={mode}", f"seed={seed}", f"name={name}", f"out_dir={root / name}"]
-            config = load_config(path, overrides + extra)
+    for (mode, _), config in configs.items():
+        if (mode, config.seed) in batched:
+            records = batched[(mode, config.seed)]
+        else:
             records, _, done = start_or_continue(config)
             if done != "started":
-                print(f"{name}: {done}", flush=True)
-            runs[name] = records
-            by_mode[mode].append(records)
+                print(f"{config.name}: {done}", flush=True)
+        runs[config.name] = records
+        by_mode[mode].append(records)
     seeds = ", ".join(map(str, args.seeds))
     label = eval_prompts_label(base)
     figure = plot_runs(by_mode, root / "compare.png", f"mean over seeds {seeds} (band: min to max)", label)
@@ -181,6 +191,12 @@ def print_summary(runs: dict[str, list], eval_label: str = "held-out prompts") -
         s = summary(records)
         print("".join([f"{name:<{width}}"] + [f"{s.get(key, float('nan')):>{w}.3f}"
                                                for (key, _), w in zip(COLUMNS, cells)]))
+    for name, records in runs.items():  # why a run stalls, and whether its reward is being gamed
+        line = prompt_summary(records)
+        if line:
+            print(f"{name}: {line}")
+        for warning in hacking_warnings(records):
+            print(f"warning: {name}: {warning}")
 
 
 def print_mode_means(by_mode: dict[str, list], eval_label: str = "held-out prompts") -> None:
@@ -216,6 +232,13 @@ algo.preset sets these algo fields unless they are given (docs/trl.md):
 """ + presets_table(),
     "plot": """example:
   rlvr plot runs/a runs/b --out both.png""",
+    "report": """examples:
+  rlvr report runs/compare/raw-seed0 runs/compare/centered-seed0 --out compare.html
+  chromium --headless --screenshot=page.png compare.html      # look at it without a desktop
+
+The page embeds its plots (no files beside it, no scripts): reward, solve rate, pass@k,
+KL, entropy, clip fraction, response length, gradient noise (log.grad_noise_every), the
+reward-hacking monitor, per-prompt learning and sample tables.""",
     "export": """examples:
   rlvr export runs/sort_text_tiny/rl-seed0 --out my_model
   python -c "from transformers import AutoModelForCausalLM; AutoModelForCausalLM.from_pretrained('my_model')"
@@ -252,6 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("items", nargs="*", metavar="[CONFIG] [key=value]", help=ITEMS_HELP)
     p.add_argument("--modes", default=",".join(DELTA_COMPARE), help="comma-separated delta modes")
     p.add_argument("--seeds", type=_int_list, default=[0, 1, 2], help="comma-separated seeds, the same for every mode")
+    p.add_argument("--one-by-one", action="store_true",
+                   help="train the runs one after another (default: as one batched computation where rlvr.batched "
+                        "can: the positional toy with the naive loss; the same records)")
     p.set_defaults(func=cmd_compare)
     p = _command(sub, "sft", "supervised warm start of a causal LM on (prompt, completion) pairs")
     p.add_argument("items", nargs="*", metavar="[CONFIG] [key=value]", help=ITEMS_HELP)
@@ -272,6 +298,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dirs", nargs="+")
     p.add_argument("--out", help="output PNG (default RUN_DIR/plot.png)")
     p.set_defaults(func=cmd_plot)
+    p = _command(sub, "report", "one self-contained HTML page of one or more run directories (runs overlaid): "
+                 "summary, warnings, plots, per-prompt summary, samples")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    p.add_argument("--out", help="output HTML (default RUN_DIR/report.html of the first)")
+    p.set_defaults(func=cmd_report)
     p = _command(sub, "export", "write a run's trained model to a folder that transformers' from_pretrained loads")
     p.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (holds config.yaml and checkpoints/)")
     p.add_argument("--out", required=True, help="the folder to write (new, or empty)")

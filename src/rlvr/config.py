@@ -34,7 +34,10 @@ OPTIMIZERS = ("adam", "adamw")
 SCHEDULES = ("constant", "linear", "cosine")
 TRACKERS = ("wandb", "trackio")
 OLD_LOG_PROBS = ("auto", "sampler", "recompute")  # where the old policy's log-probs come from
-GROUP_BASELINES = ("centered", "normalized", "leave_one_out")  # deltas that subtract a group statistic
+# deltas that subtract a group statistic
+GROUP_BASELINES = ("centered", "normalized", "leave_one_out", "batch_normalized", "reinforce_pp")
+KL_PLACEMENTS = ("loss", "reward")  # where the KL penalty goes
+OVERLONG = ("none", "mask", "penalty")  # what happens to responses cut at the length limit
 REWARD_FUNCTION_KEYS = ("function", "weight", "timeout", "name", "required")
 
 # Sizes past which a run would exhaust memory (or processes) before doing any work. A
@@ -134,6 +137,26 @@ class AlgoConfig:
     tis_cap: float | None = setting(None, (
         "truncated importance sampling: each token's policy-gradient term times min(pi_old / pi_sampler, C), "
         "this C (null: off; needs recompute)"), min=1)
+    clip_ratio_c: float = setting(3.0, "dual_clip loss: for negative deltas the objective is bounded below by "
+                                       "c * delta (c > 1)", above=1)
+    kl_in: str = setting("loss", (
+        "where the KL penalty toward the reference goes: loss (kl_estimator's term times kl_coef, per token) or "
+        "reward (kl_coef times k1 = log pi_old - log ref summed over the response, subtracted from the reward "
+        "before the deltas)"), choices=KL_PLACEMENTS)
+    entropy_coef: float = setting(0.0, "entropy bonus: the loss minus this times each token's entropy", min=0)
+    dynamic_sampling: bool = setting(False, (
+        "DAPO's dynamic sampling: drop groups whose deltas are all zero and sample more prompts until the batch "
+        "is full (at most max_sampling_tries batches; then zero-delta groups fill it)"))
+    max_sampling_tries: int = setting(4, "dynamic sampling: batches sampled per epoch at most", above=0, max=64)
+    overlong: str = setting("none", (
+        "responses cut at the length limit (no end-of-sequence token): none; mask (no loss on them, DAPO's "
+        "overlong filtering); penalty (DAPO's soft length penalty added to every reward)"), choices=OVERLONG)
+    overlong_cache: int = setting(4, "penalty: tokens before the limit over which it ramps from 0 to "
+                                     "-overlong_factor", above=0)
+    overlong_factor: float = setting(1.0, "penalty: the reward lost by a response of the longest length", min=0)
+    top_entropy_q: float | None = setting(None, (
+        "train only on this fraction of the batch's response tokens with the highest entropy (0.2 in 'Beyond "
+        "the 80/20 rule'; null: all tokens)"), above=0, max=1)
 
 
 @dataclass
@@ -165,6 +188,13 @@ class LogConfig:
     tracker_project: str = setting("rlvr", "the tracker's project name")
     checkpoint_every: int = setting(10, "write a checkpoint every k epochs (0: only at the end)", min=0)
     keep_checkpoints: int = setting(2, "how many recent checkpoints to keep", above=0)
+    grad_noise_every: int = setting(0, (
+        "every k epochs, measure the policy gradient's noise at the epoch's first step from the gradients of "
+        "its parts: grad/snr, grad/noise_scale (0: off)"), min=0)
+    grad_noise_parts: int = setting(4, "gradient noise: parts (of whole groups) the measured step's batch is split "
+                                       "into, at least the micro-batches", min=2, max=1024)
+    prompt_records: bool = setting(True, "a 'prompts' record per epoch: each training prompt's share of "
+                                         "responses that pass the gold check (per-prompt learning curves)")
 
 
 @dataclass
@@ -517,13 +547,16 @@ def validate(config: Config) -> None:
     if a.group_size < 2 and a.deltas in GROUP_BASELINES:
         raise ConfigError(f"algo.group_size={a.group_size} with algo.deltas={a.deltas!r}: a group baseline needs "
                           "G >= 2 (every delta would be 0); use deltas=raw or a larger group")
-    if a.kl_coef > 0 and a.kl_estimator not in KL_LOSS_ESTIMATORS:
+    if a.kl_coef > 0 and a.kl_in == "loss" and a.kl_estimator not in KL_LOSS_ESTIMATORS:
         raise ConfigError(
             f"algo.kl_estimator={a.kl_estimator!r} with algo.kl_coef={a.kl_coef}: as a loss term k1's gradient is "
             f"zero in expectation, so the penalty does nothing; use one of {', '.join(KL_LOSS_ESTIMATORS)} "
-            "(k1+ / k3+: k1's / k3's value with k2's gradient, grad KL(pi||ref)). "
-            "k1 belongs in the reward, which is not supported yet"
+            "(k1+ / k3+: k1's / k3's value with k2's gradient, grad KL(pi||ref)), or put k1 in the reward: "
+            "algo.kl_in=reward"
         )
+    if a.dynamic_sampling and config.cluster.rollout_workers > 0:
+        raise ConfigError("algo.dynamic_sampling samples more batches in this process; it does not work with "
+                          f"cluster.rollout_workers={config.cluster.rollout_workers} yet")
     if a.tis_cap is not None and a.old_log_probs == "sampler":
         raise ConfigError(f"algo.tis_cap={a.tis_cap} with algo.old_log_probs='sampler': the TIS weights "
                           "pi_old / pi_sampler need the trainer's own old log-probs; use recompute or auto")
@@ -536,7 +569,7 @@ def validate(config: Config) -> None:
     if a.old_log_probs == "recompute" and a.loss == "naive" and a.tis_cap is None:
         warnings.warn("algo.old_log_probs='recompute' with algo.loss='naive' and no algo.tis_cap: the naive loss "
                       "uses no old log-probs, so none are recomputed (and no mismatch/* is logged)", stacklevel=2)
-    if a.loss in ("ratio", "clipped") and a.inner_steps == 1:
+    if a.loss != "naive" and a.inner_steps == 1:
         warnings.warn(f"algo.loss={a.loss!r} with algo.inner_steps=1: the ratio pi/pi_old is always 1 at the only "
                       "step, so the loss equals the naive one", stacklevel=2)
 

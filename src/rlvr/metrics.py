@@ -173,6 +173,9 @@ PANELS = (  # (kind, key, title, y-axis label); the eval title names the prompts
     ("train", "reward_mean", "mean reward", "mean reward of the epoch's batch"),
     ("eval", "greedy_solve_rate", "greedy solve rate", "solve rate"),
 )
+# drawn when some run measured it (log.grad_noise_every): the lecture's variance claim, per run,
+# on a log scale (a stalled run's zero variance drops out)
+NOISE_PANEL = ("train", "grad/trace_cov", "policy-gradient variance", "tr(Sigma) of one prompt's gradient")
 # Each run its own colour, line style and marker: curves that coincide (every run at
 # solve rate 0) stay visible as dashes over a solid line, not hidden under the last one.
 LINE_STYLES = ("-", "--", ":", "-.")
@@ -210,8 +213,11 @@ def draw_runs(runs: dict[str, list[Record] | list[list[Record]]], title: str = "
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 3.8))
-    for ax, (kind, key, panel, ylabel) in zip(axes, PANELS):
+    every = [r for records in runs.values() for seed in (records if records and isinstance(records[0], list)
+                                                          else [records]) for r in seed]
+    panels = PANELS + ((NOISE_PANEL,) if any(NOISE_PANEL[1] in r for r in every) else ())
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8))
+    for ax, (kind, key, panel, ylabel) in zip(axes, panels):
         for i, (name, records) in enumerate(runs.items()):
             seeds = records if records and isinstance(records[0], list) else [records]
             xs, values = _seed_curves(seeds, kind, key)
@@ -232,6 +238,8 @@ def draw_runs(runs: dict[str, list[Record] | list[list[Record]]], title: str = "
                 for edge in (low, high):  # the band's edges in the run's line style: overlapping bands stay apart
                     ax.plot(xs, edge, color=style["color"], linestyle=style["linestyle"], linewidth=0.6,
                             alpha=0.6, label=f"_{name} band")
+        if key == NOISE_PANEL[1]:
+            ax.set_yscale("log")
         ax.set_title(f"{panel} on the {eval_label}" if kind == "eval" else panel)
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)

@@ -51,6 +51,28 @@ class Samples:
         )
 
 
+    def groups(self, index: torch.Tensor, group_size: int) -> Samples:
+        """The groups (prompts) at ``index`` [k]: their G responses each, ``responses`` included."""
+        rows = (index.unsqueeze(1) * group_size + torch.arange(group_size)).reshape(-1)  # [k*G]
+        part = self.rows(rows)
+        part.responses = _pick(self.responses, index)
+        return part
+
+    @staticmethod
+    def cat(parts: list[Samples]) -> Samples:
+        """Several batches as one: responses padded on the right, prompts on the left (as
+        an LM's are; the masks say which positions are real)."""
+        lps = [s.sample_log_probs for s in parts]
+        return Samples(
+            responses=_join([s.responses for s in parts]),
+            response_ids=_pad_cat([s.response_ids for s in parts]),
+            response_mask=_pad_cat([s.response_mask for s in parts]),
+            prompt_ids=_pad_cat([s.prompt_ids for s in parts], left=True),
+            prompt_mask=_pad_cat([s.prompt_mask for s in parts], left=True),
+            sample_log_probs=None if any(lp is None for lp in lps) else _pad_cat(lps),
+        )
+
+
 class Policy(Protocol):
     """Something that samples responses and scores their log-probs.
 
@@ -75,11 +97,12 @@ class Policy(Protocol):
 
     def log_probs(
         self, samples: Samples, temperature: float, with_entropy: bool = False,
-        module: torch.nn.Module | None = None,
+        module: torch.nn.Module | None = None, entropy_grad: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-token log pi(a_t | s_t) [n, T] of ``samples``' responses, and entropy [n, T]
-        (None unless ``with_entropy``). ``module``: score with these weights instead of
-        ``self.module`` (None), e.g. the frozen KL reference, a copy of ``module``."""
+        (None unless ``with_entropy``; with ``entropy_grad`` it carries its gradient, for the
+        entropy bonus). ``module``: score with these weights instead of ``self.module``
+        (None), e.g. the frozen KL reference, a copy of ``module``."""
         ...
 
     def greedy(self, prompts: Any) -> Any:
@@ -106,11 +129,51 @@ class Grades:
     rewards: [B, G] float, NaN where the reward abstained
     correct: [B, G] bool, the gold check (is the response right?)
     metrics: flat name -> number (per reward function: mean, errors, timeouts, ...)
+    prompts: the B prompts graded, in the task's form (None: not kept)
     """
 
     rewards: torch.Tensor
     correct: torch.Tensor
     metrics: dict[str, float]
+    prompts: Any = None
+
+    def groups(self, index: torch.Tensor) -> Grades:
+        """The groups (prompts) at ``index`` [k] (the metrics stay the whole batch's)."""
+        return Grades(self.rewards[index], self.correct[index], self.metrics, _pick(self.prompts, index))
+
+    @staticmethod
+    def cat(parts: list[Grades]) -> Grades:
+        """Grades of several batches as one; each metric the mean over the batches, weighted
+        by their prompts (a metric some batch lacks: over those that have it)."""
+        sizes = [g.rewards.shape[0] for g in parts]
+        metrics: dict[str, float] = {}
+        for key in dict.fromkeys(k for g in parts for k in g.metrics):
+            have = [(g.metrics[key], b) for g, b in zip(parts, sizes) if key in g.metrics]
+            metrics[key] = sum(v * b for v, b in have) / max(sum(b for _, b in have), 1)
+        prompts = None if any(g.prompts is None for g in parts) else _join([g.prompts for g in parts])
+        return Grades(torch.cat([g.rewards for g in parts]), torch.cat([g.correct for g in parts]), metrics, prompts)
+
+
+def _pick(items: Any, index: torch.Tensor) -> Any:
+    """``items[index]`` for a tensor, a list or None."""
+    if items is None or isinstance(items, torch.Tensor):
+        return None if items is None else items[index]
+    return [items[i] for i in index.tolist()]
+
+
+def _join(parts: list[Any]) -> Any:
+    """Tensors concatenated along dim 0, lists joined."""
+    return torch.cat(parts) if isinstance(parts[0], torch.Tensor) else [x for part in parts for x in part]
+
+
+def _pad_cat(parts: list[torch.Tensor], left: bool = False) -> torch.Tensor:
+    """[n_i, T_i] tensors -> [sum n_i, max T_i], zero-padded on the right (or the left)."""
+    width = max(t.shape[1] for t in parts)
+    padded = []
+    for t in parts:
+        pad = (width - t.shape[1], 0) if left else (0, width - t.shape[1])
+        padded.append(torch.nn.functional.pad(t, pad))
+    return torch.cat(padded)
 
 
 class Task(Protocol):
@@ -141,6 +204,8 @@ class Rollout:
     stats:         epoch-level numbers: rewards, solve rate, reward metrics, timings
     importance_weights: [N, T] truncated importance weights min(pi_old / pi_sampler, C)
                    of the policy-gradient term, or None (``algo.tis_cap`` unset)
+    prompt_solved: each prompt's share of responses that pass the gold check (the
+                   per-prompt learning curves), or None (prompts not kept)
     """
 
     samples: Samples
@@ -149,7 +214,8 @@ class Rollout:
     ref_log_probs: torch.Tensor | None
     weights: torch.Tensor
     stats: dict[str, Any]
-    importance_weights: torch.Tensor | None = None  # last, defaulted: checkpoints from before it load
+    importance_weights: torch.Tensor | None = None  # defaulted: checkpoints from before it load
+    prompt_solved: dict[str, float] | None = None
 
     def rows(self, index: slice) -> Rollout:
         """The responses at ``index`` (a slice: views, not copies) with everything that goes
@@ -160,7 +226,8 @@ class Rollout:
             return None if x is None else x[index]
 
         return Rollout(self.samples.rows(index), self.deltas[index], part(self.old_log_probs),
-                       part(self.ref_log_probs), self.weights[index], self.stats, part(self.importance_weights))
+                       part(self.ref_log_probs), self.weights[index], self.stats, part(self.importance_weights),
+                       self.prompt_solved)
 
     def to_dict(self) -> dict[str, Any]:
         """Nested dicts of tensors and plain data (responses: a tensor, or lists of

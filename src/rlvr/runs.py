@@ -275,6 +275,29 @@ def run_training(
     return records, run_dir
 
 
+def run_batched(configs: list[Config]) -> list[tuple[list[Record], Path]]:
+    """``run_training`` (without figures) of runs ``rlvr.batched`` trains as one batch
+    (``batching_refusal(configs)`` is None): each run's directory, records and checkpoints
+    as if it had run alone. No signal handling: Ctrl-C ends them all, with the checkpoints
+    written so far."""
+    from rlvr.batched import train_batched
+    from rlvr.checkpoint import rng_state, set_rng_state
+
+    with ExitStack() as stack:
+        started, rngs = [], []
+        for config in configs:
+            started.append(_start(config, stack))
+            rngs.append(rng_state())  # the global RNG a run alone would checkpoint (training draws none)
+        writers, ends = [], []
+        for config, (run_dir, _), rng in zip(configs, started, rngs):
+            metrics = JsonlSink(run_dir / "metrics.jsonl")
+            writers.append(stack.enter_context(_writer(config, run_dir, metrics, initial_epoch=0)))
+            checkpoint = _checkpointer(config, run_dir, metrics)
+            ends.append(lambda st, checkpoint=checkpoint, rng=rng: (set_rng_state(rng), checkpoint(st)))
+        records = train_batched(configs, [state for _, state in started], writers, ends)
+    return [(r, run_dir) for r, (run_dir, _) in zip(records, started)]
+
+
 def start_or_continue(config: Config) -> tuple[list[Record], Path, str]:
     """``run_training`` in ``config.run_dir`` without a figure, or, when a run is there
     already (``rlvr compare`` run again), that run continued: (records, run_dir, what

@@ -24,6 +24,8 @@ from rlvr import core
 from rlvr.cluster.session import Cluster
 from rlvr.cluster.session import wanted as cluster_wanted
 from rlvr.config import AlgoConfig, Config
+from rlvr.diagnostics import GradientNoiseMeter, flat_grad, max_reward_stats, prompt_solve_shares
+from rlvr.dynamic_sampling import fill_with_learning_groups
 from rlvr.engines import WeightSyncError
 from rlvr.evaluation import evaluate
 from rlvr.metrics import Record
@@ -120,6 +122,8 @@ def train(
         while st.epoch < a.epochs:
             if st.rollout is None:
                 st.rollout = collect_rollout(config, task, st)
+                if config.log.prompt_records and st.rollout.prompt_solved is not None:
+                    record({"kind": "prompts", "epoch": st.epoch, "step": st.step, "solved": st.rollout.prompt_solved})
             while st.inner_step < a.inner_steps:
                 if learners is None:
                     record(optimizer_step(config, st, st.rollout))
@@ -157,10 +161,17 @@ def collect_rollout(config: Config, task: Task, st: TrainState) -> Rollout:
         # Ray actors sample, with the weights of the last optimizer step (max_staleness k = 0)
         # or of up to k epochs before (k >= 1: corrected by TIS in build_rollout)
         samples, grades, stats = st.cluster.rollouts.sample_and_grade(st)
-        return build_rollout(config, st, samples, grades, stats)
-    engine_stats = sync_engine(st)  # the engine samples with the weights of the last optimizer step
-    samples, grades, timings = sample_and_grade(config, task, st.policy, st.generator)
-    return build_rollout(config, st, samples, grades, {**timings, **engine_stats})
+    else:
+        engine_stats = sync_engine(st)  # the engine samples with the weights of the last optimizer step
+        sample = lambda: sample_and_grade(config, task, st.policy, st.generator)  # noqa: E731
+        if a.dynamic_sampling:  # DAPO: only groups whose deltas are not all zero, sampled until B of them
+            samples, grades, timings = fill_with_learning_groups(a, config.task.prompts_per_epoch, sample)
+        else:
+            samples, grades, timings = sample()
+        stats = {**timings, **engine_stats}
+    # the hacking monitor: top-reward responses that fail the gold check
+    stats.update(max_reward_stats(grades.rewards, grades.correct, getattr(task, "max_reward", None)))
+    return build_rollout(config, st, samples, grades, stats)
 
 
 def sample_and_grade(config: Config, task: Task, policy: Policy, generator: torch.Generator
@@ -183,26 +194,34 @@ def build_rollout(config: Config, st: TrainState, samples: Samples, grades: Grad
     log-probs [N, T] (constants), aggregation weights [N, T] and the epoch's stats."""
     a, policy, temp = config.algo, st.policy, config.policy.temperature
     clock = time.perf_counter()
-    rewards, correct = grades.rewards, grades.correct  # [B, G] (NaN = abstain), [B, G]
-    deltas = core.compute_deltas(rewards, a.deltas, eps=a.adv_eps).reshape(-1)  # [N]; 0 where abstained
-
+    kl_in_reward = a.kl_coef > 0 and a.kl_in == "reward"
     # no_grad: old and reference log-probs are constants. If they carried gradient,
     # pi/pi_old would be identically 1 and its gradient silently 0.
     old_log_probs = ref_log_probs = importance_weights = None
     mismatch: dict[str, torch.Tensor] = {}
     with torch.no_grad():
-        if a.loss != "naive" or a.tis_cap is not None:  # the naive loss alone needs no old log-probs
+        if a.loss != "naive" or a.tis_cap is not None or kl_in_reward:  # the naive loss alone needs none
             old_log_probs, importance_weights, mismatch = old_policy_log_probs(a, policy, samples, temp)
         if a.kl_coef > 0:
             ref_log_probs, _ = reference_log_probs(policy, st.ref_module, samples, temp)
+    rewards, mask, shaping = shaped_rewards(config, policy, samples, grades.rewards, old_log_probs, ref_log_probs)
+    if kl_in_reward:
+        ref_log_probs = None  # the penalty is in the rewards, not in the loss
+    deltas = core.compute_deltas(rewards, a.deltas, eps=a.adv_eps).reshape(-1)  # [N]; 0 where abstained
+    if a.top_entropy_q is not None:  # train on the batch's highest-entropy tokens only
+        with torch.no_grad():
+            _, entropy = policy.log_probs(samples, temp, with_entropy=True)  # [N, T]
+        mask = mask & core.top_entropy_mask(entropy, mask, a.top_entropy_q)
     score_seconds = time.perf_counter() - clock
     tokens = samples.response_mask.sum().item()
     stats = {
-        **rollout_stats(rewards, correct, deltas, a.group_size),
+        **rollout_stats(grades.rewards, grades.correct, deltas, a.group_size),  # the task's rewards, unshaped
         **grades.metrics,
         **stats,  # time/generate, time/reward and the sampler's own numbers
+        **shaping,
         "time/score": score_seconds,
         "response_tokens": tokens,
+        "response_length": tokens / max(samples.num_responses, 1),
         "tokens_per_sec_generate": tokens / max(stats["time/generate"], 1e-9),
         **{key: value.item() for key, value in mismatch.items()},
     }
@@ -210,8 +229,36 @@ def build_rollout(config: Config, st: TrainState, samples: Samples, grades: Grad
     # batch's width T: with T, one long response would shrink every other token's
     # weight, and the step size would change from epoch to epoch.
     normalizer = policy.max_response_length if a.normalizer is None else a.normalizer
-    weights = core.aggregation_weights(samples.response_mask, a.aggregation, normalizer)  # [N, T]
-    return Rollout(samples, deltas, old_log_probs, ref_log_probs, weights, stats, importance_weights)
+    weights = core.aggregation_weights(mask, a.aggregation, normalizer)  # [N, T]
+    solved = None if grades.prompts is None else prompt_solve_shares(grades.prompts, grades.correct)
+    return Rollout(samples, deltas, old_log_probs, ref_log_probs, weights, stats, importance_weights, solved)
+
+
+def shaped_rewards(config: Config, policy: Policy, samples: Samples, rewards: torch.Tensor,
+                   old_log_probs: torch.Tensor | None, ref_log_probs: torch.Tensor | None
+                   ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """The rewards [B, G] the deltas are computed from, the mask [N, T] of the tokens that
+    train, and their numbers: the task's rewards minus kl_coef * k1 summed over the response
+    (``algo.kl_in=reward``), plus DAPO's soft length penalty (``algo.overlong=penalty``);
+    truncated responses out of the mask (``algo.overlong=mask``)."""
+    a, mask, shaping = config.algo, samples.response_mask, {}
+    if a.kl_coef > 0 and a.kl_in == "reward":
+        penalty = core.kl_reward_penalty(old_log_probs, ref_log_probs, mask, a.kl_coef)  # [N]
+        rewards = rewards - penalty.reshape(rewards.shape)
+        shaping["kl_reward_penalty"] = penalty.mean().item()
+    if a.overlong != "none":
+        truncate = getattr(policy, "truncated", None)  # the toy's answers have one fixed length: never cut
+        truncated = torch.zeros(samples.num_responses, dtype=torch.bool) if truncate is None else truncate(samples)
+        shaping["truncated_frac"] = truncated.float().mean().item()
+        if a.overlong == "mask":
+            mask = core.overlong_mask(truncated, mask)
+        else:
+            lengths = samples.response_mask.sum(dim=1)  # [N]
+            penalty = core.overlong_penalty(lengths, policy.max_response_length, a.overlong_cache,
+                                            a.overlong_factor, dtype=rewards.dtype)
+            rewards = rewards + penalty.reshape(rewards.shape)
+            shaping["overlong_penalty"] = penalty.mean().item()
+    return rewards, mask, shaping
 
 
 def old_policy_log_probs(
@@ -264,7 +311,9 @@ def optimizer_step(config: Config, st: TrainState, rollout: Rollout) -> Record:
     micro-batches, then the step (skipped when anything is not finite)."""
     clock = time.perf_counter()
     st.optimizer.zero_grad(set_to_none=True)
-    sums = accumulate_gradients(config, st.policy, rollout, config.optim.micro_batches)
+    every = config.log.grad_noise_every
+    meter = GradientNoiseMeter() if every and st.inner_step == 0 and st.epoch % every == 0 else None
+    sums = accumulate_gradients(config, st.policy, rollout, config.optim.micro_batches, meter)
     metrics = step_metrics(sums, clip_gradients(st.policy.module, config.optim.max_grad_norm))
     skipped = not all(math.isfinite(v) for v in metrics.values())
     if skipped:
@@ -272,6 +321,8 @@ def optimizer_step(config: Config, st: TrainState, rollout: Rollout) -> Record:
     else:
         st.optimizer.step()
         st.bad_steps = 0
+    if meter is not None:  # after the check: a zero gradient has an undefined (NaN) noise scale
+        metrics.update(meter.metrics())
     lr = st.scheduler.get_last_lr()[0]
     st.scheduler.step()  # counts steps, skipped ones too: the schedule follows the step number
     record = {"kind": "train", "epoch": st.epoch, "step": st.step, **metrics, "skipped_step": float(skipped),
@@ -280,10 +331,15 @@ def optimizer_step(config: Config, st: TrainState, rollout: Rollout) -> Record:
     return record
 
 
-def accumulate_gradients(config: Config, policy: Policy, rollout: Rollout, num_micro_batches: int
-                         ) -> dict[str, torch.Tensor]:
+def accumulate_gradients(config: Config, policy: Policy, rollout: Rollout, num_micro_batches: int,
+                         meter: GradientNoiseMeter | None = None) -> dict[str, torch.Tensor]:
     """Backpropagate the loss of ``rollout`` in micro-batches, the gradients adding up in
     each parameter's ``.grad``; returns the step's sums (``step_sums``, added up).
+
+    ``meter``: measure the gradient's noise on this step; the batch is then split into at
+    least ``log.grad_noise_parts`` parts of whole groups, each part's gradient handed to the
+    meter with its share of the batch in prompts (the gradient summed is the same, up to
+    float rounding).
 
     The loss of any part of a rollout (``Rollout.rows``) is its share of the whole batch's
     loss, so the gradients of parts add up to the full-batch gradient: micro-batches here,
@@ -292,9 +348,16 @@ def accumulate_gradients(config: Config, policy: Policy, rollout: Rollout, num_m
     """
     a, temp = config.algo, config.policy.temperature
     sums: dict[str, torch.Tensor] = {}
-    for mb in micro_batches(rollout, num_micro_batches):
-        log_probs, entropy = policy.log_probs(mb.samples, temp, with_entropy=config.log.entropy)  # [n, T]
-        pg, stats = core.policy_loss(log_probs, mb.deltas, a.loss, mb.old_log_probs, a.clip_eps, a.clip_eps_high)
+    if meter is None:
+        parts = micro_batches(rollout, num_micro_batches)
+    else:
+        parts = group_parts(rollout, max(num_micro_batches, config.log.grad_noise_parts), a.group_size)
+    entropy_args = {"with_entropy": config.log.entropy or a.entropy_coef > 0,
+                    **({"entropy_grad": True} if a.entropy_coef > 0 else {})}
+    for mb in parts:
+        log_probs, entropy = policy.log_probs(mb.samples, temp, **entropy_args)  # [n, T]
+        pg, stats = core.policy_loss(log_probs, mb.deltas, a.loss, mb.old_log_probs, a.clip_eps, a.clip_eps_high,
+                                     clip_ratio_c=a.clip_ratio_c, response_mask=mb.samples.response_mask)
         if mb.importance_weights is not None:
             # TIS: the tokens came from the sampler, not pi_old; w = min(pi_old / pi_sampler, C), a constant
             pg = pg * mb.importance_weights
@@ -304,8 +367,13 @@ def accumulate_gradients(config: Config, policy: Policy, rollout: Rollout, num_m
             # kl_loss_term, not kl_penalty: it refuses k1, whose gradient is zero in expectation.
             kl = core.kl_loss_term(log_probs, mb.ref_log_probs, a.kl_estimator)
             per_token = pg + a.kl_coef * kl
+        if a.entropy_coef > 0:
+            per_token = per_token + core.entropy_bonus(entropy, a.entropy_coef)
         loss = core.weighted_sum(per_token, mb.weights)
         loss.backward()
+        if meter is not None:  # the part's size: its share of the batch's loss weight, in prompts
+            share = (mb.weights.sum() / rollout.weights.sum()).item()
+            meter.add_running_sum(flat_grad(policy.module), share * rollout.samples.num_responses / a.group_size)
         for key, value in step_sums(mb.weights, mb.samples.response_mask, loss, pg, kl, stats["clipped"],
                                     entropy).items():
             sums[key] = sums.get(key, 0) + value
@@ -359,6 +427,14 @@ def skip_step(st: TrainState, module: torch.nn.Module, metrics: dict[str, float]
             f"{st.bad_steps} consecutive steps with non-finite values (last: {', '.join(bad)}) at epoch "
             f"{st.epoch}, step {st.step}; stopping. The last checkpoint written before this is intact."
         )
+
+
+def group_parts(rollout: Rollout, count: int, group_size: int) -> list[Rollout]:
+    """``count`` parts of ``rollout`` made of whole groups (at most one part per group)."""
+    groups = rollout.samples.num_responses // group_size
+    count = min(count, groups)
+    cuts = [r * groups // count * group_size for r in range(count + 1)]
+    return [rollout.rows(slice(start, stop)) for start, stop in zip(cuts[:-1], cuts[1:])]
 
 
 def micro_batches(rollout: Rollout, count: int) -> list[Rollout]:

@@ -26,13 +26,27 @@ NAN = float("nan")
 
 def reference_deltas(rows, valid_rows, mode, eps):
     """compute_deltas written as plain loops over python floats."""
+
+    def kept(row, valid_row):
+        return [v and math.isfinite(r) for r, v in zip(row, valid_row)]
+
+    def mean_std(vals):  # mean and Bessel std (0 for fewer than two values)
+        mean = sum(vals) / len(vals) if vals else 0.0
+        std = math.sqrt(sum((r - mean) ** 2 for r in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
+        return mean, std
+
+    batch, batch_centered = [], []  # every valid reward of the batch, and minus its group mean
+    for row, valid_row in zip(rows, valid_rows):
+        vals = [r for r, k in zip(row, kept(row, valid_row)) if k]
+        batch += vals
+        batch_centered += [r - mean_std(vals)[0] for r in vals]
+    batch_std, centered_std = mean_std(batch)[1], mean_std(batch_centered)[1]
     out = []
     for row, valid_row in zip(rows, valid_rows):
-        keep = [v and math.isfinite(r) for r, v in zip(row, valid_row)]
+        keep = kept(row, valid_row)
         vals = [r for r, k in zip(row, keep) if k]
         num_valid = len(vals)  # G'
-        mean = sum(vals) / num_valid if num_valid else 0.0
-        std = math.sqrt(sum((r - mean) ** 2 for r in vals) / (num_valid - 1)) if num_valid > 1 else 0.0
+        mean, std = mean_std(vals)
         best = max(vals) if vals else None
         deltas = []
         for r, k in zip(row, keep):
@@ -46,6 +60,10 @@ def reference_deltas(rows, valid_rows, mode, eps):
                 deltas.append((r - mean) / (std + eps))
             elif mode == "max_only":
                 deltas.append(r if r == best else 0.0)
+            elif mode == "batch_normalized":
+                deltas.append((r - mean) / (batch_std + eps))
+            elif mode == "reinforce_pp":
+                deltas.append((r - mean) / (centered_std + eps))
             else:  # leave_one_out: r minus the mean of the other G' - 1
                 deltas.append(r - (sum(vals) - r) / (num_valid - 1) if num_valid > 1 else 0.0)
         out.append(deltas)
@@ -75,9 +93,9 @@ def test_compute_deltas_matches_loop_reference(groups, mode, use_valid):
     got = compute_deltas(
         torch.tensor(rows, dtype=torch.float64), mode, valid=torch.tensor(valid) if use_valid else None
     )
-    # float64 rounding of sums of <= 6 terms of size <= 8 * scale; normalized values are
-    # O(1) (|delta| <= sqrt(g - 1)), hence the scale-free atol there.
-    atol = 1e-9 if mode == "normalized" else 1e-12 * scale
+    # float64 rounding of sums of <= 24 terms of size <= 8 * scale; values divided by a std
+    # are O(1) (a nonzero std is >= scale / 24 on this grid), hence the scale-free atol there.
+    atol = 1e-9 if mode in ("normalized", "batch_normalized", "reinforce_pp") else 1e-12 * scale
     torch.testing.assert_close(got, expected, rtol=1e-9, atol=atol)
 
 
@@ -100,7 +118,7 @@ def test_compute_deltas_degenerate_inputs_stay_finite(b, g, mode, dtype, data):
     assert torch.isfinite(deltas).all()
     assert (deltas[~torch.isfinite(rewards)] == 0).all()
     constant = torch.full((b, g), 0.1, dtype=dtype)
-    if mode in ("centered", "normalized", "leave_one_out"):
+    if mode in ("centered", "normalized", "leave_one_out", "batch_normalized", "reinforce_pp"):
         assert (compute_deltas(constant, mode) == 0).all()
 
 

@@ -23,8 +23,13 @@ def _t(rows):
 #   group 1: r = [-1, 5, 5, 3], mean 3, centered [-4, 2, 2, 0],
 #            Bessel var (16 + 4 + 4 + 0) / 3 = 8, max 5 (a tie: both winners keep 5),
 #            leave-one-out: -1 - 13/3 = -16/3, 5 - 7/3 = 8/3 (twice), 3 - 3 = 0
+#   the batch: both group means are 3, so the 8 rewards and the 8 centered values have the
+#            same std: Bessel var (4+1+0+9 + 16+4+4+0) / 7 = 38/7; batch_normalized and
+#            reinforce_pp are both centered / sqrt(38/7) here (test_modern_deltas.py tells
+#            them apart)
 REWARDS = [[1.0, 2.0, 3.0, 6.0], [-1.0, 5.0, 5.0, 3.0]]
-S0, S1 = math.sqrt(14 / 3), math.sqrt(8.0)
+S0, S1, SB = math.sqrt(14 / 3), math.sqrt(8.0), math.sqrt(38 / 7)
+BATCH_SCALED = [[c / (SB + EPS) for c in row] for row in [[-2.0, -1.0, 0.0, 3.0], [-4.0, 2.0, 2.0, 0.0]]]
 EXPECTED = {
     "raw": REWARDS,
     "centered": [[-2.0, -1.0, 0.0, 3.0], [-4.0, 2.0, 2.0, 0.0]],
@@ -34,6 +39,8 @@ EXPECTED = {
     ],
     "max_only": [[0.0, 0.0, 0.0, 6.0], [0.0, 5.0, 5.0, 0.0]],
     "leave_one_out": [[-8 / 3, -4 / 3, 0.0, 4.0], [-16 / 3, 8 / 3, 8 / 3, 0.0]],
+    "batch_normalized": BATCH_SCALED,
+    "reinforce_pp": BATCH_SCALED,
 }
 
 
@@ -121,7 +128,8 @@ def test_lecture_two_state_baseline_example():
 
 # Abstentions: group 0 of REWARDS with a NaN inserted; the valid rewards [1, 2, 6] give
 # mean 3, centered [-2, -1, 3], Bessel var (4+1+9)/2 = 7, leave-one-out
-# 1 - 4 = -3, 2 - 3.5 = -1.5, 6 - 1.5 = 4.5 (= 3/2 * centered), max 6.
+# 1 - 4 = -3, 2 - 3.5 = -1.5, 6 - 1.5 = 4.5 (= 3/2 * centered), max 6. One group: the
+# batch's std is the group's, so batch_normalized and reinforce_pp equal normalized.
 S_ABST = math.sqrt(7.0)
 ABSTAIN_EXPECTED = {
     "raw": [1.0, 0.0, 2.0, 6.0],
@@ -130,6 +138,7 @@ ABSTAIN_EXPECTED = {
     "max_only": [0.0, 0.0, 0.0, 6.0],
     "leave_one_out": [-3.0, 0.0, -1.5, 4.5],
 }
+ABSTAIN_EXPECTED["batch_normalized"] = ABSTAIN_EXPECTED["reinforce_pp"] = ABSTAIN_EXPECTED["normalized"]
 
 
 @pytest.mark.parametrize("mode", DELTA_MODES)

@@ -92,9 +92,10 @@ def test_k3_mismatch_is_kl_sampler_to_trainer_by_exact_enumeration():
 
 @pytest.mark.parametrize("mode", list(LOSS_MODES))
 def test_tis_weighted_loss_gradient_is_w_times_the_per_token_gradient(mode):
-    # Each token's loss depends on its own log-prob only, so d(sum w * loss)/d log_prob_t
-    # must be w_t * d loss_t / d log_prob_t, with w a constant (even though the old
-    # log-probs it is built from require grad here).
+    # Each token's loss carries gradient through its own log-prob only (gspo too: its
+    # sequence ratio enters each token detached), so d(sum w * loss)/d log_prob_t must be
+    # w_t * d loss_t / d log_prob_t, with w a constant (even though the old log-probs it is
+    # built from require grad here).
     g = torch.Generator().manual_seed(3)
     log_probs = (torch.randn(4, 5, generator=g) * 0.3 - 1.0).requires_grad_(True)
     old = (log_probs.detach() + 0.4 * torch.randn(4, 5, generator=g)).requires_grad_(True)
@@ -102,7 +103,8 @@ def test_tis_weighted_loss_gradient_is_w_times_the_per_token_gradient(mode):
     deltas = torch.randn(4, generator=g)
     w = tis_weights(old, sample, cap=1.5)
     assert (w <= 1.5 * (1 + 1e-6)).all() and torch.isclose(w, torch.tensor(1.5)).any() and (w < 1.0).any()
-    per_token, _ = policy_loss(log_probs, deltas, mode, old, clip_eps=0.2)
+    response_mask = torch.ones(4, 5, dtype=torch.bool)  # gspo's mean is over the response's tokens
+    per_token, _ = policy_loss(log_probs, deltas, mode, old, clip_eps=0.2, response_mask=response_mask)
     (unweighted,) = torch.autograd.grad(per_token.sum(), log_probs, retain_graph=True)
     (weighted,) = torch.autograd.grad((w * per_token).sum(), log_probs)
     assert (unweighted != 0).any()  # not vacuous: some tokens carry gradient

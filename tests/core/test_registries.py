@@ -58,8 +58,8 @@ def test_a_new_delta_entry_is_dispatched_and_its_invalid_entries_zeroed(monkeypa
 def test_a_new_loss_entry_gets_constant_per_response_deltas(monkeypatch):
     seen = {}
 
-    def record(log_probs, deltas, old_log_probs, clip_eps, clip_eps_high):
-        seen.update(deltas=deltas, args=(old_log_probs, clip_eps, clip_eps_high))
+    def record(log_probs, deltas, old_log_probs, clip_eps, clip_eps_high, clip_ratio_c, response_mask):
+        seen.update(deltas=deltas, args=(old_log_probs, clip_eps, clip_eps_high, clip_ratio_c, response_mask))
         return -deltas * log_probs, {}
 
     monkeypatch.setitem(LOSS_MODES, "record", record)
@@ -69,7 +69,7 @@ def test_a_new_loss_entry_gets_constant_per_response_deltas(monkeypatch):
     # deltas [N] -> [N, 1], cast to log_probs' dtype, detached: -delta * 1 on every token.
     assert seen["deltas"].shape == (2, 1) and seen["deltas"].dtype == torch.float32
     assert not seen["deltas"].requires_grad
-    assert seen["args"] == (None, 0.1, 0.3)
+    assert seen["args"] == (None, 0.1, 0.3, 3.0, None)  # clip_ratio_c's default, no response_mask
     assert torch.equal(loss, torch.tensor([[-2.0] * 3, [1.0] * 3]))
 
 

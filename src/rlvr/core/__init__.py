@@ -4,16 +4,19 @@ Deltas, losses, aggregations and KL estimators are name -> function tables
 (``DELTA_MODES``, ``LOSS_MODES``, ``AGGREGATIONS``, ``KL_ESTIMATORS``): the keys are
 the allowed modes, and ``compute_deltas``, ``policy_loss``, ``aggregation_weights`` and
 ``kl_penalty`` dispatch through them. ``importance``: truncated importance weights
-and mismatch measures between a sampler's log-probs and the trainer's.
+and mismatch measures between a sampler's log-probs and the trainer's. ``selection``:
+which groups, responses and tokens train (dynamic sampling, overlong filtering and
+penalty, top-entropy tokens).
 """
 
 from rlvr.core.aggregation import AGGREGATIONS, aggregate_loss, aggregation_weights, weighted_sum
-from rlvr.core.deltas import DELTA_MODES, compute_deltas
+from rlvr.core.deltas import DELTA_MODES, REWARD_SCALES, compute_deltas, scale_rewards
 from rlvr.core.importance import max_abs_log_prob_gap, mismatch_k3, tis_truncated_frac, tis_weights
-from rlvr.core.kl import KL_ESTIMATORS, KL_LOSS_ESTIMATORS, kl_loss_term, kl_penalty
+from rlvr.core.kl import KL_ESTIMATORS, KL_LOSS_ESTIMATORS, kl_loss_term, kl_penalty, kl_reward_penalty
 from rlvr.core.logprobs import token_log_probs
-from rlvr.core.losses import LOSS_MODES, policy_loss
+from rlvr.core.losses import LOSS_MODES, entropy_bonus, policy_loss
 from rlvr.core.masked import entropy_from_logits, masked_mean, masked_normalize, masked_sum
+from rlvr.core.selection import nonzero_delta_groups, overlong_mask, overlong_penalty, top_entropy_mask
 
 __all__ = [
     "AGGREGATIONS",
@@ -21,20 +24,28 @@ __all__ = [
     "KL_ESTIMATORS",
     "KL_LOSS_ESTIMATORS",
     "LOSS_MODES",
+    "REWARD_SCALES",
     "aggregate_loss",
     "aggregation_weights",
     "compute_deltas",
+    "entropy_bonus",
     "entropy_from_logits",
     "kl_loss_term",
     "kl_penalty",
+    "kl_reward_penalty",
     "masked_mean",
     "max_abs_log_prob_gap",
     "mismatch_k3",
     "masked_normalize",
     "masked_sum",
+    "nonzero_delta_groups",
+    "overlong_mask",
+    "overlong_penalty",
     "policy_loss",
+    "scale_rewards",
     "tis_truncated_frac",
     "tis_weights",
     "token_log_probs",
+    "top_entropy_mask",
     "weighted_sum",
 ]

@@ -7,7 +7,13 @@ deltas are ``[B, G]``: B prompts (states), G sampled responses per prompt (the g
 ``[B, G]``: ``rewards`` has its invalid entries already zeroed, ``valid`` is bool (the
 entries that enter the group statistics); entries where ``valid`` is False may hold
 anything, ``compute_deltas`` zeroes them. Below, r is a group's valid rewards and G' their
-number.
+number; "the batch" is every valid reward of all B groups, N' of them.
+
+The centered family differs only in the scale it divides by: ``centered`` (none),
+``normalized`` (the group's std, GRPO), ``batch_normalized`` (the batch's reward std),
+``reinforce_pp`` (the batch's std of the centered rewards, REINFORCE++). ``REWARD_SCALES``
+and ``scale_rewards`` name these by the scale alone (none / group / batch): they select a
+delta mode, so a scale never composes with a mode it would divide twice.
 """
 
 from __future__ import annotations
@@ -57,6 +63,42 @@ def normalized(rewards: torch.Tensor, valid: torch.Tensor, eps: float) -> torch.
     return deviations / (std + eps)
 
 
+def _batch_std(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Bessel std of ``values`` [B, G] over all valid entries of the batch, [] (0 when N' <= 1).
+
+    Its mean is subtracted first, so a batch of one constant value has std exactly 0.
+    """
+    count = valid.sum().to(values.dtype)
+    mean = torch.where(valid, values, torch.zeros_like(values)).sum() / count.clamp(min=1)
+    sq = torch.where(valid, (values - mean).square(), torch.zeros_like(values)).sum()
+    return (sq / (count - 1).clamp(min=1)).sqrt()
+
+
+def batch_normalized(rewards: torch.Tensor, valid: torch.Tensor, eps: float) -> torch.Tensor:
+    """delta = (r - mean(r)) / (std of the batch's rewards + eps). [B, G] -> [B, G].
+
+    The scale is shared by all groups, so a group whose rewards barely differ is not
+    blown up to unit scale as ``normalized`` does, and the between-group spread of the
+    rewards counts in the std too. Bessel std over the batch's N' valid rewards (0 when
+    N' <= 1).
+    """
+    mean, _ = _group_mean(rewards, valid)
+    return (rewards - mean) / (_batch_std(rewards, valid) + eps)
+
+
+def reinforce_pp(rewards: torch.Tensor, valid: torch.Tensor, eps: float) -> torch.Tensor:
+    """delta = c / (std of the batch's c + eps), c = r - mean(r) (REINFORCE++ with a group baseline).
+
+    [B, G] -> [B, G]. The group-centered c are normalised over the whole batch: their
+    batch mean is 0 already (each group's c sum to 0), so dividing by their Bessel std
+    over the batch's N' valid entries is the whole normalisation. Unlike
+    ``batch_normalized`` the spread between group means does not enter the scale.
+    """
+    mean, _ = _group_mean(rewards, valid)
+    centered_rewards = rewards - mean
+    return centered_rewards / (_batch_std(centered_rewards, valid) + eps)
+
+
 def max_only(rewards: torch.Tensor, valid: torch.Tensor, eps: float) -> torch.Tensor:
     """delta = r where r equals the group max, else 0. [B, G] -> [B, G]."""
     masked = torch.where(valid, rewards, torch.full_like(rewards, -torch.inf))
@@ -80,7 +122,12 @@ DELTA_MODES: dict[str, Callable[[torch.Tensor, torch.Tensor, float], torch.Tenso
     "normalized": normalized,
     "max_only": max_only,
     "leave_one_out": leave_one_out,
+    "batch_normalized": batch_normalized,
+    "reinforce_pp": reinforce_pp,
 }
+
+# The scale the group-centered rewards are divided by -> the delta mode that does it.
+REWARD_SCALES: dict[str, str] = {"none": "centered", "group": "normalized", "batch": "batch_normalized"}
 
 
 def compute_deltas(
@@ -93,7 +140,7 @@ def compute_deltas(
 
     rewards: [B, G] float. valid: optional [B, G] bool, False where the reward abstained
     (those entries are left out of the group statistics and get delta 0). NaN rewards
-    count as abstentions too. eps: added to the std by ``normalized``.
+    count as abstentions too. eps: added to the std by the modes that divide by one.
     Returns [B, G] with the dtype of ``rewards``.
     """
     if rewards.dim() != 2:
@@ -108,3 +155,21 @@ def compute_deltas(
     zero = torch.zeros_like(rewards)
     rewards = torch.where(valid, rewards, zero)
     return torch.where(valid, delta_fn(rewards, valid, eps), zero)
+
+
+def scale_rewards(
+    rewards: torch.Tensor,
+    scale: str,
+    eps: float = 1e-6,
+    valid: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Group-centered rewards divided by a scale: ``compute_deltas`` with the mode
+    ``REWARD_SCALES[scale]``. rewards, valid: [B, G] -> [B, G].
+
+    none:  r - mean(r)                               (``centered``)
+    group: (r - mean(r)) / (group std + eps)         (``normalized``, GRPO)
+    batch: (r - mean(r)) / (batch reward std + eps)  (``batch_normalized``)
+
+    Abstentions (NaN, or valid False) as in ``compute_deltas``.
+    """
+    return compute_deltas(rewards, lookup(REWARD_SCALES, scale, "reward scale"), eps, valid)

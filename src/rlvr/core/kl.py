@@ -14,6 +14,10 @@ E_pi[grad k(a)] is (test_kl.py checks each by exact enumeration):
   k1:           E_pi[grad log pi] = 0           does nothing; k1 belongs in the reward
   k2, k1+, k3+: grad KL(pi || ref)              the divergence the values estimate
   k3:           grad KL(ref || pi)              the reverse divergence (mass-covering)
+
+In the reward instead (``kl_reward_penalty``): each response's reward loses
+beta * sum_t k1_t, and the policy gradient of the penalised reward is the gradient of
+E[R] - beta * KL(pi || ref) over whole responses.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from collections.abc import Callable
 
 import torch
 
+from rlvr.core.masked import masked_sum
 from rlvr.core.registry import lookup
 
 
@@ -101,3 +106,26 @@ def kl_loss_term(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, estimator
             "(k1+: k1's value with k2's gradient, the gradient of KL(pi||ref))"
         )
     return kl_penalty(log_probs, ref_log_probs, estimator)
+
+
+def kl_reward_penalty(
+    log_probs: torch.Tensor, ref_log_probs: torch.Tensor, response_mask: torch.Tensor, coef: float
+) -> torch.Tensor:
+    """beta * sum over response tokens of k1 = beta * sum_t (log pi_t - log pi_ref_t); [N, T] each -> [N].
+
+    Subtract it from each response's reward before the deltas: reward_i - penalty_i (a
+    NaN reward, an abstention, stays NaN). ``log_probs`` are those of the policy that
+    sampled the responses (old or sampler log-probs), ``coef`` beta >= 0. The sum of
+    the token log-ratios is the log-ratio of the whole response, log pi(y) / pi_ref(y),
+    an unbiased estimate of the sequence-level KL(pi || ref); as part of the reward its
+    gradient is that of -beta * KL(pi || ref), which k1 as a loss term (gradient 0 in
+    expectation) cannot give. One number per response, since rewards and deltas are
+    per response here. Detached: a reward is a constant of the step.
+    """
+    if not coef >= 0:
+        raise ValueError(f"KL reward coef must be >= 0, got {coef}")
+    if not log_probs.shape == ref_log_probs.shape == response_mask.shape:
+        raise ValueError(f"log_probs {tuple(log_probs.shape)}, ref_log_probs {tuple(ref_log_probs.shape)} and "
+                         f"response_mask {tuple(response_mask.shape)} must have one shape [N, T]")
+    k1_tokens = kl_penalty(log_probs.detach(), ref_log_probs.detach(), "k1")  # [N, T]
+    return coef * masked_sum(k1_tokens, response_mask, dim=-1)

@@ -6,10 +6,17 @@ the sampled tokens under the current policy; ``deltas`` are per response, [N] or
 evenly over positions).
 
 ``LOSS_MODES`` maps each mode to its function
-``(log_probs, deltas, old_log_probs, clip_eps, clip_eps_high) -> (per_token_loss, stats)``
-with log_probs [N, T], deltas [N, 1] (constants, in the dtype of log_probs),
-old_log_probs [N, T] or None, per_token_loss [N, T] and stats ``ratio`` [N, T] (detached)
-and ``clipped`` [N, T] bool (tokens whose gradient the clip removed).
+``(log_probs, deltas, old_log_probs, clip_eps, clip_eps_high, clip_ratio_c, response_mask)
+-> (per_token_loss, stats)`` with log_probs [N, T], deltas [N, 1] (constants, in the dtype
+of log_probs), old_log_probs [N, T] or None, response_mask [N, T] bool or None,
+per_token_loss [N, T] and stats ``ratio`` [N, T] (detached) and ``clipped`` [N, T] bool:
+the tokens whose term the clip changed (for every mode but ``cispo`` their gradient is 0;
+``cispo`` keeps it, scaled by the clipped weight).
+
+Modes: ``naive`` and ``ratio`` (the plain policy gradient, on- and off-policy),
+``clipped`` (PPO), ``dual_clip`` (PPO with a floor on negative deltas), ``gspo`` (one
+clipped ratio per response), ``cispo`` (REINFORCE with a clipped, detached weight).
+``entropy_bonus`` is a per-token term to add to any of them.
 """
 
 from __future__ import annotations
@@ -18,12 +25,15 @@ from collections.abc import Callable
 
 import torch
 
+from rlvr.core.masked import masked_mean
 from rlvr.core.registry import lookup
 
 LossStats = dict[str, torch.Tensor]
-# (log_probs, deltas, old_log_probs, clip_eps, clip_eps_high) -> (per_token_loss, stats)
+# (log_probs, deltas, old_log_probs, clip_eps, clip_eps_high, clip_ratio_c, response_mask)
+#   -> (per_token_loss, stats)
 LossFn = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor | None, float, float | None], tuple[torch.Tensor, LossStats]
+    [torch.Tensor, torch.Tensor, torch.Tensor | None, float, float | None, float, torch.Tensor | None],
+    tuple[torch.Tensor, LossStats],
 ]
 
 
@@ -36,8 +46,8 @@ def _per_response(deltas: torch.Tensor, num_responses: int) -> torch.Tensor:
     return deltas
 
 
-def _ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor | None, mode: str) -> torch.Tensor:
-    """ratio = pi / pi_old = exp(log_prob - old_log_prob); [N, T] each -> [N, T].
+def _log_ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor | None, mode: str) -> torch.Tensor:
+    """log(pi / pi_old) = log_prob - old_log_prob; [N, T] each -> [N, T].
 
     ``old_log_probs`` must be constants (sampled under no_grad): they are detached here
     too, because a ratio whose denominator carries gradient is identically 1 and its
@@ -49,7 +59,30 @@ def _ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor | None, mode: st
         raise ValueError(
             f"old_log_probs shape {tuple(old_log_probs.shape)} != log_probs shape {tuple(log_probs.shape)}"
         )
-    return torch.exp(log_probs - old_log_probs.detach())
+    return log_probs - old_log_probs.detach()
+
+
+def _ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor | None, mode: str) -> torch.Tensor:
+    """ratio = pi / pi_old = exp(log_prob - old_log_prob); [N, T] each -> [N, T]."""
+    return torch.exp(_log_ratio(log_probs, old_log_probs, mode))
+
+
+def _clip_range(clip_eps: float, clip_eps_high: float | None) -> tuple[float, float]:
+    """The ratio's range [1 - clip_eps, 1 + clip_eps_high]; ``clip_eps_high`` None means ``clip_eps``."""
+    return 1.0 - clip_eps, 1.0 + (clip_eps if clip_eps_high is None else clip_eps_high)
+
+
+def _clipped_objective(
+    ratio: torch.Tensor, deltas: torch.Tensor, low: float, high: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's min(ratio * delta, clip(ratio, low, high) * delta) [N, T], and the tokens whose
+    gradient the clip removed [N, T] bool; ratio [N, T], deltas [N, 1]."""
+    unclipped = ratio * deltas
+    clipped_obj = torch.clamp(ratio, low, high) * deltas
+    objective = torch.minimum(unclipped, clipped_obj)
+    # A token is clipped when the min picks the clipped branch and that branch is flat.
+    was_clipped = (clipped_obj < unclipped) & ((ratio < low) | (ratio > high))
+    return objective, was_clipped
 
 
 def _no_clip(ratio: torch.Tensor) -> torch.Tensor:
@@ -63,6 +96,8 @@ def naive_loss(
     old_log_probs: torch.Tensor | None,
     clip_eps: float,
     clip_eps_high: float | None,
+    clip_ratio_c: float,
+    response_mask: torch.Tensor | None,
 ) -> tuple[torch.Tensor, LossStats]:
     """loss = -delta * log_prob; [N, T] (ratio reported as 1, nothing clipped).
 
@@ -79,6 +114,8 @@ def ratio_loss(
     old_log_probs: torch.Tensor | None,
     clip_eps: float,
     clip_eps_high: float | None,
+    clip_ratio_c: float,
+    response_mask: torch.Tensor | None,
 ) -> tuple[torch.Tensor, LossStats]:
     """loss = -delta * ratio, ratio = exp(log_prob - old_log_prob) (pi / pi_old); [N, T]."""
     ratio = _ratio(log_probs, old_log_probs, "ratio")
@@ -91,22 +128,121 @@ def clipped_loss(
     old_log_probs: torch.Tensor | None,
     clip_eps: float,
     clip_eps_high: float | None,
+    clip_ratio_c: float,
+    response_mask: torch.Tensor | None,
 ) -> tuple[torch.Tensor, LossStats]:
     """loss = -min(ratio * delta, clip(ratio, 1 - clip_eps, 1 + clip_eps_high) * delta); [N, T].
 
     PPO's clipped surrogate; ``clip_eps_high`` None means ``clip_eps`` (symmetric clip).
     """
     ratio = _ratio(log_probs, old_log_probs, "clipped")
-    unclipped = ratio * deltas
-    high = clip_eps if clip_eps_high is None else clip_eps_high
-    clipped_obj = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + high) * deltas
-    objective = torch.minimum(unclipped, clipped_obj)
-    # A token is clipped when the min picks the clipped branch and that branch is flat.
-    was_clipped = (clipped_obj < unclipped) & ((ratio < 1.0 - clip_eps) | (ratio > 1.0 + high))
+    objective, was_clipped = _clipped_objective(ratio, deltas, *_clip_range(clip_eps, clip_eps_high))
     return -objective, {"ratio": ratio.detach(), "clipped": was_clipped.detach()}
 
 
-LOSS_MODES: dict[str, LossFn] = {"naive": naive_loss, "ratio": ratio_loss, "clipped": clipped_loss}
+def dual_clip_loss(
+    log_probs: torch.Tensor,
+    deltas: torch.Tensor,
+    old_log_probs: torch.Tensor | None,
+    clip_eps: float,
+    clip_eps_high: float | None,
+    clip_ratio_c: float,
+    response_mask: torch.Tensor | None,
+) -> tuple[torch.Tensor, LossStats]:
+    """Dual-clip PPO; [N, T]:
+
+        objective = max(min(ratio * delta, clip(ratio, 1 - clip_eps, 1 + clip_eps_high) * delta), c * delta)
+                    where delta < 0, the clipped objective where delta >= 0;   loss = -objective
+
+    c = ``clip_ratio_c`` > 1. For delta < 0 the plain clip leaves min(...) = ratio * delta
+    unbounded below as the ratio grows (a token the policy now finds far likelier, with a
+    bad delta): one such token can dominate the step. The floor c * delta caps its loss at
+    -c * delta and its gradient at 0; it binds exactly where ratio > c. ``clipped``: the
+    tokens of either clip (both have gradient 0).
+    """
+    if not clip_ratio_c > 1.0:
+        raise ValueError(f"dual_clip needs clip_ratio_c > 1 (the floor c * delta on negative deltas), "
+                         f"got {clip_ratio_c}")
+    ratio = _ratio(log_probs, old_log_probs, "dual_clip")
+    objective, was_clipped = _clipped_objective(ratio, deltas, *_clip_range(clip_eps, clip_eps_high))
+    floor = clip_ratio_c * deltas  # [N, 1]
+    floored = (deltas < 0) & (floor > objective)  # [N, T]
+    objective = torch.where(floored, floor, objective)
+    return -objective, {"ratio": ratio.detach(), "clipped": (was_clipped | floored).detach()}
+
+
+def gspo_loss(
+    log_probs: torch.Tensor,
+    deltas: torch.Tensor,
+    old_log_probs: torch.Tensor | None,
+    clip_eps: float,
+    clip_eps_high: float | None,
+    clip_ratio_c: float,
+    response_mask: torch.Tensor | None,
+) -> tuple[torch.Tensor, LossStats]:
+    """GSPO: one clipped ratio per response, on every one of its tokens; [N, T]:
+
+        s_i = exp(mean over response i's tokens of (log_prob - old_log_prob))     [N, 1]
+        loss_i,t = -min(s_i * delta_i, clip(s_i, 1 - clip_eps, 1 + clip_eps_high) * delta_i)
+
+    s_i is the length-normalised sequence ratio (pi(y_i) / pi_old(y_i))^(1 / |y_i|); the
+    clip keeps or drops whole responses. Needs ``response_mask`` [N, T] (the mean is over
+    real tokens only). Sequence ratios sit much closer to 1 than token ratios: GSPO's
+    clip ranges are small (3e-4 / 4e-4 in the paper, set through clip_eps / clip_eps_high).
+
+    Computed in the per-token form s_i,t = sg(s_i) * pi_t / sg(pi_t): the value is s_i at
+    every token, and token t's gradient is s_i * delta_i * grad log pi_t, through its own
+    log-prob alone. With weights constant over a response's tokens (every aggregation),
+    the gradient is exactly that of the sequence-level objective, since
+    sum_t grad log pi_t / |y_i| = grad log s_i; and a per-token weight (TIS, a token
+    selection) then acts on its own token, as with the other losses. With
+    seq_mean_token_mean the loss is the paper's -mean_i min(s_i delta_i, clip(s_i) delta_i).
+    ``clipped``: every token of a clipped response.
+    """
+    if response_mask is None:
+        raise ValueError("loss mode 'gspo' needs response_mask: its ratio is a mean over each response's tokens")
+    log_ratio = _log_ratio(log_probs, old_log_probs, "gspo")  # [N, T]
+    seq_log_ratio = masked_mean(log_ratio.detach(), response_mask, dim=-1).unsqueeze(-1)  # [N, 1]
+    # log_probs - log_probs.detach() is exactly 0 in value and carries token t's gradient.
+    ratio = torch.exp(seq_log_ratio + (log_probs - log_probs.detach()))  # [N, T], s_i on row i
+    objective, was_clipped = _clipped_objective(ratio, deltas, *_clip_range(clip_eps, clip_eps_high))
+    return -objective, {"ratio": ratio.detach(), "clipped": was_clipped.detach()}
+
+
+def cispo_loss(
+    log_probs: torch.Tensor,
+    deltas: torch.Tensor,
+    old_log_probs: torch.Tensor | None,
+    clip_eps: float,
+    clip_eps_high: float | None,
+    clip_ratio_c: float,
+    response_mask: torch.Tensor | None,
+) -> tuple[torch.Tensor, LossStats]:
+    """CISPO: loss = -sg(clip(ratio, 1 - clip_eps, 1 + clip_eps_high)) * delta * log_prob; [N, T].
+
+    REINFORCE with a truncated importance weight: the gradient is
+    -clip(ratio) * delta * grad log pi, so every token keeps a gradient, however far its
+    ratio (PPO's clip zeroes those tokens, often the rare high-information ones). The
+    weight is a constant (sg = detach): differentiating it would add the ratio's own
+    gradient. The paper bounds only the top; a large clip_eps (close to 1) leaves the
+    bottom nearly open. ``clipped``: the tokens whose weight the clip changed (their
+    gradient is scaled, not removed). The loss's value is not a surrogate objective
+    (log-prob scale); its gradient is what matters.
+    """
+    ratio = _ratio(log_probs, old_log_probs, "cispo").detach()
+    low, high = _clip_range(clip_eps, clip_eps_high)
+    weight = torch.clamp(ratio, low, high)  # [N, T], a constant
+    return -(weight * deltas) * log_probs, {"ratio": ratio, "clipped": (ratio < low) | (ratio > high)}
+
+
+LOSS_MODES: dict[str, LossFn] = {
+    "naive": naive_loss,
+    "ratio": ratio_loss,
+    "clipped": clipped_loss,
+    "dual_clip": dual_clip_loss,
+    "gspo": gspo_loss,
+    "cispo": cispo_loss,
+}
 
 
 def policy_loss(
@@ -116,14 +252,34 @@ def policy_loss(
     old_log_probs: torch.Tensor | None = None,
     clip_eps: float = 0.2,
     clip_eps_high: float | None = None,
+    *,
+    clip_ratio_c: float = 3.0,
+    response_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token loss whose gradient is the (clipped, importance-weighted) policy gradient.
 
     ``LOSS_MODES[mode]`` with log_probs [N, T], deltas [N] or [N, 1] (detached here: they
-    are constants, not trained by the policy loss), old_log_probs [N, T] (needed by
-    ``ratio`` and ``clipped``; detached too). Returns (per_token_loss [N, T], stats) where
-    stats holds ``ratio`` [N, T] and ``clipped`` [N, T] bool.
+    are constants, not trained by the policy loss), old_log_probs [N, T] (needed by every
+    mode but ``naive``; detached too), clip_ratio_c (``dual_clip``'s floor, > 1) and
+    response_mask [N, T] bool (needed by ``gspo``). Returns (per_token_loss [N, T], stats)
+    where stats holds ``ratio`` [N, T] and ``clipped`` [N, T] bool.
     """
     loss_fn = lookup(LOSS_MODES, mode, "loss mode")
     deltas = _per_response(deltas, log_probs.shape[0]).to(log_probs.dtype).detach()  # [N, 1]
-    return loss_fn(log_probs, deltas, old_log_probs, clip_eps, clip_eps_high)
+    if response_mask is not None and response_mask.shape != log_probs.shape:
+        raise ValueError(
+            f"response_mask shape {tuple(response_mask.shape)} != log_probs shape {tuple(log_probs.shape)}"
+        )
+    return loss_fn(log_probs, deltas, old_log_probs, clip_eps, clip_eps_high, clip_ratio_c, response_mask)
+
+
+def entropy_bonus(entropy: torch.Tensor, coef: float) -> torch.Tensor:
+    """Per-token loss term -coef * H_t, to add to the per-token loss; entropy [N, T] -> [N, T].
+
+    Minimising it raises the entropy H_t of pi(. | s_t) (more exploration). ``entropy`` must
+    carry the gradient (e.g. ``entropy_from_logits`` of the live logits, not detached ones).
+    coef >= 0: a negative one would be an entropy penalty, almost surely a sign mistake.
+    """
+    if not coef >= 0:
+        raise ValueError(f"entropy bonus coef must be >= 0, got {coef}")
+    return -coef * entropy

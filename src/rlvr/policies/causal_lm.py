@@ -338,13 +338,15 @@ class CausalLMPolicy:
     # ---- scoring ------------------------------------------------------------------
 
     def log_probs(self, samples: Samples, temperature: float, with_entropy: bool = False,
-                  module: torch.nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                  module: torch.nn.Module | None = None, entropy_grad: bool = False,
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """log pi_tau(a_t | s_t) [n, T] of the response tokens, 0 where the mask is False.
 
         Left-padded prompts and right-padded responses, positions counted over real
         tokens only; logits are kept only at the T positions that predict response
         tokens. With ``with_entropy``, also the entropy [n, T] of pi_tau at each
-        position (detached: a metric; 0 off the mask). ``module``: score with these
+        position (0 off the mask; detached, a metric, unless ``entropy_grad``: the entropy
+        bonus's gradient flows through it, at the cost of keeping its graph). ``module``: score with these
         weights instead of the policy's (the frozen reference; same architecture).
         Gradients flow to the module's parameters unless called under no_grad.
         """
@@ -353,8 +355,17 @@ class CausalLMPolicy:
         logits = self._response_logits(samples, self.module if module is None else module)  # [n, T, V]
         log_probs = token_log_probs(logits, samples.response_ids, temperature, self.chunk_elements)
         log_probs = log_probs.masked_fill(~samples.response_mask, 0.0)
-        entropy = self._entropy(logits.detach(), temperature, samples.response_mask) if with_entropy else None
+        entropy = None
+        if with_entropy:
+            entropy = self._entropy(logits if entropy_grad else logits.detach(), temperature, samples.response_mask)
         return log_probs, entropy
+
+    def truncated(self, samples: Samples) -> torch.Tensor:
+        """[N] bool: the responses cut at ``max_new_tokens``, not ended by an end-of-sequence token."""
+        lengths = samples.response_mask.sum(dim=1)  # [N]
+        last = samples.response_ids.gather(1, (lengths - 1).clamp(min=0).unsqueeze(1)).squeeze(1)  # [N]
+        eos = torch.tensor(self.sampling.eos_token_ids, dtype=last.dtype, device=last.device)
+        return (lengths >= self.sampling.max_new_tokens) & ~torch.isin(last, eos)
 
     def _response_logits(self, samples: Samples, module: torch.nn.Module) -> torch.Tensor:
         """Logits [n, T, V] of ``module`` at the positions that predict each response token.

@@ -50,7 +50,8 @@ class _PositionalLogProbs(torch.autograd.Function):
     model runs once per distinct prompt (U of them), not once per response: the G
     responses of a group share their prompt's logits. Equal to
     ``log_softmax(model(prompts) / tau)[responses]`` (tested against autograd). Also
-    returns the per-position entropy (no gradient).
+    returns the per-position entropy H = -sum_v p_v log p_v, with its gradient
+    dH/dz_v = -p_v (log p_v + H) when a loss uses it (the entropy bonus).
     """
 
     @staticmethod
@@ -69,25 +70,33 @@ class _PositionalLogProbs(torch.autograd.Function):
             logits = logits / temperature
         all_log_probs = torch.log_softmax(logits, dim=-1)  # [U*n, V]
         probs = all_log_probs.exp()
-        entropy = -(probs * all_log_probs).sum(dim=-1).reshape(u, n)[row_prompt]  # [N, n]
+        distinct_entropy = -(probs * all_log_probs).sum(dim=-1)  # [U*n]
+        entropy = distinct_entropy.reshape(u, n)[row_prompt]  # [N, n]
         positions = torch.arange(n, device=prompts.device)
         chosen = ((row_prompt.unsqueeze(1) * n + positions) * probs.shape[1] + responses)  # [N, n] flat index
         log_probs = all_log_probs.take(chosen)  # [N, n]
-        ctx.save_for_backward(prompts, chosen, embedding, encode_flat, decode_flat, x, state, out, probs)
+        ctx.save_for_backward(prompts, chosen, embedding, encode_flat, decode_flat, x, state, out, probs,
+                              row_prompt, all_log_probs, distinct_entropy)
         ctx.temperature = temperature
-        ctx.mark_non_differentiable(entropy)
+        ctx.set_materialize_grads(False)  # an unused entropy (a metric) sends None, not zeros
         return log_probs, entropy
 
     @staticmethod
     def backward(ctx, grad_log_probs, grad_entropy):
-        prompts, chosen, embedding, encode_flat, decode_flat, x, state, out, probs = ctx.saved_tensors
+        (prompts, chosen, embedding, encode_flat, decode_flat, x, state, out, probs, row_prompt, all_log_probs,
+         distinct_entropy) = ctx.saved_tensors
         u, n = prompts.shape
         d = embedding.shape[1]
         # Gradient on the chosen log-probs, summed over the responses sharing a prompt.
         grad_chosen = torch.zeros_like(probs)
-        grad_chosen.view(-1).scatter_add_(0, chosen.reshape(-1), grad_log_probs.reshape(-1))
+        if grad_log_probs is not None:
+            grad_chosen.view(-1).scatter_add_(0, chosen.reshape(-1), grad_log_probs.reshape(-1))
         # Through log_softmax: d logits = g - softmax * sum(g), then 1 / tau.
         grad_logits = grad_chosen - probs * grad_chosen.sum(dim=-1, keepdim=True)  # [U*n, V]
+        if grad_entropy is not None:  # the entropy bonus: dH/dz = -p (log p + H), per distinct prompt
+            grad_h = torch.zeros(u, n, dtype=probs.dtype, device=probs.device)
+            grad_h.index_add_(0, row_prompt, grad_entropy)  # [U, n]
+            grad_logits = grad_logits - grad_h.reshape(-1, 1) * probs * (all_log_probs + distinct_entropy[:, None])
         if ctx.temperature != 1.0:
             grad_logits = grad_logits / ctx.temperature
         grad_embedding = grad_logits.T @ out  # [V, D], the output side of the tied weights
@@ -140,11 +149,13 @@ class PositionalPolicy:
 
     def log_probs(
         self, samples: Samples, temperature: float = 1.0, with_entropy: bool = False,
-        module: PositionalModel | None = None,
+        module: PositionalModel | None = None, entropy_grad: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """log pi(response_t | prompt) [n_rows, n], and per-position entropy if asked.
 
         ``module``: score with these weights instead of the policy's (the frozen reference).
+        The entropy always carries its gradient (``entropy_grad`` is accepted for the
+        ``Policy`` interface): it costs nothing unless a loss uses it.
         """
         m = self.module if module is None else module
         # Every inner step scores the same rollout: find its groups once.

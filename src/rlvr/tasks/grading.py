@@ -117,7 +117,7 @@ class GradedTask:
         else:
             correct = result.column(self.gold_reward) == 1.0  # an abstention is not right
         reported = None if self.reports_builtin_rewards else self._user_reward_names
-        return Grades(result.rewards, correct, result.metrics(reported))
+        return Grades(result.rewards, correct, result.metrics(reported), prompts)
 
     def close(self) -> None:
         """Stop the reward workers, if any."""

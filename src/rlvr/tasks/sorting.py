@@ -154,6 +154,15 @@ class SortingTask(GradedTask):
             if self._fixed.min() < 0 or self._fixed.max() >= self.vocab_size:
                 raise ValueError(f"fixed prompts must use numbers in [0, {self.vocab_size})")
 
+    @property
+    def max_reward(self) -> float | None:
+        """The most a response can score (the hacking monitor's top): exact 1, position_match
+        n, inclusion_ordering 2n - 1; None when user reward functions add to it."""
+        if self._user_reward_names:
+            return None
+        n = self.num_numbers
+        return {"exact": 1.0, "position_match": float(n), "inclusion_ordering": 2.0 * n - 1}[self.reward]
+
     def sample_prompts(self, num_prompts: int, generator: torch.Generator) -> torch.Tensor:
         """Prompts [B, n]: the fixed list (``num_prompts`` ignored) or fresh random ones."""
         if self.fixed_prompts is not None:

@@ -1,0 +1,223 @@
+import math
+
+import pytest
+import torch
+
+from conftest import QUIET
+from rlvr import core
+from rlvr.config import load_config
+from rlvr.diagnostics import (
+    GradientNoiseMeter,
+    classify_prompts,
+    fitted_change,
+    flat_grad,
+    hacking_warnings,
+    max_reward_stats,
+    noise_estimates,
+    noise_scale,
+    prompt_curves,
+    prompt_solve_shares,
+    prompt_summary,
+    reward_gold_divergence,
+)
+from rlvr.rollout import Rollout
+from rlvr.trainer import accumulate_gradients, collect_rollout, micro_batches, setup
+from rlvr.trainer import train as train_run
+
+# ---------------------------------------------------------------- gradient noise
+
+
+def test_noise_estimates_invert_the_expected_norms():
+    # E|G_b|^2 = |G|^2 + S / b. With |G|^2 = 2, S = 12: b = 2 gives 8, B = 8 gives 3.5.
+    assert noise_estimates(8.0, 2, 3.5, 8) == pytest.approx((2.0, 12.0))
+    with pytest.raises(ValueError, match="small batch < big batch"):
+        noise_estimates(1.0, 8, 1.0, 8)
+
+
+def test_two_unit_parts_by_hand():
+    # Units x1 = (1, 0), x2 = (3, 2), one per part; B = 2, so each part's share is x / 2.
+    # Own estimates G_k = x_k; G_B = (2, 1). S = |x1 - x2|^2 / 2 = 8 / 2 = 4 (the sample
+    # variance, divisor m - 1 = 1); |G|^2 = x1 . x2 = 3 (the product of two independent
+    # draws is unbiased for |mu|^2). B_simple = 4 / 3, snr = B / B_simple = 1.5.
+    meter = GradientNoiseMeter()
+    meter.add(torch.tensor([0.5, 0.0]), 1)
+    meter.add(torch.tensor([1.5, 1.0]), 1)
+    out = meter.metrics()
+    assert out["grad/trace_cov"] == pytest.approx(4.0)
+    assert out["grad/true_norm_sq"] == pytest.approx(3.0)
+    assert out["grad/noise_scale"] == pytest.approx(4 / 3)
+    assert out["grad/snr"] == pytest.approx(1.5)
+    assert out["grad/batch_size"] == 2.0
+    # The same parts given as the accumulated gradient after each one.
+    running = GradientNoiseMeter()
+    running.add_running_sum(torch.tensor([0.5, 0.0]), 1)
+    running.add_running_sum(torch.tensor([2.0, 1.0]), 1)
+    assert running.metrics() == pytest.approx(out)
+
+
+def test_noise_scale_clamps_estimates_that_noise_made_negative():
+    assert noise_scale(2.0, 6.0) == 3.0
+    assert noise_scale(-1.0, 6.0) == math.inf  # no measurable signal
+    assert noise_scale(2.0, -1.0) == 0.0
+    assert math.isnan(noise_scale(0.0, 0.0))  # e.g. every delta 0: the gradient is exactly 0
+    meter = GradientNoiseMeter()
+    with pytest.raises(ValueError, match="at least 2 parts"):
+        meter.add(torch.ones(3), 4)
+        meter.metrics()
+    with pytest.raises(ValueError, match="2 numbers, the earlier parts had 3"):
+        meter.add(torch.ones(2), 4)
+    with pytest.raises(ValueError, match="positive"):
+        meter.add(torch.ones(3), 0)
+
+
+@pytest.mark.parametrize("sizes", [[8, 8, 8, 8], [4, 4, 8, 16]])
+def test_noise_estimates_are_unbiased_by_monte_carlo(sizes):
+    # Units x ~ N(mu, diag(sigma^2)) in 10 dimensions; a part's share is the sum of its
+    # units / B. Averaged over 4000 batches the estimates must match |mu|^2 = 1.1185 and
+    # tr Sigma = 17.92 (standard errors about 1% and 0.5%). Dropping the m / (m - 1)
+    # correction (x 0.75) or the B / b_k rescaling would miss by far more.
+    g = torch.Generator().manual_seed(0)
+    mu = torch.linspace(-0.5, 0.5, 10, dtype=torch.float64) + 0.1
+    sigma = torch.linspace(0.5, 2.0, 10, dtype=torch.float64)
+    batch, trials = sum(sizes), 4000
+    units = mu + sigma * torch.randn(trials, batch, 10, generator=g, dtype=torch.float64)
+    true_norm_sq, trace_cov = [], []
+    for trial in units:
+        meter = GradientNoiseMeter()
+        for part in trial.split(sizes):
+            meter.add(part.sum(dim=0) / batch, len(part))
+        out = meter.metrics()
+        true_norm_sq.append(out["grad/true_norm_sq"])
+        trace_cov.append(out["grad/trace_cov"])
+    mean_norm_sq, mean_trace = sum(true_norm_sq) / trials, sum(trace_cov) / trials
+    assert mean_norm_sq == pytest.approx(mu.square().sum().item(), rel=0.05)
+    assert mean_trace == pytest.approx(sigma.square().sum().item(), rel=0.025)
+    assert noise_scale(mean_norm_sq, mean_trace) == pytest.approx(16.02, rel=0.06)  # 17.92 / 1.1185
+
+
+def test_trainer_micro_batches_are_shares_of_the_batch_gradient():
+    # The scaling the meter assumes, checked on the trainer itself: the parts' gradients
+    # add up to the full-batch gradient, and a part's share times B / b_k is that part's
+    # gradient as a batch of its own (its own aggregation weights).
+    config = load_config(None, QUIET + ["task.prompts=null", "task.prompts_per_epoch=8", "algo.group_size=4",
+                                        "algo.loss=clipped", "seed=3"])
+    task, st = setup(config)
+    rollout = collect_rollout(config, task, st)
+    module = st.policy.module
+    meter, shares = GradientNoiseMeter(), []
+    for part in micro_batches(rollout, 4):  # 2 groups each
+        before = flat_grad(module).clone()
+        accumulate_gradients(config, st.policy, part, 1)
+        shares.append(flat_grad(module) - before)
+        meter.add_running_sum(flat_grad(module), part.samples.num_responses / config.algo.group_size)
+    module.zero_grad(set_to_none=True)
+    accumulate_gradients(config, st.policy, rollout, 1)
+    full = flat_grad(module).clone()
+    assert torch.allclose(meter.total.float(), full, rtol=1e-5, atol=1e-7)
+    part = rollout.rows(slice(8, 16))
+    own = Rollout(part.samples, part.deltas, part.old_log_probs, None,
+                  core.aggregation_weights(part.samples.response_mask, config.algo.aggregation), {})
+    module.zero_grad(set_to_none=True)
+    accumulate_gradients(config, st.policy, own, 1)
+    assert torch.allclose(flat_grad(module), shares[1] * 4, rtol=1e-4, atol=1e-6)  # B / b_k = 8 / 2
+    assert meter.metrics()["grad/batch_size"] == 8.0
+
+
+# ---------------------------------------------------------------- reward hacking
+
+
+def test_max_reward_stats_by_hand():
+    rewards = torch.tensor([[5.0, 5.0, 3.0], [5.0, 2.0, math.nan]])
+    correct = torch.tensor([[True, False, False], [False, False, False]])
+    # 5 scored responses, 3 at the top (5); 2 of those 3 fail the gold check.
+    out = max_reward_stats(rewards, correct, max_reward=5.0)
+    assert out == pytest.approx({"hack/max_reward_frac": 3 / 5, "hack/max_reward_not_gold": 2 / 3})
+    assert max_reward_stats(rewards, correct) == out  # the observed top is 5 too
+    out = max_reward_stats(rewards, correct, max_reward=6.0)  # nothing reaches 6
+    assert out["hack/max_reward_frac"] == 0.0 and out["hack/max_reward_not_gold"] == 0.0
+    with pytest.raises(ValueError, match="differ in shape"):
+        max_reward_stats(rewards, correct[:, :2])
+
+
+def test_fitted_change():
+    assert fitted_change([0.0, 1.0, 2.0, 3.0]) == pytest.approx(3.0)
+    assert fitted_change([1.0, 1.0, 1.0]) == 0.0
+    # x - mean = (-1, 0, 1), y - mean = (-1, 1, 0): slope 1 / 2, change over 2 steps 1.
+    assert fitted_change([0.0, 2.0, 1.0]) == pytest.approx(1.0)
+
+
+def epoch_records(rewards, gold):
+    return [{"kind": "train", "epoch": e, "step": e, "reward_mean": r, "solve_rate": s}
+            for e, (r, s) in enumerate(zip(rewards, gold))]
+
+
+def test_divergence_trips_when_gold_does_not_keep_up():
+    rewards = [float(e) for e in range(10)]  # rises across its whole span: rho = 1
+    assert reward_gold_divergence(epoch_records(rewards, [0.1] * 10)) != []
+    assert reward_gold_divergence(epoch_records(rewards, [e / 9 for e in range(10)])) == []  # ds = 1
+    # The threshold is ds < 0.5 * rho: gold rising 0.4 trips, 0.6 does not.
+    [found] = reward_gold_divergence(epoch_records(rewards, [0.4 * e / 9 for e in range(10)]))
+    assert (found.first_epoch, found.last_epoch) == (0, 9)
+    assert found.reward_rise == pytest.approx(1.0) and found.gold_rise == pytest.approx(0.4)
+    assert reward_gold_divergence(epoch_records(rewards, [0.6 * e / 9 for e in range(10)])) == []
+    assert reward_gold_divergence(epoch_records([1.0] * 10, [0.0] * 10)) == []  # a flat reward: nothing rose
+    no_gold = [{"kind": "train", "epoch": e, "step": e, "reward_mean": float(e)} for e in range(10)]
+    assert reward_gold_divergence(no_gold) == []  # epochs without a solve rate are left out, not an error
+
+
+# The sorting toy with n = 3 numbers from a vocabulary of 3: with repeats allowed most
+# prompts repeat a number, and inclusion_ordering gives its maximum 3 + 2 = 5 to wrong
+# answers ([0, 0, 2] for [2, 0, 2]). Without repeats every prompt is a permutation of
+# 0, 1, 2, and a reward of 5 means the sorted answer: the control.
+LOOPHOLE = ["task.prompts=null", "task.num_numbers=3", "task.vocab_size=3", "algo.epochs=24",
+            "task.prompts_per_epoch=16", "algo.group_size=8", "algo.inner_steps=4", "optim.lr=0.01",
+            "policy.embedding_std=0.3", "algo.loss=clipped", "log.eval_every=100"]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_monitor_catches_the_sorting_loophole(seed):
+    config = load_config(None, QUIET + LOOPHOLE + ["task.allow_repeats=true", f"seed={seed}"])
+    records = train_run(config)
+    train = [r for r in records if r["kind"] == "train" and r["step"] % 4 == 0]  # each epoch's first step
+    assert len(train) == 24
+    # The policy reaches the top reward, mostly with wrong answers (about 70% in these runs).
+    assert sum(r["hack/max_reward_frac"] for r in train[-5:]) / 5 > 0.9
+    assert sum(r["hack/max_reward_not_gold"] for r in train[-10:]) / 10 > 0.5
+    warnings = hacking_warnings(records)
+    assert len(warnings) == 2
+    assert warnings[0].startswith("epochs 0-9: the reward rose")
+    assert "failed the gold check" in warnings[1]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_monitor_is_quiet_without_the_loophole(seed):
+    config = load_config(None, QUIET + LOOPHOLE + ["task.allow_repeats=false", f"seed={seed}"])
+    records = train_run(config)
+    not_gold = [r["hack/max_reward_not_gold"] for r in records if r["kind"] == "train" and r["step"] % 4 == 0]
+    assert all(v == 0.0 for v in not_gold)  # the top means the sorted answer
+    assert sum(v == 0.0 for v in not_gold) > 15
+    assert reward_gold_divergence(records) == [] and hacking_warnings(records) == []
+
+
+# ---------------------------------------------------------------- per-prompt learning
+
+
+def test_prompt_solve_shares_average_a_repeated_prompt():
+    prompts = torch.tensor([[2, 0, 1], [1, 1, 0], [2, 0, 1]])
+    correct = torch.tensor([[True, False], [False, False], [True, True]])
+    assert prompt_solve_shares(prompts, correct) == {"2 0 1": 0.75, "1 1 0": 0.0}
+    assert prompt_solve_shares([{"prompt": "Q?"}], correct[:1]) == {"Q?": 0.5}
+
+
+def test_classify_prompts_and_summary():
+    shares = {"a": [0.0, 0.25, 0.75], "b": [1.0, 0.5], "c": [0.0, 0.0, 0.0], "d": [0.5, 0.0],
+              "e": [0.0, 0.25], "f": [0.75, 0.0, 1.0]}
+    records = [{"kind": "prompts", "epoch": e, "step": e, "solved": {k: v[e] for k, v in shares.items() if e < len(v)}}
+               for e in range(3)]
+    records += [{"kind": "train", "epoch": e, "step": e, "frac_zero_delta_groups": z} for e, z in enumerate([0.2, 0.6])]
+    assert prompt_curves(records)["a"] == [(0, 0.0), (1, 0.25), (2, 0.75)]
+    assert classify_prompts(prompt_curves(records)) == {
+        "learned": ["a"], "always_solved": ["b"], "never_solved": ["c"], "forgotten": ["d"], "mixed": ["e", "f"]}
+    assert prompt_summary(records) == ("6 prompts: 1 learned, 1 always solved, 1 never solved, 1 forgotten, 2 mixed; "
+                                       "40% of groups had zero delta")
+    assert prompt_summary([]) == "no per-prompt records and no zero-delta counts"

@@ -1,0 +1,109 @@
+import base64
+import json
+import re
+import shutil
+
+import pytest
+
+from conftest import QUIET
+from rlvr.cli import main
+from rlvr.config import load_config
+from rlvr.errors import RunError
+from rlvr.report import PANELS, render_png, run_labels, write_report
+from rlvr.runs import run_training
+
+# The sorting loophole (tests/test_diagnostics.py): most prompts repeat a number and wrong
+# answers score the maximum.
+LOOPHOLE = ["task.prompts=null", "task.allow_repeats=true", "task.num_numbers=3", "task.vocab_size=3",
+            "algo.epochs=16", "task.prompts_per_epoch=16", "algo.group_size=8", "algo.inner_steps=2",
+            "optim.lr=0.01", "policy.embedding_std=0.3", "algo.loss=clipped", "log.eval_every=4", "seed=0"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Two run directories written by run_training: "plain" (no entropy, no per-prompt records,
+    no gradient noise) and "loophole" (hack/*, grad/* every epoch and per-prompt records)."""
+    root = tmp_path_factory.mktemp("runs")
+    plain = load_config(None, QUIET + ["algo.epochs=6", "algo.inner_steps=2", "log.eval_every=3", "log.entropy=false",
+                                       "log.checkpoint_every=0", f"out_dir={root / 'plain'}"])
+    run_training(plain)
+    loophole = load_config(None, QUIET + LOOPHOLE + ["log.grad_noise_every=1", "log.grad_noise_parts=4",
+                                                     "log.checkpoint_every=0", f"out_dir={root / 'loophole'}"])
+    run_training(loophole)
+    out = write_report([root / "plain", root / "loophole"], root / "report.html")
+    return root, out.read_text(encoding="utf-8")
+
+
+def test_the_page_is_one_self_contained_file(runs):
+    _, page = runs
+    assert not re.search(r"<script|<link|src=\"(?!data:)", page)  # nothing fetched from elsewhere
+    images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
+    assert len(images) == len(PANELS)  # the loophole run logged something of every panel
+    assert all(base64.b64decode(image)[:8] == b"\x89PNG\r\n\x1a\n" for image in images)
+
+
+def test_summary_warnings_and_missing_metrics(runs):
+    _, page = runs
+    summary = page.split("<h2>Summary</h2>")[1].split("<h2>")[0]
+    assert "<td class=\"\">plain</td>" in summary and "<td class=\"\">loophole</td>" in summary
+    assert "6 / 6" in summary and "16 / 16" in summary  # epochs run / configured
+    warnings = page.split("<h2>Warnings</h2>")[1].split("<h2>")[0]
+    plain, loophole = warnings.split("<h3>loophole</h3>")
+    assert "<li>none</li>" in plain
+    assert "the reward may be hackable" in loophole and "failed the gold check" in loophole
+    # Entropy and the gradient noise were off in the plain run: each such figure says so.
+    assert page.count("not logged by: plain") == 3  # entropy, noise scale, snr
+    assert re.search(r"\d+ prompts: \d+ learned", page)  # the loophole run's per-prompt summary
+    assert "Evaluation samples" in page and page.count("first samples") == 2
+
+
+def test_missing_everything_is_a_note_not_an_error(tmp_path):
+    run = tmp_path / "bare"
+    run.mkdir()
+    records = [{"kind": "train", "epoch": e, "step": e, "reward_mean": 1.0 + e, "solve_rate": 0.5} for e in range(3)]
+    records.append({"kind": "samples", "epoch": 3, "step": 3,
+                    "rows": [{"prompt": "<b>2+2</b>", "response": "4 & 5", "reward": 1.0, "correct": True}]})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    page = write_report([run], tmp_path / "report.html").read_text()
+    assert page.count("<img") == 2  # reward and gold accuracy
+    skipped = re.search(r"not logged by any run: ([^<]*)</p>", page).group(1)
+    assert "Evaluation: solve rate" in skipped and "KL to the reference" in skipped and "Response length" in skipped
+    assert "(no config.yaml)" in page
+    assert "&lt;b&gt;2+2&lt;/b&gt;" in page and "4 &amp; 5" in page  # escaped, not markup
+
+
+def test_cli_report_and_its_errors(tmp_path, capsys):
+    run = tmp_path / "small"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"kind": "train", "epoch": 0, "step": 0, "reward_mean": 1.0}) + "\n")
+    assert main(["report", str(run)]) == 0  # default: RUN_DIR/report.html
+    assert "rlvr report: small" in (run / "report.html").read_text()
+    assert main(["report", str(tmp_path / "nowhere")]) == 2
+    assert "no metrics file" in capsys.readouterr().err
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "metrics.jsonl").write_text('{"kind": "train"}\nnot json\n{"kind": "train"}\n')
+    with pytest.raises(RunError, match="metrics.jsonl:2: not a JSON record"):
+        write_report([broken], tmp_path / "x.html")
+    assert main(["report", str(broken)]) == 2
+
+
+def test_run_labels_name_directories_by_path_only_when_names_repeat(tmp_path):
+    a, b, c = tmp_path / "x" / "run", tmp_path / "y" / "run", tmp_path / "z"
+    assert run_labels([a, b, c]) == [str(a), str(b), "z"]
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None and shutil.which("google-chrome") is None,
+                    reason="no headless Chromium installed (Debian: apt-get install chromium)")
+def test_the_page_renders_in_headless_chromium(runs):
+    from PIL import Image
+
+    root, _ = runs
+    png = render_png(root / "report.html", root / "report.png", width=1280, height=2400)
+    image = Image.open(png).convert("L")
+    assert image.size == (1280, 2400)
+    low, high = image.getextrema()
+    assert low < 60 and high > 240  # dark text and plot lines on a light page, not a blank or error screen
+    # the plots' region (below the summary) holds images: many distinct grey levels
+    histogram = image.crop((0, 900, 1280, 2400)).histogram()
+    assert sum(count > 0 for count in histogram) > 50
