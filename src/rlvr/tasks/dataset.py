@@ -166,7 +166,27 @@ def _read_csv(path: Path) -> list[tuple[str, dict[str, Any]]]:
     return rows
 
 
-class DatasetTask(TextTask):
+class RowsTask(TextTask):
+    """A text task whose prompts are two fixed lists of rows, ``_train`` and ``_eval``,
+    drawn in the run's pass order (``order``: a ``PassOrder`` over ``_train``)."""
+
+    _train: list[Prompt]
+    _eval: list[Prompt]
+    order: PassOrder
+
+    def sample_prompts(self, num_prompts: int, generator: torch.Generator) -> list[Prompt]:
+        """The next ``num_prompts`` training rows of the run's pass order (``PassOrder``)."""
+        return [self._train[i] for i in self.order.take(num_prompts, generator)]
+
+    def eval_prompts(self) -> list[Prompt]:
+        return list(self._eval)
+
+    def fixed_prompts(self) -> dict[str, list[Prompt]]:
+        """Both sets, checked against the policy before any work (a chat needs a chat template)."""
+        return {"training prompt": list(self._train), "eval prompt": self.eval_prompts()}
+
+
+class DatasetTask(RowsTask):
     """Rows of your own file as prompts (see the module docstring for every option).
 
     Prompt dicts: "prompt" (text or chat) and every other column by its name.
@@ -224,17 +244,6 @@ class DatasetTask(TextTask):
         if self.answer_column is None:
             return []
         return [RewardSpec(self._gold, 1.0, "gold", timeout=self.grader_timeout, required=True)]
-
-    def sample_prompts(self, num_prompts: int, generator: torch.Generator) -> list[Prompt]:
-        """The next ``num_prompts`` training rows of the run's pass order (``PassOrder``)."""
-        return [self._train[i] for i in self.order.take(num_prompts, generator)]
-
-    def eval_prompts(self) -> list[Prompt]:
-        return list(self._eval)
-
-    def fixed_prompts(self) -> dict[str, list[Prompt]]:
-        """Both sets, checked against the policy before any work (a chat needs a chat template)."""
-        return {"training prompt": list(self._train), "eval prompt": self.eval_prompts()}
 
     def sft_completion(self, prompt: Prompt) -> str:
         if self.answer_column is None:

@@ -27,14 +27,11 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-import torch
-
 from rlvr.errors import did_you_mean
 from rlvr.rewards import RewardSpec
 from rlvr.rewards.verifiers import EXTRACTORS, extract_answer
-from rlvr.tasks.dataset import PassOrder
+from rlvr.tasks.dataset import PassOrder, RowsTask
 from rlvr.tasks.grading import Prompt
-from rlvr.tasks.text import TextTask
 
 
 def score_reasoning_gym(completions: list[str], answer: list[str], question: list[str], metadata: list[dict],
@@ -49,7 +46,7 @@ def score_reasoning_gym(completions: list[str], answer: list[str], question: lis
     return rewards
 
 
-class ReasoningGymTask(TextTask):
+class ReasoningGymTask(RowsTask):
     """A reasoning-gym generator as a task (see the module docstring for the options)."""
 
     name = "reasoning_gym"
@@ -92,15 +89,6 @@ class ReasoningGymTask(TextTask):
 
     def reward_specs(self) -> list[RewardSpec]:
         return [RewardSpec(self._score, 1.0, "score", timeout=self.grader_timeout, required=True)]
-
-    def sample_prompts(self, num_prompts: int, generator: torch.Generator) -> list[Prompt]:
-        return [self._train[i] for i in self.order.take(num_prompts, generator)]
-
-    def eval_prompts(self) -> list[Prompt]:
-        return list(self._eval)
-
-    def fixed_prompts(self) -> dict[str, list[Prompt]]:
-        return {"training prompt": list(self._train), "eval prompt": self.eval_prompts()}
 
     def sft_completion(self, prompt: Prompt) -> str:
         return f"<answer>{prompt['answer']}</answer>"
