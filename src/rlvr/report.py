@@ -58,8 +58,7 @@ PANELS = (
     Panel("KL to the reference (token mean)", "train", ("kl",)),
     Panel("Entropy (token mean, nats)", "train", ("entropy",)),
     Panel("Clip fraction", "train", ("clip_frac",)),
-    Panel("Response length (mean tokens)", "train", ("response_length",),
-          note="response_tokens / responses per epoch (from config.yaml)"),
+    Panel("Response length (mean tokens)", "train", ("response_length",)),
     Panel("Groups with all deltas zero", "train", ("frac_zero_delta_groups",)),
     Panel("Gradient norm (before clipping)", "train", ("grad_norm",), log_y=True),
     Panel("Gradient noise scale B_simple", "train", ("grad/noise_scale",), log_y=True,
@@ -85,27 +84,7 @@ def load_run(path: Path, label: str) -> Run:
             config = yaml.safe_load(config_path.read_text(encoding="utf-8"))
         except yaml.YAMLError:
             config = None
-    return Run(label, path, with_response_lengths(records, config), config if isinstance(config, dict) else None)
-
-
-def responses_per_epoch(config: dict | None) -> int | None:
-    """N = B * G from a config dict: fixed prompts count once each, else prompts_per_epoch."""
-    if not config:
-        return None
-    task, algo = config.get("task", {}), config.get("algo", {})
-    fixed = task.get("prompts") if task.get("name", "sorting") == "sorting" else None
-    prompts = len(fixed) if fixed else task.get("prompts_per_epoch")
-    group = algo.get("group_size")
-    return prompts * group if prompts and group else None
-
-
-def with_response_lengths(records: list[Record], config: dict | None) -> list[Record]:
-    """Train records with ``response_length`` = response_tokens / N added (when N is known)."""
-    responses = responses_per_epoch(config)
-    if responses is None:
-        return records
-    return [{**r, "response_length": r["response_tokens"] / responses}
-            if r.get("kind") == "train" and "response_tokens" in r else r for r in records]
+    return Run(label, path, records, config if isinstance(config, dict) else None)
 
 
 # ---------------------------------------------------------------- plots
