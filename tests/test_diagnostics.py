@@ -151,6 +151,18 @@ def epoch_records(rewards, gold):
             for e, (r, s) in enumerate(zip(rewards, gold))]
 
 
+def test_partial_credit_that_the_gold_accuracy_catches_up_with_is_not_reported():
+    """A shaped reward climbs first (epochs 0-9, gold flat), then the answers follow (gold
+    0 -> 0.9 by epoch 29): the first window diverges, the run as a whole does not."""
+    rewards = [e / 10 for e in range(10)] + [1.0 + e / 40 for e in range(20)]
+    gold = [0.0] * 10 + [0.9 * (e + 1) / 20 for e in range(20)]
+    records = epoch_records(rewards, gold)
+    assert reward_gold_divergence(records)  # the early window alone trips
+    assert hacking_warnings(records) == []
+    stuck = epoch_records(rewards, [0.0] * 10 + [0.1] * 20)  # the answers never follow
+    assert len(hacking_warnings(stuck)) == 1
+
+
 def test_divergence_trips_when_gold_does_not_keep_up():
     rewards = [float(e) for e in range(10)]  # rises across its whole span: rho = 1
     assert reward_gold_divergence(epoch_records(rewards, [0.1] * 10)) != []

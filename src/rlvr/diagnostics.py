@@ -236,12 +236,15 @@ def reward_gold_divergence(records: Sequence[Record], window: int = 10, min_rise
 
 def hacking_warnings(records: Sequence[Record], window: int = 10, not_gold_alarm: float = 0.5) -> list[str]:
     """Warnings for a run's summary: the first window where the reward outran the gold
-    accuracy (``reward_gold_divergence``), and, when the records carry ``hack/*``, the
-    last ``window`` epochs' mean share of top-reward responses that fail the gold check
-    when it reaches ``not_gold_alarm``."""
+    accuracy (``reward_gold_divergence``) when the whole run, as one window, did too (a
+    partial-credit reward that climbs before the answers do, and the gold accuracy then
+    following, is not reported), and, when the records carry ``hack/*``, the last
+    ``window`` epochs' mean share of top-reward responses that fail the gold check when it
+    reaches ``not_gold_alarm``."""
     warnings = []
     divergences = reward_gold_divergence(records, window)
-    if divergences:
+    epochs = len(epoch_series(records, "reward_mean")[0])
+    if divergences and epochs >= 2 and reward_gold_divergence(records, epochs):
         more = f" ({len(divergences) - 1} more windows)" if len(divergences) > 1 else ""
         warnings.append(divergences[0].message() + more)
     _, not_gold = epoch_series(records, "hack/max_reward_not_gold")
