@@ -221,6 +221,10 @@ class ClusterConfig:
         "k: rollout workers sample up to k epochs ahead, with weights up to k versions old, while the "
         "trainer trains (0: synchronous; >= 1 needs rollout workers and algo.tis_cap)"), min=0, max=64)
     address: str | None = setting(None, "Ray cluster address (null: start a local Ray with the CPUs needed)")
+    weight_sync: str = setting("object_store", (
+        "how the rollout workers get new weights: object_store (through Ray's object store; survives worker "
+        "restarts) or collective (one torch.distributed broadcast per dtype from this process: gloo on CPU, "
+        "NCCL on GPU; a restarted worker ends the run)"), choices=("object_store", "collective"))
 
 
 @dataclass

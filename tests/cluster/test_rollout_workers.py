@@ -6,6 +6,7 @@ import signal
 import time
 
 import pytest
+import torch
 
 from conftest import QUIET
 from rlvr.config import load_config
@@ -114,3 +115,26 @@ def test_a_killed_worker_with_batches_in_flight_is_restarted_once(ray_local):
     assert comparable(records) == comparable(expected)
     restarts = [r["cluster/worker_restarts"] for r in records if r["kind"] == "train"]
     assert restarts == [0] * 6 + [1] * 6  # seen with the batch of epoch 3, from the new process
+
+
+def test_weights_by_collective_broadcast_give_the_same_records(ray_local):
+    """weight_sync=collective (a gloo group of this process and the workers, one broadcast per
+    dtype) hands the workers the same weights as the object store: the same records."""
+    overrides = SORTING + ["cluster.rollout_workers=2"]
+    store = train(load_config(None, overrides))
+    broadcast = train(load_config(None, overrides + ["cluster.weight_sync=collective"]))
+    assert comparable(broadcast) == comparable(store)
+    assert not torch.distributed.is_initialized()  # the run's group ended with it
+
+
+def test_a_collective_worker_that_dies_ends_the_run_clearly(ray_local):
+    from rlvr.cluster.rollout import ClusterError
+
+    def kill_after_first_epoch(st):
+        if st.epoch == 1:
+            os.kill(st.cluster.rollouts.worker_pids()[0], signal.SIGKILL)
+
+    with pytest.raises(ClusterError, match="weight_sync=collective cannot take a restarted worker"):
+        train(load_config(None, SORTING + ["cluster.rollout_workers=1", "cluster.weight_sync=collective"]),
+              on_epoch_end=kill_after_first_epoch)
+    assert not torch.distributed.is_initialized()

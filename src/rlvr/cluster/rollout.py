@@ -115,17 +115,38 @@ class RolloutWorker:
         self.version = version
         return version
 
+    def join_weights_group(self, init_method: str, rank: int, world_size: int, backend: str) -> None:
+        """Join the driver's weights group (``rlvr.cluster.weight_sync``)."""
+        from rlvr.cluster.weight_sync import join
+
+        join(init_method, rank, world_size, backend)
+
+    def receive_weights(self, version: int) -> int:
+        """The driver's broadcast of the weights of ``version``, straight into the policy."""
+        from rlvr.cluster.weight_sync import broadcast_state
+
+        broadcast_state(self.policy.module.state_dict(), source=False)
+        sync = getattr(self.policy, "sync_engine", None)
+        self.engine_stats = {} if sync is None else sync(version)
+        self.version = version
+        return version
+
     def sample_and_grade(self, weights: list[Any], version: int, generator_state: torch.Tensor
                          ) -> tuple[Samples, Grades, dict[str, float], torch.Tensor, int]:
         """The trainer's ``sample_and_grade`` with the weights of ``version`` (``weights``: a
         one-item list holding their ObjectRef, fetched only when this worker holds another
-        version) and a generator in ``generator_state``: the samples, the grades, the timings
-        (and engine numbers), the generator's new state and this process's id."""
+        version; None: they came by broadcast) and a generator in ``generator_state``: the
+        samples, the grades, the timings (and engine numbers), the generator's new state and
+        this process's id."""
         import ray
 
         from rlvr.trainer import sample_and_grade
 
         if version != self.version:  # a new version, or restarted since the last call
+            if weights[0] is None:  # weights come by broadcast (weight_sync=collective)
+                raise ClusterError(f"worker holds weights version {self.version}, asked for {version}: restarted "
+                                   "since the broadcast? weight_sync=collective cannot take a restarted worker "
+                                   "back; weight_sync=object_store survives restarts")
             self.set_weights(ray.get(weights[0]), version)
         generator = torch.Generator()
         generator.set_state(generator_state)
@@ -178,6 +199,8 @@ class RayRolloutSource:
         self.restarts = 0
         self.jobs: dict[int, Job] = {}  # submitted batches by epoch
         self._weights: tuple[int, Any] | None = None  # (version, ObjectRef): put once per version
+        self.collective = c.weight_sync == "collective"  # broadcast instead of the object store
+        self._group: Any = None  # its CollectiveWeights, formed at the first batch
 
     def sample_and_grade(self, st: Any) -> tuple[Samples, Grades, dict[str, float]]:
         """The batch of epoch ``st.epoch``; first submits the batches of the next
@@ -189,7 +212,7 @@ class RayRolloutSource:
             if epoch not in self.jobs:
                 state = st.generator.get_state() if self.max_staleness == 0 else epoch_generator_state(
                     self.seed, epoch)
-                weights = self._weights_ref(st.policy.module, st.step)
+                weights = self._send_weights(st.policy.module, st.step)
                 job = Job(epoch, epoch % len(self.workers), st.step, st.epoch, weights, state)
                 self.jobs[epoch] = self._submit(job)
         sync = time.perf_counter() - clock
@@ -217,11 +240,27 @@ class RayRolloutSource:
                 return self.ray.get(job.ref, timeout=CALL_TIMEOUT)
             except ActorDiedError as err:
                 raise ClusterError(f"rollout worker {job.worker} is dead (restarts used up): {err}") from err
-            except RayActorError:  # killed or lost: it restarts with fresh state; send the job again
+            except RayActorError as err:  # killed or lost: it restarts with fresh state; send the job again
+                if self.collective:
+                    raise ClusterError(f"rollout worker {job.worker} died: weight_sync=collective cannot take a "
+                                       "restarted worker back into its group (weight_sync=object_store survives "
+                                       "restarts)") from err
                 self._wait_ready(job.worker)
                 self._submit(job)
             except GetTimeoutError as err:
                 raise ClusterError(f"rollout worker {job.worker}: no answer within {CALL_TIMEOUT:.0f} s") from err
+
+    def _send_weights(self, module: torch.nn.Module, version: int) -> Any:
+        """The weights of ``version`` to the workers: broadcast now (None: nothing to pass
+        with the call), or the object store reference each call passes."""
+        if not self.collective:
+            return self._weights_ref(module, version)
+        if self._group is None:
+            from rlvr.cluster.weight_sync import CollectiveWeights
+
+            self._group = CollectiveWeights(self.ray, self.workers, module)
+        self._group.send(module, version)
+        return None
 
     def _weights_ref(self, module: torch.nn.Module, version: int) -> Any:
         if self._weights is None or self._weights[0] != version:
@@ -261,6 +300,9 @@ class RayRolloutSource:
 
     def close(self) -> None:
         self.jobs, self._weights = {}, None
+        if self._group is not None:
+            self._group.close()
+            self._group = None
         for worker in self.workers:
             self.ray.kill(worker)
         self.workers = []

@@ -1,0 +1,104 @@
+"""Weights from the trainer to the rollout workers by a collective broadcast.
+
+``cluster.weight_sync=collective``: the driver (rank 0) and the W workers (ranks 1..W) form
+one ``torch.distributed`` group, gloo when the policy is on the CPU and NCCL when it is on a
+GPU, and each new version of the weights goes to every worker in one broadcast per dtype
+(the state dict flattened into one buffer, in the state dict's order), straight into the
+workers' parameters: no copy through Ray's object store. With NCCL on GPUs the buffers stay
+on the devices (the path verl and OpenRLHF use to sync trainer and vLLM workers); here it
+runs with gloo on the CPU, and the NCCL path is the same code with another backend, not
+run on this machine.
+
+The group cannot take a restarted worker back (its membership is fixed when it forms), so
+a worker that restarts ends the run with a ``ClusterError``; ``weight_sync=object_store``
+(the default) survives restarts.
+
+    driver                                   worker r
+    CollectiveWeights(workers, module) ----> join(init_method, r, W + 1, backend)
+    send(module, version)               ---> receive(version): broadcast into its module
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+GROUP_TIMEOUT_S = 600.0  # a worker busy with a batch answers a broadcast when it is done
+
+
+def flat_buffers(state: dict[str, torch.Tensor]) -> dict[torch.dtype, list[str]]:
+    """The state dict's keys by dtype, in the state dict's order: one buffer per dtype."""
+    by_dtype: dict[torch.dtype, list[str]] = {}
+    for key, value in state.items():
+        by_dtype.setdefault(value.dtype, []).append(key)
+    return by_dtype
+
+
+def broadcast_state(state: dict[str, torch.Tensor], source: bool) -> None:
+    """Broadcast ``state`` from rank 0 (``source``) into the same-shaped ``state`` of every
+    other rank, in place: one flat buffer per dtype."""
+    for dtype, keys in flat_buffers(state).items():
+        if source:
+            buffer = torch.cat([state[k].detach().reshape(-1) for k in keys])
+        else:
+            buffer = torch.empty(sum(state[k].numel() for k in keys), dtype=dtype, device=state[keys[0]].device)
+        dist.broadcast(buffer, src=0)
+        if not source:
+            offset = 0
+            with torch.no_grad():
+                for key in keys:
+                    n = state[key].numel()
+                    state[key].copy_(buffer[offset:offset + n].view_as(state[key]))
+                    offset += n
+
+
+def backend_for(module: torch.nn.Module) -> str:
+    return "nccl" if next(module.parameters()).device.type == "cuda" else "gloo"
+
+
+def join(init_method: str, rank: int, world_size: int, backend: str) -> None:
+    """Join the weights group (a worker's side; blocks until every rank has joined)."""
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
+
+
+class CollectiveWeights:
+    """The driver's side: forms the group with ``workers`` (Ray actor handles with
+    ``join_weights_group`` and ``receive_weights``) and broadcasts each version once."""
+
+    def __init__(self, ray: Any, workers: list[Any], module: torch.nn.Module) -> None:
+        from rlvr.cluster.learners import free_port
+
+        self.ray, self.workers = ray, workers
+        init_method = f"tcp://{ray.util.get_node_ip_address()}:{free_port()}"
+        world, backend = len(workers) + 1, backend_for(module)
+        joined = [w.join_weights_group.remote(init_method, rank, world, backend)
+                  for rank, w in enumerate(workers, start=1)]
+        join(init_method, 0, world, backend)
+        ray.get(joined, timeout=GROUP_TIMEOUT_S)
+        self.version: int | None = None
+
+    def send(self, module: torch.nn.Module, version: int) -> None:
+        """Every worker's weights become ``module``'s, named ``version`` (once per version)."""
+        from ray.exceptions import RayError
+
+        from rlvr.cluster.rollout import ClusterError
+
+        if version == self.version:
+            return
+        received = [w.receive_weights.remote(version) for w in self.workers]
+        try:
+            broadcast_state(module.state_dict(), source=True)
+            self.ray.get(received, timeout=GROUP_TIMEOUT_S)
+        except (RuntimeError, RayError) as err:  # a member died: gloo's reset connection, or Ray's error
+            raise ClusterError(f"the weights broadcast of version {version} failed ({str(err).splitlines()[0]}): a "
+                               "rollout worker died, and weight_sync=collective cannot take a restarted worker back "
+                               "into its group (weight_sync=object_store survives restarts)") from err
+        self.version = version
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
