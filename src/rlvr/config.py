@@ -217,6 +217,9 @@ class ClusterConfig:
     learners: int = setting(1, (
         "data-parallel learners (Ray actors in a torch.distributed group, each taking its share of the batch; "
         "1: this process takes the optimizer steps)"), above=0, max=1024)
+    learner_strategy: str = setting("ddp", (
+        "learners > 1: ddp (a full replica each, gradients all-reduced) or fsdp (FSDP2: parameters, gradients and "
+        "optimizer state sharded over the learners; causal_lm)"), choices=("ddp", "fsdp"))
     max_staleness: int = setting(0, (
         "k: rollout workers sample up to k epochs ahead, with weights up to k versions old, while the "
         "trainer trains (0: synchronous; >= 1 needs rollout workers and algo.tis_cap)"), min=0, max=64)
@@ -594,6 +597,9 @@ def _check_cluster(config: Config) -> None:
     if c.learners > responses:
         raise ConfigError(f"cluster.learners={c.learners}: more learners than the {responses} responses of a batch "
                           "(task.prompts_per_epoch x algo.group_size) to share among them")
+    if c.learner_strategy == "fsdp" and config.policy.name != "causal_lm":
+        raise ConfigError(f"cluster.learner_strategy='fsdp' with policy.name={config.policy.name!r}: the positional "
+                          "toy's fused scorer reads its parameters directly, past FSDP's gathering; use ddp")
     if c.max_staleness > 0:
         if c.rollout_workers == 0:
             raise ConfigError(f"cluster.max_staleness={c.max_staleness} needs rollout workers to sample ahead "

@@ -69,8 +69,16 @@ def free_port() -> int:
 
 
 class Learner:
-    """One replica (run as a Ray actor by ``LearnerGroup``): the policy, its optimizer and
-    scheduler, and rank ``rank`` of a gloo group of ``world_size``."""
+    """One learner (run as a Ray actor by ``LearnerGroup``): the policy, its optimizer and
+    scheduler, and rank ``rank`` of a gloo (NCCL) group of ``world_size``.
+
+    ``cluster.learner_strategy``: ``ddp``, a full replica per learner and the gradients
+    all-reduced; ``fsdp``, the policy's parameters, gradients and Adam state sharded over the
+    group by FSDP2's ``fully_shard`` (one unit: the whole module), its reduce-scatter
+    averaging turned back into the sum the shares' losses need. Either way the weights and
+    optimizer state leave and enter a learner whole (``train_state``), so the driver's
+    checkpoint is the same file.
+    """
 
     def __init__(self, config: Config, rank: int, world_size: int, init_method: str,
                  state: dict[str, Any] | None = None, timeout_s: float = 120.0) -> None:
@@ -78,15 +86,23 @@ class Learner:
         self.config, self.rank, self.world_size = config, rank, world_size
         generator = seed_everything(config.seed)  # as rlvr.trainer.setup: seeded replicas start equal
         policy = build_policy(config)
+        if state is not None:  # before any sharding: every learner loads the whole weights
+            policy.module.load_state_dict(state["model"])
+        backend = "nccl" if torch.cuda.is_available() and policy_device(policy).type == "cuda" else "gloo"
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+        self.fsdp = config.cluster.learner_strategy == "fsdp"
+        if self.fsdp:
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import fully_shard
+
+            fully_shard(policy.module, mesh=init_device_mesh(policy_device(policy).type, (world_size,)))
         self.params = [p for p in policy.module.parameters() if p.requires_grad]
         optimizer = build_optimizer(config.optim, self.params)
         total = config.algo.epochs * config.algo.inner_steps
         self.st = TrainState(policy, optimizer, generator, build_scheduler(config.optim, optimizer, total))
         if state is not None:
             self.load_train_state(state)
-        backend = "nccl" if torch.cuda.is_available() and policy_device(policy).type == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=timeout_s))
 
     def _share(self, rollout: Rollout) -> Rollout:
         start, stop = share_bounds(rollout.samples.num_responses, self.world_size)[self.rank]
@@ -97,7 +113,12 @@ class Learner:
         afterwards every learner holds the full batch's gradient and sums."""
         self.st.optimizer.zero_grad(set_to_none=True)
         sums = accumulate_gradients(self.config, self.st.policy, self._share(rollout), self.config.optim.micro_batches)
-        self._all_reduce_gradients()
+        if self.fsdp:  # FSDP2 reduce-scattered the mean over the group (gloo has no pre-scaled sum): the sum
+            for p in self.params:
+                if p.grad is not None:
+                    p.grad.mul_(self.world_size)
+        else:
+            self._all_reduce_gradients()
         keys = sorted(sums)  # the same keys, in the same order, on every learner (same config)
         values = torch.stack([torch.as_tensor(sums[k]).detach().to(torch.float64) for k in keys])
         dist.all_reduce(values, op=dist.ReduceOp.SUM)
@@ -125,7 +146,7 @@ class Learner:
     def gradients(self, rollout: Rollout) -> dict[str, torch.Tensor]:
         """The full batch's gradient (summed over the group), by parameter name; no step."""
         self._reduced_gradients(rollout)
-        grads = {name: p.grad.detach().clone() for name, p in self.st.policy.module.named_parameters()
+        grads = {name: whole(p.grad).detach().clone() for name, p in self.st.policy.module.named_parameters()
                  if p.grad is not None}
         self.st.optimizer.zero_grad(set_to_none=True)
         return grads
@@ -140,7 +161,8 @@ class Learner:
         if step is not None:
             st.step = step
         sums = self._reduced_gradients(rollout)
-        metrics = step_metrics(sums, clip_gradients(st.policy.module, self.config.optim.max_grad_norm))
+        grad_norm = whole(clip_gradients(st.policy.module, self.config.optim.max_grad_norm))
+        metrics = step_metrics(sums, grad_norm)
         skipped = not all(math.isfinite(v) for v in metrics.values())
         if skipped:
             skip_step(st, st.policy.module, metrics, self.config.optim.max_bad_steps)
@@ -155,8 +177,8 @@ class Learner:
         return record
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The policy's weights (copies, on the CPU)."""
-        return {k: v.detach().cpu().clone() for k, v in self.st.policy.module.state_dict().items()}
+        """The policy's weights, whole (copies, on the CPU)."""
+        return {k: whole(v).detach().cpu().clone() for k, v in self.st.policy.module.state_dict().items()}
 
     def pid(self) -> int:
         return os.getpid()
@@ -164,15 +186,35 @@ class Learner:
     def train_state(self) -> dict[str, Any]:
         """What the driver takes over at the end of an epoch: weights, optimizer and
         scheduler state, the count of consecutive skipped steps."""
-        return {"model": self.state_dict(), "optimizer": self.st.optimizer.state_dict(),
+        optimizer = self.st.optimizer.state_dict()
+        optimizer["state"] = {i: {k: whole(v) for k, v in s.items()} for i, s in optimizer["state"].items()}
+        return {"model": self.state_dict(), "optimizer": optimizer,
                 "scheduler": self.st.scheduler.state_dict(), "bad_steps": self.st.bad_steps}
 
     def load_train_state(self, state: dict[str, Any]) -> None:
-        load_train_state(self.st, state)
+        if not self.fsdp:
+            load_train_state(self.st, state)
+            return
+        from torch.distributed.tensor import distribute_tensor
+
+        # the weights were loaded whole before sharding; the optimizer's moments are sharded as their parameters
+        optimizer = dict(state["optimizer"])
+        optimizer["state"] = {
+            i: {k: distribute_tensor(v, self.params[i].device_mesh, self.params[i].placements)
+                if isinstance(v, torch.Tensor) and v.shape == self.params[i].shape else v for k, v in s.items()}
+            for i, s in optimizer["state"].items()}
+        self.st.optimizer.load_state_dict(optimizer)
+        self.st.scheduler.load_state_dict(state["scheduler"])
+        self.st.bad_steps = state["bad_steps"]
 
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def whole(x: Any) -> Any:
+    """A sharded DTensor gathered whole (a plain tensor or value as it is)."""
+    return x.full_tensor() if hasattr(x, "full_tensor") else x
 
 
 def policy_device(policy: Any) -> torch.device:
@@ -217,8 +259,8 @@ class LearnerGroup:
         state_ref = None if state is None else ray.put(train_state(state))
         self.learners = [actor.remote(config, rank, num_learners, init_method, state_ref, timeout_s)
                          for rank in range(num_learners)]
-        # init_process_group returns only once all ranks joined: a cheap call proves the group is up
-        self._get([learner.state_dict.remote() for learner in self.learners[:1]])
+        # init_process_group returns only once all ranks joined: an answer from each proves the group is up
+        self._get([learner.pid.remote() for learner in self.learners])
 
     def _get(self, refs: list) -> list:
         """The results of ``refs``, raising the first failure as soon as it is known: a dead
@@ -262,7 +304,8 @@ class LearnerGroup:
     def pull(self, st: TrainState) -> None:
         """The group's state into the driver's ``st`` (rank 0's: all are equal), so the driver
         samples, evaluates and checkpoints with the trained weights."""
-        load_train_state(st, self._get([self.learners[0].train_state.remote()])[0])
+        # every learner is asked: gathering FSDP's shards whole is a collective
+        load_train_state(st, self._get([learner.train_state.remote() for learner in self.learners])[0])
 
     def gradients(self, rollout: Rollout) -> dict[str, torch.Tensor]:
         """The full batch's gradient as the group computes it (rank 0's copy); no step."""
@@ -273,7 +316,7 @@ class LearnerGroup:
     def state_dict(self, rank: int = 0) -> dict[str, torch.Tensor]:
         """The policy's weights from learner ``rank`` (all are equal): for rollout workers and
         checkpoints."""
-        return self._get([self.learners[rank].state_dict.remote()])[0]
+        return self._get([learner.state_dict.remote() for learner in self.learners])[rank]  # a collective
 
     def close(self) -> None:
         """End the actors (their process group ends with them; a survivor of a dead peer may be
