@@ -224,6 +224,10 @@ class ClusterConfig:
         "k: rollout workers sample up to k epochs ahead, with weights up to k versions old, while the "
         "trainer trains (0: synchronous; >= 1 needs rollout workers and algo.tis_cap)"), min=0, max=64)
     address: str | None = setting(None, "Ray cluster address (null: start a local Ray with the CPUs needed)")
+    split_batch: bool = setting(False, (
+        "split each epoch's batch over the rollout workers (its prompts drawn here, each part sampled with its own "
+        "generator) so they generate at once; false: the whole batch on one worker (epoch e on worker e mod W), "
+        "which with one worker gives the single-process records"))
     weight_sync: str = setting("object_store", (
         "how the rollout workers get new weights: object_store (through Ray's object store; survives worker "
         "restarts) or collective (one torch.distributed broadcast per dtype from this process: gloo on CPU, "

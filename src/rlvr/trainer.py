@@ -160,7 +160,7 @@ def collect_rollout(config: Config, task: Task, st: TrainState) -> Rollout:
     if st.cluster is not None and st.cluster.rollouts is not None:
         # Ray actors sample, with the weights of the last optimizer step (max_staleness k = 0)
         # or of up to k epochs before (k >= 1: corrected by TIS in build_rollout)
-        samples, grades, stats = st.cluster.rollouts.sample_and_grade(st)
+        samples, grades, stats = st.cluster.rollouts.sample_and_grade(st, task)
     else:
         engine_stats = sync_engine(st)  # the engine samples with the weights of the last optimizer step
         sample = lambda: sample_and_grade(config, task, st.policy, st.generator)  # noqa: E731
@@ -174,12 +174,13 @@ def collect_rollout(config: Config, task: Task, st: TrainState) -> Rollout:
     return build_rollout(config, st, samples, grades, stats)
 
 
-def sample_and_grade(config: Config, task: Task, policy: Policy, generator: torch.Generator
+def sample_and_grade(config: Config, task: Task, policy: Policy, generator: torch.Generator, prompts: Any = None
                      ) -> tuple[Samples, Grades, dict[str, float]]:
-    """B prompts from the task, G responses each from the policy, graded: the samples, the
-    grades and the phase timings."""
+    """B prompts from the task (or these ``prompts``), G responses each from the policy,
+    graded: the samples, the grades and the phase timings."""
     clock = time.perf_counter()
-    prompts = task.sample_prompts(config.task.prompts_per_epoch, generator)
+    if prompts is None:
+        prompts = task.sample_prompts(config.task.prompts_per_epoch, generator)
     samples = policy.sample(prompts, config.algo.group_size, config.policy.temperature, generator)
     timings = {"time/generate": time.perf_counter() - clock}
     clock = time.perf_counter()

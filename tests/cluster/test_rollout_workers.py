@@ -138,3 +138,27 @@ def test_a_collective_worker_that_dies_ends_the_run_clearly(ray_local):
         train(load_config(None, SORTING + ["cluster.rollout_workers=1", "cluster.weight_sync=collective"]),
               on_epoch_end=kill_after_first_epoch)
     assert not torch.distributed.is_initialized()
+
+
+def test_a_batch_split_over_two_workers(ray_local):
+    """split_batch: the driver draws the epoch's prompts (the same as one process draws) and
+    each worker samples its part with its own generator; the batch is whole and the run
+    repeats exactly. The lecture's 3 prompts split 1 + 2."""
+    overrides = SORTING + ["task.prompts=null", "task.prompts_per_epoch=5"]
+    local = train(load_config(None, overrides))
+    split = train(load_config(None, overrides + ["cluster.rollout_workers=2", "cluster.split_batch=true"]))
+    again = train(load_config(None, overrides + ["cluster.rollout_workers=2", "cluster.split_batch=true"]))
+    assert comparable(split) == comparable(again)
+    first = [r for r in split if r["kind"] == "prompts"][0], [r for r in local if r["kind"] == "prompts"][0]
+    assert set(first[0]["solved"]) == set(first[1]["solved"])  # the same prompts, drawn by the driver
+    trains = [r for r in split if r["kind"] == "train"]
+    assert all(r["response_tokens"] == 5 * 10 * 3 for r in trains)  # B x G x n: every part came back
+    assert comparable(split) != comparable(local)  # the parts' own generators: other responses
+
+
+def test_split_batches_ahead_of_the_trainer(ray_local):
+    overrides = SORTING + ["task.prompts=null", "task.prompts_per_epoch=5", "cluster.rollout_workers=2",
+                           "cluster.split_batch=true", "cluster.max_staleness=1", "algo.tis_cap=2"]
+    records = [r for r in train(load_config(None, overrides)) if r["kind"] == "train"]
+    assert [r["cluster/staleness"] for r in records if r["step"] % 2 == 0] == [0.0, 1.0, 1.0, 1.0]
+    assert all(r["response_tokens"] == 5 * 10 * 3 for r in records)

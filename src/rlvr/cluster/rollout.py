@@ -131,7 +131,7 @@ class RolloutWorker:
         self.version = version
         return version
 
-    def sample_and_grade(self, weights: list[Any], version: int, generator_state: torch.Tensor
+    def sample_and_grade(self, weights: list[Any], version: int, generator_state: torch.Tensor, prompts: Any = None
                          ) -> tuple[Samples, Grades, dict[str, float], torch.Tensor, int]:
         """The trainer's ``sample_and_grade`` with the weights of ``version`` (``weights``: a
         one-item list holding their ObjectRef, fetched only when this worker holds another
@@ -150,7 +150,7 @@ class RolloutWorker:
             self.set_weights(ray.get(weights[0]), version)
         generator = torch.Generator()
         generator.set_state(generator_state)
-        samples, grades, timings = sample_and_grade(self.config, self.task, self.policy, generator)
+        samples, grades, timings = sample_and_grade(self.config, self.task, self.policy, generator, prompts)
         return samples, grades, {**timings, **self.engine_stats}, generator.get_state(), os.getpid()
 
 
@@ -164,6 +164,7 @@ class Job:
     weights_epoch: int  # the epoch at whose start the driver held those weights
     weights: Any  # their ObjectRef
     generator_state: torch.Tensor
+    prompts: Any = None  # this job's part of the epoch's prompts (cluster.split_batch), or None: the worker draws
     ref: Any = None  # the call's ObjectRef
 
 
@@ -175,6 +176,7 @@ class RayRolloutSource:
         c = config.cluster
         self.ray = ray
         self.max_staleness, self.epochs, self.seed = c.max_staleness, config.algo.epochs, config.seed
+        self.split, self.num_prompts = c.split_batch, config.task.prompts_per_epoch
         actor = ray.remote(num_cpus=WORKER_CPUS, max_restarts=MAX_RESTARTS, max_task_retries=0)(RolloutWorker)
         self.placement_group = None
         self.workers: list[Any] = []
@@ -197,37 +199,61 @@ class RayRolloutSource:
                 for i in range(c.rollout_workers)]
         self.pids = self.worker_pids()  # also waits until every worker is up
         self.restarts = 0
-        self.jobs: dict[int, Job] = {}  # submitted batches by epoch
+        self.jobs: dict[int, list[Job]] = {}  # submitted batches (or their parts) by epoch
         self._weights: tuple[int, Any] | None = None  # (version, ObjectRef): put once per version
         self.collective = c.weight_sync == "collective"  # broadcast instead of the object store
         self._group: Any = None  # its CollectiveWeights, formed at the first batch
 
-    def sample_and_grade(self, st: Any) -> tuple[Samples, Grades, dict[str, float]]:
+    def sample_and_grade(self, st: Any, task: Any) -> tuple[Samples, Grades, dict[str, float]]:
         """The batch of epoch ``st.epoch``; first submits the batches of the next
-        ``max_staleness`` epochs with the current weights. With k = 0 the driver's generator
-        moves on as if it had sampled the batch itself."""
+        ``max_staleness`` epochs with the current weights. With k = 0 and whole batches the
+        driver's generator moves on as if it had sampled the batch itself."""
         clock = time.perf_counter()
         last = min(st.epoch + self.max_staleness, self.epochs - 1)
         for epoch in range(st.epoch, last + 1):
             if epoch not in self.jobs:
-                state = st.generator.get_state() if self.max_staleness == 0 else epoch_generator_state(
-                    self.seed, epoch)
                 weights = self._send_weights(st.policy.module, st.step)
-                job = Job(epoch, epoch % len(self.workers), st.step, st.epoch, weights, state)
-                self.jobs[epoch] = self._submit(job)
+                self.jobs[epoch] = [self._submit(job) for job in self._jobs(epoch, st, task, weights)]
         sync = time.perf_counter() - clock
-        job = self.jobs.pop(st.epoch)
-        samples, grades, stats, new_state, pid = self._result(job)
-        self._seen(job.worker, pid)
-        if self.max_staleness == 0:
+        jobs = self.jobs.pop(st.epoch)
+        parts = []
+        for job in jobs:
+            samples, grades, stats, new_state, pid = self._result(job)
+            self._seen(job.worker, pid)
+            parts.append((samples, grades, stats))
+        if self.max_staleness == 0 and not self.split:
             st.generator.set_state(new_state)
-        stats = {**stats, "time/sync": sync, "cluster/weights_version": float(job.version),
-                 "cluster/staleness": float(st.epoch - job.weights_epoch),
+        samples, grades = Samples.cat([p[0] for p in parts]), Grades.cat([p[1] for p in parts])
+        # the parts ran at once: the batch took as long as the slowest
+        stats = {key: max(p[2].get(key, 0.0) for p in parts) for key in parts[0][2]}
+        stats = {**stats, "time/sync": sync, "cluster/weights_version": float(jobs[0].version),
+                 "cluster/staleness": float(st.epoch - jobs[0].weights_epoch),
                  "cluster/worker_restarts": float(self.restarts)}
         return samples, grades, stats
 
+    def _jobs(self, epoch: int, st: Any, task: Any, weights: Any) -> list[Job]:
+        """The jobs of ``epoch``'s batch: the whole batch on worker epoch mod W, or
+        (``cluster.split_batch``) its prompts drawn here and split over the workers, each part
+        sampled with its own generator seeded from the epoch's stream."""
+        if self.max_staleness == 0:
+            generator = st.generator  # the run's own stream: a whole batch hands its new state back
+        else:
+            generator = torch.Generator()
+            generator.set_state(epoch_generator_state(self.seed, epoch))
+        if not self.split:
+            return [Job(epoch, epoch % len(self.workers), st.step, st.epoch, weights, generator.get_state())]
+        prompts = task.sample_prompts(self.num_prompts, generator)
+        count = len(prompts)
+        bounds = [(w * count // len(self.workers), (w + 1) * count // len(self.workers))
+                  for w in range(len(self.workers))]
+        seeds = torch.randint(0, 2**62, (len(self.workers),), generator=generator).tolist()
+        return [Job(epoch, w, st.step, st.epoch, weights, torch.Generator().manual_seed(seed).get_state(),
+                    prompts[start:stop])
+                for w, ((start, stop), seed) in enumerate(zip(bounds, seeds)) if stop > start]
+
     def _submit(self, job: Job) -> Job:
-        job.ref = self.workers[job.worker].sample_and_grade.remote([job.weights], job.version, job.generator_state)
+        job.ref = self.workers[job.worker].sample_and_grade.remote([job.weights], job.version, job.generator_state,
+                                                                   job.prompts)
         return job
 
     def _result(self, job: Job) -> tuple[Samples, Grades, dict[str, float], torch.Tensor, int]:
