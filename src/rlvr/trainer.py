@@ -32,6 +32,7 @@ from rlvr.metrics import Record
 from rlvr.optim import build_optimizer, build_scheduler
 from rlvr.policies import build_policy, frozen_copy
 from rlvr.rollout import Grades, Policy, Rollout, Samples, Task, sampler_log_probs_exact
+from rlvr.shaping import shaped_rewards
 from rlvr.tasks import build_task, check_prompts_fit
 
 logger = logging.getLogger(__name__)
@@ -233,33 +234,6 @@ def build_rollout(config: Config, st: TrainState, samples: Samples, grades: Grad
     weights = core.aggregation_weights(mask, a.aggregation, normalizer)  # [N, T]
     solved = None if grades.prompts is None else prompt_solve_shares(grades.prompts, grades.correct)
     return Rollout(samples, deltas, old_log_probs, ref_log_probs, weights, stats, importance_weights, solved)
-
-
-def shaped_rewards(config: Config, policy: Policy, samples: Samples, rewards: torch.Tensor,
-                   old_log_probs: torch.Tensor | None, ref_log_probs: torch.Tensor | None
-                   ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-    """The rewards [B, G] the deltas are computed from, the mask [N, T] of the tokens that
-    train, and their numbers: the task's rewards minus kl_coef * k1 summed over the response
-    (``algo.kl_in=reward``), plus DAPO's soft length penalty (``algo.overlong=penalty``);
-    truncated responses out of the mask (``algo.overlong=mask``)."""
-    a, mask, shaping = config.algo, samples.response_mask, {}
-    if a.kl_coef > 0 and a.kl_in == "reward":
-        penalty = core.kl_reward_penalty(old_log_probs, ref_log_probs, mask, a.kl_coef)  # [N]
-        rewards = rewards - penalty.reshape(rewards.shape)
-        shaping["kl_reward_penalty"] = penalty.mean().item()
-    if a.overlong != "none":
-        truncate = getattr(policy, "truncated", None)  # the toy's answers have one fixed length: never cut
-        truncated = torch.zeros(samples.num_responses, dtype=torch.bool) if truncate is None else truncate(samples)
-        shaping["truncated_frac"] = truncated.float().mean().item()
-        if a.overlong == "mask":
-            mask = core.overlong_mask(truncated, mask)
-        else:
-            lengths = samples.response_mask.sum(dim=1)  # [N]
-            penalty = core.overlong_penalty(lengths, policy.max_response_length, a.overlong_cache,
-                                            a.overlong_factor, dtype=rewards.dtype)
-            rewards = rewards + penalty.reshape(rewards.shape)
-            shaping["overlong_penalty"] = penalty.mean().item()
-    return rewards, mask, shaping
 
 
 def old_policy_log_probs(
