@@ -102,10 +102,9 @@ def train(config: Config | dict | str | Path | None = None, overrides: Sequence[
     resolved = resolve_config(config, overrides, reward_funcs, out_dir)
     if resolved.out_dir is None:
         return _train_in_memory(resolved, on_record)
-    from rlvr.runs import run_training
+    from rlvr.runs import train_in_run_dir
 
-    records, run_dir = run_training(resolved)
-    return TrainResult(records, run_dir, _policy_from_run(resolved, run_dir), resolved)
+    return TrainResult(*train_in_run_dir(resolved), resolved)
 
 
 def _train_in_memory(config: Config, on_record: Callable[[Record], None] | None) -> TrainResult:
@@ -120,22 +119,6 @@ def _train_in_memory(config: Config, on_record: Callable[[Record], None] | None)
         if close is not None:
             close()
     return TrainResult(records, None, st.policy, config)
-
-
-def _policy_from_run(config: Config, run_dir: Path) -> Any:
-    """The trained policy, from the run's final checkpoint (``run_training`` returns no
-    state). An LM is rebuilt with the in-process engine: a second vLLM engine beside the
-    run's would hold the accelerator's memory twice."""
-    from rlvr.checkpoint import load_latest
-    from rlvr.policies import build_policy
-
-    _, payload = load_latest(run_dir)
-    rebuilt = copy.deepcopy(config)
-    rebuilt.policy.options.pop("engine", None)
-    rebuilt.policy.options.pop("engine_options", None)
-    policy = build_policy(rebuilt)
-    policy.module.load_state_dict(payload["policy"])
-    return policy
 
 
 def _check_callables(reward_funcs: Sequence[Callable]) -> None:

@@ -62,6 +62,8 @@ class Samples:
     def cat(parts: list[Samples]) -> Samples:
         """Several batches as one: responses padded on the right, prompts on the left (as
         an LM's are; the masks say which positions are real)."""
+        if len(parts) == 1:
+            return parts[0]
         lps = [s.sample_log_probs for s in parts]
         return Samples(
             responses=_join([s.responses for s in parts]),
@@ -145,6 +147,8 @@ class Grades:
     def cat(parts: list[Grades]) -> Grades:
         """Grades of several batches as one; each metric the mean over the batches, weighted
         by their prompts (a metric some batch lacks: over those that have it)."""
+        if len(parts) == 1:
+            return parts[0]
         sizes = [g.rewards.shape[0] for g in parts]
         metrics: dict[str, float] = {}
         for key in dict.fromkeys(k for g in parts for k in g.metrics):
@@ -152,6 +156,13 @@ class Grades:
             metrics[key] = sum(v * b for v, b in have) / max(sum(b for _, b in have), 1)
         prompts = None if any(g.prompts is None for g in parts) else _join([g.prompts for g in parts])
         return Grades(torch.cat([g.rewards for g in parts]), torch.cat([g.correct for g in parts]), metrics, prompts)
+
+
+def contiguous_bounds(count: int, parts: int) -> list[tuple[int, int]]:
+    """``parts`` contiguous ``[start, stop)`` ranges covering ``range(count)``, sizes
+    differing by at most one (empty ones when ``count < parts``)."""
+    cuts = [r * count // parts for r in range(parts + 1)]
+    return list(zip(cuts[:-1], cuts[1:]))
 
 
 def _pick(items: Any, index: torch.Tensor) -> Any:

@@ -242,7 +242,16 @@ def _writer(config: Config, run_dir: Path, metrics: JsonlSink, initial_epoch: in
 def run_training(
     config: Config, plot: bool | None = None, resume: str | Path | None = None
 ) -> tuple[list[Record], Path]:
-    """Train with everything written to the run directory; returns (records, run_dir).
+    """``train_in_run_dir`` without the trained policy: (records, run_dir)."""
+    records, run_dir, _ = train_in_run_dir(config, plot, resume)
+    return records, run_dir
+
+
+def train_in_run_dir(
+    config: Config, plot: bool | None = None, resume: str | Path | None = None
+) -> tuple[list[Record], Path, Any]:
+    """Train with everything written to the run directory; returns (records, run_dir, the
+    trained policy).
 
     The directory is locked while the run lasts: a second run or resume of it is
     refused. With ``resume`` the run continues from the newest usable checkpoint of that
@@ -272,7 +281,7 @@ def run_training(
     if config.log.plot if plot is None else plot:
         plot_runs({config.name: records}, run_dir / "plot.png", f"{run_dir.name} (seed {config.seed})",
                   eval_prompts_label(config))
-    return records, run_dir
+    return records, run_dir, st.policy
 
 
 def run_batched(configs: list[Config]) -> list[tuple[list[Record], Path]]:

@@ -31,7 +31,7 @@ from rlvr.evaluation import evaluate
 from rlvr.metrics import Record
 from rlvr.optim import build_optimizer, build_scheduler
 from rlvr.policies import build_policy, frozen_copy
-from rlvr.rollout import Grades, Policy, Rollout, Samples, Task, sampler_log_probs_exact
+from rlvr.rollout import Grades, Policy, Rollout, Samples, Task, contiguous_bounds, sampler_log_probs_exact
 from rlvr.shaping import shaped_rewards
 from rlvr.tasks import build_task, check_prompts_fit
 
@@ -407,9 +407,8 @@ def skip_step(st: TrainState, module: torch.nn.Module, metrics: dict[str, float]
 def group_parts(rollout: Rollout, count: int, group_size: int) -> list[Rollout]:
     """``count`` parts of ``rollout`` made of whole groups (at most one part per group)."""
     groups = rollout.samples.num_responses // group_size
-    count = min(count, groups)
-    cuts = [r * groups // count * group_size for r in range(count + 1)]
-    return [rollout.rows(slice(start, stop)) for start, stop in zip(cuts[:-1], cuts[1:])]
+    return [rollout.rows(slice(start * group_size, stop * group_size))
+            for start, stop in contiguous_bounds(groups, min(count, groups))]
 
 
 def micro_batches(rollout: Rollout, count: int) -> list[Rollout]:

@@ -40,7 +40,7 @@ from rlvr.config import Config
 from rlvr.metrics import Record
 from rlvr.optim import build_optimizer, build_scheduler
 from rlvr.policies import build_policy
-from rlvr.rollout import Rollout
+from rlvr.rollout import Rollout, contiguous_bounds
 from rlvr.trainer import (
     TrainingError,
     TrainState,
@@ -57,8 +57,7 @@ def share_bounds(num_rows: int, num_shares: int) -> list[tuple[int, int]]:
     (sizes differ by at most one; every part non-empty)."""
     if num_rows < num_shares:
         raise ValueError(f"a rollout of {num_rows} responses cannot be split among {num_shares} learners")
-    cuts = [r * num_rows // num_shares for r in range(num_shares + 1)]
-    return list(zip(cuts[:-1], cuts[1:]))
+    return contiguous_bounds(num_rows, num_shares)
 
 
 def free_port() -> int:
@@ -88,8 +87,7 @@ class Learner:
         policy = build_policy(config)
         if state is not None:  # before any sharding: every learner loads the whole weights
             policy.module.load_state_dict(state["model"])
-        backend = "nccl" if torch.cuda.is_available() and policy_device(policy).type == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
+        dist.init_process_group(backend_for(policy.module), init_method=init_method, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout_s))
         self.fsdp = config.cluster.learner_strategy == "fsdp"
         if self.fsdp:
@@ -215,6 +213,11 @@ class Learner:
 def whole(x: Any) -> Any:
     """A sharded DTensor gathered whole (a plain tensor or value as it is)."""
     return x.full_tensor() if hasattr(x, "full_tensor") else x
+
+
+def backend_for(module: torch.nn.Module) -> str:
+    """The torch.distributed backend for ``module``'s device: NCCL on a GPU, gloo on the CPU."""
+    return "nccl" if next(module.parameters()).device.type == "cuda" else "gloo"
 
 
 def policy_device(policy: Any) -> torch.device:

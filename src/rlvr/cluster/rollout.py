@@ -45,7 +45,7 @@ import torch
 
 from rlvr.cluster.session import WORKER_CPUS
 from rlvr.config import Config
-from rlvr.rollout import Grades, Samples
+from rlvr.rollout import Grades, Samples, contiguous_bounds
 
 MAX_RESTARTS = 100  # per worker, over a run
 CALL_TIMEOUT = 3600.0  # seconds a batch may take before the run gives up
@@ -243,9 +243,7 @@ class RayRolloutSource:
         if not self.split:
             return [Job(epoch, epoch % len(self.workers), st.step, st.epoch, weights, generator.get_state())]
         prompts = task.sample_prompts(self.num_prompts, generator)
-        count = len(prompts)
-        bounds = [(w * count // len(self.workers), (w + 1) * count // len(self.workers))
-                  for w in range(len(self.workers))]
+        bounds = contiguous_bounds(len(prompts), len(self.workers))
         seeds = torch.randint(0, 2**62, (len(self.workers),), generator=generator).tolist()
         return [Job(epoch, w, st.step, st.epoch, weights, torch.Generator().manual_seed(seed).get_state(),
                     prompts[start:stop])

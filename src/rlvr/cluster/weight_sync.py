@@ -55,10 +55,6 @@ def broadcast_state(state: dict[str, torch.Tensor], source: bool) -> None:
                     offset += n
 
 
-def backend_for(module: torch.nn.Module) -> str:
-    return "nccl" if next(module.parameters()).device.type == "cuda" else "gloo"
-
-
 def join(init_method: str, rank: int, world_size: int, backend: str) -> None:
     """Join the weights group (a worker's side; blocks until every rank has joined)."""
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
@@ -70,7 +66,7 @@ class CollectiveWeights:
     ``join_weights_group`` and ``receive_weights``) and broadcasts each version once."""
 
     def __init__(self, ray: Any, workers: list[Any], module: torch.nn.Module) -> None:
-        from rlvr.cluster.learners import free_port
+        from rlvr.cluster.learners import backend_for, free_port
 
         self.ray, self.workers = ray, workers
         init_method = f"tcp://{ray.util.get_node_ip_address()}:{free_port()}"
