@@ -26,7 +26,8 @@ ALGO_PRESETS: dict[str, dict[str, Any]] = {
     "dr_grpo": {"deltas": "centered", "loss": "clipped", "aggregation": "seq_mean_token_sum",
                 "clip_eps": 0.2, "clip_eps_high": None, "kl_coef": 0.0},
     # DAPO: the mean over every token of the batch, a wider upper clip range (clip-higher),
-    # no KL; its dynamic sampling and overlong shaping are not part of rlvr
+    # no KL; its dynamic sampling and overlong shaping are algo.dynamic_sampling and
+    # algo.overlong, set on their own
     "dapo": {"deltas": "normalized", "loss": "clipped", "aggregation": "token_mean",
              "clip_eps": 0.2, "clip_eps_high": 0.28, "kl_coef": 0.0},
     # RLOO: REINFORCE with the mean of the other G - 1 rewards as each response's baseline

@@ -23,13 +23,13 @@ TRL_NAMES: dict[str, TrlName] = {
     # the algorithm
     "num_generations": TrlName("algo.group_size", "G, responses sampled per prompt"),
     "beta": TrlName("algo.kl_coef", "the KL penalty's weight; the estimator is algo.kl_estimator (k3 by default)"),
-    "epsilon": TrlName("algo.clip_eps", "the lower clip range; used by algo.loss=clipped"),
+    "epsilon": TrlName("algo.clip_eps", "the lower clip range; used by the clipped, dual_clip, gspo and cispo losses"),
     "epsilon_high": TrlName("algo.clip_eps_high", "the upper clip range (DAPO: 0.28)"),
     "loss_type": TrlName("algo.preset", (
         "grpo, dr_grpo and dapo are presets of algo.deltas, algo.loss, algo.aggregation, the clip ranges and "
         "algo.kl_coef (see `rlvr config`); the aggregation alone is algo.aggregation")),
     "scale_rewards": TrlName("algo.deltas", (
-        "group (true): normalized; none (false): centered; batch has no equivalent")),
+        "group (true): normalized; batch: batch_normalized; none (false): centered")),
     "num_iterations": TrlName("algo.inner_steps", "optimizer steps on each epoch's batch (mu)"),
     "steps_per_generation": TrlName("algo.inner_steps", (
         "each of rlvr's inner steps uses the whole batch; optim.micro_batches splits one step")),
@@ -84,19 +84,22 @@ TRL_NAMES: dict[str, TrlName] = {
     "save_total_limit": TrlName("log.keep_checkpoints"),
     "log_completions": TrlName("log.table_rows", "held-out samples go to RUN_DIR/samples.md at each evaluation"),
     "resume_from_checkpoint": TrlName("resume=RUN_DIR", "on the command line: rlvr train resume=RUN_DIR"),
+    "importance_sampling_level": TrlName("algo.loss=gspo", "sequence: GSPO's one clipped ratio per response"),
+    "mask_truncated_completions": TrlName("algo.overlong=mask", "responses cut at max_new_tokens leave the loss"),
+    "top_entropy_quantile": TrlName("algo.top_entropy_q", "train on this fraction of highest-entropy tokens"),
     # no equivalent
     "max_prompt_length": TrlName(None, (
         "prompts are never truncated; one longer than the model's positions minus max_new_tokens is an error")),
     "logging_steps": TrlName(None, "every optimizer step is recorded in metrics.jsonl"),
-    "importance_sampling_level": TrlName(None, "ratios are per token"),
     "delta": TrlName(None, "no two-sided clipping; algo.clip_eps_high sets the upper range"),
-    "mask_truncated_completions": TrlName(None, "truncated completions stay in the loss"),
-    "top_entropy_quantile": TrlName(None, "every response token is in the loss"),
     "min_p": TrlName(None, "sampling takes policy.options.top_k and top_p"),
     "repetition_penalty": TrlName(None, "sampling takes policy.options.top_k and top_p"),
-    "vllm_mode": TrlName(None, "vLLM runs in the trainer's process only (policy.options.engine=vllm)"),
+    "vllm_mode": TrlName("cluster.rollout_workers", (
+        "colocate: policy.options.engine=vllm in the trainer's process; server: Ray rollout workers with that engine")),
     "ref_model_mixup_alpha": TrlName(None, "the reference is a plain copy (algo.ref_update_every)"),
-    "shuffle_dataset": TrlName(None, "prompts are drawn at random every epoch (task.prompts_per_epoch)"),
+    "shuffle_dataset": TrlName("task.options", (
+        "the dataset task shuffles each pass over the data with the run's seed (its shuffle_seed option to "
+        "choose another), resumable mid-pass")),
     "remove_unused_columns": TrlName(None, "every column of a prompt reaches the reward functions"),
     "push_to_hub": TrlName(None, "`rlvr export RUN_DIR --out DIR` writes a folder from_pretrained loads"),
     "use_liger_kernel": TrlName(None, "the loss is plain PyTorch"),
