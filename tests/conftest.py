@@ -15,11 +15,13 @@ GSM8K_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "g
 
 
 def pytest_terminal_summary(terminalreporter):
-    """One line when the GSM8K data is missing, so its skipped tests are not missed."""
+    """One line when GSM8K tests were skipped for want of the data, so they are not missed."""
     if not (GSM8K_DATA / "test.jsonl").is_file():
         skipped = [r for r in terminalreporter.stats.get("skipped", []) if "GSM8K" in str(r.longrepr)]
-        terminalreporter.write_line(f"GSM8K data not found at {GSM8K_DATA}: {len(skipped)} GSM8K test(s) skipped "
-                                    "(put train.jsonl and test.jsonl there to run them; see README, Run the tests)")
+        if skipped:
+            terminalreporter.write_line(f"GSM8K data not found at {GSM8K_DATA}: {len(skipped)} GSM8K "
+                                        f"test{'s' * (len(skipped) > 1)} skipped (put train.jsonl and test.jsonl "
+                                        "there to run them; see README, Run the tests)")
 
 
 @pytest.fixture(scope="session")

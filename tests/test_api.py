@@ -115,7 +115,7 @@ LM = ["task.name=sort_text", "policy.name=causal_lm"]
     ([*LM, "policy.options={model: x, device: gpu0}"], "policy.options: device='gpu0' is not a torch device"),
     ([*LM, "policy.options={model: x, engine: vllm, engine_options: {dtype: float64}}"],
      "engine_options.dtype='float64' must be one of"),
-    ([*LM, "task.options={num_digits: 0}"], "task.options for 'sort_text': num_digits must be >= 1, got 0"),
+    ([*LM, "task.options={num_digits: 0}"], "task.options.num_digits=0 must be >= 1"),
     (["rewards.functions=['no_such_module_here:f']"], "rewards.functions[0]: reward function"),
 ])
 def test_config_command_refuses_what_train_refuses(capsys, items, message):

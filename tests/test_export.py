@@ -83,3 +83,50 @@ def test_export_refuses_a_taken_folder_and_a_non_run(tmp_path, capsys):
     assert "not a run directory" in capsys.readouterr().err and not (tmp_path / "x").exists()
     assert main(["export", str(result.run_dir), "--out", str(tmp_path / "y"), "--checkpoint", "step-9"]) == 2
     assert "--checkpoint step-9: not in" in capsys.readouterr().err and not (tmp_path / "y").exists()
+
+
+def test_export_writes_through_a_temporary_folder_of_its_own(tmp_path, capsys):
+    result = rlvr.train(None, ["algo.epochs=1", "algo.inner_steps=1", *QUIET], out_dir=tmp_path / "run")
+    theirs = tmp_path / ".tmp-mine"  # a name the old export took for its own and deleted
+    theirs.mkdir()
+    (theirs / "keep.txt").write_text("theirs")
+    assert main(["export", str(result.run_dir), "--out", str(tmp_path / "mine")]) == 0
+    assert (theirs / "keep.txt").read_text() == "theirs"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".tmp-mine", "mine", "run"]  # nothing left behind
+    checkpoints = sorted((result.run_dir / "checkpoints").iterdir())
+    for inside in (result.run_dir / "checkpoints" / "step-999999999", result.run_dir / "model"):
+        assert main(["export", str(result.run_dir), "--out", str(inside)]) == 2
+        assert f"--out {inside}: inside the run directory" in capsys.readouterr().err and not inside.exists()
+    assert sorted((result.run_dir / "checkpoints").iterdir()) == checkpoints
+
+
+def test_lora_export_merges_into_the_base_model_the_run_loaded(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("peft")
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    from rlvr.modeling import init_model
+
+    for folder, seed in (("trained", 0), ("elsewhere", 1)):  # two different models, both named "model" relatively
+        init_model(tmp_path / folder / "model", hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2,
+                   seed=seed)
+    monkeypatch.chdir(tmp_path / "trained")
+    result = lm_run("model", tmp_path / "run", ", lora: {r: 4, lora_alpha: 8}")
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert main(["export", str(result.run_dir), "--out", str(tmp_path / "merged")]) == 0
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    torch.testing.assert_close(logits(model, IDS), logits(result.policy.module.eval(), IDS), rtol=1e-5, atol=1e-5)
+    # the base moved, and another model took its place: refused, naming both; --base finds it where it is now
+    shutil.move(tmp_path / "trained" / "model", tmp_path / "moved")
+    shutil.copytree(tmp_path / "elsewhere" / "model", tmp_path / "trained" / "model")
+    capsys.readouterr()
+    assert main(["export", str(result.run_dir), "--out", str(tmp_path / "again")]) == 2
+    error, = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert f"base model {tmp_path / 'trained' / 'model'} (sha256 " in error
+    assert f"is not the one the run trained its adapters on, {tmp_path / 'trained' / 'model'} (sha256 " in error
+    assert not (tmp_path / "again").exists()
+    moved = ["--base", str(tmp_path / "moved")]
+    assert main(["export", str(result.run_dir), "--out", str(tmp_path / "again"), *moved]) == 0
+    torch.testing.assert_close(logits(AutoModelForCausalLM.from_pretrained(tmp_path / "again"), IDS),
+                               logits(model, IDS), rtol=0, atol=0)

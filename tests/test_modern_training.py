@@ -57,7 +57,6 @@ def test_kl_in_the_reward_shapes_the_deltas_and_leaves_the_loss_alone():
     st.inner_step, st.epoch = 0, 1
     generator_state = st.generator.get_state()
     rollout = collect_rollout(config, task, st)
-    assert rollout.ref_log_probs is None  # no KL term in the loss
     st.generator.set_state(generator_state)  # the same batch, to recompute its pieces by hand
     samples = st.policy.sample(task.sample_prompts(3, st.generator), config.algo.group_size, 1.0, st.generator)
     grades = task.grade(task.sample_prompts(3, st.generator), samples.responses)
@@ -68,6 +67,8 @@ def test_kl_in_the_reward_shapes_the_deltas_and_leaves_the_loss_alone():
     expected = grades.rewards.reshape(-1) - 0.5 * k1
     torch.testing.assert_close(rollout.deltas, expected)
     assert rollout.stats["kl_reward_penalty"] == pytest.approx((0.5 * k1).mean().item(), rel=1e-5)
+    record = optimizer_step(config, st, rollout)
+    assert record["loss"] == record["pg_loss"]  # no KL term in the loss
 
 
 def test_k1_as_a_loss_term_still_points_at_the_reward():
@@ -133,11 +134,14 @@ def test_top_entropy_selection_trains_on_the_highest_entropy_tokens():
     config = load_config(None, QUIET + ["algo.top_entropy_q=0.25", "algo.aggregation=token_mean"])
     task, st = setup(config)
     rollout = collect_rollout(config, task, st)
-    kept = rollout.weights > 0
+    kept = rollout.pg_token_mask
     assert kept.sum().item() == math.ceil(0.25 * kept.numel())
     _, entropy = st.policy.log_probs(rollout.samples, 1.0, with_entropy=True)
     assert entropy[kept].min() >= entropy[~kept].max()
-    torch.testing.assert_close(rollout.weights.sum(), torch.tensor(1.0))  # token_mean over the kept tokens
+    assert torch.equal(rollout.pg_token_mask, kept)
+    # the weights keep every response token: token_mean's normaliser is the batch's token count
+    assert torch.equal(rollout.weights > 0, rollout.samples.response_mask)
+    torch.testing.assert_close(rollout.weights.sum(), torch.tensor(1.0))
 
 
 def test_the_noise_meter_logs_every_k_epochs_without_changing_the_step():

@@ -2,8 +2,10 @@ import base64
 import json
 import re
 import shutil
+from html.parser import HTMLParser
 
 import pytest
+import yaml
 
 from conftest import QUIET
 from rlvr.cli import main
@@ -107,3 +109,76 @@ def test_the_page_renders_in_headless_chromium(runs):
     # the plots' region (below the summary) holds images: many distinct grey levels
     histogram = image.crop((0, 900, 1280, 2400)).histogram()
     assert sum(count > 0 for count in histogram) > 50
+
+
+# Markup that runs script when a page shows it unescaped, and mathtext that fails a figure.
+HOSTILE = "<img src=x onerror=alert(1)>&amp;\"'$\\bad{$"
+REPORT_TAGS = {"html", "head", "meta", "title", "style", "body", "h1", "h2", "h3", "p", "table", "thead", "tbody",
+               "tr", "th", "td", "ul", "li", "div", "figure", "img", "figcaption", "details", "summary", "pre"}
+
+
+class PageParts(HTMLParser):
+    """The elements, attributes and text of a page, as a browser's parser sees them."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.tags, self.attrs, self.text = [], [], []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        self.attrs += [(tag, name, value) for name, value in attrs]
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def test_nothing_from_a_run_directory_becomes_markup(tmp_path):
+    run = tmp_path / HOSTILE
+    run.mkdir()
+    h = HOSTILE
+    records = [
+        {"kind": "train", "epoch": e, "step": e, "reward_mean": 1.0 + e, "solve_rate": 0.5, h: 2.0, "kl": h}
+        for e in range(3)
+    ] + [
+        {"kind": "train", "epoch": h, "step": h, "reward_mean": h},
+        {"kind": h, "epoch": 3, "step": 3, h: h},
+        {"kind": "eval", "epoch": 2, "step": 2, "greedy_solve_rate": 0.5, f"pass@{h}": 0.5, "sampled_solve_rate": h},
+        {"kind": "samples", "epoch": h, "step": h, "rows": [{"prompt": h, "response": h, "reward": 1.0,
+                                                              "correct": True}]},
+        {"kind": "samples", "epoch": 2, "step": 2, "rows": [
+            {"prompt": h, "response": h, "reward": h, "correct": h, h: h},
+            {"prompt": [{"role": h, "content": h}], "response": [h], "reward": 0.0, "correct": False}, h]},
+        {"kind": "samples", "epoch": 2, "step": 2, "rows": h},
+        {"kind": "prompts", "epoch": 1, "step": 1, "solved": {h: 1.0, "x": h}},
+        {"kind": "prompts", "epoch": 2, "step": 2, "solved": h},
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    config = {"task": {"name": "sorting", "reward": h}, "policy": {"name": h}, h: h,
+              "algo": {"loss": h, "deltas": h, "group_size": [h], "epochs": h}}
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    assert main(["report", str(run), "--out", str(tmp_path / "report.html")]) == 0
+    page = (tmp_path / "report.html").read_text()
+    parts = PageParts()
+    parts.feed(page)
+    assert set(parts.tags) <= REPORT_TAGS and parts.tags.count("img") == 3  # reward, gold, evaluation (kl: no number)
+    assert {(tag, name) for tag, name, _ in parts.attrs} <= {("meta", "charset"), ("td", "class"), ("p", "class"),
+                                                             ("li", "class"), ("div", "class"), ("img", "alt"),
+                                                             ("img", "src"), ("figcaption", "class")}
+    assert all(value.startswith("data:image/png;base64,") for tag, name, value in parts.attrs if name == "src")
+    assert HOSTILE not in page  # only escaped
+    text = "".join(parts.text)
+    assert text.count(HOSTILE) >= 8  # as text: the run's name, a sample's prompt and response, the config ...
+    assert f"{HOSTILE}: {HOSTILE}" in text  # the chat prompt, as role: content
+    assert f"{HOSTILE}: 2 records of metrics.jsonl left out" in text  # the two whose epoch and step are text
+
+
+def test_a_samples_records_epoch_and_step_stay_text(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    records = [{"kind": "train", "epoch": 0, "step": 0, "reward_mean": 1.0},
+               {"kind": "samples", "epoch": HOSTILE, "step": HOSTILE,
+                "rows": [{"prompt": "1 2", "response": "2 1", "reward": 1.0, "correct": True}]}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    parts = PageParts()
+    parts.feed(write_report([run], tmp_path / "report.html").read_text())
+    assert not [attrs for attrs in parts.attrs if attrs[1] == "onerror"] and parts.tags.count("img") == 1

@@ -15,6 +15,7 @@ import torch
 
 from rlvr.checkpoint import list_checkpoints, load_latest
 from rlvr.cli import main
+from rlvr.errors import ConfigError
 from rlvr.metrics import read_records, without_timings
 
 BASE = ["log.progress=false", "log.plot=false", "algo.loss=clipped", "algo.kl_coef=0.05",
@@ -291,3 +292,103 @@ def test_a_mid_epoch_text_checkpoint_is_plain_data_and_resumes_exactly(tmp_path,
     assert isinstance(responses[0][0], str) and payload["inner_step"] == 1
     assert main(["train", f"resume={split}"]) == 0
     assert_same_run(straight, split)
+
+
+# ---------------------------------------------------------------- the data a run read
+
+
+def dataset_run(run_dir, data, model, *overrides):
+    """``rlvr train`` arguments: a tiny LM on the dataset task reading ``data``."""
+    return ["train", f"out_dir={run_dir}", "task.name=dataset",
+            f"task.options={{path: {data}, answer_column: answer, gold: exact, eval_fraction: 0.25}}",
+            "task.prompts_per_epoch=2", "policy.name=causal_lm",
+            f"policy.options={{model: {model}, max_new_tokens: 3}}",
+            "algo.group_size=2", "algo.inner_steps=1", "algo.epochs=2", "log.eval_every=100", "log.eval_at_start=false",
+            "log.progress=false", "log.plot=false", "threads=1", *overrides]
+
+
+def test_resume_refuses_edited_data_naming_the_file_unless_accepted(tmp_path, tiny_model, capsys):
+    """Rows reordered in the file move the held-out split and the training order: the
+    resume stops naming the file, trains nothing, and goes on only when told to."""
+    rows = [json.dumps({"prompt": f"{i} {i}", "answer": str(2 * i)}) + "\n" for i in range(8)]
+    data, run = tmp_path / "d.jsonl", tmp_path / "run"
+    data.write_text("".join(rows))
+    assert main(dataset_run(run, data, tiny_model)) == 0
+    records = read_records(run)
+    data.write_text("".join(reversed(rows)))
+    capsys.readouterr()
+    assert main(["train", f"resume={run}", "algo.epochs=4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"rlvr: error: resume: the run's data changed since it started: {data} changed (sha256 ")
+    assert err.endswith("accept the change with resume_accept_data_change=true") and "\n" not in err
+    assert read_records(run) == records and len(list_checkpoints(run)) == 1  # nothing trained
+    assert main(["train", f"resume={run}", "algo.epochs=4", "resume_accept_data_change=true"]) == 0
+    last = json.loads((run / "resumes.jsonl").read_text().splitlines()[-1])
+    assert list(last["data_changes"]) == [str(data)]
+    assert last["data_changes"][str(data)]["now"] == hashlib.sha256(data.read_bytes()).hexdigest()
+    assert main(["train", f"resume={run}", "algo.epochs=5"]) == 0  # the accepted data is the run's now
+
+
+def test_a_changed_datasets_folder_names_the_file_that_changed(tmp_path):
+    from rlvr.resume import data_file_changes, record_data_files
+
+    folder, run = tmp_path / "saved", tmp_path / "run"
+    folder.mkdir(), run.mkdir()
+    (folder / "data-00000.arrow").write_bytes(b"rows")
+    (folder / "state.json").write_text("{}")
+    record_data_files(run, [folder])
+    assert data_file_changes(run) == {}
+    (folder / "data-00000.arrow").write_bytes(b"other rows")
+    (folder / "data-00001.arrow").write_bytes(b"more")
+    with pytest.raises(ConfigError, match=rf"{folder / 'data-00000.arrow'} changed \(sha256 .*; "
+                                          rf"{folder / 'data-00001.arrow'} is new; the held-out split"):
+        data_file_changes(run)
+    (folder / "state.json").unlink()
+    changes = data_file_changes(run, accept=True)
+    assert changes[str(folder / "state.json")] == {"was": hashlib.sha256(b"{}").hexdigest(), "now": None}
+
+
+def test_data_fingerprints_hash_in_chunks(tmp_path, monkeypatch):
+    import rlvr.resume
+    from rlvr.resume import data_fingerprints
+
+    monkeypatch.setattr(rlvr.resume, "_CHUNK", 7)  # 100 bytes: 15 chunks, the last one short
+    content = bytes(range(100))
+    (tmp_path / "d.jsonl").write_bytes(content)
+    assert data_fingerprints([tmp_path / "d.jsonl"]) == {str(tmp_path / "d.jsonl"): hashlib.sha256(content).hexdigest()}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["resume_accept_data_change=true"], "resume_accept_data_change goes with resume=RUN_DIR"),
+    (["resume={run}", "resume_accept_data_change=yes"], "resume_accept_data_change='yes' is not allowed; give true"),
+])
+def test_accepting_data_changes_is_checked(tmp_path, capsys, args, message):
+    run = tmp_path / "run"
+    assert main(["train", f"out_dir={run}", "algo.epochs=1", *BASE]) == 0
+    capsys.readouterr()
+    assert main(["train", *(a.format(run=run) for a in args)]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_resume_checks_the_run_before_importing_its_reward_modules(tmp_path, tiny_model, monkeypatch, capsys):
+    # A run directory's config.yaml names modules that resume imports: a damaged or foreign
+    # run is refused by the checks that need no import first.
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "marking_reward.py").write_text(
+        "import pathlib\npathlib.Path(__file__).with_name('imported').touch()\n\n\n"
+        "def reward(completions, **kwargs):\n    return [len(c) / 10 for c in completions]\n")
+    monkeypatch.syspath_prepend(str(lib))
+    out = tmp_path / "run"
+    assert main(["train", f"out_dir={out}", "task.name=sort_text", "task.prompts_per_epoch=2",
+                 "task.options={num_digits: 3, num_eval: 2}", "policy.name=causal_lm",
+                 f"policy.options={{model: '{tiny_model}', max_new_tokens: 5}}", "algo.epochs=1", "algo.group_size=2",
+                 "rewards.functions=['marking_reward:reward']", "rewards.timeout=null", "log.eval_samples=1",
+                 "log.progress=false", "log.plot=false"]) == 0
+    (lib / "imported").unlink()
+    monkeypatch.delitem(sys.modules, "marking_reward")
+    metrics = out / "metrics.jsonl"
+    metrics.write_text("".join(metrics.read_text().splitlines(keepends=True)[:-1]))
+    assert main(["train", f"resume={out}", "algo.epochs=2"]) == 2
+    assert "records but checkpoint" in capsys.readouterr().err
+    assert not (lib / "imported").exists()

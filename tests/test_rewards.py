@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import itertools
 import logging
@@ -97,6 +98,10 @@ def escaping_reward(prompts, completions, where, **kwargs):
             sys.exit(0)
         if c == "interrupt":
             raise KeyboardInterrupt
+        if c == "cancel":
+            raise asyncio.CancelledError
+        if c == "generator exit":
+            raise GeneratorExit
         if c == "chdir":
             os.chdir(where[0])
         out.append(float(os.getpid()) if c == "pid" else 1.0)
@@ -236,10 +241,13 @@ def test_errors_abstain_only_where_raised_and_log_once_per_type(caplog):
     assert result.stats["picky_reward"].errors == 4
     assert result.stats["picky_reward"].scored == 2
     messages = [r.getMessage() for r in caplog.records]
-    assert len(messages) == 2
+    assert len(messages) == 3
     assert "raised ZeroDivisionError on completion 1" in messages[0]
     assert "Traceback" in messages[0] and "no zeros" in messages[0]
     assert "raised KeyError on completion 3" in messages[1]
+    # 4 of 6 failed: said once more, with the share and the first failure's own line
+    assert messages[2] == ("reward function 'picky_reward' failed on 67% of its completions (4 of 6); first failure: "
+                           "raised ZeroDivisionError: no zeros; its completions abstain")
 
 
 @pytest.mark.parametrize(
@@ -432,6 +440,25 @@ def test_exit_and_interrupt_in_a_worker_are_errors_without_a_traceback(capfd, tm
     stats = result.stats["escaping_reward"]
     assert (stats.errors, stats.scored) == (2, 1)
     assert result.rewards[2:].tolist() == first_pid  # the same worker: neither ended it
+    assert "Traceback" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("timeout", [None, 5.0])
+def test_cancelled_error_and_generator_exit_are_errors_logged_once(timeout, capfd, caplog):
+    """Both are BaseExceptions, not Exceptions: in-process they used to end the run, in a
+    worker to kill it with a traceback on every call."""
+    completions = ["cancel", "generator exit", "pid", "cancel", "generator exit", "cancel"]
+    with caplog.at_level(logging.WARNING, logger="rlvr.rewards"):
+        with RewardRunner([RewardSpec(escaping_reward, timeout=timeout)], num_workers=1) as runner:
+            result = runner(["p"] * 6, completions, {"where": ["."] * 6})
+            again = runner(["p"], ["pid"], {"where": ["."]})
+    stats = result.stats["escaping_reward"]
+    assert (stats.errors, stats.scored) == (5, 1)
+    assert again.rewards.tolist() == result.rewards[2:3].tolist()  # the same worker (or this process) lives on
+    assert "lost its worker" not in caplog.text
+    assert caplog.text.count("raised CancelledError on completion 0") == 1
+    assert caplog.text.count("raised GeneratorExit on completion 1") == 1
+    assert caplog.text.count("Traceback") == 2  # one per exception type, none for the repeats
     assert "Traceback" not in capfd.readouterr().err
 
 

@@ -8,7 +8,7 @@ import yaml
 
 from rlvr import presets
 from rlvr.config import ConfigError, load_config
-from rlvr.trl_names import TRL_NAMES, markdown_table, trl_hint
+from rlvr.trl_names import TRL_NAMES, VERL_NAMES, foreign_hint, markdown_table, trl_hint
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "trl.md"
 LM = ["task.name=sort_text", "policy.name=causal_lm", "policy.options.model=m"]
@@ -19,8 +19,9 @@ LM = ["task.name=sort_text", "policy.name=causal_lm", "policy.options.model=m"]
                           "algo.group_size"),
     ("algo.beta=0.04", "unknown key 'algo.beta'; 'beta' is TRL's name; rlvr calls this algo.kl_coef"),
     ("optim.learning_rate=1e-6", "rlvr calls this optim.lr"),
-    ("loss_type=dr_grpo", "rlvr calls this algo.preset"),
-    ("report_to=wandb", "rlvr calls this log.tracker"),
+    ("loss_type=dr_grpo", "unknown key 'loss_type'; 'loss_type' is TRL's name; use algo.preset=dr_grpo"),
+    ("loss_type=sapo", "rlvr calls this algo.preset"),  # a value the table does not translate
+    ("report_to=wandb", "'report_to' is TRL's name; use log.tracker=wandb"),
     ("max_prompt_length=512", "'max_prompt_length' is TRL's name; rlvr has no equivalent: prompts are never "
                               "truncated"),
 ])
@@ -38,23 +39,93 @@ def test_the_names_the_brief_lists_all_have_an_entry():
     assert set(listed) <= set(TRL_NAMES)
 
 
-def test_every_rlvr_name_in_the_table_exists():
-    """Each target is a field of the config (a policy option for policy.options.*), so no
-    hint sends a user to a name that is refused in turn."""
+def _targets():
+    """(foreign name, rlvr setting) of every entry and every value it translates."""
+    for table in (TRL_NAMES, VERL_NAMES):
+        for name, entry in table.items():
+            if entry.rlvr is not None:
+                yield name, entry.rlvr
+            for target in entry.values.values():
+                if not target.startswith("none"):
+                    yield name, target.split(" ")[0]
+
+
+def test_every_rlvr_name_in_the_tables_exists():
+    """Each target is a setting of the config (an option of some policy or task for
+    *.options.*), and a value it names is one the setting allows, so no hint sends a user
+    to a name or value that is refused in turn."""
     from rlvr.config import POLICY_OPTIONS, Config
+    from rlvr.tasks import TASKS
 
     config = Config().to_dict()
-    for trl, entry in TRL_NAMES.items():
-        if entry.rlvr is None or entry.rlvr.startswith("resume="):
+    options = {"policy": set(POLICY_OPTIONS["causal_lm"]), "task": {o for cls in TASKS.values() for o in cls.options}}
+    for foreign, target in _targets():
+        if target.startswith("resume="):
             continue
-        path = entry.rlvr.split("=")[0].split(".")
-        if path[:2] == ["policy", "options"] and len(path) > 2:
-            assert path[2] in POLICY_OPTIONS["causal_lm"], trl
+        path, _, value = target.partition("=")
+        parts = path.split(".")
+        if parts[1:2] == ["options"] and len(parts) > 2:
+            assert parts[2] in options[parts[0]], f"{foreign} -> {target}"
             continue
+        section = getattr(Config(), parts[0]) if len(parts) == 2 else None
         node = config
-        for part in path:
-            assert isinstance(node, dict) and part in node, f"{trl} -> {entry.rlvr}"
+        for part in parts:
+            assert isinstance(node, dict) and part in node, f"{foreign} -> {target}"
             node = node[part]
+        if value and section is not None:
+            rules = next(f.metadata for f in dataclasses.fields(section) if f.name == parts[1])
+            allowed = rules.get("choices") or (("true", "false") if isinstance(node, bool) else None)
+            assert allowed is None or value in allowed, f"{foreign} -> {target}"
+
+
+@pytest.mark.parametrize("override, message", [
+    ("actor_rollout_ref.rollout.n=8", "unknown key 'actor_rollout_ref.rollout.n'; 'actor_rollout_ref.rollout.n' is "
+                                      "verl's name; rlvr calls this algo.group_size"),
+    ("data.train_batch_size=32", "rlvr calls this task.prompts_per_epoch"),
+    ("actor_rollout_ref.actor.optim.lr=1e-6", "rlvr calls this optim.lr"),
+    ("algorithm.kl_ctrl.kl_coef=0.001", "rlvr calls this algo.kl_coef"),
+    ("actor_rollout_ref.actor.clip_ratio_low=0.2", "rlvr calls this algo.clip_eps"),
+    ("actor_rollout_ref.actor.clip_ratio_high=0.28", "rlvr calls this algo.clip_eps_high"),
+    ("data.max_response_length=512", "rlvr calls this policy.options.max_new_tokens"),
+    ("trainer.total_epochs=15", "rlvr calls this algo.epochs"),
+    ("algorithm.adv_estimator=grpo", "use algo.deltas=normalized (or algo.preset=grpo"),
+    ("algorithm.adv_estimator=rloo", "use algo.deltas=leave_one_out"),
+    ("actor_rollout_ref.actor.loss_agg_mode=token-mean", "use algo.aggregation=token_mean"),
+    ("clip_ratio_high=0.28", "unknown key 'clip_ratio_high'; 'actor_rollout_ref.actor.clip_ratio_high' is verl's "
+                             "name; rlvr calls this algo.clip_eps_high"),  # verl's by its last part alone
+])
+def test_a_verl_name_is_refused_with_the_rlvr_name(override, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    assert message in str(err.value)
+
+
+def test_a_verl_section_is_refused_setting_by_setting(tmp_path):
+    path = tmp_path / "verl.yaml"
+    path.write_text(yaml.safe_dump({
+        "actor_rollout_ref": {"rollout": {"n": 8, "tensor_model_parallel_size": 2}, "actor": {"ppo_epochs": 1}},
+        "algorithm": {"adv_estimator": "grpo"}}, sort_keys=False))
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    message = str(err.value)
+    assert message.startswith("4 unknown keys: (1) unknown key 'actor_rollout_ref.rollout.n'; ")
+    assert "(2) unknown key 'actor_rollout_ref.rollout.tensor_model_parallel_size'; a verl setting rlvr has no " \
+           "equivalent of" in message
+    assert "(3) unknown key 'actor_rollout_ref.actor.ppo_epochs'; 'actor_rollout_ref.actor.ppo_epochs' is verl's " \
+           "name; rlvr calls this algo.inner_steps" in message
+    assert "(4) unknown key 'algorithm.adv_estimator'; 'algorithm.adv_estimator' is verl's name; use " \
+           "algo.deltas=normalized" in message
+    assert "\n" not in message
+
+
+def test_a_translated_value_is_the_setting_it_names():
+    """scale_rewards=false is TRL's centered deltas; a value the table does not know gets the setting's name."""
+    assert foreign_hint("scale_rewards", False) == "'scale_rewards' is TRL's name; use algo.deltas=centered"
+    assert foreign_hint("scale_rewards", "group") == "'scale_rewards' is TRL's name; use algo.deltas=normalized"
+    assert foreign_hint("loss_type", "sapo").startswith("'loss_type' is TRL's name; rlvr calls this algo.preset (")
+    assert foreign_hint("algorithm.norm_adv_by_std_in_grpo", False) == (
+        "'algorithm.norm_adv_by_std_in_grpo' is verl's name; use algo.deltas=centered (or algo.preset=dr_grpo)")
+    assert foreign_hint("n", 8) is None  # verl's rollout.n and val_kwargs.n: its last part alone is not verl's name
 
 
 def test_a_name_that_is_not_trls_keeps_the_did_you_mean():
@@ -65,10 +136,10 @@ def test_a_name_that_is_not_trls_keeps_the_did_you_mean():
 
 def test_the_docs_table_is_the_code_table():
     text = DOCS.read_text()
-    assert markdown_table() in text
+    assert markdown_table("TRL") in text and markdown_table("verl") in text
     assert presets.markdown_table() in text
     rows = [line for line in text.splitlines() if line.startswith("| `")]
-    assert len(rows) == len(TRL_NAMES) + len(presets.ALGO_PRESETS)  # no hand-written row beside them
+    assert len(rows) == len(TRL_NAMES) + len(VERL_NAMES) + len(presets.ALGO_PRESETS)  # no hand-written row
 
 
 def test_a_preset_sets_its_fields_and_given_fields_win():

@@ -18,6 +18,7 @@ from typing import Any
 
 from rlvr.config import Config, check_options, config_from_dict, merge, parse_overrides, read_mapping
 from rlvr.errors import ConfigError
+from rlvr.extras import check_extras, missing_module_hint
 from rlvr.metrics import Record
 
 
@@ -70,14 +71,22 @@ def resolve_config(config: Config | dict | str | Path | None = None, overrides: 
 
 def check(config: Config | dict | str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
     """Everything ``train`` checks before any work, without loading a model: the config's
-    fields, the task built (its data read, the reward functions imported; no worker
-    started) and closed, and the policy's options that need no model. Returns the
-    resolved Config; raises ConfigError naming what is wrong. ``rlvr config`` runs this."""
+    fields, the optional packages its back ends need (``rlvr.extras``), the task built
+    (its data read, the reward functions imported; no worker started) and closed, and the
+    policy's options that need no model. Returns the resolved Config; raises ConfigError
+    naming what is wrong. ``rlvr config`` runs this."""
     from rlvr.tasks import build_task
 
     resolved = config if isinstance(config, Config) and not overrides else resolve_config(config, overrides)
     check_options(resolved)
-    build_task(resolved).close()
+    check_extras(resolved)
+    try:
+        build_task(resolved).close()
+    except ImportError as err:  # an optional reader the task's options need (a Parquet file: pyarrow)
+        hint = missing_module_hint(err)
+        if hint is None:
+            raise
+        raise ConfigError(f"task.name={resolved.task.name!r}: {hint}") from err
     if resolved.policy.name == "causal_lm":
         _check_causal_lm_options(resolved.policy.options)
     return resolved

@@ -403,7 +403,8 @@ def collect_batched(configs: Sequence[Config], task: Task, model: BatchedPositio
     deltas = torch.empty(runs, b * g)
     for mode in dict.fromkeys(c.algo.deltas for c in configs):  # the runs of one mode at once: rows are groups
         idx = torch.tensor([r for r, c in enumerate(configs) if c.algo.deltas == mode])
-        deltas[idx] = core.compute_deltas(rewards[idx].reshape(-1, g), mode, eps=config.algo.adv_eps
+        grouped = rewards[idx].reshape(-1, g)  # every response n tokens (reinforce_pp whitens over tokens)
+        deltas[idx] = core.compute_deltas(grouped, mode, eps=config.algo.adv_eps, lengths=torch.full_like(grouped, n)
                                           ).view(len(idx), b * g)
     # The flat index of each response token's log-prob in the [R, U*n, V] log-softmax.
     _, row_prompt = consecutive_groups(prompts.repeat_interleave(g, dim=0))

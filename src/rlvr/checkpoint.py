@@ -130,6 +130,11 @@ def save_pretrained(policy: Any, path: Path) -> bool:
     tokenizer = getattr(policy, "tokenizer", None)
     if tokenizer is not None:
         tokenizer.save_pretrained(str(path))
+    base = getattr(policy, "base_identity", None)
+    if base is not None:  # adapters alone: which model they apply to (rlvr export merges them into it)
+        from rlvr.policies.hf_model import BASE_MODEL_FILE
+
+        (path / BASE_MODEL_FILE).write_text(json.dumps(base, indent=1))
     return True
 
 

@@ -14,15 +14,18 @@ from rlvr.api import check
 from rlvr.batched import batching_refusal
 from rlvr.checkpoint import CheckpointError
 from rlvr.config import ConfigError, load_config
-from rlvr.data import DataError
+from rlvr.data import DataError, check_not_shadowed
 from rlvr.diagnostics import hacking_warnings, prompt_summary
 from rlvr.errors import RunError
 from rlvr.evaluation import eval_prompts_label
+from rlvr.extras import LM_MODULES, check_extras, missing_module_hint, require
 from rlvr.metrics import plot_runs, read_records, summary
+from rlvr.modeling import quiet_libraries
 from rlvr.presets import markdown_table as presets_table
 from rlvr.report import cmd_report
-from rlvr.resume import resume_config
+from rlvr.resume import resume_config, take_accept_data_change
 from rlvr.rewards import RewardError
+from rlvr.rewards.combine import failure_warnings
 from rlvr.run_dir import new_run_dir, write_atomically
 from rlvr.runs import run_batched, run_training, start_or_continue
 from rlvr.trainer import TrainingError
@@ -55,13 +58,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     path, overrides = _split_args(args.items)
     resume = [o.split("=", 1)[1] for o in overrides if o.startswith("resume=")]
     overrides = [o for o in overrides if not o.startswith("resume=")]
+    overrides, accept_data_change = take_accept_data_change(overrides, resuming=bool(resume))
     if resume:
         if path is not None:
             raise ConfigError("resume=RUN_DIR takes the run's own config.yaml; give overrides only")
         config = resume_config(resume[-1], overrides)
     else:
         config = load_config(path, overrides)
-    records, run_dir = run_training(config, resume=resume[-1] if resume else None)
+    records, run_dir = run_training(config, resume=resume[-1] if resume else None,
+                                    accept_data_change=accept_data_change)
     print_summary({config.name: records}, eval_prompts_label(config))
     print(f"run directory: {run_dir}")
     return 0
@@ -113,6 +118,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
     path, overrides = _split_args(args.items)
     config = load_config(path, overrides)
+    check_extras(config)  # before the run directory
 
     def show(record):
         if "eval_greedy_solve_rate" in record:
@@ -134,7 +140,11 @@ def cmd_sft(args: argparse.Namespace) -> int:
 def cmd_init_model(args: argparse.Namespace) -> int:
     from rlvr.modeling import run_init_model
 
-    print(f"wrote {run_init_model(args)}")
+    require("init-model", LM_MODULES)
+    try:
+        print(f"wrote {run_init_model(args)}")
+    except ValueError as err:  # the options' values (repeated characters, a width the heads do not divide)
+        raise ConfigError(f"init-model: {err}") from err
     return 0
 
 
@@ -164,7 +174,9 @@ def cmd_plot(args: argparse.Namespace) -> int:
         runs = {label: read_records(Path(d)) for label, d in zip(labels, args.run_dirs)}
     except ValueError as err:  # a line that is not a record (a torn last line is skipped)
         raise RunError(str(err)) from err
-    out = Path(args.out) if args.out else Path(args.run_dirs[0]) / "plot.png"
+    # one run: its own plot.png redrawn; several: an overlay that overwrites no run's own figure
+    default = Path(args.run_dirs[0]) / "plot.png" if len(args.run_dirs) == 1 else Path("compare.png")
+    out = Path(args.out) if args.out else default
     title = labels[0] if len(labels) == 1 else ""
     print(f"wrote {plot_runs(runs, out, title, eval_label)}")
     return 0
@@ -196,6 +208,8 @@ def print_summary(runs: dict[str, list], eval_label: str = "held-out prompts") -
         if line:
             print(f"{name}: {line}")
         for warning in hacking_warnings(records):
+            print(f"warning: {name}: {warning}")
+        for warning in failure_warnings(records):  # a reward that failed on most calls gave the run no signal
             print(f"warning: {name}: {warning}")
 
 
@@ -257,7 +271,7 @@ def _command(sub: argparse._SubParsersAction, name: str, text: str) -> argparse.
 def cmd_export(args: argparse.Namespace) -> int:
     from rlvr.export import export_model
 
-    print(f"wrote {export_model(args.run_dir, args.out, args.checkpoint)}")
+    print(f"wrote {export_model(args.run_dir, args.out, args.checkpoint, args.base)}")
     return 0
 
 
@@ -296,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_config)
     p = _command(sub, "plot", "redraw the figure of one or more run directories")
     p.add_argument("run_dirs", nargs="+")
-    p.add_argument("--out", help="output PNG (default RUN_DIR/plot.png)")
+    p.add_argument("--out", help="output PNG (default: RUN_DIR/plot.png for one run, ./compare.png for several)")
     p.set_defaults(func=cmd_plot)
     p = _command(sub, "report", "one self-contained HTML page of one or more run directories (runs overlaid): "
                  "summary, warnings, plots, per-prompt summary, samples")
@@ -307,6 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (holds config.yaml and checkpoints/)")
     p.add_argument("--out", required=True, help="the folder to write (new, or empty)")
     p.add_argument("--checkpoint", help="a checkpoint's name, e.g. step-000000100 (default: the newest good one)")
+    p.add_argument("--base", help="a LoRA run's base model, where it is now (default: where the run loaded it from; "
+                   "either way it must be the same model, checked by its digest)")
     p.set_defaults(func=cmd_export)
     return parser
 
@@ -317,7 +333,9 @@ def main(argv: list[str] | None = None) -> int:
     # a warning is one line, like the errors (not the file and source line Python shows)
     previous_format, warnings.formatwarning = warnings.formatwarning, _one_line_warning
     try:
-        return args.func(args)
+        check_not_shadowed()  # a yaml.py or datasets.py here would fail later without saying why
+        with quiet_libraries():
+            return args.func(args)
     except (ConfigError, RunError, CheckpointError, DataError, FileNotFoundError) as err:
         print(f"rlvr: error: {err}", file=sys.stderr)
         return 2
@@ -330,6 +348,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as err:  # Ctrl-C, or runs.Stopped (SIGINT, SIGTERM): 128 + the signal
         print(f"rlvr: {err}" if str(err) else "rlvr: interrupted", file=sys.stderr)
         return 128 + getattr(err, "signum", signal.SIGINT)
+    except ImportError as err:  # an optional package that no check above foresaw
+        hint = missing_module_hint(err)
+        if hint is None:
+            raise
+        print(f"rlvr: error: {hint}", file=sys.stderr)
+        return 2
     except OSError as err:  # a filesystem error that no step above named
         where = f" ({err.filename})" if err.filename else ""
         print(f"rlvr: error: {err.strerror or err}{where}", file=sys.stderr)

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
-import operator
 import warnings
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, get_args, get_origin, get_type_hints
+from typing import Any, get_type_hints
 
 import torch
 import yaml
@@ -23,10 +21,12 @@ import yaml
 from rlvr.core import AGGREGATIONS, DELTA_MODES, KL_ESTIMATORS, KL_LOSS_ESTIMATORS, LOSS_MODES
 from rlvr.errors import ConfigError, did_you_mean
 from rlvr.policies.causal_lm import LOAD_OPTIONS, SETTING_OPTIONS
+from rlvr.policies.prompts import check_chat_template
 from rlvr.presets import ALGO_PRESETS, resolve_defaults
+from rlvr.rules import BOUNDS, check_rules, coerce, finite, option, rules_text  # noqa: F401 (BOUNDS: re-exported)
 from rlvr.tasks import TASKS, check_task_options
 from rlvr.tasks.sorting import LECTURE_PROMPTS, REWARDS
-from rlvr.trl_names import trl_hint
+from rlvr.trl_names import VERL_NAMES, foreign_hint
 
 POLICIES = ("positional", "causal_lm")
 POLICY_OPTIONS = {"causal_lm": LOAD_OPTIONS + SETTING_OPTIONS}  # the positional model takes none
@@ -47,10 +47,6 @@ MAX_POSITIONAL_PARAMETERS = 2**24  # the positional toy model: 2 n D^2 + V D (64
 # torch's own thread count (physical cores, or OMP_NUM_THREADS), read before any run sets its own
 DEFAULT_TORCH_THREADS = torch.get_num_threads()
 
-# a bound rule -> (the test a value must pass, how messages and help write it)
-BOUNDS = {"min": (operator.ge, ">="), "above": (operator.gt, ">"),
-          "max": (operator.le, "<="), "below": (operator.lt, "<")}
-
 
 def setting(default: Any, help: str, *, choices: Any = None, min: float | None = None, max: float | None = None,
             above: float | None = None, below: float | None = None, only: str | None = None) -> Any:
@@ -60,8 +56,9 @@ def setting(default: Any, help: str, *, choices: Any = None, min: float | None =
     max: inclusive bounds; above, below: exclusive ones; only: the rules hold only when
     the section's ``name`` is this. An optional field's null passes every rule.
     """
-    rules = {"choices": choices, "min": min, "max": max, "above": above, "below": below, "only": only}
-    metadata = {"help": help, **{key: rule for key, rule in rules.items() if rule is not None}}
+    metadata = option(help, choices=choices, min=min, max=max, above=above, below=below)
+    if only is not None:
+        metadata["only"] = only
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -74,8 +71,9 @@ class TaskConfig:
     num_numbers: int = setting(3, "numbers per prompt (n)", min=2, max=1024, only="sorting")
     vocab_size: int = setting(5, "numbers are drawn from range(vocab_size)", above=0, max=4096, only="sorting")
     prompts: list | None = setting([list(p) for p in LECTURE_PROMPTS],
-                                   "fixed prompts used every epoch and for evaluation; null to sample fresh ones")
-    allow_repeats: bool = setting(False, "random prompts may repeat a number")
+                                   "fixed prompts used every epoch and for evaluation; null to sample fresh ones",
+                                   only="sorting")
+    allow_repeats: bool = setting(False, "random prompts may repeat a number", only="sorting")
     prompts_per_epoch: int = setting(3, "B: prompts sampled per epoch (random or text-task prompts)", above=0)
     eval_size: int = setting(64, "held-out prompts (random prompts)", above=0, max=2**14, only="sorting")
     options: dict = setting({}, "task-specific options (text tasks: the task class's keyword arguments)")
@@ -101,7 +99,7 @@ class RewardsConfig:
 class PolicyConfig:
     name: str = setting("positional", "policy", choices=POLICIES)
     embedding_dim: int = setting(10, "positional model: embedding size D", above=0, only="positional")
-    embedding_std: float = setting(1.0, "positional model: std of the initial embedding", above=0)
+    embedding_std: float = setting(1.0, "positional model: std of the initial embedding", above=0, only="positional")
     temperature: float = setting(1.0, "sampling and scoring temperature", above=0)
     options: dict = setting({}, "policy-specific options (causal_lm: " + ", ".join(POLICY_OPTIONS["causal_lm"]) + ")")
 
@@ -116,8 +114,9 @@ class AlgoConfig:
     group_size: int = setting(10, "G: responses sampled per prompt", above=0)
     deltas: str = setting("centered", "delta mode", choices=DELTA_MODES)
     loss: str = setting("naive", "loss", choices=LOSS_MODES)
-    clip_eps: float = setting(0.2, "clipped loss: lower clip range (the ratio is clipped to [1 - eps, ...])",
-                              above=0, below=1)
+    clip_eps: float | None = setting(0.2, (
+        "clipped loss: lower clip range (the ratio is clipped to [1 - eps, ...]); null: no lower clip (cispo only, "
+        "and cispo's default when no preset sets it, as MiniMax-M1 and TRL)"), above=0, below=1)
     clip_eps_high: float | None = setting(None, "clipped loss: upper range (default clip_eps)", above=0)
     aggregation: str = setting("seq_mean_token_mean", "loss aggregation", choices=AGGREGATIONS)
     normalizer: float | None = setting(
@@ -236,7 +235,8 @@ class ClusterConfig:
 
 @dataclass
 class Config:
-    name: str = setting("lecture", "run name (runs/<name> by default)")
+    name: str = setting("lecture", "run name (runs/<name> by default); unset: lecture for the sorting toy, else "
+                        "the task's name and the model's (sort_text-tiny_lm)")
     out_dir: str | None = setting(None, "run directory (default runs/<name>)")
     seed: int = setting(0, "seed for prompts, sampling and initialisation", min=0, max=2**32 - 1)  # numpy's range
     threads: int | None = setting(None, (
@@ -269,10 +269,16 @@ class Config:
         return dataclasses.asdict(self)
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(_named_callables(self.to_dict()), sort_keys=False)
+        """The settings that apply as YAML (a field of another task or policy left out:
+        loaded back, it takes its default, as the config built from it has)."""
+        data = self.to_dict()
+        for section, unused in _unused_fields(self).items():
+            for name in unused:
+                del data[section][name]
+        return yaml.safe_dump(_named_callables(data), sort_keys=False)
 
     def to_commented_yaml(self) -> str:
-        """YAML with each field's help and rules as a comment: every setting, documented."""
+        """YAML with each field's help and rules as a comment: every setting that applies, documented."""
         lines: list[str] = []
         _commented(self, "", lines)
         return "\n".join(lines) + "\n"
@@ -290,95 +296,174 @@ def _named_callables(value: Any) -> Any:
     return value
 
 
-def _rules_text(rules: Any) -> str:
-    """A field's declared rules as its help shows them: " [raw | centered]", " [> 0, < 1]", " [> 0; sorting only]"."""
-    parts = [" | ".join(rules["choices"])] if "choices" in rules else []
-    parts += [f"{word} {rules[rule]}" for rule, (_, word) in BOUNDS.items() if rule in rules]
-    when = f"; {rules['only']} only" if "only" in rules else ""
-    return f" [{', '.join(parts)}{when}]" if parts else ""
+def _applies(section: Any, f: dataclasses.Field) -> bool:
+    """Does ``f`` apply to ``section``'s task or policy (its ``only`` rule, if any, names it)?"""
+    return f.metadata.get("only", getattr(section, "name", None)) == getattr(section, "name", None)
+
+
+def _unused_fields(config: Config) -> dict[str, list[str]]:
+    """Section -> the fields that are for another task or policy (``only``), unused by this config."""
+    return {f.name: [g.name for g in fields(section) if not _applies(section, g)]
+            for f in fields(config) if dataclasses.is_dataclass(section := getattr(config, f.name))}
 
 
 def _commented(obj: Any, indent: str, lines: list[str]) -> None:
     for f in fields(obj):
+        if not _applies(obj, f):
+            continue
         value = getattr(obj, f.name)
         if dataclasses.is_dataclass(value):
             lines.append(f"{indent}{f.name}:")
             _commented(value, indent + "  ", lines)
             continue
         text = yaml.safe_dump({f.name: _named_callables(value)}, default_flow_style=True, width=10**6).strip()[1:-1]
-        help_text = f.metadata.get("help", "") + _rules_text(f.metadata)
+        help_text = f.metadata.get("help", "") + rules_text(f.metadata)
         lines.append(f"{indent}{text}" + (f"  # {help_text}" if help_text else ""))
 
 
 # ---------------------------------------------------------------- building
 
 
-def _finite(value: Any) -> bool:
-    """Is ``value`` a finite real number? NaN passes every range check (all comparisons
-    are False) and no float setting means anything at infinity, so both are refused."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:  # an int past the float range
-        return False
-
-
-def _coerce(path: str, value: Any, hint: Any) -> Any:
-    """Check ``value`` against the annotation ``hint``; ints are accepted for floats."""
-    origin, args = get_origin(hint), get_args(hint)
-    if args and type(None) in args:  # Optional[X]
-        if value is None:
-            return None
-        hint = next(a for a in args if a is not type(None))
-        origin, args = get_origin(hint), get_args(hint)
-    base = origin or hint
-    if base is float and isinstance(value, (int, float, str)) and not isinstance(value, bool):
-        # YAML 1.1 reads "1e-3" (no dot) as a string; accept what float() accepts.
-        try:
-            number = float(value)
-        except ValueError:
-            number = None
-        except OverflowError:  # an int past the float range
-            raise ConfigError(f"{path}={value!r} must be a finite number") from None
-        if number is not None:
-            if not _finite(number):
-                raise ConfigError(f"{path}={number!r} must be a finite number")
-            return number
-    if base is bool and isinstance(value, bool):
-        return value
-    if base is int and isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if base in (str, list, dict) and isinstance(value, base):
-        return value
-    name = getattr(base, "__name__", str(base))
-    raise ConfigError(f"{path}: expected {name}, got {value!r} ({type(value).__name__})")
-
-
 def _build(cls: type, data: dict, prefix: str) -> Any:
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {data!r}")
-    hints = get_type_hints(cls)
-    names = [f.name for f in fields(cls)]
+    hints = get_type_hints(cls)  # every key is a field: config_from_dict named the unknown ones first
     kwargs = {}
     for key, value in data.items():
         path = f"{prefix}{key}"
-        if key not in names:
-            raise ConfigError(f"unknown key {path!r}; {trl_hint(key) or did_you_mean(key, names)}")
         hint = hints[key]
         if dataclasses.is_dataclass(hint):
             kwargs[key] = _build(hint, value or {}, path + ".")
         else:
-            kwargs[key] = _coerce(path, value, hint)
+            kwargs[key] = coerce(path, value, hint)
     return cls(**kwargs)
 
 
 def config_from_dict(data: dict) -> Config:
     """A validated Config from a nested mapping (missing keys take the defaults, after
     ``algo.preset`` and the causal-LM defaults: ``rlvr.presets.resolve_defaults``)."""
-    config = _build(Config, resolve_defaults(data or {}), "")
+    data = resolve_defaults(data or {})
+    if isinstance(data, dict):
+        unknown = _unknown_keys(data)
+        if any(not _is_option(path) for path, _ in unknown):  # unknown options alone: check_options
+            raise ConfigError(_unknown_message(unknown))
+    config = _build(Config, data, "")
     validate(config)
+    for section, unused in _unused_fields(config).items():
+        # ignored (validate warned when given): the default, as a config written and read back has
+        defaults = type(getattr(config, section))()
+        for name in unused:
+            setattr(getattr(config, section), name, getattr(defaults, name))
     return config
+
+
+# ---------------------------------------------------------------- unknown keys
+
+
+def _section(path: str) -> str:
+    """"algo." of "algo.epochs", "policy.options." of "policy.options.model", "" of "seed"."""
+    return path[:path.rfind(".") + 1]
+
+
+def _is_option(path: str) -> bool:
+    return _section(path) in ("policy.options.", "task.options.")
+
+
+def _chosen(data: dict, section: str, cls: type) -> Any:
+    """The ``name`` that ``data`` gives its ``section`` (its default when it gives none)."""
+    node = data.get(section)
+    given = node.get("name") if isinstance(node, dict) else None
+    return given if given is not None else next(f.default for f in fields(cls) if f.name == "name")
+
+
+def setting_paths(data: dict) -> dict[str, str]:
+    """Every setting's dotted path -> "" when it applies to the config mapping ``data``,
+    else the choice it needs ("policy.name=causal_lm"): each section's fields, and the
+    options of every policy and every task (``task.options.path``)."""
+    paths: dict[str, str] = {}
+
+    def walk(cls: type, prefix: str) -> None:
+        hints = get_type_hints(cls)
+        for f in fields(cls):
+            if dataclasses.is_dataclass(hints[f.name]):
+                walk(hints[f.name], f"{prefix}{f.name}.")
+            else:
+                paths[prefix + f.name] = ""
+
+    walk(Config, "")
+    for section, owners in (("policy", {name: POLICY_OPTIONS.get(name, ()) for name in POLICIES}),
+                            ("task", {name: tuple(cls.options) for name, cls in TASKS.items()})):
+        chosen = _chosen(data, section, PolicyConfig if section == "policy" else TaskConfig)
+        owners_of: dict[str, list[str]] = {}
+        for name, options in owners.items():
+            for key in options:
+                owners_of.setdefault(key, []).append(name)
+        for key, names in owners_of.items():
+            either = " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+            paths[f"{section}.options.{key}"] = "" if chosen in names else f"{section}.name={either}"
+    return paths
+
+
+def _unknown_keys(data: dict) -> list[tuple[str, str]]:
+    """(path, hint) of every key of the config mapping ``data`` that names no setting, in
+    every section and in the options of its policy and task (the positional policy's and
+    sorting's options are not read)."""
+    paths = setting_paths(data)
+    found: list[tuple[str, str]] = []
+
+    def walk(cls: type, node: dict, prefix: str) -> None:
+        hints, names = get_type_hints(cls), [f.name for f in fields(cls)]
+        for key, value in node.items():
+            if key not in names:
+                found.extend(_unknown_key(f"{prefix}{key}", value, names, paths))
+            elif dataclasses.is_dataclass(hints[key]) and isinstance(value, dict):
+                walk(hints[key], value, f"{prefix}{key}.")
+
+    walk(Config, data, "")
+    for section in ("policy", "task"):
+        node = data.get(section)
+        options = node.get("options") if isinstance(node, dict) else None
+        allowed = [p.rsplit(".", 1)[1] for p, when in paths.items()
+                   if _section(p) == f"{section}.options." and not when]
+        if isinstance(options, dict) and allowed:
+            for key, value in options.items():
+                if key not in allowed:
+                    found.extend(_unknown_key(f"{section}.options.{key}", value, allowed, paths))
+    return found
+
+
+def _unknown_key(path: str, value: Any, allowed: list[str], paths: dict[str, str]) -> list[tuple[str, str]]:
+    """(path, hint) for an unknown key; a mapping under it that holds verl's names (its
+    ``actor_rollout_ref:`` section) gives one per setting in it."""
+    if isinstance(value, dict) and value:
+        leaves = _leaves(path, value)
+        if any(leaf in VERL_NAMES for leaf, _ in leaves):
+            return [(leaf, foreign_hint(leaf, v) if leaf in VERL_NAMES else "a verl setting rlvr has no equivalent "
+                     "of (docs/trl.md lists those it has)") for leaf, v in leaves]
+    key = path.rsplit(".", 1)[-1]
+    if path in VERL_NAMES:
+        return [(path, foreign_hint(path, value))]
+    elsewhere = {p: when for p, when in paths.items() if _section(p) != _section(path)}
+    return [(path, did_you_mean(key, allowed, elsewhere, known=foreign_hint(path, value)))]
+
+
+def _leaves(path: str, value: Any) -> list[tuple[str, Any]]:
+    if not isinstance(value, dict) or not value:
+        return [(path, value)]
+    return [leaf for key, item in value.items() for leaf in _leaves(f"{path}.{key}", item)]
+
+
+def _unknown_message(unknown: list[tuple[str, str]]) -> str:
+    """One line naming every unknown key, each with its hint."""
+    def said(path: str, hint: str) -> str:
+        if _is_option(path):
+            section, key = path.rsplit(".", 1)
+            return f"{section}: unknown option {key!r}; {hint}"
+        return f"unknown key {path!r}; {hint}"
+
+    if len(unknown) == 1:
+        return said(*unknown[0])
+    return f"{len(unknown)} unknown keys: " + " ".join(f"({i}) {said(*item)}" for i, item in enumerate(unknown, 1))
 
 
 def _load_yaml(text: str, where: str) -> Any:
@@ -453,7 +538,7 @@ def read_mapping(path: str | Path) -> dict:
 
 def _check_fields(section: Any, prefix: str = "") -> None:
     """The rules each field declares (``setting``), over every section."""
-    name = getattr(section, "name", None)  # the task's or policy's name, for "only" rules
+    name = getattr(section, "name", None)  # the task's or policy's name, for messages
     for f in fields(section):
         value, path, rules = getattr(section, f.name), prefix + f.name, f.metadata
         if dataclasses.is_dataclass(value):
@@ -461,17 +546,12 @@ def _check_fields(section: Any, prefix: str = "") -> None:
             continue
         if value is None:
             continue  # an optional field left null
-        if rules.get("only", name) != name:  # a field of another task or policy: unused here
-            if value != f.default:
+        if not _applies(section, f):  # a field of another task or policy: unused here
+            if value != getattr(type(section)(), f.name):
                 warnings.warn(f"{path}={value!r} is ignored: it is for {prefix}name={rules['only']!r} only, "
                               f"not {name!r}", stacklevel=3)
             continue
-        choices = rules.get("choices")
-        if choices is not None and value not in choices:
-            raise ConfigError(f"{path}={value!r} is not allowed; choose one of: {', '.join(choices)}")
-        for rule, (passes, word) in BOUNDS.items():
-            if rule in rules and not passes(value, rules[rule]):
-                raise ConfigError(f"{path}={value!r} must be {word} {rules[rule]}")
+        check_rules(path, value, rules)
 
 
 def _check_reward_functions(functions: list) -> None:
@@ -491,10 +571,10 @@ def _check_reward_functions(functions: list) -> None:
         if not callable(function) and (not isinstance(function, str) or function.count(":") != 1):
             raise ConfigError(f"{path}.function={function!r} must be 'module:function' or a callable")
         weight = item.get("weight", 1.0)
-        if not _finite(weight):
+        if not finite(weight):
             raise ConfigError(f"{path}.weight={weight!r} must be a finite number")
         timeout = item.get("timeout")
-        if timeout is not None and not (_finite(timeout) and timeout > 0):
+        if timeout is not None and not (finite(timeout) and timeout > 0):
             raise ConfigError(f"{path}.timeout={timeout!r} must be positive seconds or null")
         if not isinstance(item.get("required", False), bool):
             raise ConfigError(f"{path}.required={item['required']!r} must be true or false")
@@ -571,12 +651,12 @@ def validate(config: Config) -> None:
     if a.tis_cap is not None and a.old_log_probs == "sampler":
         raise ConfigError(f"algo.tis_cap={a.tis_cap} with algo.old_log_probs='sampler': the TIS weights "
                           "pi_old / pi_sampler need the trainer's own old log-probs; use recompute or auto")
-    if len(o.betas) != 2 or not all(_finite(b) and 0 <= b < 1 for b in o.betas):
+    if len(o.betas) != 2 or not all(finite(b) and 0 <= b < 1 for b in o.betas):
         raise ConfigError(f"optim.betas={o.betas!r} must be two numbers in [0, 1)")
     _check_reward_functions(config.rewards.functions)
     _check_batch_sizes(config)
     _check_cluster(config)
-    _check_sink_packages(config.log)
+    _check_algo_combinations(config)
     if a.old_log_probs == "recompute" and a.loss == "naive" and a.tis_cap is None:
         warnings.warn("algo.old_log_probs='recompute' with algo.loss='naive' and no algo.tis_cap: the naive loss "
                       "uses no old log-probs, so none are recomputed (and no mismatch/* is logged)", stacklevel=2)
@@ -585,14 +665,43 @@ def validate(config: Config) -> None:
                       "step, so the loss equals the naive one", stacklevel=2)
 
 
-def _check_sink_packages(lg: LogConfig) -> None:
-    """A tracker or TensorBoard whose package is missing: an error before any run directory exists."""
-    from rlvr.metrics import missing_sink_package
-
-    for path, module in (("log.tracker", lg.tracker), ("log.tensorboard", "tensorboard" if lg.tensorboard else None)):
-        problem = module and missing_sink_package(module)
-        if problem:
-            raise ConfigError(f"{path}={getattr(lg, path.split('.')[1])!r}: {problem}")
+def _check_algo_combinations(config: Config) -> None:
+    """Settings of the loss, the KL, dynamic sampling and the noise meter that contradict each other."""
+    t, a, c, lg = config.task, config.algo, config.cluster, config.log
+    fixed = t.name == "sorting" and t.prompts is not None
+    batch = len(t.prompts) if fixed else t.prompts_per_epoch  # B: a fixed list is the whole batch
+    if a.clip_eps is None and a.loss != "cispo":
+        raise ConfigError(f"algo.clip_eps=null (no lower clip) is for algo.loss='cispo' only, not {a.loss!r}; "
+                          "give a lower clip range, e.g. algo.clip_eps=0.2")
+    if a.clip_eps is None and a.clip_eps_high is None:
+        raise ConfigError("algo.clip_eps=null (no lower clip) needs the upper range: set algo.clip_eps_high "
+                          "(the weight is clipped to [0, 1 + clip_eps_high])")
+    if a.kl_coef > 0 and a.kl_in == "reward" and a.kl_estimator not in ("k1", "k1+"):
+        raise ConfigError(
+            f"algo.kl_in=reward with algo.kl_estimator={a.kl_estimator!r}: the reward's penalty is k1 summed over "
+            "the response (log pi_old - log ref), whose policy gradient is that of -kl_coef * KL(pi||ref); set "
+            "algo.kl_estimator=k1 (the logged kl is then k1 too), or put the KL in the loss: algo.kl_in=loss")
+    if a.dynamic_sampling and fixed and t.prompts_per_epoch not in (len(t.prompts), TaskConfig.prompts_per_epoch):
+        raise ConfigError(
+            f"task.prompts_per_epoch={t.prompts_per_epoch} with {len(t.prompts)} fixed task.prompts and "
+            f"algo.dynamic_sampling: each batch is the whole list of {len(t.prompts)} prompts (each try samples it "
+            "again); drop task.prompts_per_epoch, or set task.prompts=null to sample that many fresh prompts")
+    if lg.grad_noise_every:
+        if batch < 2:
+            raise ConfigError(f"log.grad_noise_every={lg.grad_noise_every} with {batch} prompt per batch: the noise "
+                              "meter compares the gradients of at least 2 parts of whole groups; use 2 or more "
+                              "prompts per epoch, or log.grad_noise_every=0")
+        if c.learners > 1 and c.learner_strategy == "fsdp":
+            raise ConfigError(f"log.grad_noise_every={lg.grad_noise_every} with cluster.learner_strategy='fsdp': "
+                              "sharded gradients mix the learners' parts; use ddp or log.grad_noise_every=0")
+        if c.learners > 1 and batch % c.learners:
+            raise ConfigError(f"log.grad_noise_every={lg.grad_noise_every} with cluster.learners={c.learners}: the "
+                              f"{batch} prompts per batch must split evenly, so each learner's share is whole "
+                              "groups for the noise meter's parts")
+    if a.loss == "gspo" and a.aggregation != "seq_mean_token_mean":
+        warnings.warn(f"algo.loss='gspo' with algo.aggregation={a.aggregation!r}: GSPO's objective is a mean over "
+                      "responses of one sequence ratio each (seq_mean_token_mean); a token-weighted aggregation "
+                      "weighs each response's term by its length", stacklevel=3)
 
 
 def _check_cluster(config: Config) -> None:
@@ -614,15 +723,14 @@ def _check_cluster(config: Config) -> None:
                 "algo.tis_cap (e.g. 2.0: each token's term times min(pi_old / pi_behaviour, 2))")
 
 
-def _check_keys(where: str, options: dict, allowed: Any) -> None:
-    for key in options:
-        if key not in allowed:
-            raise ConfigError(f"{where}: unknown option {key!r}; {did_you_mean(key, allowed)}")
-
-
 def check_options(config: Config) -> None:
-    """Unknown keys in policy.options and task.options, each named with the nearest allowed
-    one, without loading a model or data (``rlvr train`` refuses them as it builds)."""
-    if config.policy.name in POLICY_OPTIONS:
-        _check_keys("policy.options", config.policy.options, POLICY_OPTIONS[config.policy.name])
+    """policy.options and task.options without loading a model or data (``rlvr train``
+    refuses the same as it builds): every unknown key in one error, each with the setting
+    meant, then the task options' types and declared rules (``check_task_options``) and a
+    chat template's limits (``rlvr.policies.prompts.check_chat_template``)."""
+    unknown = [(path, hint) for path, hint in _unknown_keys(config.to_dict()) if _is_option(path)]
+    if unknown:
+        raise ConfigError(_unknown_message(unknown))
     check_task_options(config)
+    if config.policy.name == "causal_lm" and "chat_template" in config.policy.options:
+        check_chat_template(config.policy.options["chat_template"])

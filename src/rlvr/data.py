@@ -6,10 +6,14 @@ Every error names ``file:line`` and what was expected there, so a bad row in a
 
 from __future__ import annotations
 
+import importlib.util
 import json
-from collections.abc import Callable, Iterator
+import sys
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
+
+from rlvr.errors import ConfigError
 
 
 class DataError(ValueError):
@@ -19,6 +23,7 @@ class DataError(ValueError):
 # The longest line read, in bytes without its newline: a GSM8K row is under 2 KB, and a
 # line is read whole into memory (several times over, as JSON), so a runaway line stops here.
 MAX_LINE_BYTES = 8 * 2**20
+BOM = "\ufeff".encode()  # UTF-8's byte-order mark
 
 
 def read_jsonl(
@@ -26,18 +31,28 @@ def read_jsonl(
     required: dict[str, type],
     check: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Read a JSON Lines file: one JSON object per line.
+    """The records of a JSON Lines file (``read_jsonl_lines`` without the line numbers)."""
+    return [record for _, record in read_jsonl_lines(path, required, check)]
+
+
+def read_jsonl_lines(
+    path: str | Path,
+    required: dict[str, type],
+    check: Callable[[dict[str, Any]], None] | None = None,
+) -> list[tuple[int, dict[str, Any]]]:
+    """Read a JSON Lines file: one JSON object per line, (line number, record) each.
 
     required: column name -> type each record must have (``str``, ``int``, ``float``,
         ``bool``, ``list``, ``dict``). ``float`` also accepts JSON integers (JSON has one
         number type); ``int`` and ``float`` reject ``true``/``false``.
     check: optional per-record validation; a ``ValueError`` it raises becomes a
         ``DataError`` at that record's line.
-    Returns the records (every column, not only the required ones), in file order.
-    Blank lines are skipped. Raises ``DataError`` on a missing or empty file, a line
-    longer than ``MAX_LINE_BYTES``, a line that is not valid UTF-8 or JSON (nesting too
-    deep for the parser included), a line that is not an object, a missing column or a
-    value of the wrong type.
+    Returns the records (every column, not only the required ones), in file order, with
+    their 1-based line numbers. Blank lines and a UTF-8 byte-order mark are skipped.
+    Raises ``DataError`` on a missing or empty file, a line longer than
+    ``MAX_LINE_BYTES``, a line that is not valid UTF-8 or JSON (nesting too deep for the
+    parser included), a line that is not an object, a missing column or a value of the
+    wrong type.
     """
     path = Path(path)
     if not path.is_file():
@@ -49,6 +64,8 @@ def read_jsonl(
             where = f"{path}:{line_number}"
             if raw is None:
                 raise DataError(f"{where}: line longer than {MAX_LINE_BYTES} bytes (rlvr.data.MAX_LINE_BYTES)")
+            if line_number == 1:
+                raw = raw.removeprefix(BOM)  # written by some Windows editors; not part of the JSON
             record = _parse_line(raw, where)
             if record is None:
                 continue
@@ -58,9 +75,10 @@ def read_jsonl(
                     check(record)
                 except ValueError as exc:
                     raise DataError(f"{where}: {exc}") from exc
-            records.append(record)
+            records.append((line_number, record))
     if not records:
-        raise DataError(f"{path}: empty file; expected JSON objects with {expected}")
+        wanted = f"JSON objects with {expected}" if required else "JSON objects, one per line"
+        raise DataError(f"{path}: empty file; expected {wanted}")
     return records
 
 
@@ -114,3 +132,35 @@ def _has_type(value: Any, kind: type) -> bool:
 def _json_type(value: Any) -> str:
     names = {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer", float: "number"}
     return "null" if value is None else names.get(type(value), type(value).__name__)
+
+
+# The third-party modules rlvr imports (some only for some tasks and policies).
+DEPENDENCIES = ("yaml", "numpy", "torch", "tqdm", "matplotlib", "transformers", "tokenizers", "safetensors",
+                "math_verify", "peft", "datasets", "pyarrow", "reasoning_gym", "ray")
+
+
+def check_not_shadowed(names: Iterable[str] = DEPENDENCIES) -> None:
+    """ConfigError when one of the modules ``names`` is (or would be) imported from a file
+    in the working directory: a ``yaml.py`` or ``datasets.py`` there hides the installed
+    package whenever the working directory is on Python's path (``python -m``,
+    ``PYTHONPATH=.``), and the failures it causes later do not say why."""
+    cwd = Path.cwd().resolve()
+    for name in names:
+        file = _module_file(name)
+        if file is not None and (file.parent.parent if file.name == "__init__.py" else file.parent) == cwd:
+            raise ConfigError(f"{file} in the working directory is imported as {name!r} in place of the installed "
+                              f"package (Python looks in the working directory first); rename it")
+
+
+def _module_file(name: str) -> Path | None:
+    """Where module ``name`` was imported from, or would be (None: nowhere, or not a file)."""
+    module = sys.modules.get(name)
+    if module is not None:
+        origin = getattr(module, "__file__", None)
+    else:
+        try:
+            spec = importlib.util.find_spec(name)  # a top-level name: finds it without importing it
+        except (ImportError, ValueError):
+            return None
+        origin = None if spec is None else spec.origin
+    return Path(origin).resolve() if origin and origin not in ("built-in", "frozen") else None

@@ -60,11 +60,11 @@ class GradientNoiseMeter:
     (``trainer.accumulate_gradients``), so the parts' gradients g_1..g_m add up to the
     batch gradient G_B. A part of ``size`` b_k out of B = sum b_k carries the share
     b_k / B: its own gradient estimate, as if it were the whole batch, is
-    G_k = (B / b_k) g_k. With the sequence-mean aggregations the share is the part's
-    responses / N, so b_k counts responses, or better prompts (groups): the estimate
-    assumes the units independent, and a group's deltas couple its responses, so parts
-    should hold whole groups. With ``token_mean`` the share is tokens / tokens: b_k is
-    the part's response tokens.
+    G_k = (B / b_k) g_k. The trainer counts b_k in prompts (``trainer.noise_part_size``):
+    the estimate assumes the units independent, and a group's deltas couple its
+    responses, so parts hold whole groups. With the sequence-mean aggregations a part's
+    share is its responses / N, whatever their lengths; with ``token_mean`` it is the
+    part's share of the tokens (b_k = that share times B).
 
     Stored: the running sum G_B [P] (in the gradients' dtype and device) and two numbers
     per part (|g_k|^2, b_k); give each part's gradient (``add``) or the accumulated
@@ -101,6 +101,16 @@ class GradientNoiseMeter:
         self.norms_sq.append(_norm_sq(grad))
         self.sizes.append(float(size))
 
+    def add_parts(self, norms_sq: Sequence[float], sizes: Sequence[float], total: torch.Tensor) -> None:
+        """Parts measured elsewhere (data-parallel learners: each its own share's parts),
+        their |g_k|^2 and b_k; ``total`` [P] is the sum of every part's gradient, these and
+        those added before (the all-reduced gradient)."""
+        if len(norms_sq) != len(sizes) or any(size <= 0 for size in sizes):
+            raise ValueError(f"need one positive size per part, got {len(norms_sq)} norms and sizes {list(sizes)}")
+        self.norms_sq += [float(x) for x in norms_sq]
+        self.sizes += [float(x) for x in sizes]
+        self.total = total.detach().reshape(-1).clone()
+
     def add_running_sum(self, running: torch.Tensor, size: float) -> None:
         """The accumulated gradient [P] after one more part of ``size``: the part's
         gradient is the difference from the sum so far."""
@@ -136,7 +146,7 @@ def flat_grad(module: torch.nn.Module) -> torch.Tensor:
 
 
 def max_reward_stats(rewards: torch.Tensor, correct: torch.Tensor, max_reward: float | None = None,
-                     atol: float = 1e-6) -> dict[str, float]:
+                     atol: float = 1e-6, reward_is_gold: bool = False) -> dict[str, float]:
     """How many top-reward responses fail the gold check; rewards [B, G] (NaN: abstained),
     correct [B, G] bool.
 
@@ -146,16 +156,24 @@ def max_reward_stats(rewards: torch.Tensor, correct: torch.Tensor, max_reward: f
         hack/max_reward_not_gold share of those that fail the gold check (0 when none is at the
                                  top or nothing was scored: no response is caught hacking; a
                                  number, never NaN, so records compare equal across runs)
-    With the observed maximum, an early batch in which no response is right still has a
-    top; its responses fail the gold check without any hacking. A known maximum has no
-    such phase: a reward whose maximum implies the gold answer gives exactly 0.
+    The observed maximum is a top only when it is above the batch's lowest reward: a batch
+    of equal rewards (nothing solved, every reward 0) has no response that scored above a
+    wrong answer, so none is counted. A known maximum needs no such rule: a reward whose
+    maximum implies the gold answer gives exactly 0. ``reward_is_gold``: the reward is the
+    gold check itself (the task's only weighted reward), which its top cannot fail; both
+    numbers are 0.
     """
     if rewards.shape != correct.shape:
         raise ValueError(f"rewards {tuple(rewards.shape)} and correct {tuple(correct.shape)} differ in shape")
     scored = torch.isfinite(rewards)
-    if not scored.any():
+    if reward_is_gold or not scored.any():
         return {"hack/max_reward_frac": 0.0, "hack/max_reward_not_gold": 0.0}
-    top_value = rewards[scored].max().item() if max_reward is None else max_reward
+    if max_reward is None:
+        top_value, bottom = rewards[scored].max().item(), rewards[scored].min().item()
+        if top_value - bottom <= atol:  # no response scored above the others
+            return {"hack/max_reward_frac": 0.0, "hack/max_reward_not_gold": 0.0}
+    else:
+        top_value = max_reward
     top = scored & (rewards >= top_value - atol)
     num_top = top.sum().item()
     not_gold = (top & ~correct.bool()).sum().item()
@@ -245,12 +263,14 @@ def hacking_warnings(records: Sequence[Record], window: int = 10, not_gold_alarm
     divergences = reward_gold_divergence(records, window)
     epochs = len(epoch_series(records, "reward_mean")[0])
     if divergences and epochs >= 2 and reward_gold_divergence(records, epochs):
-        more = f" ({len(divergences) - 1} more windows)" if len(divergences) > 1 else ""
+        more = len(divergences) - 1
+        more = f" ({more} more window{'s' * (more > 1)})" if more else ""
         warnings.append(divergences[0].message() + more)
     _, not_gold = epoch_series(records, "hack/max_reward_not_gold")
     recent = [v for v in not_gold[-window:] if math.isfinite(v)]
     if recent and sum(recent) / len(recent) >= not_gold_alarm:
-        warnings.append(f"over the last {len(recent)} epochs, {sum(recent) / len(recent):.0%} of the responses "
+        span = f"the last {len(recent)} epochs" if len(recent) > 1 else "the last epoch"
+        warnings.append(f"over {span}, {sum(recent) / len(recent):.0%} of the responses "
                         f"with the top reward failed the gold check")
     return warnings
 

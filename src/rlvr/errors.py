@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 
 class ConfigError(ValueError):
@@ -14,11 +14,39 @@ class RunError(RuntimeError):
     """A run that cannot start or go on (its directory is taken, a write failed)."""
 
 
-def did_you_mean(name: str, allowed: Iterable[str]) -> str:
-    """"did you mean 'x'?" for the allowed name nearest ``name``, else the allowed names."""
-    allowed = list(allowed)
-    close = difflib.get_close_matches(name, allowed, n=1, cutoff=0.5)
-    return f"did you mean {close[0]!r}?" if close else f"allowed: {', '.join(allowed)}"
+def did_you_mean(name: str, allowed: Iterable[str], elsewhere: Mapping[str, str] | None = None,
+                 known: str | None = None) -> str:
+    """"did you mean 'x'?" for ``name``, a key that is not one of ``allowed`` (the names
+    where it stands).
+
+    ``elsewhere``: the dotted paths of the settings in other places, each with the choice
+    under which it applies ("" for always: "policy.name=causal_lm"). A path whose last
+    part is ``name`` is meant (those that apply, when some do); else ``known`` (a hint
+    that knows better, such as TRL's name for it); else the nearest of ``allowed`` and
+    of the paths' last parts (``allowed`` first on a tie); else the allowed names.
+    """
+    allowed, elsewhere = list(allowed), dict(elsewhere or {})
+    exact = [path for path in elsewhere if path.rsplit(".", 1)[-1] == name]
+    if exact:
+        applying = [path for path in exact if not elsewhere[path]] or exact
+        return f"did you mean {' or '.join(_named(path, elsewhere[path]) for path in applying)}?"
+    if known:
+        return known
+    scored = [(_similarity(name, a), 1, a, "") for a in allowed]
+    scored += [(_similarity(name, path.rsplit(".", 1)[-1]), 0, path, when) for path, when in elsewhere.items()]
+    score, here, nearest, when = max(scored, default=(0.0, 0, "", ""))
+    if score >= 0.5:
+        return f"did you mean {repr(nearest) if here else _named(nearest, when)}?"
+    return f"allowed: {', '.join(allowed)}"
+
+
+def _similarity(a: str, b: str) -> float:
+    return difflib.SequenceMatcher(None, a, b).ratio()
+
+
+def _named(path: str, when: str) -> str:
+    """A path of ``elsewhere`` as a hint names it: "'seed' (top level)", "'x.y' (with task.name=z)"."""
+    return f"{path!r}" + (f" (with {when})" if when else "" if "." in path else " (top level)")
 
 
 def os_reason(err: OSError) -> str:

@@ -10,6 +10,7 @@ import torch
 
 from rlvr.config import Config
 from rlvr.metrics import Record
+from rlvr.rewards import TrainerState
 from rlvr.rollout import Policy, Task
 
 
@@ -55,11 +56,13 @@ def evaluate(config: Config, task: Task, policy: Policy, epoch: int, step: int) 
     # A separate generator: evaluation must not change the training random stream.
     gen = torch.Generator().manual_seed(config.seed + 1_000_003 + epoch)
     greedy, sampled, first = [], [], None
+    state = TrainerState(step, epoch, config.algo.epochs * config.algo.inner_steps)  # reward functions' trainer_state
     for start in range(0, len(prompts), size):
         chunk = prompts[start : start + size]
-        greedy.append(task.grade(chunk, policy.greedy(chunk)))
-        responses = policy.sample(chunk, n, config.policy.temperature, gen).responses
-        sampled.append(task.grade(chunk, responses))
+        greedy.append(task.grade(chunk, policy.greedy(chunk), trainer_state=state))
+        samples = policy.sample(chunk, n, config.policy.temperature, gen)
+        responses = samples.responses
+        sampled.append(task.grade(chunk, responses, completion_ids=samples.completion_ids(), trainer_state=state))
         first = first or (chunk, responses, sampled[-1])
     greedy_rewards, greedy_correct = (torch.cat([getattr(g, k) for g in greedy]) for k in ("rewards", "correct"))
     rewards, correct = (torch.cat([getattr(g, k) for g in sampled]) for k in ("rewards", "correct"))  # [B, n]
@@ -78,11 +81,13 @@ def evaluate(config: Config, task: Task, policy: Policy, epoch: int, step: int) 
 
 
 def sample_table(prompts: Any, responses: Any, grades: Any, epoch: int, step: int, rows: int) -> Record:
-    """The first ``rows`` eval prompts, one sampled response each, with reward and verdict."""
+    """The first ``rows`` eval prompts, one sampled response each, with reward and verdict.
+    A prompt is kept as data (text, a chat's list of messages, the toy's numbers):
+    ``rlvr.metrics.prompt_text`` renders it for samples.md and the report."""
     table = []
     for b in range(min(rows, len(prompts))):
-        prompt = prompts[b]
-        prompt = prompt["prompt"] if isinstance(prompt, dict) else prompt.tolist()
+        prompt = prompts[b]["prompt"] if isinstance(prompts[b], dict) else prompts[b]
+        prompt = prompt.tolist() if torch.is_tensor(prompt) else prompt
         response = responses[b][0]
         response = response if isinstance(response, str) else response.tolist()
         table.append({"prompt": prompt, "response": response,

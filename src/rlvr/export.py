@@ -3,20 +3,26 @@
 For a causal LM the folder is what ``AutoModelForCausalLM.from_pretrained(DIR)`` and
 ``AutoTokenizer.from_pretrained(DIR)`` load: the weights, the model's config and the
 tokenizer. A LoRA run's adapters are merged into the base model's weights first, so the
-folder needs neither peft nor the base model. For the positional toy (not a transformers
-model) the folder holds ``policy.pt`` (its ``state_dict``, loadable with
-``torch.load(..., weights_only=True)``) and the run's ``config.yaml``, from which
-``rlvr.policies.build_policy`` builds the module to load it into.
+folder needs neither peft nor the base model. The base model is the one the run loaded,
+where it loaded it from (recorded in each checkpoint with a digest of its config and
+weights), or ``--base`` where it has moved; a model whose digest differs is refused.
+For the positional toy (not a transformers model) the folder holds ``policy.pt`` (its
+``state_dict``, loadable with ``torch.load(..., weights_only=True)``) and the run's
+``config.yaml``, from which ``rlvr.policies.build_policy`` builds the module to load it into.
 
 The weights are those of the newest checkpoint whose files match their checksums (the
 final one, for a run that finished), or of ``checkpoint=`` when named. The folder is
-written under a temporary name and renamed, so a failed export leaves nothing at ``out``.
+written in a new temporary folder beside ``out`` and renamed, so a failed export leaves
+nothing at ``out``; an ``out`` inside the run directory is refused.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import tempfile
+import warnings
 from pathlib import Path
 
 import torch
@@ -24,28 +30,40 @@ import torch
 from rlvr.checkpoint import CheckpointError, list_checkpoints, load_payload, verify
 from rlvr.config import Config, load_config
 from rlvr.errors import ConfigError, RunError
+from rlvr.extras import LM_MODULES, require
 
 
-def export_model(run_dir: str | Path, out: str | Path, checkpoint: str | None = None) -> Path:
+def export_model(run_dir: str | Path, out: str | Path, checkpoint: str | None = None,
+                 base: str | Path | None = None) -> Path:
     """Write the trained model of ``run_dir`` to the new folder ``out``; returns ``out``.
 
     checkpoint: the name of one of the run's checkpoints ("step-000000100"); None: the
-    newest that verifies. Raises ConfigError for a folder that is not a run directory or
-    an ``out`` that exists and is not empty, CheckpointError when no checkpoint is usable.
+    newest that verifies. base: where a LoRA run's base model is now (None: where the run
+    loaded it from, as it recorded it); either way it must be the model the run trained
+    on (the digest of its config and weights, recorded at train time). Raises
+    ConfigError for a folder that is not a run directory or an ``out`` that exists and is
+    not empty or lies inside the run directory, CheckpointError when no checkpoint is
+    usable, RunError for a base model that is not the run's.
     """
     run_dir, out = Path(run_dir), Path(out)
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"{run_dir}: no config.yaml there (not a run directory)")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"--out {out}: already exists and is not an empty folder; give a new one")
+    if out.resolve().is_relative_to(run_dir.resolve()):
+        # a folder in checkpoints/ would pass for a checkpoint (counted by keep_checkpoints, resumed from)
+        raise ConfigError(f"--out {out}: inside the run directory {run_dir}; give a folder outside it")
     config = load_config(run_dir / "config.yaml")
     source = _checkpoint(run_dir, checkpoint)
-    tmp = out.with_name(f".tmp-{out.name}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # a fresh folder of our own beside ``out`` (the same file system: the rename is atomic), never one we did
+    # not make; the model is written in a folder made inside it, with the user's umask (mkdtemp's is 0700)
+    holder = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))
+    tmp = holder / out.name
+    tmp.mkdir()
     try:
         if config.policy.name == "causal_lm":
-            _export_causal_lm(config, source / "model", tmp)
+            _export_causal_lm(config, source / "model", tmp, base)
         else:
             payload = load_payload(source / "trainer.pt")
             torch.save(payload["policy"], tmp / "policy.pt")
@@ -53,9 +71,8 @@ def export_model(run_dir: str | Path, out: str | Path, checkpoint: str | None = 
         if out.exists():
             out.rmdir()  # empty, checked above
         os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    finally:
+        shutil.rmtree(holder, ignore_errors=True)
     return out
 
 
@@ -79,7 +96,7 @@ def _checkpoint(run_dir: Path, name: str | None) -> Path:
     raise CheckpointError(f"no usable checkpoint in {run_dir / 'checkpoints'}: {'; '.join(problems)}")
 
 
-def _export_causal_lm(config: Config, model_dir: Path, out: Path) -> None:
+def _export_causal_lm(config: Config, model_dir: Path, out: Path, base: str | Path | None = None) -> None:
     """The checkpoint's ``model/`` folder as a plain transformers model folder; LoRA
     adapters (an ``adapter_config.json`` there) merged into the base model first."""
     if not (model_dir / "adapter_config.json").is_file():
@@ -87,16 +104,38 @@ def _export_causal_lm(config: Config, model_dir: Path, out: Path) -> None:
             raise RunError(f"{model_dir}: no model saved in this checkpoint")
         shutil.copytree(model_dir, out, dirs_exist_ok=True)
         return
-    try:
-        import peft
-    except ImportError as err:
-        raise RunError("merging a LoRA run's adapters needs peft: pip install 'rlvr[lora]'") from err
+    require("merging a LoRA run's adapters", (*LM_MODULES, "peft"))
+    import peft
     from transformers import AutoTokenizer
 
     from rlvr.modeling import load_model_and_tokenizer
 
     options = config.policy.options
-    base, _ = load_model_and_tokenizer(options["model"], dtype=options.get("dtype", "float32"))
-    merged = peft.PeftModel.from_pretrained(base, str(model_dir)).merge_and_unload()
+    model, _ = load_model_and_tokenizer(_base_model(config, model_dir, base), dtype=options.get("dtype", "float32"))
+    merged = peft.PeftModel.from_pretrained(model, str(model_dir)).merge_and_unload()
     merged.save_pretrained(str(out))
     AutoTokenizer.from_pretrained(str(model_dir)).save_pretrained(str(out))
+
+
+def _base_model(config: Config, model_dir: Path, base: str | Path | None) -> str:
+    """Where to load a LoRA checkpoint's base model from: ``base``, else the model the
+    run recorded (an absolute path or a hub name, not resolved against the working
+    directory), after checking its digest is the recorded one."""
+    from rlvr.policies.hf_model import BASE_MODEL_FILE, locate_model, model_identity
+
+    record = model_dir / BASE_MODEL_FILE
+    if not record.is_file():  # a checkpoint written before runs recorded their base model
+        named = str(base or config.policy.options["model"])
+        warnings.warn(f"{model_dir} does not record its base model: merging into {named!r} unchecked", stacklevel=3)
+        return named
+    try:
+        trained = json.loads(record.read_text(encoding="utf-8"))
+        model, digest = str(trained["model"]), str(trained["sha256"])
+    except (ValueError, TypeError, KeyError) as err:
+        raise RunError(f"{record}: not a base-model record ({err})") from err
+    located = locate_model(base or model)
+    found = model_identity(base or model, located)
+    if found["sha256"] != digest:
+        raise RunError(f"base model {found['model']} (sha256 {found['sha256'][:16]}) is not the one the run trained "
+                       f"its adapters on, {model} (sha256 {digest[:16]}); give that model with --base")
+    return located

@@ -14,15 +14,29 @@ import numpy as np
 Record = dict[str, Any]
 
 
+def json_safe(value: Any) -> Any:
+    """``value`` with every NaN or infinite float (in lists and dicts too) replaced by
+    None: JSON has no such numbers, and ``NaN`` written bare makes a file other JSON
+    readers refuse. Readers take a null as "no value" (plots and summaries skip it)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
 class JsonlSink:
-    """Appends one JSON object per record to ``path``, flushed line by line."""
+    """Appends one JSON object per record to ``path``, flushed line by line (non-finite
+    numbers written as null: ``json_safe``)."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
         self._file = self.path.open("a", encoding="utf-8")
 
     def __call__(self, record: Record) -> None:
-        self._file.write(json.dumps(record, allow_nan=True) + "\n")
+        self._file.write(json.dumps(json_safe(record), allow_nan=False) + "\n")
         self._file.flush()
 
     def sync(self) -> None:
@@ -32,6 +46,14 @@ class JsonlSink:
 
     def close(self) -> None:
         self._file.close()
+
+
+def prompt_text(prompt: Any) -> str:
+    """A prompt as a person reads it: a chat prompt (a list of ``{"role", "content"}``
+    messages) one ``role: content`` line per message, any other prompt as its ``str``."""
+    if isinstance(prompt, list) and prompt and all(isinstance(m, dict) and "content" in m for m in prompt):
+        return "\n".join(f"{m.get('role', '?')}: {m['content']}" for m in prompt)
+    return str(prompt)
 
 
 def write_samples_markdown(path: Path, record: Record) -> None:
@@ -44,7 +66,9 @@ def write_samples_markdown(path: Path, record: Record) -> None:
              "| prompt | response | reward | correct |", "| --- | --- | ---: | :---: |"]
     for row in record["rows"]:
         mark = "yes" if row["correct"] else "no"
-        lines.append(f"| {cell(row['prompt'])} | {cell(row['response'])} | {row['reward']:.3f} | {mark} |")
+        reward = row["reward"]
+        reward = f"{reward:.3f}" if isinstance(reward, (int, float)) and math.isfinite(reward) else "-"
+        lines.append(f"| {cell(prompt_text(row['prompt']))} | {cell(row['response'])} | {reward} | {mark} |")
     with Path(path).open("a", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -72,23 +96,12 @@ class TensorBoardSink:
 
 
 TIMING_PREFIXES = ("time/", "tokens_per_sec")
+MAX_RECORD_LINE = 16 * 2**20  # characters of one metrics.jsonl line
 
 
 def without_timings(records: Iterable[Record]) -> list[Record]:
     """Records minus wall-clock fields: what two runs with the same seed must agree on."""
     return [{k: v for k, v in r.items() if not k.startswith(TIMING_PREFIXES)} for r in records]
-
-
-def missing_sink_package(module: str) -> str | None:
-    """Why the sink backed by ``module`` (wandb, trackio, tensorboard) cannot start, found
-    without importing it (config validation asks, before a run directory exists); None
-    when it is installed. A module already imported (or put in place by a test) counts."""
-    import importlib.util
-    import sys
-
-    if module in sys.modules or importlib.util.find_spec(module) is not None:
-        return None
-    return f"the {module} package is not installed: pip install 'rlvr[{module}]'"
 
 
 class ExperimentTrackerSink:
@@ -98,10 +111,12 @@ class ExperimentTrackerSink:
     def __init__(self, backend: str, project: str, name: str, config: dict):
         import importlib
 
+        from rlvr.extras import missing_package
+
         try:
             self.module = importlib.import_module(backend)
         except ImportError as err:
-            raise RuntimeError(f"log.tracker={backend!r}: {missing_sink_package(backend) or err}") from err
+            raise RuntimeError(f"log.tracker={backend!r}: {missing_package(backend) or err}") from err
         self.run = self.module.init(project=project, name=name, config=config)
 
     def __call__(self, record: Record) -> None:
@@ -116,29 +131,37 @@ class ExperimentTrackerSink:
         self.module.finish()
 
 
-def read_records(path: Path) -> list[Record]:
+def read_records(path: Path, max_line: int = MAX_RECORD_LINE) -> list[Record]:
     """Records from a ``metrics.jsonl`` file (or a run directory holding one).
 
     A torn last line (no newline, not JSON: a kill in the middle of a write) is left
-    out; any other line that is not a JSON record is a ValueError naming it.
+    out; any other line that is not a JSON object, or is longer than ``max_line``
+    characters (no record comes near; a file made to exhaust memory does), is a
+    ValueError naming it. NaN and Infinity (files written before they became null)
+    are read as numbers.
     """
     path = Path(path)
     if path.is_dir():
         path = path / "metrics.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"no metrics file at {path}")
-    with path.open(encoding="utf-8") as f:
-        lines = f.readlines()
     records = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            if number == len(lines) and not line.endswith("\n"):
-                break  # torn
-            raise ValueError(f"{path}:{number}: not a JSON record ({err.msg})") from err
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(iter(lambda: f.readline(max_line + 1), ""), 1):
+            if len(line) > max_line:
+                raise ValueError(f"{path}:{number}: a line longer than {max_line:,} characters (not a record)")
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except (json.JSONDecodeError, RecursionError) as err:
+                if not line.endswith("\n") and not f.read(1):
+                    break  # torn
+                reason = err.msg if isinstance(err, json.JSONDecodeError) else "nested too deeply"
+                raise ValueError(f"{path}:{number}: not a JSON record ({reason})") from err
+            if not isinstance(record, dict):
+                raise ValueError(f"{path}:{number}: not a JSON record (a {type(record).__name__}, not an object)")
+            records.append(record)
     return records
 
 
@@ -153,18 +176,23 @@ def series(records: Iterable[Record], kind: str, key: str) -> tuple[list[float],
 
 
 def summary(records: list[Record]) -> dict[str, float]:
-    """Start and end of the headline numbers of a run."""
+    """Start and end of the headline numbers of a run (NaN for a value recorded as null)."""
     train = [r for r in records if r.get("kind") == "train"]
     evals = [r for r in records if r.get("kind") == "eval"]
     out: dict[str, float] = {}
+
+    def number(record: Record, key: str) -> float:
+        value = record[key]
+        return math.nan if value is None else value
+
     if train:
-        out["reward_start"] = train[0]["reward_mean"]
-        out["reward_end"] = train[-1]["reward_mean"]
-        out["solve_rate_end"] = train[-1]["solve_rate"]
-        out["frac_zero_delta_groups_end"] = train[-1]["frac_zero_delta_groups"]
+        out["reward_start"] = number(train[0], "reward_mean")
+        out["reward_end"] = number(train[-1], "reward_mean")
+        out["solve_rate_end"] = number(train[-1], "solve_rate")
+        out["frac_zero_delta_groups_end"] = number(train[-1], "frac_zero_delta_groups")
     if evals:
-        out["eval_greedy_solve_rate"] = evals[-1]["greedy_solve_rate"]
-        out["eval_sampled_solve_rate"] = evals[-1]["sampled_solve_rate"]
+        out["eval_greedy_solve_rate"] = number(evals[-1], "greedy_solve_rate")
+        out["eval_sampled_solve_rate"] = number(evals[-1], "sampled_solve_rate")
     return out
 
 
@@ -176,10 +204,17 @@ PANELS = (  # (kind, key, title, y-axis label); the eval title names the prompts
 # drawn when some run measured it (log.grad_noise_every): the lecture's variance claim, per run,
 # on a log scale (a stalled run's zero variance drops out)
 NOISE_PANEL = ("train", "grad/trace_cov", "policy-gradient variance", "tr(Sigma) of one prompt's gradient")
+RATES = ("greedy_solve_rate",)  # drawn on [0, 1]
 # Each run its own colour, line style and marker: curves that coincide (every run at
 # solve rate 0) stay visible as dashes over a solid line, not hidden under the last one.
 LINE_STYLES = ("-", "--", ":", "-.")
 MARKERS = ("o", "s", "^", "D", "v", "x")
+
+
+def plain_text(text: str) -> str:
+    """``text`` as matplotlib draws it literally: a ``$`` (run names, metric names) would
+    otherwise start mathtext, and text that is not valid TeX fails the whole figure."""
+    return str(text).replace("$", r"\$")
 
 
 def per_epoch(records: Iterable[Record], key: str) -> tuple[list[float], list[float]]:
@@ -231,7 +266,7 @@ def draw_runs(runs: dict[str, list[Record] | list[list[Record]]], title: str = "
                 for seed in seeds[:1]:  # one seed's per-step loss, faint, behind the mean
                     step_xs, step_ys = series(seed, kind, key)
                     ax.plot(step_xs, step_ys, color=style["color"], alpha=0.2, linewidth=0.7, label=f"_{name} raw")
-            ax.plot(xs, np.nanmean(values, axis=0) if len(xs) else [], label=name, **style)
+            ax.plot(xs, np.nanmean(values, axis=0) if len(xs) else [], label=plain_text(name), **style)
             if len(values) > 1 and len(xs):
                 low, high = np.nanmin(values, axis=0), np.nanmax(values, axis=0)
                 ax.fill_between(xs, low, high, color=style["color"], alpha=0.12, linewidth=0)
@@ -240,14 +275,16 @@ def draw_runs(runs: dict[str, list[Record] | list[list[Record]]], title: str = "
                             alpha=0.6, label=f"_{name} band")
         if key == NOISE_PANEL[1]:
             ax.set_yscale("log")
-        ax.set_title(f"{panel} on the {eval_label}" if kind == "eval" else panel)
+        if key in RATES:  # a rate's whole range: a constant 0 reads as 0, not as noise around it
+            ax.set_ylim(-0.03, 1.03)
+        ax.set_title(plain_text(f"{panel} on the {eval_label}") if kind == "eval" else panel)
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), fontsize=9, frameon=False)
     if title:
-        fig.suptitle(title)
+        fig.suptitle(plain_text(title))
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     return fig
 

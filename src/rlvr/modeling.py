@@ -9,6 +9,13 @@ same kind of object a real checkpoint is, and the tests need no download.
 from __future__ import annotations
 
 import argparse
+import os
+import re
+import string
+import sys
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +27,7 @@ SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
 # uses the 14 characters "0123456789 >+=" for a vocabulary of 17). There is no unknown
 # token: a character outside the vocabulary is an error when encoding, never <unk>.
 DEFAULT_CHARS = "0123456789 >+-*=()"
+PRINTABLE = string.printable.replace("\r", "").replace("\x0b", "").replace("\x0c", "")  # init-model --printable
 ARCHS = ("llama", "gpt2")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -139,30 +147,76 @@ def init_model(
 
 
 def add_init_model_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add ``init_model``'s options to ``parser`` (for ``rlvr init-model``)."""
+    """Add ``init_model``'s options to ``parser`` (for ``rlvr init-model``); each help
+    shows its default."""
     parser.add_argument("--out", required=True, help="folder to write the tokenizer and model to")
-    parser.add_argument("--arch", default="llama", choices=ARCHS, help="model family")
-    parser.add_argument("--hidden-size", type=int, default=128, help="model width")
-    parser.add_argument("--intermediate-size", type=int, default=384, help="MLP width")
-    parser.add_argument("--num-layers", type=int, default=4, help="transformer blocks")
-    parser.add_argument("--num-heads", type=int, default=4, help="attention heads")
+    parser.add_argument("--arch", default="llama", choices=ARCHS, help="model family (default: %(default)s)")
+    parser.add_argument("--hidden-size", type=int, default=128, help="model width (default: %(default)s)")
+    parser.add_argument("--intermediate-size", type=int, default=384, help="MLP width (default: %(default)s)")
+    parser.add_argument("--num-layers", type=int, default=4, help="transformer blocks (default: %(default)s)")
+    parser.add_argument("--num-heads", type=int, default=4, help="attention heads (default: %(default)s)")
     parser.add_argument("--untie-embeddings", action="store_true",
                         help="separate input embedding and output head (tied by default)")
-    parser.add_argument("--chars", default=DEFAULT_CHARS,
-                        help="characters of the vocabulary (pad, bos, eos are added)")
-    parser.add_argument("--max-positions", type=int, default=256, help="longest sequence")
-    parser.add_argument("--seed", type=int, default=0, help="initialisation seed")
+    parser.add_argument("--chars", default=DEFAULT_CHARS, type=unescape_chars,
+                        help="characters of the vocabulary (pad, bos, eos are added); \\n, \\t and \\\\ stand "
+                             "for newline, tab and backslash (default: %(default)r)")
+    parser.add_argument("--printable", action="store_true",
+                        help="add every printable ASCII character, tab and newline to --chars (for prompts in "
+                             "English, such as reasoning-gym's)")
+    parser.add_argument("--max-positions", type=int, default=256,
+                        help="longest sequence, prompt and response (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="initialisation seed (default: %(default)s)")
     return parser
+
+
+def unescape_chars(text: str) -> str:
+    """``--chars`` as characters: ``\\n``, ``\\t`` and ``\\\\`` are newline, tab and a
+    backslash (a shell passes them on as written); any other backslash stays as it is."""
+    return re.sub(r"\\([nt\\])", lambda m: {"n": "\n", "t": "\t", "\\": "\\"}[m[1]], text)
 
 
 def run_init_model(args: argparse.Namespace) -> Path:
     """Run ``init_model`` from parsed ``add_init_model_arguments`` options."""
+    chars = args.chars + "".join(c for c in PRINTABLE if c not in args.chars) if args.printable else args.chars
     return init_model(
         args.out, arch=args.arch, hidden_size=args.hidden_size,
         intermediate_size=args.intermediate_size, num_layers=args.num_layers,
         num_heads=args.num_heads, tie_embeddings=not args.untie_embeddings,
-        chars=args.chars, max_positions=args.max_positions, seed=args.seed,
+        chars=chars, max_positions=args.max_positions, seed=args.seed,
     )
+
+
+@contextmanager
+def quiet_libraries() -> Iterator[None]:
+    """For one rlvr command: no progress bars from transformers and huggingface_hub
+    ("Loading weights", "Writing model shards" at every load and checkpoint; rlvr shows
+    its own progress), and no deprecation warnings that transformers and peft raise about
+    each other's calls (nothing a user of rlvr can act on). Both are as they were after
+    the block, also when transformers is first imported within it; a user's
+    ``HF_HUB_DISABLE_PROGRESS_BARS`` setting wins."""
+    from rlvr.extras import missing_package
+
+    hub = None
+    if "HF_HUB_DISABLE_PROGRESS_BARS" not in os.environ and missing_package("huggingface_hub") is None:
+        import huggingface_hub.utils as hub  # cheap; transformers takes its bars' state from it when imported
+    hub_on = hub is not None and not hub.are_progress_bars_disabled()
+    hf_logging = sys.modules.get("transformers.utils.logging")
+    hf_on = None if hf_logging is None or hub is None else hf_logging.is_progress_bar_enabled()
+    if hub is not None:
+        hub.disable_progress_bars()
+    if hf_on:
+        hf_logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            for category in (FutureWarning, DeprecationWarning):
+                warnings.filterwarnings("ignore", category=category, module=r"(transformers|peft)(\.|$)")
+            yield
+    finally:
+        if hub is not None:
+            hf_logging = sys.modules.get("transformers.utils.logging")
+            if hf_logging is not None and (hub_on if hf_on is None else hf_on):
+                hf_logging.enable_progress_bar()
+            (hub.enable_progress_bars if hub_on else hub.disable_progress_bars)()
 
 
 def _torch_dtype(dtype: str | torch.dtype) -> torch.dtype:

@@ -1,8 +1,11 @@
-"""Defaults that depend on other settings: ``algo.preset`` and the causal-LM defaults.
+"""Defaults that depend on other settings: ``algo.preset``, the causal-LM defaults and the
+run's name (``rlvr.run_dir.default_run_name``).
 
 Both fill settings the user did not give, before the config is built: a field given in
 the YAML file or as ``key=value`` always wins, and ``rlvr config`` prints the values
-that result. They act on the mapping a config is loaded from (``load_config``,
+that result. ``algo.loss=cispo`` without ``algo.clip_eps`` leaves the weight's lower clip
+open, as MiniMax-M1 and TRL do; ``algo.kl_in=reward`` without ``algo.kl_estimator`` takes
+k1, the penalty the reward subtracts. They act on the mapping a config is loaded from (``load_config``,
 ``config_from_dict``, ``rlvr.train`` with a dict or a YAML path); a ``Config`` built field
 by field in Python takes its fields as they are.
 """
@@ -10,6 +13,8 @@ by field in Python takes its fields as they are.
 from __future__ import annotations
 
 from typing import Any
+
+from rlvr.run_dir import default_run_name
 
 # algo.preset -> the algo fields it sets. Every preset sets the same fields, so switching
 # presets changes exactly these and nothing else.
@@ -48,15 +53,23 @@ LM_DEFAULTS: dict[str, dict[str, Any]] = {
 
 
 def resolve_defaults(data: dict) -> dict:
-    """``data`` (a config mapping) with the preset's and the LM defaults' fields filled in
-    where ``data`` does not give them. A malformed mapping is returned as it is, for the
+    """``data`` (a config mapping) with the preset's and the LM defaults' fields, and the
+    run's name, filled in where ``data`` does not give them. A malformed mapping is returned as it is, for the
     config builder to name what is wrong; an unknown preset is left to validation."""
     if not isinstance(data, dict):
         return data
     out = dict(data)
+    if out.get("name") is None:
+        out["name"] = default_run_name(out)
     algo = out.get("algo")
     if isinstance(algo, dict) and algo.get("preset") in ALGO_PRESETS:
-        out["algo"] = {**ALGO_PRESETS[algo["preset"]], **algo}
+        out["algo"] = algo = {**ALGO_PRESETS[algo["preset"]], **algo}
+    if isinstance(algo, dict) and algo.get("loss") == "cispo" and "clip_eps" not in algo:
+        # CISPO bounds the weight above only (MiniMax-M1, TRL); the top stays at 1 + 0.2 unless given
+        out["algo"] = {"clip_eps_high": 0.2, **algo, "clip_eps": None}
+    if isinstance(algo, dict) and algo.get("kl_in") == "reward" and "kl_estimator" not in algo:
+        # the reward's penalty is k1 (verl's use_kl_in_reward); the logged kl follows it
+        out["algo"] = {**algo, "kl_estimator": "k1"}
     policy = out.get("policy")
     if isinstance(policy, dict) and policy.get("name") == "causal_lm":
         for section, defaults in LM_DEFAULTS.items():

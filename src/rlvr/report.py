@@ -4,6 +4,10 @@ The page holds a summary table per run, the diagnostics' warnings (``rlvr.diagno
 plots of every logged metric with the runs overlaid (PNG images embedded as base64: no
 external file, script or style sheet), the per-prompt summary, the evaluation samples and
 each run's config. A metric no run logged is named in a note instead of plotted.
+
+Everything read from a run directory (its name, records, samples, config) is data: it
+reaches the page escaped, and the figures draw it as plain text (no mathtext). What the
+report reads is bounded (``MAX_METRICS_BYTES``, ``MAX_CONFIG_BYTES``, ``MAX_CELL``).
 """
 
 from __future__ import annotations
@@ -25,7 +29,11 @@ import yaml
 
 from rlvr.diagnostics import classify_prompts, epoch_series, hacking_warnings, prompt_curves, prompt_summary
 from rlvr.errors import RunError
-from rlvr.metrics import Record, read_records
+from rlvr.metrics import Record, plain_text, prompt_text, read_records
+
+MAX_METRICS_BYTES = 2**30  # a metrics.jsonl the report reads (a long LM run writes tens of MB)
+MAX_CONFIG_BYTES = 2**20
+MAX_CELL = 2000  # characters of one table cell (a sample's prompt or response) on the page
 
 
 @dataclass
@@ -37,6 +45,7 @@ class Run:
     path: Path
     records: list[Record]
     config: dict | None
+    unreadable: int = 0  # records left out: not of the shape rlvr writes
 
 
 @dataclass
@@ -48,13 +57,14 @@ class Panel:
     keys: tuple[str, ...]
     log_y: bool = False
     note: str = ""
+    rate: bool = False  # values in [0, 1], drawn on that whole range
 
 
 PANELS = (
     Panel("Mean reward (training batch)", "train", ("reward_mean",)),
-    Panel("Gold accuracy (training batch solve rate)", "train", ("solve_rate",)),
+    Panel("Gold accuracy (training batch solve rate)", "train", ("solve_rate",), rate=True),
     Panel("Evaluation: solve rate and pass@k", "eval", ("greedy_solve_rate", "sampled_solve_rate", "pass@*"),
-          note="on the task's eval prompts: held out, or the training prompts when they are fixed"),
+          note="on the task's eval prompts: held out, or the training prompts when they are fixed", rate=True),
     Panel("KL to the reference (token mean)", "train", ("kl",)),
     Panel("Entropy (token mean, nats)", "train", ("entropy",)),
     Panel("Clip fraction", "train", ("clip_frac",)),
@@ -72,19 +82,52 @@ LINE_STYLES = ("-", "--", ":", "-.")
 
 
 def load_run(path: Path, label: str) -> Run:
-    """A run directory's records (metrics.jsonl) and config (config.yaml, optional)."""
+    """A run directory's records (metrics.jsonl) and config (config.yaml, optional; None
+    when missing, unreadable or over ``MAX_CONFIG_BYTES``)."""
+    metrics = path / "metrics.jsonl" if path.is_dir() else path
+    if metrics.is_file() and metrics.stat().st_size > MAX_METRICS_BYTES:
+        raise RunError(f"{metrics}: {metrics.stat().st_size:,} bytes; the report reads at most {MAX_METRICS_BYTES:,}")
     try:
         records = read_records(path)
     except ValueError as err:  # a line that is not a record (a torn last line is skipped)
         raise RunError(str(err)) from err
     config = None
     config_path = path / "config.yaml"
-    if config_path.is_file():
+    if config_path.is_file() and config_path.stat().st_size <= MAX_CONFIG_BYTES:
         try:
             config = yaml.safe_load(config_path.read_text(encoding="utf-8"))
-        except yaml.YAMLError:
+        except (yaml.YAMLError, UnicodeDecodeError, RecursionError):
             config = None
-    return Run(label, path, records, config if isinstance(config, dict) else None)
+    usable = [r for r in map(readable_record, records) if r is not None]
+    return Run(label, path, usable, config if isinstance(config, dict) else None, len(records) - len(usable))
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _numeric(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def readable_record(record: Record) -> Record | None:
+    """``record`` as the report reads it, or None when it is not of a shape rlvr writes
+    (a kind, an integer step and epoch): train and eval records keep their numbers (and
+    nulls), samples their rows (mappings), prompts records their numeric shares."""
+    kind = record.get("kind")
+    if not isinstance(kind, str) or not _integer(record.get("step")) or not _integer(record.get("epoch")):
+        return None
+    head = {"kind": kind, "epoch": record["epoch"], "step": record["step"]}
+    if kind in ("train", "eval"):
+        return {**{k: v for k, v in record.items() if _numeric(v) or v is None}, **head}
+    if kind == "samples":
+        rows = record.get("rows")
+        return {**head, "rows": [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []}
+    if kind == "prompts":
+        solved = record.get("solved")
+        solved = {k: v for k, v in solved.items() if _numeric(v)} if isinstance(solved, dict) else {}
+        return {**head, "solved": solved}
+    return head
 
 
 # ---------------------------------------------------------------- plots
@@ -119,7 +162,7 @@ def running_noise_scale(records: list[Record], window: int = 5) -> tuple[list[fl
     """(steps, tr Sigma / |G|^2) from running means over ``window`` measurements: the
     estimates are unbiased, their ratio is not, so they are averaged before dividing."""
     points = [(r["step"], r["grad/trace_cov"], r["grad/true_norm_sq"]) for r in records
-              if r.get("kind") == "train" and "grad/trace_cov" in r and "grad/true_norm_sq" in r
+              if r.get("kind") == "train" and _numeric(r.get("grad/trace_cov")) and _numeric(r.get("grad/true_norm_sq"))
               and math.isfinite(r["grad/trace_cov"]) and math.isfinite(r["grad/true_norm_sq"])]
     xs, ys = [], []
     for i in range(len(points)):
@@ -147,7 +190,7 @@ def plot_panel(panel: Panel, runs: list[Run]) -> tuple[str | None, list[str]]:
             xs, ys = finite_series(run.records, panel.kind, key, panel.log_y)
             if not xs:
                 continue
-            label = run.label if len(keys) == 1 else f"{run.label}: {key}" if len(runs) > 1 else key
+            label = plain_text(run.label if len(keys) == 1 else f"{run.label}: {key}" if len(runs) > 1 else key)
             if panel.keys == ("grad/noise_scale",):
                 ax.plot(xs, ys, ".", color=color, alpha=0.4, markersize=4)
                 xs, ys = running_noise_scale(run.records)
@@ -161,6 +204,8 @@ def plot_panel(panel: Panel, runs: list[Run]) -> tuple[str | None, list[str]]:
         return None, missing
     if panel.log_y:
         ax.set_yscale("log")
+    if panel.rate:  # a rate's whole range: a constant 0 reads as 0, not as noise around it
+        ax.set_ylim(-0.03, 1.03)
     ax.set_title(panel.title, fontsize=10)
     ax.set_xlabel("optimizer step", fontsize=9)
     ax.tick_params(labelsize=8)
@@ -182,6 +227,17 @@ def _number(value: Any, digits: int = 3) -> str:
     return "-"
 
 
+def _cell(value: Any) -> str:
+    """A value from a run directory as one table cell: a scalar's text, cut to MAX_CELL characters."""
+    text = value if isinstance(value, str) else str(value) if isinstance(value, (int, float, bool)) else "-"
+    return text if len(text) <= MAX_CELL else f"{text[:MAX_CELL]} ... ({len(text) - MAX_CELL:,} more characters)"
+
+
+def _section(config: dict, name: str) -> dict:
+    section = config.get(name)
+    return section if isinstance(section, dict) else {}
+
+
 def _last(records: list[Record], kind: str, key: str) -> Any:
     values = [r[key] for r in records if r.get("kind") == kind and key in r]
     return values[-1] if values else None
@@ -190,7 +246,7 @@ def _last(records: list[Record], kind: str, key: str) -> Any:
 def summary_row(run: Run) -> dict[str, str]:
     """The run's headline numbers as the summary table shows them."""
     c = run.config or {}
-    task, policy, algo = c.get("task", {}), c.get("policy", {}), c.get("algo", {})
+    task, policy, algo = (_section(c, name) for name in ("task", "policy", "algo"))
     epochs, rewards = epoch_series(run.records, "reward_mean")
     _, gold = epoch_series(run.records, "solve_rate")
     steps = [r["step"] for r in run.records if r.get("kind") == "train"]
@@ -199,11 +255,12 @@ def summary_row(run: Run) -> dict[str, str]:
     _, zero = epoch_series(run.records, "frac_zero_delta_groups")
     return {
         "run": run.label,
-        "task": " ".join(str(x) for x in (task.get("name"), task.get("reward") if task.get("name") == "sorting" else "")
-                         if x) or "-",
-        "policy": str(policy.get("name", "-")),
-        "algorithm": f"{algo.get('loss', '-')} loss, {algo.get('deltas', '-')} deltas, G={algo.get('group_size', '-')}",
-        "epochs": f"{len(epochs)} / {algo.get('epochs', '?')}",
+        "task": " ".join(_cell(x) for x in (task.get("name"), task.get("reward") if task.get("name") == "sorting"
+                                            else "") if x) or "-",
+        "policy": _cell(policy.get("name", "-")),
+        "algorithm": f"{_cell(algo.get('loss', '-'))} loss, {_cell(algo.get('deltas', '-'))} deltas, "
+                     f"G={_cell(algo.get('group_size', '-'))}",
+        "epochs": f"{len(epochs)} / {_cell(algo.get('epochs', '?'))}",
         "steps": str(len(steps)),
         "reward first → last": f"{_number(rewards[0])} → {_number(rewards[-1])}" if rewards else "-",
         "gold first → last": f"{_number(gold[0])} → {_number(gold[-1])}" if gold else "-",
@@ -232,9 +289,11 @@ def samples_html(run: Run) -> str:
         return "<p class=\"note\">no samples records</p>"
 
     def table(record: Record) -> str:
-        rows = [{"prompt": row["prompt"], "response": row["response"], "reward": _number(row["reward"]),
-                 "correct": "yes" if row["correct"] else "no"} for row in record["rows"]]
-        return f"<p>epoch {record['epoch']} (step {record['step']})</p>" + html_table(rows, {"reward"})
+        rows = [{"prompt": _cell(prompt_text(row.get("prompt"))), "response": _cell(str(row.get("response"))),
+                 "reward": _number(row.get("reward")), "correct": "yes" if row.get("correct") is True else "no"}
+                for row in record["rows"]]
+        heading = html.escape(f"epoch {record['epoch']} (step {record['step']})")
+        return f"<p>{heading}</p>" + html_table(rows, {"reward"})
 
     out = table(tables[-1])
     if len(tables) > 1:
@@ -248,7 +307,7 @@ def prompts_html(run: Run) -> str:
     curves = prompt_curves(run.records)
     if curves:
         rows = [{"category": name.replace("_", " "), "prompts": len(keys),
-                 "examples": ", ".join(keys[:8]) + (" ..." if len(keys) > 8 else "")}
+                 "examples": _cell(", ".join(keys[:8]) + (" ..." if len(keys) > 8 else ""))}
                 for name, keys in classify_prompts(curves).items() if keys]
         out += html_table(rows, {"prompts"})
     return out
@@ -295,6 +354,11 @@ def build_page(runs: list[Run]) -> str:
     parts += ["<h2>Metrics</h2>", f"<div class=\"grid\">{''.join(figures)}</div>"]
     if skipped:
         parts.append(f"<p class=\"note\">not logged by any run: {html.escape('; '.join(skipped))}</p>")
+    for run in runs:
+        if run.unreadable:
+            count = f"{run.unreadable} record{'s' * (run.unreadable != 1)}"
+            parts.append(f"<p class=\"note\">{html.escape(run.label)}: {count} of metrics.jsonl left out (not of "
+                         "the shape rlvr writes: a kind, an integer epoch and step)</p>")
     parts.append("<h2>Prompts</h2>")
     parts += [f"<h3>{html.escape(r.label)}</h3>{prompts_html(r)}" for r in runs]
     parts.append("<h2>Evaluation samples</h2>")

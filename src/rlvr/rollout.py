@@ -6,7 +6,7 @@ Shapes: B prompts, G responses per prompt (the group), N = B*G responses (row
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
 import torch
@@ -37,6 +37,10 @@ class Samples:
     @property
     def num_responses(self) -> int:
         return self.response_ids.shape[0]
+
+    def completion_ids(self) -> list[list[int]]:
+        """Each response's tokens without padding (EOS included), N lists: TRL's ``completion_ids``."""
+        return [ids[mask].tolist() for ids, mask in zip(self.response_ids, self.response_mask)]
 
     def rows(self, index: torch.Tensor | slice) -> Samples:
         """The responses at ``index`` ([n] or a slice; token tensors only, ``responses`` dropped)."""
@@ -132,16 +136,20 @@ class Grades:
     correct: [B, G] bool, the gold check (is the response right?)
     metrics: flat name -> number (per reward function: mean, errors, timeouts, ...)
     prompts: the B prompts graded, in the task's form (None: not kept)
+    failures: reward function name -> its first failure on the batch, one line (only
+             functions that failed on some response)
     """
 
     rewards: torch.Tensor
     correct: torch.Tensor
     metrics: dict[str, float]
     prompts: Any = None
+    failures: dict[str, str] = field(default_factory=dict)
 
     def groups(self, index: torch.Tensor) -> Grades:
         """The groups (prompts) at ``index`` [k] (the metrics stay the whole batch's)."""
-        return Grades(self.rewards[index], self.correct[index], self.metrics, _pick(self.prompts, index))
+        return Grades(self.rewards[index], self.correct[index], self.metrics, _pick(self.prompts, index),
+                      self.failures)
 
     @staticmethod
     def cat(parts: list[Grades]) -> Grades:
@@ -155,7 +163,9 @@ class Grades:
             have = [(g.metrics[key], b) for g, b in zip(parts, sizes) if key in g.metrics]
             metrics[key] = sum(v * b for v, b in have) / max(sum(b for _, b in have), 1)
         prompts = None if any(g.prompts is None for g in parts) else _join([g.prompts for g in parts])
-        return Grades(torch.cat([g.rewards for g in parts]), torch.cat([g.correct for g in parts]), metrics, prompts)
+        failures = {name: line for g in reversed(parts) for name, line in g.failures.items()}  # the first batch's wins
+        return Grades(torch.cat([g.rewards for g in parts]), torch.cat([g.correct for g in parts]), metrics, prompts,
+                      failures)
 
 
 def contiguous_bounds(count: int, parts: int) -> list[tuple[int, int]]:
@@ -190,8 +200,11 @@ def _pad_cat(parts: list[torch.Tensor], left: bool = False) -> torch.Tensor:
 class Task(Protocol):
     """A verifiable task: prompts, a reward and a gold check."""
 
-    def grade(self, prompts: Any, responses: Any) -> Grades:
-        """Rewards, gold check and reward metrics in one pass."""
+    def grade(self, prompts: Any, responses: Any, *, completion_ids: list[list[int]] | None = None,
+              trainer_state: Any = None) -> Grades:
+        """Rewards, gold check and reward metrics in one pass; ``completion_ids`` (N lists
+        of token ids) and ``trainer_state`` (``rlvr.rewards.TrainerState``) go to the
+        reward functions as TRL passes them."""
         ...
 
     def sample_prompts(self, num_prompts: int, generator: torch.Generator) -> Any:
@@ -217,6 +230,9 @@ class Rollout:
                    of the policy-gradient term, or None (``algo.tis_cap`` unset)
     prompt_solved: each prompt's share of responses that pass the gold check (the
                    per-prompt learning curves), or None (prompts not kept)
+    pg_token_mask: [N, T] bool, the tokens whose policy-gradient term trains (the
+                   top-entropy selection), or None (all). Not in ``weights``: the
+                   aggregation's normaliser and the KL term keep every response token.
     """
 
     samples: Samples
@@ -227,6 +243,7 @@ class Rollout:
     stats: dict[str, Any]
     importance_weights: torch.Tensor | None = None  # defaulted: checkpoints from before it load
     prompt_solved: dict[str, float] | None = None
+    pg_token_mask: torch.Tensor | None = None
 
     def rows(self, index: slice) -> Rollout:
         """The responses at ``index`` (a slice: views, not copies) with everything that goes
@@ -238,7 +255,7 @@ class Rollout:
 
         return Rollout(self.samples.rows(index), self.deltas[index], part(self.old_log_probs),
                        part(self.ref_log_probs), self.weights[index], self.stats, part(self.importance_weights),
-                       self.prompt_solved)
+                       self.prompt_solved, part(self.pg_token_mask))
 
     def to_dict(self) -> dict[str, Any]:
         """Nested dicts of tensors and plain data (responses: a tensor, or lists of

@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import itertools
 import os
+import re
 import shutil
 import warnings
 from collections.abc import Iterator
@@ -21,6 +22,30 @@ LOCK_FILE = ".lock"
 # What a run writes beside its config.yaml before its first checkpoint (checkpoints: only
 # temporary folders then); a resume may replace all of it.
 PARTIAL_OUTPUTS = ("metrics.jsonl", "samples.md", "tensorboard", "checkpoints")
+DATA_FILES = "data_files.json"  # the fingerprints of the data files the run reads (rlvr.resume)
+
+
+# ---------------------------------------------------------------- the run's name
+
+LECTURE_NAME = "lecture"  # the sorting toy's runs, the lecture's run among them: runs/lecture
+NOT_IN_NAMES = r"[^\w.-]+"  # a model name's characters a folder name is better without
+
+
+def default_run_name(data: dict) -> str:
+    """The name of a run whose config gives none, from its config mapping: "lecture" for
+    the sorting toy, else the task's name and the model's (its folder or hub name, the
+    run's folder for ``RUN_DIR/model`` that ``rlvr sft`` writes): ``sort_text-tiny_lm``."""
+    task, policy = data.get("task"), data.get("policy")
+    task_name = task.get("name", "sorting") if isinstance(task, dict) else "sorting"
+    if task_name == "sorting" or not isinstance(task_name, str):
+        return LECTURE_NAME
+    options = policy.get("options") if isinstance(policy, dict) else None
+    model = options.get("model") if isinstance(options, dict) else None
+    if not isinstance(model, (str, Path)) or not str(model).strip("/"):
+        return task_name
+    path = Path(str(model).rstrip("/"))
+    label = path.parent.name if path.name == "model" and path.parent.name else path.name
+    return f"{task_name}-{re.sub(NOT_IN_NAMES, '_', label)}"
 
 
 # ---------------------------------------------------------------- the run directory and its lock
@@ -96,7 +121,7 @@ def stopped_before_first_checkpoint(run_dir: Path) -> bool:
     first checkpoint: its config.yaml, metrics.jsonl (opened as training starts) and
     partial outputs, nothing else? Such a run has nothing a resume would keep: it starts
     again from the beginning either way."""
-    allowed = {LOCK_FILE, "config.yaml", "resumes.jsonl", *PARTIAL_OUTPUTS}
+    allowed = {LOCK_FILE, "config.yaml", "resumes.jsonl", DATA_FILES, *PARTIAL_OUTPUTS}
     names = {p.name for p in run_dir.iterdir() if not p.name.startswith(".tmp-")}
     checkpoints = run_dir / "checkpoints"
     finished = checkpoints.is_dir() and any(not p.name.startswith(".tmp-") for p in checkpoints.iterdir())
@@ -122,7 +147,7 @@ def _reuse_stopped_run(run_dir: Path) -> bool:
     warnings.warn(f"{run_dir} held a run that stopped before its first checkpoint; the new run takes its place "
                   "(its partial records are discarded)", stacklevel=3)
     discard_partial_outputs(run_dir)
-    for name in ("config.yaml", "resumes.jsonl"):
+    for name in ("config.yaml", "resumes.jsonl", DATA_FILES):
         (run_dir / name).unlink(missing_ok=True)
     return True
 

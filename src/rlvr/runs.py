@@ -38,7 +38,7 @@ from rlvr.metrics import (
     read_records,
     write_samples_markdown,
 )
-from rlvr.resume import records_at_checkpoint, resume_changes
+from rlvr.resume import data_file_changes, record_data_files, records_at_checkpoint, resume_changes
 from rlvr.run_dir import discard_partial_outputs, locked_run_dir, new_run_dir, write_atomically
 from rlvr.trainer import TrainState, setup, train
 
@@ -153,25 +153,36 @@ def _check_unfinished(stored: Config, config: Config, run_dir: Path, epoch: int)
                       f"rlvr train resume={run_dir} algo.epochs={2 * epoch}")
 
 
-def _resume(config: Config, run_dir: Path, stack: ExitStack) -> tuple[Any, TrainState]:
-    """The state to continue ``run_dir`` from, after checking what ``config`` changes;
-    a run killed before its first checkpoint starts again from the beginning (any change
-    allowed: nothing of it is kept). A finished run is a RunFinished. The accepted
-    changes go into ``config.yaml`` and a line of ``resumes.jsonl``."""
+def _resume(config: Config, run_dir: Path, stack: ExitStack, accept_data_change: bool = False
+            ) -> tuple[Any, TrainState]:
+    """The state to continue ``run_dir`` from, after checking what ``config`` changes
+    and that the data files it read are unchanged (``accept_data_change``: go on with
+    changed ones); a run killed before its first checkpoint starts again from the
+    beginning (any change allowed: nothing of it is kept). A finished run is a
+    RunFinished. The accepted changes go into ``config.yaml`` (and the data files'
+    fingerprints) and a line of ``resumes.jsonl``."""
     stored = load_config(run_dir / "config.yaml")
-    checkpoint = None
+    checkpoint, data_changes = None, {}
     if not list_checkpoints(run_dir):
         changes = resume_changes(stored, config, restart=True)
         discard_partial_outputs(run_dir)
-        _, st = state = _setup(config, stack)
+        task, st = state = _setup(config, stack)
+        record_data_files(run_dir, task.data_files)  # the new config may read other files
     else:
         changes = resume_changes(stored, config)
+        data_changes = data_file_changes(run_dir, accept_data_change)
         checkpoint, payload = load_latest(run_dir, PAYLOAD_KEYS)
         _check_unfinished(stored, config, run_dir, payload["epoch"])
-        _, st = state = _setup(config, stack)
-        restore_state(st, payload, records_at_checkpoint(run_dir / "metrics.jsonl", payload["num_records"], checkpoint))
+        # every check of the directory before _setup imports the reward modules its config.yaml names
+        records = records_at_checkpoint(run_dir / "metrics.jsonl", payload["num_records"], checkpoint)
+        task, st = state = _setup(config, stack)
+        restore_state(st, payload, records)
+        if data_changes:
+            record_data_files(run_dir, task.data_files)
     entry = {"time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
              "checkpoint": checkpoint and checkpoint.name, "epoch": st.epoch, "step": st.step, "changes": changes}
+    if data_changes:
+        entry["data_changes"] = data_changes
     with (run_dir / "resumes.jsonl").open("a", encoding="utf-8") as f:
         f.write(json.dumps(entry) + "\n")
     if changes:
@@ -200,6 +211,7 @@ def _start(config: Config, stack: ExitStack) -> tuple[Path, tuple[Any, TrainStat
     config.out_dir = str(run_dir)
     try:
         write_atomically(run_dir / "config.yaml", config.to_yaml())
+        record_data_files(run_dir, state[0].data_files)  # a resume checks them
     except OSError as err:
         shutil.rmtree(run_dir, ignore_errors=True)
         raise RunError(f"cannot write {run_dir / 'config.yaml'}: {os_reason(err)}") from err
@@ -240,15 +252,15 @@ def _writer(config: Config, run_dir: Path, metrics: JsonlSink, initial_epoch: in
 
 
 def run_training(
-    config: Config, plot: bool | None = None, resume: str | Path | None = None
+    config: Config, plot: bool | None = None, resume: str | Path | None = None, accept_data_change: bool = False
 ) -> tuple[list[Record], Path]:
     """``train_in_run_dir`` without the trained policy: (records, run_dir)."""
-    records, run_dir, _ = train_in_run_dir(config, plot, resume)
+    records, run_dir, _ = train_in_run_dir(config, plot, resume, accept_data_change)
     return records, run_dir
 
 
 def train_in_run_dir(
-    config: Config, plot: bool | None = None, resume: str | Path | None = None
+    config: Config, plot: bool | None = None, resume: str | Path | None = None, accept_data_change: bool = False
 ) -> tuple[list[Record], Path, Any]:
     """Train with everything written to the run directory; returns (records, run_dir, the
     trained policy).
@@ -256,7 +268,8 @@ def train_in_run_dir(
     The directory is locked while the run lasts: a second run or resume of it is
     refused. With ``resume`` the run continues from the newest usable checkpoint of that
     directory (from the beginning if it was killed before its first one), after
-    ``resume_changes`` accepted what ``config`` changes. SIGINT and SIGTERM stop after the
+    ``resume_changes`` accepted what ``config`` changes and ``data_file_changes`` found
+    the data files unchanged (or ``accept_data_change``). SIGINT and SIGTERM stop after the
     current step with a checkpoint (``Stopped``); a file that cannot be written ends the
     run with a RunError naming it.
     """
@@ -267,7 +280,7 @@ def train_in_run_dir(
             if not (Path(resume) / "config.yaml").is_file():
                 raise ConfigError(f"resume={resume}: no config.yaml there (not a run directory)")
             run_dir = stack.enter_context(locked_run_dir(Path(resume)))
-            state = _resume(config, run_dir, stack)
+            state = _resume(config, run_dir, stack, accept_data_change)
         st = state[1]
         metrics = JsonlSink(run_dir / "metrics.jsonl")
         on_record = stack.enter_context(_writer(config, run_dir, metrics, initial_epoch=st.epoch))

@@ -28,9 +28,11 @@ from rlvr.diagnostics import GradientNoiseMeter, flat_grad, max_reward_stats, pr
 from rlvr.dynamic_sampling import fill_with_learning_groups
 from rlvr.engines import WeightSyncError
 from rlvr.evaluation import evaluate
+from rlvr.extras import check_extras
 from rlvr.metrics import Record
 from rlvr.optim import build_optimizer, build_scheduler
 from rlvr.policies import build_policy, frozen_copy
+from rlvr.rewards import TrainerState
 from rlvr.rollout import Grades, Policy, Rollout, Samples, Task, contiguous_bounds, sampler_log_probs_exact
 from rlvr.shaping import shaped_rewards
 from rlvr.tasks import build_task, check_prompts_fit
@@ -64,6 +66,7 @@ class TrainState:
 
 def setup(config: Config) -> tuple[Task, TrainState]:
     """Build the task, the policy (seeded) and the optimizer."""
+    check_extras(config)  # a missing optional package: one line, before anything is built
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
     if config.deterministic:
@@ -129,7 +132,7 @@ def train(
                 if learners is None:
                     record(optimizer_step(config, st, st.rollout))
                 else:
-                    record(learners.optimizer_step(st, st.rollout))
+                    record(learners.optimizer_step(st, st.rollout, measure_noise=noise_due(config, st)))
                 st.inner_step += 1
                 if st.stop_requested and st.inner_step < a.inner_steps:
                     break
@@ -164,28 +167,37 @@ def collect_rollout(config: Config, task: Task, st: TrainState) -> Rollout:
         samples, grades, stats = st.cluster.rollouts.sample_and_grade(st, task)
     else:
         engine_stats = sync_engine(st)  # the engine samples with the weights of the last optimizer step
-        sample = lambda: sample_and_grade(config, task, st.policy, st.generator)  # noqa: E731
+        state = trainer_state_at(config, st.epoch, st.step)
+        sample = lambda: sample_and_grade(config, task, st.policy, st.generator, trainer_state=state)  # noqa: E731
         if a.dynamic_sampling:  # DAPO: only groups whose deltas are not all zero, sampled until B of them
-            samples, grades, timings = fill_with_learning_groups(a, config.task.prompts_per_epoch, sample)
+            samples, grades, timings = fill_with_learning_groups(a, sample)
         else:
             samples, grades, timings = sample()
         stats = {**timings, **engine_stats}
     # the hacking monitor: top-reward responses that fail the gold check
-    stats.update(max_reward_stats(grades.rewards, grades.correct, getattr(task, "max_reward", None)))
+    stats.update(max_reward_stats(grades.rewards, grades.correct, getattr(task, "max_reward", None),
+                                  reward_is_gold=getattr(task, "reward_is_gold", False)))
     return build_rollout(config, st, samples, grades, stats)
 
 
-def sample_and_grade(config: Config, task: Task, policy: Policy, generator: torch.Generator, prompts: Any = None
-                     ) -> tuple[Samples, Grades, dict[str, float]]:
+def trainer_state_at(config: Config, epoch: int, step: int) -> TrainerState:
+    """What reward functions get as ``trainer_state`` for a batch of ``epoch`` sampled after ``step`` steps."""
+    return TrainerState(global_step=step, epoch=epoch, max_steps=config.algo.epochs * config.algo.inner_steps)
+
+
+def sample_and_grade(config: Config, task: Task, policy: Policy, generator: torch.Generator, prompts: Any = None,
+                     trainer_state: TrainerState | None = None) -> tuple[Samples, Grades, dict[str, float]]:
     """B prompts from the task (or these ``prompts``), G responses each from the policy,
-    graded: the samples, the grades and the phase timings."""
+    graded (the reward functions get the responses' token ids and ``trainer_state``): the
+    samples, the grades and the phase timings."""
     clock = time.perf_counter()
     if prompts is None:
         prompts = task.sample_prompts(config.task.prompts_per_epoch, generator)
     samples = policy.sample(prompts, config.algo.group_size, config.policy.temperature, generator)
     timings = {"time/generate": time.perf_counter() - clock}
     clock = time.perf_counter()
-    grades = task.grade(prompts, samples.responses)
+    grades = task.grade(prompts, samples.responses, completion_ids=samples.completion_ids(),
+                        trainer_state=trainer_state)
     timings["time/reward"] = time.perf_counter() - clock
     return samples, grades, timings
 
@@ -207,18 +219,21 @@ def build_rollout(config: Config, st: TrainState, samples: Samples, grades: Grad
         if a.kl_coef > 0:
             ref_log_probs, _ = reference_log_probs(policy, st.ref_module, samples, temp)
     rewards, mask, shaping = shaped_rewards(config, policy, samples, grades.rewards, old_log_probs, ref_log_probs)
-    if kl_in_reward:
-        ref_log_probs = None  # the penalty is in the rewards, not in the loss
-    deltas = core.compute_deltas(rewards, a.deltas, eps=a.adv_eps).reshape(-1)  # [N]; 0 where abstained
-    if a.top_entropy_q is not None:  # train on the batch's highest-entropy tokens only
+    # kl_in=reward keeps the reference log-probs: the steps log the policy's KL, and add no term to the loss
+    lengths = mask.sum(dim=-1).reshape(rewards.shape)  # [B, G]: reinforce_pp whitens over these tokens
+    deltas = core.compute_deltas(rewards, a.deltas, eps=a.adv_eps, lengths=lengths).reshape(-1)  # [N]; 0: abstained
+    pg_token_mask = None
+    if a.top_entropy_q is not None:  # the policy gradient of the batch's highest-entropy tokens only
         with torch.no_grad():
             _, entropy = policy.log_probs(samples, temp, with_entropy=True)  # [N, T]
-        mask = mask & core.top_entropy_mask(entropy, mask, a.top_entropy_q)
+        pg_token_mask = core.top_entropy_mask(entropy, mask, a.top_entropy_q)
     score_seconds = time.perf_counter() - clock
     tokens = samples.response_mask.sum().item()
     stats = {
         **rollout_stats(grades.rewards, grades.correct, deltas, a.group_size),  # the task's rewards, unshaped
         **grades.metrics,
+        # the first failure of each reward function that failed, for the end-of-run summary
+        **{f"reward/{name}/failure": line for name, line in grades.failures.items()},
         **stats,  # time/generate, time/reward and the sampler's own numbers
         **shaping,
         "time/score": score_seconds,
@@ -233,7 +248,8 @@ def build_rollout(config: Config, st: TrainState, samples: Samples, grades: Grad
     normalizer = policy.max_response_length if a.normalizer is None else a.normalizer
     weights = core.aggregation_weights(mask, a.aggregation, normalizer)  # [N, T]
     solved = None if grades.prompts is None else prompt_solve_shares(grades.prompts, grades.correct)
-    return Rollout(samples, deltas, old_log_probs, ref_log_probs, weights, stats, importance_weights, solved)
+    return Rollout(samples, deltas, old_log_probs, ref_log_probs, weights, stats, importance_weights, solved,
+                   pg_token_mask)
 
 
 def old_policy_log_probs(
@@ -286,8 +302,7 @@ def optimizer_step(config: Config, st: TrainState, rollout: Rollout) -> Record:
     micro-batches, then the step (skipped when anything is not finite)."""
     clock = time.perf_counter()
     st.optimizer.zero_grad(set_to_none=True)
-    every = config.log.grad_noise_every
-    meter = GradientNoiseMeter() if every and st.inner_step == 0 and st.epoch % every == 0 else None
+    meter = GradientNoiseMeter() if noise_due(config, st) else None
     sums = accumulate_gradients(config, st.policy, rollout, config.optim.micro_batches, meter)
     metrics = step_metrics(sums, clip_gradients(st.policy.module, config.optim.max_grad_norm))
     skipped = not all(math.isfinite(v) for v in metrics.values())
@@ -297,7 +312,7 @@ def optimizer_step(config: Config, st: TrainState, rollout: Rollout) -> Record:
         st.optimizer.step()
         st.bad_steps = 0
     if meter is not None:  # after the check: a zero gradient has an undefined (NaN) noise scale
-        metrics.update(meter.metrics())
+        metrics.update(noise_metrics(meter, st.step))
     lr = st.scheduler.get_last_lr()[0]
     st.scheduler.step()  # counts steps, skipped ones too: the schedule follows the step number
     record = {"kind": "train", "epoch": st.epoch, "step": st.step, **metrics, "skipped_step": float(skipped),
@@ -306,15 +321,24 @@ def optimizer_step(config: Config, st: TrainState, rollout: Rollout) -> Record:
     return record
 
 
+def noise_due(config: Config, st: TrainState) -> bool:
+    """Does this step measure the gradient's noise? The first step of every
+    ``log.grad_noise_every``-th epoch."""
+    every = config.log.grad_noise_every
+    return bool(every) and st.inner_step == 0 and st.epoch % every == 0
+
+
 def accumulate_gradients(config: Config, policy: Policy, rollout: Rollout, num_micro_batches: int,
-                         meter: GradientNoiseMeter | None = None) -> dict[str, torch.Tensor]:
+                         meter: GradientNoiseMeter | None = None, batch: Rollout | None = None
+                         ) -> dict[str, torch.Tensor]:
     """Backpropagate the loss of ``rollout`` in micro-batches, the gradients adding up in
     each parameter's ``.grad``; returns the step's sums (``step_sums``, added up).
 
-    ``meter``: measure the gradient's noise on this step; the batch is then split into at
-    least ``log.grad_noise_parts`` parts of whole groups, each part's gradient handed to the
-    meter with its share of the batch in prompts (the gradient summed is the same, up to
-    float rounding).
+    ``meter``: measure the gradient's noise on this step; ``rollout`` (whole groups) is then
+    split into at least ``log.grad_noise_parts`` parts of whole groups, each part's gradient
+    handed to the meter with its size in prompts (``noise_part_size``; the gradient summed
+    is the same, up to float rounding). ``batch``: the whole batch when ``rollout`` is a
+    learner's share of it (default: ``rollout``).
 
     The loss of any part of a rollout (``Rollout.rows``) is its share of the whole batch's
     loss, so the gradients of parts add up to the full-batch gradient: micro-batches here,
@@ -336,9 +360,15 @@ def accumulate_gradients(config: Config, policy: Policy, rollout: Rollout, num_m
         if mb.importance_weights is not None:
             # TIS: the tokens came from the sampler, not pi_old; w = min(pi_old / pi_sampler, C), a constant
             pg = pg * mb.importance_weights
+        if mb.pg_token_mask is not None:
+            # The top-entropy selection removes the other tokens' policy-gradient terms; the weights keep
+            # every token, so the normaliser and the KL term are those of the whole response (as the method).
+            pg = torch.where(mb.pg_token_mask, pg, 0.0)
         kl = None
         per_token = pg
-        if mb.ref_log_probs is not None:
+        if mb.ref_log_probs is not None and a.kl_in == "reward":  # the penalty is in the rewards: the KL is logged
+            kl = core.kl_penalty(log_probs.detach(), mb.ref_log_probs, a.kl_estimator)
+        elif mb.ref_log_probs is not None:
             # kl_loss_term, not kl_penalty: it refuses k1, whose gradient is zero in expectation.
             kl = core.kl_loss_term(log_probs, mb.ref_log_probs, a.kl_estimator)
             per_token = pg + a.kl_coef * kl
@@ -346,13 +376,38 @@ def accumulate_gradients(config: Config, policy: Policy, rollout: Rollout, num_m
             per_token = per_token + core.entropy_bonus(entropy, a.entropy_coef)
         loss = core.weighted_sum(per_token, mb.weights)
         loss.backward()
-        if meter is not None:  # the part's size: its share of the batch's loss weight, in prompts
-            share = (mb.weights.sum() / rollout.weights.sum()).item()
-            meter.add_running_sum(flat_grad(policy.module), share * rollout.samples.num_responses / a.group_size)
+        if meter is not None:
+            size = noise_part_size(a.aggregation, mb, rollout if batch is None else batch, a.group_size)
+            if size > 0:  # a part without loss weight (every token masked) has no gradient to compare
+                meter.add_running_sum(flat_grad(policy.module), size)
         for key, value in step_sums(mb.weights, mb.samples.response_mask, loss, pg, kl, stats["clipped"],
                                     entropy).items():
             sums[key] = sums.get(key, 0) + value
     return sums
+
+
+def noise_metrics(meter: GradientNoiseMeter, step: int) -> dict[str, float]:
+    """The meter's grad/* numbers; none (and a warning) when fewer than 2 parts carried loss."""
+    if len(meter.sizes) < 2:
+        logger.warning("step %d: gradient noise not measured: %d part of the batch carried loss, it needs 2",
+                       step, len(meter.sizes))
+        return {}
+    return meter.metrics()
+
+
+def noise_part_size(aggregation: str, part: Rollout, batch: Rollout, group_size: int) -> float:
+    """The size, in prompts, of a part of ``batch`` for the noise meter: the part carries
+    size / B of the batch's loss, its own gradient estimate is (B / size) times its gradient.
+
+    The sequence-mean aggregations are means over responses: a part of n responses carries
+    n / N of the loss whatever their lengths (under seq_mean_token_sum its loss weight is
+    its share of the tokens, not of the responses), so its size is n / G. token_mean is a
+    mean over tokens: the part's share of the loss weight, times B.
+    """
+    if aggregation == "token_mean":
+        prompts = batch.samples.num_responses / group_size
+        return (part.weights.sum() / batch.weights.sum()).item() * prompts
+    return part.samples.num_responses / group_size
 
 
 @torch.no_grad()

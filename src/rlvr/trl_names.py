@@ -1,132 +1,292 @@
-"""TRL's GRPOConfig names and what rlvr calls each: the one table, declared once.
+"""TRL's and verl's config names and what rlvr calls each: the tables, declared once.
 
 A config key rlvr does not know but TRL's ``GRPOConfig`` (or the ``TrainingArguments``
-it extends) does is refused with the rlvr name to use instead ("rlvr calls this
-algo.group_size") or why there is none ("rlvr has no equivalent: ..."). ``docs/trl.md``
-shows this table; a test keeps the two equal (``markdown_table`` writes it).
+it extends) or verl's PPO trainer config does is refused with the rlvr name to use
+instead ("rlvr calls this algo.group_size"), the rlvr setting a value means ("use
+algo.preset=dr_grpo"), or why there is none ("rlvr has no equivalent: ...").
+``docs/trl.md`` shows both tables; a test keeps them equal (``markdown_table`` writes them).
 
-Each entry: TRL's name -> (the rlvr setting, or None when rlvr has none; a note on how
-the two differ, or why there is no equivalent).
+TRL's names are matched by the key alone, wherever it stands (``beta``, ``algo.beta``);
+verl's by their dotted path (``actor_rollout_ref.rollout.n``), or by their last part
+when no other verl name ends so (``clip_ratio_high``).
+
+Each entry: the foreign name -> (the rlvr setting, or None when rlvr has none; a note on
+how the two differ, or why there is no equivalent; the rlvr setting each foreign value
+means, where values differ).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Hashable
+from typing import Any, NamedTuple
 
 
-class TrlName(NamedTuple):
+class ForeignName(NamedTuple):
     rlvr: str | None  # a dotted rlvr setting, possibly with its value ("policy.options.engine=vllm"); None: none
     note: str = ""
+    values: dict[Any, str] = {}  # a foreign value -> the rlvr setting and value it means (read only)
 
-
-TRL_NAMES: dict[str, TrlName] = {
+TRL_NAMES: dict[str, ForeignName] = {
     # the algorithm
-    "num_generations": TrlName("algo.group_size", "G, responses sampled per prompt"),
-    "beta": TrlName("algo.kl_coef", "the KL penalty's weight; the estimator is algo.kl_estimator (k3 by default)"),
-    "epsilon": TrlName("algo.clip_eps", "the lower clip range; used by the clipped, dual_clip, gspo and cispo losses"),
-    "epsilon_high": TrlName("algo.clip_eps_high", "the upper clip range (DAPO: 0.28)"),
-    "loss_type": TrlName("algo.preset", (
+    "num_generations": ForeignName("algo.group_size", "G, responses sampled per prompt"),
+    "beta": ForeignName("algo.kl_coef", "the KL penalty's weight; the estimator is algo.kl_estimator (k3 by default)"),
+    "epsilon": ForeignName("algo.clip_eps", (
+        "the lower clip range of the clipped, dual_clip and gspo losses; TRL's cispo has none (algo.clip_eps=null, "
+        "the cispo default)")),
+    "epsilon_high": ForeignName("algo.clip_eps_high", (
+        "the upper clip range (DAPO: 0.28); for cispo TRL's value is the ratio's cap itself, rlvr's is the range "
+        "above 1: algo.clip_eps_high = epsilon_high - 1 (TRL 5.0 -> 4.0)")),
+    "loss_type": ForeignName("algo.preset", (
         "grpo, dr_grpo and dapo are presets of algo.deltas, algo.loss, algo.aggregation, the clip ranges and "
-        "algo.kl_coef (see `rlvr config`); the aggregation alone is algo.aggregation")),
-    "scale_rewards": TrlName("algo.deltas", (
-        "group (true): normalized; batch: batch_normalized; none (false): centered")),
-    "num_iterations": TrlName("algo.inner_steps", "optimizer steps on each epoch's batch (mu)"),
-    "steps_per_generation": TrlName("algo.inner_steps", (
+        "algo.kl_coef (see `rlvr config`); the aggregation alone is algo.aggregation"),
+        {"grpo": "algo.preset=grpo", "dr_grpo": "algo.preset=dr_grpo", "dapo": "algo.preset=dapo",
+         "bnpo": "algo.preset=dapo"}),
+    "scale_rewards": ForeignName("algo.deltas", (
+        "group (true): normalized; batch: batch_normalized; none (false): centered"),
+        {"group": "algo.deltas=normalized", True: "algo.deltas=normalized", "batch": "algo.deltas=batch_normalized",
+         "none": "algo.deltas=centered", False: "algo.deltas=centered"}),
+    "num_iterations": ForeignName("algo.inner_steps", "optimizer steps on each epoch's batch (mu)"),
+    "steps_per_generation": ForeignName("algo.inner_steps", (
         "each of rlvr's inner steps uses the whole batch; optim.micro_batches splits one step")),
-    "max_steps": TrlName("algo.epochs", "one epoch samples a batch, then takes algo.inner_steps optimizer steps"),
-    "num_train_epochs": TrlName("algo.epochs", (
+    "max_steps": ForeignName("algo.epochs", "one epoch samples a batch, then takes algo.inner_steps optimizer steps"),
+    "num_train_epochs": ForeignName("algo.epochs", (
         "an rlvr epoch is one batch of task.prompts_per_epoch prompts, not a pass over the data set")),
-    "ref_model_sync_steps": TrlName("algo.ref_update_every", (
+    "ref_model_sync_steps": ForeignName("algo.ref_update_every", (
         "the reference is replaced by a copy of the policy every K epochs (no mixing)")),
-    "sync_ref_model": TrlName("algo.ref_update_every", "the reference is refreshed every K epochs when kl_coef > 0"),
-    "vllm_importance_sampling_correction": TrlName("algo.tis_cap", (
+    "sync_ref_model": ForeignName("algo.ref_update_every",
+                                  "the reference is refreshed every K epochs when kl_coef > 0"),
+    "vllm_importance_sampling_correction": ForeignName("algo.tis_cap", (
         "truncated importance sampling: on when algo.tis_cap is set")),
-    "vllm_importance_sampling_cap": TrlName("algo.tis_cap", "C in min(pi_old / pi_sampler, C)"),
+    "vllm_importance_sampling_cap": ForeignName("algo.tis_cap", "C in min(pi_old / pi_sampler, C)"),
     # batch and optimizer
-    "learning_rate": TrlName("optim.lr"),
-    "lr_scheduler_type": TrlName("optim.schedule", "constant, linear or cosine"),
-    "warmup_steps": TrlName("optim.warmup_steps"),
-    "warmup_ratio": TrlName("optim.warmup_steps", "give the warm-up in optimizer steps"),
-    "max_grad_norm": TrlName("optim.max_grad_norm", "null: no clipping (TRL's default is 1.0)"),
-    "weight_decay": TrlName("optim.weight_decay"),
-    "adam_beta1": TrlName("optim.betas", "[beta1, beta2]"),
-    "adam_beta2": TrlName("optim.betas", "[beta1, beta2]"),
-    "gradient_accumulation_steps": TrlName("optim.micro_batches", (
+    "learning_rate": ForeignName("optim.lr"),
+    "lr_scheduler_type": ForeignName("optim.schedule", "constant, linear or cosine",
+                                     {"constant": "optim.schedule=constant", "linear": "optim.schedule=linear",
+                                      "cosine": "optim.schedule=cosine"}),
+    "warmup_steps": ForeignName("optim.warmup_steps"),
+    "warmup_ratio": ForeignName("optim.warmup_steps", "give the warm-up in optimizer steps"),
+    "max_grad_norm": ForeignName("optim.max_grad_norm", "null: no clipping (TRL's default is 1.0)"),
+    "weight_decay": ForeignName("optim.weight_decay"),
+    "adam_beta1": ForeignName("optim.betas", "[beta1, beta2]"),
+    "adam_beta2": ForeignName("optim.betas", "[beta1, beta2]"),
+    "gradient_accumulation_steps": ForeignName("optim.micro_batches", (
         "splits each step's responses into micro-batches; the step's batch stays the same")),
-    "per_device_train_batch_size": TrlName("task.prompts_per_epoch", (
+    "per_device_train_batch_size": ForeignName("task.prompts_per_epoch", (
         "rlvr counts prompts (B), each sampled algo.group_size times; TRL counts completions")),
-    "generation_batch_size": TrlName("task.prompts_per_epoch", "B prompts x algo.group_size responses per epoch"),
-    "seed": TrlName("seed"),
+    "generation_batch_size": ForeignName("task.prompts_per_epoch", "B prompts x algo.group_size responses per epoch"),
+    "seed": ForeignName("seed"),
     # generation and the model
-    "temperature": TrlName("policy.temperature"),
-    "max_completion_length": TrlName("policy.options.max_new_tokens"),
-    "top_p": TrlName("policy.options.top_p"),
-    "top_k": TrlName("policy.options.top_k"),
-    "use_vllm": TrlName("policy.options.engine=vllm", "vLLM in the trainer's process, as TRL's colocate mode"),
-    "vllm_gpu_memory_utilization": TrlName("policy.options.engine_options.gpu_memory_utilization"),
-    "vllm_max_model_length": TrlName("policy.options.engine_options.max_model_len"),
-    "gradient_checkpointing": TrlName("policy.options.gradient_checkpointing"),
-    "disable_dropout": TrlName("policy.options.disable_dropout", "true by default in rlvr"),
-    "bf16": TrlName("policy.options.autocast=bfloat16", "or policy.options.dtype=bfloat16 for bfloat16 weights"),
-    "fp16": TrlName("policy.options.autocast=float16"),
-    "model_init_kwargs": TrlName("policy.options", "dtype, device, lora"),
-    "reward_weights": TrlName("rewards.functions", "each function's weight: {function: ..., weight: 0.5}"),
+    "temperature": ForeignName("policy.temperature"),
+    "max_completion_length": ForeignName("policy.options.max_new_tokens"),
+    "top_p": ForeignName("policy.options.top_p"),
+    "top_k": ForeignName("policy.options.top_k"),
+    "use_vllm": ForeignName("policy.options.engine=vllm", "vLLM in the trainer's process, as TRL's colocate mode"),
+    "vllm_gpu_memory_utilization": ForeignName("policy.options.engine_options.gpu_memory_utilization"),
+    "vllm_max_model_length": ForeignName("policy.options.engine_options.max_model_len"),
+    "gradient_checkpointing": ForeignName("policy.options.gradient_checkpointing"),
+    "disable_dropout": ForeignName("policy.options.disable_dropout", "true by default in rlvr"),
+    "bf16": ForeignName("policy.options.autocast=bfloat16", "or policy.options.dtype=bfloat16 for bfloat16 weights"),
+    "fp16": ForeignName("policy.options.autocast=float16"),
+    "model_init_kwargs": ForeignName("policy.options", "dtype, device, lora"),
+    "reward_weights": ForeignName("rewards.functions", "each function's weight: {function: ..., weight: 0.5}"),
     # logging, evaluation, saving
-    "output_dir": TrlName("out_dir"),
-    "run_name": TrlName("name"),
-    "report_to": TrlName("log.tracker", "wandb or trackio; log.tensorboard=true for TensorBoard"),
-    "eval_steps": TrlName("log.eval_every", "in epochs"),
-    "eval_strategy": TrlName("log.eval_every", "held-out evaluation every k epochs"),
-    "num_generations_eval": TrlName("log.eval_samples"),
-    "per_device_eval_batch_size": TrlName("log.eval_batch_size"),
-    "save_steps": TrlName("log.checkpoint_every", "in epochs"),
-    "save_strategy": TrlName("log.checkpoint_every", "a checkpoint every k epochs (0: only at the end)"),
-    "save_total_limit": TrlName("log.keep_checkpoints"),
-    "log_completions": TrlName("log.table_rows", "held-out samples go to RUN_DIR/samples.md at each evaluation"),
-    "resume_from_checkpoint": TrlName("resume=RUN_DIR", "on the command line: rlvr train resume=RUN_DIR"),
-    "importance_sampling_level": TrlName("algo.loss=gspo", "sequence: GSPO's one clipped ratio per response"),
-    "mask_truncated_completions": TrlName("algo.overlong=mask", "responses cut at max_new_tokens leave the loss"),
-    "top_entropy_quantile": TrlName("algo.top_entropy_q", "train on this fraction of highest-entropy tokens"),
+    "output_dir": ForeignName("out_dir"),
+    "run_name": ForeignName("name"),
+    "report_to": ForeignName("log.tracker", "wandb or trackio; log.tensorboard=true for TensorBoard",
+                             {"wandb": "log.tracker=wandb", "trackio": "log.tracker=trackio",
+                              "tensorboard": "log.tensorboard=true"}),
+    "eval_steps": ForeignName("log.eval_every", "in epochs"),
+    "eval_strategy": ForeignName("log.eval_every", "held-out evaluation every k epochs"),
+    "num_generations_eval": ForeignName("log.eval_samples"),
+    "per_device_eval_batch_size": ForeignName("log.eval_batch_size"),
+    "save_steps": ForeignName("log.checkpoint_every", "in epochs"),
+    "save_strategy": ForeignName("log.checkpoint_every", "a checkpoint every k epochs (0: only at the end)"),
+    "save_total_limit": ForeignName("log.keep_checkpoints"),
+    "log_completions": ForeignName("log.table_rows", "held-out samples go to RUN_DIR/samples.md at each evaluation"),
+    "resume_from_checkpoint": ForeignName("resume=RUN_DIR", "on the command line: rlvr train resume=RUN_DIR"),
+    "importance_sampling_level": ForeignName("algo.loss=gspo", "sequence: GSPO's one clipped ratio per response",
+                                             {"sequence": "algo.loss=gspo", "token": "algo.loss=clipped"}),
+    "mask_truncated_completions": ForeignName("algo.overlong=mask", "responses cut at max_new_tokens leave the loss"),
+    "top_entropy_quantile": ForeignName("algo.top_entropy_q", "train on this fraction of highest-entropy tokens"),
     # no equivalent
-    "max_prompt_length": TrlName(None, (
+    "max_prompt_length": ForeignName(None, (
         "prompts are never truncated; one longer than the model's positions minus max_new_tokens is an error")),
-    "logging_steps": TrlName(None, "every optimizer step is recorded in metrics.jsonl"),
-    "delta": TrlName(None, "no two-sided clipping; algo.clip_eps_high sets the upper range"),
-    "min_p": TrlName(None, "sampling takes policy.options.top_k and top_p"),
-    "repetition_penalty": TrlName(None, "sampling takes policy.options.top_k and top_p"),
-    "vllm_mode": TrlName("cluster.rollout_workers", (
+    "logging_steps": ForeignName(None, "every optimizer step is recorded in metrics.jsonl"),
+    "delta": ForeignName(None, "no two-sided clipping; algo.clip_eps_high sets the upper range"),
+    "min_p": ForeignName(None, "sampling takes policy.options.top_k and top_p"),
+    "repetition_penalty": ForeignName(None, "sampling takes policy.options.top_k and top_p"),
+    "vllm_mode": ForeignName("cluster.rollout_workers", (
         "colocate: policy.options.engine=vllm in the trainer's process; server: Ray rollout workers with that engine")),
-    "ref_model_mixup_alpha": TrlName(None, "the reference is a plain copy (algo.ref_update_every)"),
-    "shuffle_dataset": TrlName("task.options", (
+    "ref_model_mixup_alpha": ForeignName(None, "the reference is a plain copy (algo.ref_update_every)"),
+    "shuffle_dataset": ForeignName("task.options", (
         "the dataset task shuffles each pass over the data with the run's seed (its shuffle_seed option to "
         "choose another), resumable mid-pass")),
-    "remove_unused_columns": TrlName(None, "every column of a prompt reaches the reward functions"),
-    "push_to_hub": TrlName(None, "`rlvr export RUN_DIR --out DIR` writes a folder from_pretrained loads"),
-    "use_liger_kernel": TrlName(None, "the loss is plain PyTorch"),
+    "remove_unused_columns": ForeignName(None, "every column of a prompt reaches the reward functions"),
+    "push_to_hub": ForeignName(None, "`rlvr export RUN_DIR --out DIR` writes a folder from_pretrained loads"),
+    "use_liger_kernel": ForeignName(None, "the loss is plain PyTorch"),
 }
 
 
-def trl_hint(key: str) -> str | None:
-    """What a config error says about ``key`` when it is a TRL name, else None.
+VERL_NAMES: dict[str, ForeignName] = {
+    # data
+    "data.train_batch_size": ForeignName("task.prompts_per_epoch", "prompts per step (B), each sampled "
+                                         "algo.group_size times"),
+    "data.max_response_length": ForeignName("policy.options.max_new_tokens"),
+    "data.max_prompt_length": ForeignName(None, (
+        "prompts are never truncated; one longer than the model's positions minus max_new_tokens is an error")),
+    "data.train_files": ForeignName("task.options.path", "with task.name=dataset (JSONL, JSON, CSV, Parquet)"),
+    "data.val_files": ForeignName("task.options.eval_path", "with task.name=dataset"),
+    "data.prompt_key": ForeignName("task.options.prompt_column", "with task.name=dataset"),
+    "data.shuffle": ForeignName("task.options", (
+        "the dataset task shuffles each pass over the data (its shuffle_seed option, default the run's seed)")),
+    "data.seed": ForeignName("seed"),
+    # the actor, its optimizer and the rollout
+    "actor_rollout_ref.model.path": ForeignName("policy.options.model"),
+    "actor_rollout_ref.model.enable_gradient_checkpointing": ForeignName("policy.options.gradient_checkpointing"),
+    "actor_rollout_ref.model.lora_rank": ForeignName("policy.options.lora", "{r: 16, alpha: 32, ...}"),
+    "actor_rollout_ref.actor.optim.lr": ForeignName("optim.lr"),
+    "actor_rollout_ref.actor.optim.weight_decay": ForeignName("optim.weight_decay"),
+    "actor_rollout_ref.actor.optim.lr_warmup_steps": ForeignName("optim.warmup_steps"),
+    "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio": ForeignName("optim.warmup_steps",
+                                                                       "give the warm-up in optimizer steps"),
+    "actor_rollout_ref.actor.optim.warmup_style": ForeignName("optim.schedule", "constant, linear or cosine", {
+        "constant": "optim.schedule=constant", "cosine": "optim.schedule=cosine"}),
+    "actor_rollout_ref.actor.grad_clip": ForeignName("optim.max_grad_norm"),
+    "actor_rollout_ref.actor.clip_ratio": ForeignName("algo.clip_eps", "the lower clip range; the upper one is "
+                                                      "algo.clip_eps_high (default: the same)"),
+    "actor_rollout_ref.actor.clip_ratio_low": ForeignName("algo.clip_eps"),
+    "actor_rollout_ref.actor.clip_ratio_high": ForeignName("algo.clip_eps_high", "DAPO's clip-higher: 0.28"),
+    "actor_rollout_ref.actor.clip_ratio_c": ForeignName("algo.clip_ratio_c", "with algo.loss=dual_clip"),
+    "actor_rollout_ref.actor.loss_agg_mode": ForeignName("algo.aggregation", (
+        "token-mean: token_mean; seq-mean-token-mean: seq_mean_token_mean; seq-mean-token-sum-norm: "
+        "seq_mean_token_sum (token sums over algo.normalizer)"), {
+        "token-mean": "algo.aggregation=token_mean", "seq-mean-token-mean": "algo.aggregation=seq_mean_token_mean",
+        "seq-mean-token-sum-norm": "algo.aggregation=seq_mean_token_sum",
+        "seq-mean-token-sum": "algo.aggregation=seq_mean_token_sum"}),
+    "actor_rollout_ref.actor.policy_loss.loss_mode": ForeignName("algo.loss", "vanilla: clipped", {
+        "vanilla": "algo.loss=clipped", "gspo": "algo.loss=gspo"}),
+    "actor_rollout_ref.actor.ppo_epochs": ForeignName("algo.inner_steps", (
+        "optimizer steps on each epoch's batch; each of rlvr's steps uses the whole batch")),
+    "actor_rollout_ref.actor.ppo_mini_batch_size": ForeignName("algo.inner_steps", (
+        "each of rlvr's inner steps uses the whole batch: batch / mini-batch steps per pass are algo.inner_steps")),
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": ForeignName("optim.micro_batches", (
+        "rlvr gives the number of micro-batches each step's responses are split into")),
+    "actor_rollout_ref.actor.use_kl_loss": ForeignName("algo.kl_in=loss", "and algo.kl_coef > 0 (0: no KL)"),
+    "actor_rollout_ref.actor.kl_loss_coef": ForeignName("algo.kl_coef"),
+    "actor_rollout_ref.actor.kl_loss_type": ForeignName("algo.kl_estimator", "low_var_kl: k3; mse: k2", {
+        "low_var_kl": "algo.kl_estimator=k3", "k3": "algo.kl_estimator=k3", "mse": "algo.kl_estimator=k2",
+        "k2": "algo.kl_estimator=k2", "k3+": "algo.kl_estimator=k3+", "k1+": "algo.kl_estimator=k1+",
+        "kl": "algo.kl_in=reward (k1 there; k1 as a loss has zero expected gradient, in the reward it acts)",
+        "k1": "algo.kl_in=reward (k1 there; k1 as a loss has zero expected gradient, in the reward it acts)"}),
+    "actor_rollout_ref.actor.entropy_coeff": ForeignName("algo.entropy_coef"),
+    "actor_rollout_ref.actor.strategy": ForeignName("cluster.learner_strategy", "fsdp2 and fsdp: fsdp (FSDP2)", {
+        "fsdp": "cluster.learner_strategy=fsdp", "fsdp2": "cluster.learner_strategy=fsdp"}),
+    "actor_rollout_ref.actor.tis_imp_ratio_cap": ForeignName("algo.tis_cap", "C in min(pi_old / pi_sampler, C)"),
+    "actor_rollout_ref.rollout.n": ForeignName("algo.group_size", "G, responses sampled per prompt"),
+    "actor_rollout_ref.rollout.temperature": ForeignName("policy.temperature"),
+    "actor_rollout_ref.rollout.top_p": ForeignName("policy.options.top_p"),
+    "actor_rollout_ref.rollout.top_k": ForeignName("policy.options.top_k"),
+    "actor_rollout_ref.rollout.response_length": ForeignName("policy.options.max_new_tokens"),
+    "actor_rollout_ref.rollout.name": ForeignName("policy.options.engine", "hf (in-process) or vllm", {
+        "vllm": "policy.options.engine=vllm", "hf": "policy.options.engine=hf"}),
+    "actor_rollout_ref.rollout.gpu_memory_utilization": ForeignName(
+        "policy.options.engine_options.gpu_memory_utilization"),
+    "actor_rollout_ref.rollout.val_kwargs.n": ForeignName("log.eval_samples"),
+    # the algorithm
+    "algorithm.adv_estimator": ForeignName("algo.deltas", (
+        "grpo: normalized (algo.preset=grpo also sets the loss and KL of DeepSeekMath's GRPO); rloo: "
+        "leave_one_out; reinforce_plus_plus_baseline: reinforce_pp; no critic, so no gae"), {
+        "grpo": "algo.deltas=normalized (or algo.preset=grpo: normalized deltas, the clipped loss, kl_coef 0.04)",
+        "rloo": "algo.deltas=leave_one_out (or algo.preset=rloo)",
+        "reinforce_plus_plus_baseline": "algo.deltas=reinforce_pp",
+        "gae": "none: rlvr has no critic; algo.deltas=normalized is GRPO's critic-free baseline"}),
+    "algorithm.norm_adv_by_std_in_grpo": ForeignName("algo.deltas", "true: normalized; false: centered (Dr. GRPO)", {
+        True: "algo.deltas=normalized", False: "algo.deltas=centered (or algo.preset=dr_grpo)"}),
+    "algorithm.use_kl_in_reward": ForeignName("algo.kl_in=reward", "k1 times algo.kl_coef, subtracted from the reward"),
+    "algorithm.kl_ctrl.kl_coef": ForeignName("algo.kl_coef"),
+    "algorithm.kl_ctrl.type": ForeignName(None, "the KL weight is fixed (algo.kl_coef)"),
+    "algorithm.gamma": ForeignName(None, "one reward per response: no discounting"),
+    "algorithm.lam": ForeignName(None, "no critic, so no GAE"),
+    "algorithm.filter_groups.enable": ForeignName("algo.dynamic_sampling", "DAPO's dynamic sampling"),
+    "algorithm.filter_groups.max_num_gen_batches": ForeignName("algo.max_sampling_tries"),
+    "reward_model.overlong_buffer.enable": ForeignName("algo.overlong=penalty", "DAPO's soft length penalty"),
+    "reward_model.overlong_buffer.len": ForeignName("algo.overlong_cache"),
+    "reward_model.overlong_buffer.penalty_factor": ForeignName("algo.overlong_factor"),
+    "custom_reward_function.path": ForeignName("rewards.functions", "'module:name' entries ('my_rewards:fn' finds "
+                                               "my_rewards.py in the working directory)"),
+    # the trainer
+    "trainer.total_epochs": ForeignName("algo.epochs", (
+        "an rlvr epoch is one batch of task.prompts_per_epoch prompts, not a pass over the data set")),
+    "trainer.total_training_steps": ForeignName("algo.epochs", "one epoch samples a batch, then takes "
+                                                "algo.inner_steps optimizer steps"),
+    "trainer.save_freq": ForeignName("log.checkpoint_every", "in epochs"),
+    "trainer.test_freq": ForeignName("log.eval_every", "in epochs"),
+    "trainer.val_before_train": ForeignName("log.eval_at_start"),
+    "trainer.logger": ForeignName("log.tracker", "wandb or trackio; metrics.jsonl is always written"),
+    "trainer.project_name": ForeignName("log.tracker_project"),
+    "trainer.experiment_name": ForeignName("name"),
+    "trainer.default_local_dir": ForeignName("out_dir"),
+    "trainer.max_actor_ckpt_to_keep": ForeignName("log.keep_checkpoints"),
+    "trainer.n_gpus_per_node": ForeignName("cluster.learners", "data-parallel learners (Ray actors)"),
+    "trainer.resume_mode": ForeignName("resume=RUN_DIR", "on the command line: rlvr train resume=RUN_DIR"),
+}
 
-    >>> trl_hint("num_generations")
+TABLES = {"TRL": TRL_NAMES, "verl": VERL_NAMES}
+_VERL_LEAVES: dict[str, list[str]] = {}
+for _path in VERL_NAMES:
+    _VERL_LEAVES.setdefault(_path.rsplit(".", 1)[-1], []).append(_path)
+
+
+def foreign_hint(path: str, value: Any = None) -> str | None:
+    """What a config error says about the unknown key ``path`` (dotted) set to ``value``
+    when it is TRL's or verl's name, else None.
+
+    >>> foreign_hint("algo.num_generations")
     "'num_generations' is TRL's name; rlvr calls this algo.group_size (G, responses sampled per prompt)"
-    >>> trl_hint("group_size") is None
+    >>> foreign_hint("loss_type", "dr_grpo")
+    "'loss_type' is TRL's name; use algo.preset=dr_grpo"
+    >>> foreign_hint("actor_rollout_ref.rollout.n", 8)
+    "'actor_rollout_ref.rollout.n' is verl's name; rlvr calls this algo.group_size (G, responses sampled per prompt)"
+    >>> foreign_hint("group_size") is None
     True
     """
-    entry = TRL_NAMES.get(key)
-    if entry is None:
-        return None
+    key = path.rsplit(".", 1)[-1]
+    if path in VERL_NAMES:
+        return _hint("verl", path, VERL_NAMES[path], value)
+    if key in TRL_NAMES:
+        return _hint("TRL", key, TRL_NAMES[key], value)
+    if len(_VERL_LEAVES.get(key, ())) == 1:
+        (verl,) = _VERL_LEAVES[key]
+        return _hint("verl", verl, VERL_NAMES[verl], value)
+    return None
+
+
+def trl_hint(key: str, value: Any = None) -> str | None:
+    """``foreign_hint`` of TRL's name ``key`` alone (None when it is not one)."""
+    return _hint("TRL", key, TRL_NAMES[key], value) if key in TRL_NAMES else None
+
+
+def _hint(framework: str, name: str, entry: ForeignName, value: Any) -> str:
+    said = f"{name!r} is {framework}'s name; "
+    if isinstance(value, Hashable) and not isinstance(value, float) and value in entry.values:
+        return f"{said}use {entry.values[value]}"
     if entry.rlvr is None:
-        return f"{key!r} is TRL's name; rlvr has no equivalent: {entry.note}"
+        return f"{said}rlvr has no equivalent: {entry.note}"
     note = f" ({entry.note})" if entry.note else ""
-    return f"{key!r} is TRL's name; rlvr calls this {entry.rlvr}{note}"
+    return f"{said}rlvr calls this {entry.rlvr}{note}"
 
 
-def markdown_table() -> str:
-    """The table of ``docs/trl.md``: one row per TRL name, in the order declared."""
-    rows = ["| TRL (GRPOConfig) | rlvr | note |", "| --- | --- | --- |"]
-    for trl, entry in TRL_NAMES.items():
+def markdown_table(framework: str = "TRL") -> str:
+    """A table of ``docs/trl.md``: one row per name of ``framework`` (TRL, verl), in the order declared."""
+    header = {"TRL": "TRL (GRPOConfig)", "verl": "verl (ppo_trainer)"}[framework]
+    rows = [f"| {header} | rlvr | note |", "| --- | --- | --- |"]
+    for name, entry in TABLES[framework].items():
         rlvr = f"`{entry.rlvr}`" if entry.rlvr else "(none)"
-        rows.append(f"| `{trl}` | {rlvr} | {entry.note} |")
+        values = "; ".join(f"{_yaml(v)}: `{target.split(' ')[0]}`" for v, target in entry.values.items())
+        note = "; ".join(part for part in (entry.note, f"values: {values}" if values else "") if part)
+        rows.append(f"| `{name}` | {rlvr} | {note} |")
     return "\n".join(rows) + "\n"
+
+
+def _yaml(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)

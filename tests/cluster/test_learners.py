@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from rlvr.cluster.learners import LearnerGroup, share_bounds
-from rlvr.config import load_config
+from rlvr.config import ConfigError, load_config
 from rlvr.trainer import accumulate_gradients, collect_rollout, optimizer_step, setup
 
 OVERRIDES = ["log.progress=false", "log.plot=false", "algo.loss=clipped", "algo.kl_coef=0.05"]
@@ -166,3 +166,24 @@ def test_fsdp_is_refused_for_the_positional_toy():
 
     with pytest.raises(ConfigError, match="fused scorer"):
         load_config(None, ["cluster.learners=2", "cluster.learner_strategy=fsdp"])
+
+
+def test_two_learners_measure_the_gradient_noise_of_the_single_process_step(ray_local):
+    """Each learner splits its share (whole groups) into parts and the parts of both are
+    gathered: 4 prompts in 2 shares of 2, parts of one group each, as the single process
+    splits the batch, so grad/* agree to float rounding."""
+    from rlvr.trainer import train
+
+    run = RUN + ["task.prompts=null", "task.prompts_per_epoch=4", "log.grad_noise_every=1", "algo.epochs=2",
+                 "log.eval_every=2"]
+    local = [r for r in train(load_config(None, run)) if "grad/noise_scale" in r]
+    group = [r for r in train(load_config(None, run + ["cluster.learners=2"])) if "grad/noise_scale" in r]
+    assert [r["step"] for r in group] == [r["step"] for r in local] == [0, 2]
+    for a, b in zip(group, local):
+        for key in ("grad/true_norm_sq", "grad/trace_cov", "grad/noise_scale", "grad/batch_size"):
+            assert a[key] == pytest.approx(b[key], rel=1e-4), key
+
+
+def test_the_noise_meter_refuses_learner_shares_that_split_groups():
+    with pytest.raises(ConfigError, match="must split evenly"):
+        load_config(None, ["log.grad_noise_every=1", "cluster.learners=2"])  # 3 prompts over 2 learners

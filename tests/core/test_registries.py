@@ -43,8 +43,8 @@ def test_a_new_delta_entry_is_dispatched_and_its_invalid_entries_zeroed(monkeypa
     # compute_deltas zeroes that delta whatever the entry returns.
     seen = {}
 
-    def plus_one(rewards, valid, eps):
-        seen.update(rewards=rewards, valid=valid, eps=eps)
+    def plus_one(rewards, valid, eps, lengths):
+        seen.update(rewards=rewards, valid=valid, eps=eps, lengths=lengths)
         return rewards + 1.0
 
     monkeypatch.setitem(DELTA_MODES, "plus_one", plus_one)
@@ -53,6 +53,7 @@ def test_a_new_delta_entry_is_dispatched_and_its_invalid_entries_zeroed(monkeypa
     assert torch.equal(deltas, torch.tensor([[2.0, 0.0], [4.0, 5.0]]))
     assert torch.equal(seen["rewards"], torch.tensor([[1.0, 0.0], [3.0, 4.0]]))
     assert seen["valid"].tolist() == [[True, False], [True, True]] and seen["eps"] == 0.5
+    assert torch.equal(seen["lengths"], torch.ones(2, 2))  # no lengths given: one token per response
 
 
 def test_a_new_loss_entry_gets_constant_per_response_deltas(monkeypatch):

@@ -171,7 +171,7 @@ def test_end_to_end_with_a_python_reward_learns_and_resumes(tmp_path, tiny_model
     rows = [{"prompt": [{"role": "user", "content": str(i)}], "hint": "7"} for i in range(12)]
     path = write_jsonl(tmp_path / "chat.jsonl", rows)
     def sevens(completions, hint, **kwargs):  # hint: a data column, "7" in every row
-        return [c.count(h) / 3 for c, h in zip(completions, hint)]
+        return [c[0]["content"].count(h) / 3 for c, h in zip(completions, hint)]  # chat: TRL's message lists
 
     overrides = [*QUIET, "task.name=dataset", f"task.options={{path: {path}, eval_fraction: 0.25}}",
                  "task.prompts_per_epoch=4", "policy.name=causal_lm", "algo.group_size=8", "algo.inner_steps=2",

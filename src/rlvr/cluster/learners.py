@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from rlvr.config import Config
+from rlvr.diagnostics import GradientNoiseMeter, flat_grad
 from rlvr.metrics import Record
 from rlvr.optim import build_optimizer, build_scheduler
 from rlvr.policies import build_policy
@@ -46,6 +47,7 @@ from rlvr.trainer import (
     TrainState,
     accumulate_gradients,
     clip_gradients,
+    noise_metrics,
     seed_everything,
     skip_step,
     step_metrics,
@@ -106,11 +108,14 @@ class Learner:
         start, stop = share_bounds(rollout.samples.num_responses, self.world_size)[self.rank]
         return rollout.rows(slice(start, stop))
 
-    def _reduced_gradients(self, rollout: Rollout) -> dict[str, torch.Tensor]:
+    def _reduced_gradients(self, rollout: Rollout, meter: GradientNoiseMeter | None = None
+                           ) -> dict[str, torch.Tensor]:
         """Backpropagate this learner's share, then sum gradients and step sums over the group:
-        afterwards every learner holds the full batch's gradient and sums."""
+        afterwards every learner holds the full batch's gradient and sums. ``meter``: the
+        share's parts measured here, every learner's gathered into it after the sum."""
         self.st.optimizer.zero_grad(set_to_none=True)
-        sums = accumulate_gradients(self.config, self.st.policy, self._share(rollout), self.config.optim.micro_batches)
+        sums = accumulate_gradients(self.config, self.st.policy, self._share(rollout), self.config.optim.micro_batches,
+                                    meter, batch=rollout)
         if self.fsdp:  # FSDP2 reduce-scattered the mean over the group (gloo has no pre-scaled sum): the sum
             for p in self.params:
                 if p.grad is not None:
@@ -120,6 +125,12 @@ class Learner:
         keys = sorted(sums)  # the same keys, in the same order, on every learner (same config)
         values = torch.stack([torch.as_tensor(sums[k]).detach().to(torch.float64) for k in keys])
         dist.all_reduce(values, op=dist.ReduceOp.SUM)
+        if meter is not None:  # every learner's parts; their sum is the reduced gradient (before clipping)
+            parts: list[Any] = [None] * self.world_size
+            dist.all_gather_object(parts, (meter.norms_sq, meter.sizes))
+            meter.reset()
+            for norms_sq, sizes in parts:
+                meter.add_parts(norms_sq, sizes, flat_grad(self.st.policy.module))
         return {k: v.to(torch.as_tensor(sums[k]).dtype) for k, v in zip(keys, values)}
 
     def _all_reduce_gradients(self) -> None:
@@ -149,16 +160,18 @@ class Learner:
         self.st.optimizer.zero_grad(set_to_none=True)
         return grads
 
-    def step(self, rollout: Rollout, epoch: int, step: int | None = None) -> Record:
+    def step(self, rollout: Rollout, epoch: int, step: int | None = None, measure_noise: bool = False) -> Record:
         """``rlvr.trainer.optimizer_step`` with the gradient summed over the group; every
         learner sees the same numbers, so all take (or all skip) the same step. ``step``:
-        the driver's step count (default: this learner's own)."""
+        the driver's step count (default: this learner's own); ``measure_noise``: grad/*
+        from the parts of every learner's share."""
         clock = time.perf_counter()
         st = self.st
         st.epoch = epoch
         if step is not None:
             st.step = step
-        sums = self._reduced_gradients(rollout)
+        meter = GradientNoiseMeter() if measure_noise else None
+        sums = self._reduced_gradients(rollout, meter)
         grad_norm = whole(clip_gradients(st.policy.module, self.config.optim.max_grad_norm))
         metrics = step_metrics(sums, grad_norm)
         skipped = not all(math.isfinite(v) for v in metrics.values())
@@ -167,6 +180,8 @@ class Learner:
         else:
             st.optimizer.step()
             st.bad_steps = 0
+        if meter is not None:
+            metrics.update(noise_metrics(meter, st.step))
         lr = st.scheduler.get_last_lr()[0]
         st.scheduler.step()
         record = {"kind": "train", "epoch": st.epoch, "step": st.step, **metrics, "skipped_step": float(skipped),
@@ -239,6 +254,13 @@ def train_state(st: TrainState) -> dict[str, Any]:
             "bad_steps": st.bad_steps}
 
 
+def learner_died(st: TrainState, err: Exception) -> TrainingError:
+    """The one-line error that stops a run whose learner died (or whose node did)."""
+    cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__  # Ray's is long
+    return TrainingError(f"a learner died at epoch {st.epoch}, step {st.step} ({cause}). The run stops; the "
+                         "checkpoints written before are intact (resume=RUN_DIR continues from the last one)")
+
+
 class LearnerGroup:
     """``num_learners`` data-parallel ``Learner`` actors on the running Ray instance.
 
@@ -276,39 +298,41 @@ class LearnerGroup:
             self._ray.get(ready)
         return self._ray.get(refs)
 
-    def step(self, rollout: Rollout, epoch: int = 0, step: int | None = None) -> Record:
+    def step(self, rollout: Rollout, epoch: int = 0, step: int | None = None, measure_noise: bool = False) -> Record:
         """One optimizer step of every learner on the whole ``rollout``; rank 0's record
         (every learner computes the same metrics from the same summed numbers)."""
         share_bounds(rollout.samples.num_responses, self.num_learners)  # fail here, not inside the actors
         ref = self._ray.put(rollout)  # serialised once, read by every learner
-        return self._get([learner.step.remote(ref, epoch, step) for learner in self.learners])[0]
+        return self._get([learner.step.remote(ref, epoch, step, measure_noise) for learner in self.learners])[0]
 
     def pids(self) -> list[int]:
         return self._get([learner.pid.remote() for learner in self.learners])
 
-    def optimizer_step(self, st: TrainState, rollout: Rollout) -> Record:
+    def optimizer_step(self, st: TrainState, rollout: Rollout, measure_noise: bool = False) -> Record:
         """``rlvr.trainer.optimizer_step`` for a run: the group's step at the driver's epoch and
         step count. A learner that died stops the run (a ``TrainingError``), whichever error
         arrives first: its own, or a surviving peer's failed all-reduce."""
         from ray.exceptions import RayError
 
         try:
-            record = self.step(rollout, st.epoch, st.step)
+            record = self.step(rollout, st.epoch, st.step, measure_noise)
         except TrainingError:  # a learner's own (too many non-finite steps), as a single process raises it
             raise
         except RayError as err:  # the dead one's RayActorError, or a peer's all-reduce cut off by it
-            cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__  # Ray's is long
-            raise TrainingError(
-                f"a learner died at epoch {st.epoch}, step {st.step} ({cause}). The run stops; the checkpoints "
-                "written before are intact (resume=RUN_DIR continues from the last one)") from err
+            raise learner_died(st, err) from err
         st.step += 1
         return record
 
     def pull(self, st: TrainState) -> None:
         """The group's state into the driver's ``st`` (rank 0's: all are equal), so the driver
         samples, evaluates and checkpoints with the trained weights."""
-        # every learner is asked: gathering FSDP's shards whole is a collective
-        load_train_state(st, self._get([learner.train_state.remote() for learner in self.learners])[0])
+        from ray.exceptions import RayError
+
+        try:  # every learner is asked: gathering FSDP's shards whole is a collective
+            state = self._get([learner.train_state.remote() for learner in self.learners])[0]
+        except RayError as err:  # killed after its last step of the epoch
+            raise learner_died(st, err) from err
+        load_train_state(st, state)
 
     def gradients(self, rollout: Rollout) -> dict[str, torch.Tensor]:
         """The full batch's gradient as the group computes it (rank 0's copy); no step."""

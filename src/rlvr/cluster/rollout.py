@@ -45,6 +45,7 @@ import torch
 
 from rlvr.cluster.session import WORKER_CPUS
 from rlvr.config import Config
+from rlvr.errors import RunError
 from rlvr.rollout import Grades, Samples, contiguous_bounds
 
 MAX_RESTARTS = 100  # per worker, over a run
@@ -52,8 +53,9 @@ CALL_TIMEOUT = 3600.0  # seconds a batch may take before the run gives up
 READY_TIMEOUT = 300.0  # seconds a restarting worker may take to answer again
 
 
-class ClusterError(RuntimeError):
-    """The rollout workers cannot go on (restarts used up, a call timed out)."""
+class ClusterError(RunError):
+    """The rollout workers cannot go on (restarts used up, a call timed out, Ray itself
+    failed): the run stops with one line (``rlvr: error: ...``, exit 2)."""
 
 
 def weights_payload(module: torch.nn.Module) -> dict[str, Any]:
@@ -131,16 +133,16 @@ class RolloutWorker:
         self.version = version
         return version
 
-    def sample_and_grade(self, weights: list[Any], version: int, generator_state: torch.Tensor, prompts: Any = None
-                         ) -> tuple[Samples, Grades, dict[str, float], torch.Tensor, int]:
+    def sample_and_grade(self, weights: list[Any], version: int, generator_state: torch.Tensor, prompts: Any = None,
+                         epoch: int = 0) -> tuple[Samples, Grades, dict[str, float], torch.Tensor, int]:
         """The trainer's ``sample_and_grade`` with the weights of ``version`` (``weights``: a
         one-item list holding their ObjectRef, fetched only when this worker holds another
         version; None: they came by broadcast) and a generator in ``generator_state``: the
         samples, the grades, the timings (and engine numbers), the generator's new state and
-        this process's id."""
+        this process's id. ``epoch``: the batch's, for the reward functions' ``trainer_state``."""
         import ray
 
-        from rlvr.trainer import sample_and_grade
+        from rlvr.trainer import sample_and_grade, trainer_state_at
 
         if version != self.version:  # a new version, or restarted since the last call
             if weights[0] is None:  # weights come by broadcast (weight_sync=collective)
@@ -150,7 +152,8 @@ class RolloutWorker:
             self.set_weights(ray.get(weights[0]), version)
         generator = torch.Generator()
         generator.set_state(generator_state)
-        samples, grades, timings = sample_and_grade(self.config, self.task, self.policy, generator, prompts)
+        state = trainer_state_at(self.config, epoch, version)
+        samples, grades, timings = sample_and_grade(self.config, self.task, self.policy, generator, prompts, state)
         return samples, grades, {**timings, **self.engine_stats}, generator.get_state(), os.getpid()
 
 
@@ -207,7 +210,21 @@ class RayRolloutSource:
     def sample_and_grade(self, st: Any, task: Any) -> tuple[Samples, Grades, dict[str, float]]:
         """The batch of epoch ``st.epoch``; first submits the batches of the next
         ``max_staleness`` epochs with the current weights. With k = 0 and whole batches the
-        driver's generator moves on as if it had sampled the batch itself."""
+        driver's generator moves on as if it had sampled the batch itself. Any failure is
+        a ClusterError of one line naming the epoch and step (Ray's own errors included:
+        a node or raylet that died)."""
+        from ray.exceptions import RayError
+
+        try:
+            return self._sample_and_grade(st, task)
+        except (ClusterError, RayError) as err:
+            cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__  # Ray's is long
+            if isinstance(err, RayError):
+                cause = f"Ray failed: {type(err).__name__}: {cause}"
+            raise ClusterError(f"epoch {st.epoch}, step {st.step}: {cause}. The run stops; the checkpoints written "
+                               "before are intact (resume=RUN_DIR continues from the last one)") from err
+
+    def _sample_and_grade(self, st: Any, task: Any) -> tuple[Samples, Grades, dict[str, float]]:
         clock = time.perf_counter()
         last = min(st.epoch + self.max_staleness, self.epochs - 1)
         for epoch in range(st.epoch, last + 1):
@@ -251,7 +268,7 @@ class RayRolloutSource:
 
     def _submit(self, job: Job) -> Job:
         job.ref = self.workers[job.worker].sample_and_grade.remote([job.weights], job.version, job.generator_state,
-                                                                   job.prompts)
+                                                                   job.prompts, job.epoch)
         return job
 
     def _result(self, job: Job) -> tuple[Samples, Grades, dict[str, float], torch.Tensor, int]:

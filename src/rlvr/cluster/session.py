@@ -6,15 +6,27 @@ when the run ends, however it ends. Without ``cluster.address`` it starts a priv
 with just the CPUs its actors ask for (plus one for the driver) and no dashboard, never
 joining someone else's instance by accident; with an address it joins that cluster. A Ray
 already initialised in this process (a test's, a notebook's) is used as it is and left running.
+
+A Ray the run starts is the run's alone: ``ray.init`` installs a SIGTERM handler of its own
+that ends the process at once, so the handlers the process had before are put back (the
+trainer's: stop after this step, checkpoint, exit 143), and at the end its session folder
+(``/tmp/ray/session_*``: logs, sockets, spilled objects) is removed. A joined cluster's
+session is never touched.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
+import shutil
+import signal
+from pathlib import Path
 from typing import Any
 
 from rlvr.config import Config
+
+logger = logging.getLogger(__name__)
 
 WORKER_CPUS = 0.5  # Ray CPUs each rollout worker holds (explicit: a default request can pend forever)
 LEARNER_CPUS = 0.5  # Ray CPUs each learner holds
@@ -51,13 +63,18 @@ class Cluster:
         c = config.cluster
         self.ray = ray = import_ray()
         self.owns_ray = not ray.is_initialized()
+        self.session_dir: Path | None = None  # the private Ray's session folder, removed by close
         if self.owns_ray:
+            handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
             if c.address is None:
                 cpus = c.rollout_workers * WORKER_CPUS + (c.learners if c.learners > 1 else 0) * LEARNER_CPUS
                 ray.init(address="local", num_cpus=math.ceil(cpus) + 1, include_dashboard=False,
                          logging_level="ERROR")
+                context = ray.get_runtime_context()
+                self.session_dir = Path(context.get_temp_dir()) / context.get_session_name()
             else:
                 ray.init(address=c.address, logging_level="ERROR")
+            _restore_handlers(handlers)
         self.rollouts = self.learners = None
         try:
             if c.rollout_workers > 0:
@@ -69,12 +86,42 @@ class Cluster:
             raise
 
     def close(self) -> None:
+        """End the actors, then Ray and its session folder if the run started them. Ray's own
+        errors here (a node already gone) are logged, not raised: the run is over, and the
+        error that ended it, if any, is the one to show."""
+        from ray.exceptions import RayError
+
         try:
             for part in (self.rollouts, self.learners):
                 if part is not None:
-                    part.close()
+                    try:
+                        part.close()
+                    except RayError as err:
+                        logger.warning("ending the run's Ray actors failed: %s", str(err).strip().split("\n")[0])
         finally:
             self.rollouts = self.learners = None
             if self.owns_ray:
                 self.ray.shutdown()
                 self.owns_ray = False
+                if self.session_dir is not None:
+                    _remove_session(self.session_dir)
+                    self.session_dir = None
+
+
+def _restore_handlers(handlers: dict[int, Any]) -> None:
+    """Put back the signal handlers ``ray.init`` replaced (main thread only: elsewhere
+    Python allows no handler, and ray.init installed none)."""
+    for signum, handler in handlers.items():
+        if signal.getsignal(signum) is not handler and handler is not None:
+            try:
+                signal.signal(signum, handler)
+            except ValueError:  # not the main thread
+                return
+
+
+def _remove_session(session_dir: Path) -> None:
+    """Remove a private Ray's session folder, and Ray's ``session_latest`` link if it points there."""
+    latest = session_dir.parent / "session_latest"
+    if latest.is_symlink() and Path(os.readlink(latest)).name == session_dir.name:
+        latest.unlink(missing_ok=True)
+    shutil.rmtree(session_dir, ignore_errors=True)

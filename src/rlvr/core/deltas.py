@@ -3,15 +3,16 @@
 Every method is ``grad log pi(a|s) * delta``; they differ only in delta. Rewards and
 deltas are ``[B, G]``: B prompts (states), G sampled responses per prompt (the group).
 
-``DELTA_MODES`` maps each mode to its function ``(rewards, valid, eps) -> deltas``, all
-``[B, G]``: ``rewards`` has its invalid entries already zeroed, ``valid`` is bool (the
-entries that enter the group statistics); entries where ``valid`` is False may hold
+``DELTA_MODES`` maps each mode to its function ``(rewards, valid, eps, lengths) -> deltas``,
+all ``[B, G]``: ``rewards`` has its invalid entries already zeroed, ``valid`` is bool (the
+entries that enter the group statistics), ``lengths`` each response's token count in the
+rewards' dtype (only ``reinforce_pp`` reads it); entries where ``valid`` is False may hold
 anything, ``compute_deltas`` zeroes them. Below, r is a group's valid rewards and G' their
 number; "the batch" is every valid reward of all B groups, N' of them.
 
 The centered family differs only in the scale it divides by: ``centered`` (none),
 ``normalized`` (the group's std, GRPO), ``batch_normalized`` (the batch's reward std),
-``reinforce_pp`` (the batch's std of the centered rewards, REINFORCE++). ``REWARD_SCALES``
+``reinforce_pp`` (the centered rewards whitened over the batch's tokens, REINFORCE++). ``REWARD_SCALES``
 and ``scale_rewards`` name these by the scale alone (none / group / batch): they select a
 delta mode, so a scale never composes with a mode it would divide twice.
 """
@@ -40,18 +41,18 @@ def _group_mean(rewards: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tenso
     return shift + offsets.sum(dim=1, keepdim=True) / count.clamp(min=1), count
 
 
-def raw(rewards: torch.Tensor, valid: torch.Tensor, eps: float) -> torch.Tensor:
+def raw(rewards: torch.Tensor, valid: torch.Tensor, eps: float, lengths: torch.Tensor) -> torch.Tensor:
     """delta = r (naive policy gradient). [B, G] -> [B, G]."""
     return rewards
 
 
-def centered(rewards: torch.Tensor, valid: torch.Tensor, eps: float) -> torch.Tensor:
+def centered(rewards: torch.Tensor, valid: torch.Tensor, eps: float, lengths: torch.Tensor) -> torch.Tensor:
     """delta = r - mean(r) (group-mean baseline). [B, G] -> [B, G]."""
     mean, _ = _group_mean(rewards, valid)
     return rewards - mean
 
 
-def normalized(rewards: torch.Tensor, valid: torch.Tensor, eps: float) -> torch.Tensor:
+def normalized(rewards: torch.Tensor, valid: torch.Tensor, eps: float, lengths: torch.Tensor) -> torch.Tensor:
     """delta = (r - mean(r)) / (std(r) + eps) (GRPO). [B, G] -> [B, G].
 
     std with Bessel's correction, as ``torch.std``; a group with G' = 1 has std 0.
@@ -74,7 +75,7 @@ def _batch_std(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return (sq / (count - 1).clamp(min=1)).sqrt()
 
 
-def batch_normalized(rewards: torch.Tensor, valid: torch.Tensor, eps: float) -> torch.Tensor:
+def batch_normalized(rewards: torch.Tensor, valid: torch.Tensor, eps: float, lengths: torch.Tensor) -> torch.Tensor:
     """delta = (r - mean(r)) / (std of the batch's rewards + eps). [B, G] -> [B, G].
 
     The scale is shared by all groups, so a group whose rewards barely differ is not
@@ -86,27 +87,42 @@ def batch_normalized(rewards: torch.Tensor, valid: torch.Tensor, eps: float) -> 
     return (rewards - mean) / (_batch_std(rewards, valid) + eps)
 
 
-def reinforce_pp(rewards: torch.Tensor, valid: torch.Tensor, eps: float) -> torch.Tensor:
-    """delta = c / (std of the batch's c + eps), c = r - mean(r) (REINFORCE++ with a group baseline).
+def reinforce_pp(rewards: torch.Tensor, valid: torch.Tensor, eps: float, lengths: torch.Tensor) -> torch.Tensor:
+    """delta = (c - m) / (s + eps), c = r - mean(r): the group-centered rewards whitened over
+    the batch's response tokens (REINFORCE++ with a group baseline: verl's
+    reinforce_plus_plus_baseline, OpenRLHF's reinforce_baseline). [B, G] -> [B, G].
 
-    [B, G] -> [B, G]. The group-centered c are normalised over the whole batch: their
-    batch mean is 0 already (each group's c sum to 0), so dividing by their Bessel std
-    over the batch's N' valid entries is the whole normalisation. Unlike
-    ``batch_normalized`` the spread between group means does not enter the scale.
+    Each response's c stands at each of its L tokens, so over the valid responses
+        m   = sum L c / sum L                      (the token mean)
+        s^2 = sum L (c - m)^2 / (sum L - 1)        (Bessel over tokens, as verl's masked_whiten)
+    A long response counts once per token: lengths move the mean subtracted and the scale,
+    and a group of equal rewards gets -m / s, not 0, when the batch's lengths differ (verl's too).
+    With equal lengths m = 0 (each group's c sum to 0) and only the Bessel count differs
+    from the std over responses; ``lengths`` all 1 is that std over the N' responses.
+    Unlike ``batch_normalized`` the spread between group means does not enter the scale.
     """
     mean, _ = _group_mean(rewards, valid)
-    centered_rewards = rewards - mean
-    return centered_rewards / (_batch_std(centered_rewards, valid) + eps)
+    centered_rewards = rewards - mean  # [B, G]
+    lengths = torch.where(valid, lengths, torch.zeros_like(lengths))
+    tokens = lengths.sum()
+    # sum L c = sum (L - the group's mean L) c, since each group's c sum to 0: exactly 0 when a
+    # group's lengths are equal, so equal lengths leave a constant group's deltas exactly 0.
+    group_lengths, _ = _group_mean(lengths, valid)
+    token_mean = torch.where(valid, (lengths - group_lengths) * centered_rewards, torch.zeros_like(rewards)).sum()
+    token_mean = token_mean / tokens.clamp(min=1)
+    deviations = centered_rewards - token_mean
+    sq = torch.where(valid, lengths * deviations.square(), torch.zeros_like(rewards)).sum()
+    return deviations / ((sq / (tokens - 1).clamp(min=1)).sqrt() + eps)
 
 
-def max_only(rewards: torch.Tensor, valid: torch.Tensor, eps: float) -> torch.Tensor:
+def max_only(rewards: torch.Tensor, valid: torch.Tensor, eps: float, lengths: torch.Tensor) -> torch.Tensor:
     """delta = r where r equals the group max, else 0. [B, G] -> [B, G]."""
     masked = torch.where(valid, rewards, torch.full_like(rewards, -torch.inf))
     group_max = masked.max(dim=1, keepdim=True).values  # [B, 1]
     return torch.where(rewards == group_max, rewards, torch.zeros_like(rewards))
 
 
-def leave_one_out(rewards: torch.Tensor, valid: torch.Tensor, eps: float) -> torch.Tensor:
+def leave_one_out(rewards: torch.Tensor, valid: torch.Tensor, eps: float, lengths: torch.Tensor) -> torch.Tensor:
     """delta = r - mean of the other G'-1 rewards = G'/(G'-1) * (r - mean(r)) (RLOO).
 
     0 when G' = 1 (no other reward to compare with). [B, G] -> [B, G].
@@ -116,7 +132,7 @@ def leave_one_out(rewards: torch.Tensor, valid: torch.Tensor, eps: float) -> tor
     return torch.where(count > 1, deltas, torch.zeros_like(rewards))
 
 
-DELTA_MODES: dict[str, Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]] = {
+DELTA_MODES: dict[str, Callable[[torch.Tensor, torch.Tensor, float, torch.Tensor], torch.Tensor]] = {
     "raw": raw,
     "centered": centered,
     "normalized": normalized,
@@ -135,26 +151,31 @@ def compute_deltas(
     mode: str,
     eps: float = 1e-6,
     valid: torch.Tensor | None = None,
+    lengths: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-response deltas from group rewards: ``DELTA_MODES[mode]`` over the valid rewards.
 
     rewards: [B, G] float. valid: optional [B, G] bool, False where the reward abstained
     (those entries are left out of the group statistics and get delta 0). NaN rewards
     count as abstentions too. eps: added to the std by the modes that divide by one.
-    Returns [B, G] with the dtype of ``rewards``.
+    lengths: optional [B, G], each response's tokens in the loss (``reinforce_pp``
+    whitens over tokens); None: 1 each. Returns [B, G] with the dtype of ``rewards``.
     """
     if rewards.dim() != 2:
         raise ValueError(f"rewards must be [B, G], got shape {tuple(rewards.shape)}")
     delta_fn = lookup(DELTA_MODES, mode, "delta mode")
     if valid is not None and valid.shape != rewards.shape:
         raise ValueError(f"valid shape {tuple(valid.shape)} != rewards shape {tuple(rewards.shape)}")
+    if lengths is not None and lengths.shape != rewards.shape:
+        raise ValueError(f"lengths shape {tuple(lengths.shape)} != rewards shape {tuple(rewards.shape)}")
     if rewards.numel() == 0:  # B = 0 or G = 0: no group statistics to take
         return torch.zeros_like(rewards)
     finite = torch.isfinite(rewards)
     valid = finite if valid is None else (valid.bool() & finite)
     zero = torch.zeros_like(rewards)
     rewards = torch.where(valid, rewards, zero)
-    return torch.where(valid, delta_fn(rewards, valid, eps), zero)
+    lengths = torch.ones_like(rewards) if lengths is None else lengths.to(rewards.dtype)
+    return torch.where(valid, delta_fn(rewards, valid, eps, lengths), zero)
 
 
 def scale_rewards(

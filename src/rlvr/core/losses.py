@@ -32,7 +32,7 @@ LossStats = dict[str, torch.Tensor]
 # (log_probs, deltas, old_log_probs, clip_eps, clip_eps_high, clip_ratio_c, response_mask)
 #   -> (per_token_loss, stats)
 LossFn = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor | None, float, float | None, float, torch.Tensor | None],
+    [torch.Tensor, torch.Tensor, torch.Tensor | None, float | None, float | None, float, torch.Tensor | None],
     tuple[torch.Tensor, LossStats],
 ]
 
@@ -67,8 +67,14 @@ def _ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor | None, mode: st
     return torch.exp(_log_ratio(log_probs, old_log_probs, mode))
 
 
-def _clip_range(clip_eps: float, clip_eps_high: float | None) -> tuple[float, float]:
-    """The ratio's range [1 - clip_eps, 1 + clip_eps_high]; ``clip_eps_high`` None means ``clip_eps``."""
+def _clip_range(clip_eps: float | None, clip_eps_high: float | None) -> tuple[float, float]:
+    """The ratio's range [1 - clip_eps, 1 + clip_eps_high]; ``clip_eps_high`` None means
+    ``clip_eps``; ``clip_eps`` None: no lower clip (the range starts at 0, where a ratio
+    never goes), and then ``clip_eps_high`` must be given."""
+    if clip_eps is None:
+        if clip_eps_high is None:
+            raise ValueError("clip_eps None (no lower clip) needs clip_eps_high")
+        return 0.0, 1.0 + clip_eps_high
     return 1.0 - clip_eps, 1.0 + (clip_eps if clip_eps_high is None else clip_eps_high)
 
 
@@ -94,7 +100,7 @@ def naive_loss(
     log_probs: torch.Tensor,
     deltas: torch.Tensor,
     old_log_probs: torch.Tensor | None,
-    clip_eps: float,
+    clip_eps: float | None,
     clip_eps_high: float | None,
     clip_ratio_c: float,
     response_mask: torch.Tensor | None,
@@ -112,7 +118,7 @@ def ratio_loss(
     log_probs: torch.Tensor,
     deltas: torch.Tensor,
     old_log_probs: torch.Tensor | None,
-    clip_eps: float,
+    clip_eps: float | None,
     clip_eps_high: float | None,
     clip_ratio_c: float,
     response_mask: torch.Tensor | None,
@@ -126,7 +132,7 @@ def clipped_loss(
     log_probs: torch.Tensor,
     deltas: torch.Tensor,
     old_log_probs: torch.Tensor | None,
-    clip_eps: float,
+    clip_eps: float | None,
     clip_eps_high: float | None,
     clip_ratio_c: float,
     response_mask: torch.Tensor | None,
@@ -144,7 +150,7 @@ def dual_clip_loss(
     log_probs: torch.Tensor,
     deltas: torch.Tensor,
     old_log_probs: torch.Tensor | None,
-    clip_eps: float,
+    clip_eps: float | None,
     clip_eps_high: float | None,
     clip_ratio_c: float,
     response_mask: torch.Tensor | None,
@@ -175,7 +181,7 @@ def gspo_loss(
     log_probs: torch.Tensor,
     deltas: torch.Tensor,
     old_log_probs: torch.Tensor | None,
-    clip_eps: float,
+    clip_eps: float | None,
     clip_eps_high: float | None,
     clip_ratio_c: float,
     response_mask: torch.Tensor | None,
@@ -213,7 +219,7 @@ def cispo_loss(
     log_probs: torch.Tensor,
     deltas: torch.Tensor,
     old_log_probs: torch.Tensor | None,
-    clip_eps: float,
+    clip_eps: float | None,
     clip_eps_high: float | None,
     clip_ratio_c: float,
     response_mask: torch.Tensor | None,
@@ -224,8 +230,8 @@ def cispo_loss(
     -clip(ratio) * delta * grad log pi, so every token keeps a gradient, however far its
     ratio (PPO's clip zeroes those tokens, often the rare high-information ones). The
     weight is a constant (sg = detach): differentiating it would add the ratio's own
-    gradient. The paper bounds only the top; a large clip_eps (close to 1) leaves the
-    bottom nearly open. ``clipped``: the tokens whose weight the clip changed (their
+    gradient. The paper bounds only the top, as TRL does: clip_eps None leaves the bottom
+    open, clip(ratio, 0, 1 + clip_eps_high). ``clipped``: the tokens whose weight the clip changed (their
     gradient is scaled, not removed). The loss's value is not a surrogate objective
     (log-prob scale); its gradient is what matters.
     """
@@ -250,7 +256,7 @@ def policy_loss(
     deltas: torch.Tensor,
     mode: str,
     old_log_probs: torch.Tensor | None = None,
-    clip_eps: float = 0.2,
+    clip_eps: float | None = 0.2,
     clip_eps_high: float | None = None,
     *,
     clip_ratio_c: float = 3.0,

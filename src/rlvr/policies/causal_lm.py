@@ -41,7 +41,14 @@ from rlvr.policies.hf_model import (
     eos_token_ids,
     max_positions,
 )
-from rlvr.policies.prompts import PromptError, left_pad, prompt_token_ids
+from rlvr.policies.prompts import (
+    PromptError,
+    UnknownCharacters,
+    left_pad,
+    prompt_texts,
+    prompt_token_ids,
+    unknown_characters,
+)
 from rlvr.rollout import Samples
 
 __all__ = ["CausalLMPolicy", "PromptError", "build_causal_lm_policy", "cut_at_stop_string"]
@@ -126,6 +133,9 @@ class CausalLMPolicy:
                       now (``sync_engine``); None: an ``HFEngine`` that shares ``model``.
     """
 
+    # a LoRA policy's base model (``rlvr.policies.hf_model.model_identity``), saved with its checkpoints
+    base_identity: dict[str, str] | None = None
+
     def __init__(
         self,
         model: torch.nn.Module,
@@ -191,15 +201,17 @@ class CausalLMPolicy:
         in place of the tokenizer's own, or for a tokenizer that has none; checkpoints save it.
         """
         from rlvr.modeling import load_model_and_tokenizer
-        from rlvr.policies.hf_model import locate_model
+        from rlvr.policies.hf_model import locate_model, model_identity
 
         check_device(device)
         check_engine(engine, engine_options)  # before loading anything
-        name_or_path = locate_model(name_or_path)  # a hub name: fail fast when neither online nor cached
+        named, name_or_path = name_or_path, locate_model(name_or_path)  # a hub name: fail fast when not reachable
         model, tokenizer = load_model_and_tokenizer(name_or_path, dtype=dtype, device=device, lora=lora)
         if chat_template is not None:
             tokenizer.chat_template = chat_template
         policy = cls(model, tokenizer, **settings)
+        if lora is not None:  # checkpoints hold only the adapters: export merges them into this model, checked
+            policy.base_identity = model_identity(named, name_or_path)
         if engine == "vllm":  # built after the policy: its mode depends on the policy's sampling settings
             from rlvr.engines.vllm import VLLMEngine, logprobs_mode_for
 
@@ -233,7 +245,11 @@ class CausalLMPolicy:
         call this on a fixed set of prompts to find a bad one before any work."""
         chunk = 1024  # token ids of a whole data set at once would be a lot of Python ints
         for start in range(0, len(prompts), chunk):
-            self._prompt_token_ids(prompts[start:start + chunk], what, start)
+            try:
+                self._prompt_token_ids(prompts[start:start + chunk], what, start)
+            except UnknownCharacters:  # every character the whole set lacks, not those of one chunk
+                texts = prompt_texts(self.tokenizer, prompts, what)
+                raise unknown_characters(self.tokenizer, texts, what) from None
 
     def _prompt_token_ids(self, prompts: Sequence[str | dict], what: str = "prompt",
                           offset: int = 0) -> list[list[int]]:

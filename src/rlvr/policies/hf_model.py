@@ -3,6 +3,7 @@ dropout, checkpointing."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 import threading
@@ -48,6 +49,35 @@ def locate_model(name_or_path: str | Path, timeout: float = 3.0) -> str:
         f"model {source!r} is not a local folder nor in the Hugging Face cache ({constants.HF_HUB_CACHE}), and {why}: "
         f"download it where there is network (hf download {source}, or save_pretrained to a folder) and set "
         "policy.options.model to that folder, or copy the cache here")
+
+
+BASE_MODEL_FILE = "base_model.json"  # in a LoRA checkpoint's model/ folder: ``model_identity`` of the base
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+def model_identity(name_or_path: str | Path, folder: str | Path | None = None) -> dict[str, str]:
+    """Which model ``name_or_path`` is, as a run that loaded it recorded it: ``model``, a
+    local folder's absolute path (a relative one would name another model elsewhere) or
+    the hub name, and ``sha256``, a digest of the config.json and weight files in
+    ``folder`` (default: the local folder, or the hub model's snapshot in the cache)."""
+    local = Path(name_or_path).expanduser()
+    if local.is_dir():
+        model, folder = str(local.resolve()), folder or local
+    else:
+        model = str(name_or_path)
+        if folder is None or not Path(folder).is_dir():
+            from huggingface_hub import snapshot_download
+
+            folder = snapshot_download(model, local_files_only=True)  # from_pretrained has just fetched it
+    digest = hashlib.sha256()
+    files = sorted(f for f in Path(folder).iterdir()
+                   if f.is_file() and (f.name == "config.json" or f.name.endswith(WEIGHT_SUFFIXES)))
+    for file in files:
+        digest.update(f"{file.name}\0{file.stat().st_size}\0".encode())
+        with file.open("rb") as f:
+            for block in iter(lambda: f.read(2**20), b""):
+                digest.update(block)
+    return {"model": model, "sha256": digest.hexdigest()}
 
 
 def _reachable(url: str, timeout: float) -> bool:

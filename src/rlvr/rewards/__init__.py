@@ -11,6 +11,11 @@ a function names the arguments and columns it needs and takes ``**kwargs`` for t
 (``def f(completions, **kwargs)`` works). ``None`` abstains: the function has no opinion
 on that completion (multi-task data, a grader that does not apply).
 
+As in TRL, a chat prompt (a list of ``{"role", "content"}`` messages) comes with its
+completion as a list of one assistant message, ``[{"role": "assistant", "content":
+text}]``, and in a run every function also gets ``completion_ids`` (each completion's
+token ids) and ``trainer_state`` (a ``TrainerState``: ``global_step``, ``epoch``).
+
 One idea per module:
   combine  ``RewardSpec`` (a function, its weight, name, time limit, whether it is
            required), ``combine_rewards`` (the weighted sum over the functions that
@@ -24,7 +29,7 @@ One idea per module:
            (gold column ``answer``), ``answer_format``, ``regex_reward(pattern)``
 """
 
-from rlvr.rewards.calls import RewardError, RewardFn
+from rlvr.rewards.calls import RewardError, RewardFn, TrainerState
 from rlvr.rewards.combine import RewardResult, RewardSpec, RewardStats, combine_rewards
 from rlvr.rewards.loading import load_reward_function, load_reward_specs
 from rlvr.rewards.runner import RewardRunner
@@ -37,6 +42,7 @@ __all__ = [
     "RewardRunner",
     "RewardSpec",
     "RewardStats",
+    "TrainerState",
     "answer_format",
     "combine_rewards",
     "exact_match",

@@ -5,6 +5,9 @@ functions move between the two)::
 
     fn(prompts: list[str], completions: list[str], **columns) -> list[float | None]
 
+In a run, ``columns`` also hold what TRL passes beside the data's columns:
+``completion_ids`` (each completion's tokens) and ``trainer_state`` (a ``TrainerState``).
+
 The outcome of one call (a slice of the batch) is a tuple of plain data:
   ("ok", judged)           the function returned; ``judged`` holds (kind, value, what,
                            detail) for each completion, from ``judge_values``
@@ -15,13 +18,15 @@ The outcome of one call (a slice of the batch) is a tuple of plain data:
   ("timeout",)             it ran past its limit; its worker was killed
 ``judge_outcome`` turns an outcome into what each completion of the call gets.
 
-A call must not end or move its caller. ``call_reward`` catches SystemExit and a plain
-KeyboardInterrupt from the function as errors of that function, like any exception:
-under the trainer the first Ctrl-C only sets a stop flag, so a plain KeyboardInterrupt
-comes from the function itself. Two kinds propagate: the trainer's own stop (a
-subclass its handler raises on a second signal), and any KeyboardInterrupt while
-Python's default SIGINT handler is installed (library use: a real Ctrl-C). A function
-that changes the working directory has it restored, and the call counts as an error.
+A call must not end or move its caller. ``call_reward`` catches every BaseException from
+the function (SystemExit, a plain KeyboardInterrupt, ``asyncio.CancelledError``,
+GeneratorExit) as an error of that function, like any exception: under the trainer the
+first Ctrl-C only sets a stop flag, so a plain KeyboardInterrupt comes from the function
+itself, and a worker that let one through would die with a traceback on every call.
+Two kinds propagate: the trainer's own stop (a subclass its handler raises on a second
+signal), and any KeyboardInterrupt while Python's default SIGINT handler is installed
+(library use: a real Ctrl-C). A function that changes the working directory has it
+restored, and the call counts as an error.
 A returned value is judged where it is produced (in a worker, for a function with a
 time limit), so only floats and strings cross a process boundary.
 """
@@ -35,17 +40,33 @@ import pickle
 import signal
 import traceback
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 RewardFn = Callable[..., Sequence[Any]]
 
-_CAUGHT = (Exception, SystemExit, KeyboardInterrupt)  # what user code may raise without ending its caller
+_CAUGHT = (BaseException,)  # what user code may raise without ending its caller (but see call_reward)
 
 
 class RewardError(RuntimeError):
     """A reward function failed in strict mode, could not be loaded, or could not run."""
+
+
+@dataclass(frozen=True)
+class TrainerState:
+    """Where the run is, passed to reward functions as ``trainer_state`` (TRL passes its
+    ``TrainerState``; these are the attributes reward functions read from it).
+
+    global_step: optimizer steps taken before the graded batch was sampled.
+    epoch:       the RL epoch (one batch of B prompts x G responses) being graded, from 0.
+    max_steps:   optimizer steps the whole run takes (``algo.epochs * algo.inner_steps``).
+    """
+
+    global_step: int
+    epoch: int
+    max_steps: int
 
 
 def call_reward(

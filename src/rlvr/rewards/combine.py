@@ -21,8 +21,9 @@ function that does not score only drops its own term.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -89,11 +90,14 @@ class RewardResult:
                   left to combine, or a required one did not score).
     per_function: [N, F] float32 (or [B, G, F]), column f from the f-th spec, NaN = abstain.
     stats:        function name -> its RewardStats, in spec order.
+    failures:     function name -> its first failure on the batch, one line ("raised
+                  KeyError: 0"), for the functions that failed on any completion.
     """
 
     rewards: torch.Tensor
     per_function: torch.Tensor
     stats: dict[str, RewardStats]
+    failures: dict[str, str] = field(default_factory=dict)
 
     def column(self, name: str) -> torch.Tensor:
         """One function's rewards, [N] (or [B, G]), NaN where it abstained."""
@@ -101,7 +105,8 @@ class RewardResult:
 
     def reshape(self, *shape: int) -> RewardResult:
         """The same result with the completions in ``shape``, e.g. [N] -> [B, G]."""
-        return RewardResult(self.rewards.reshape(shape), self.per_function.reshape(*shape, len(self.stats)), self.stats)
+        return RewardResult(self.rewards.reshape(shape), self.per_function.reshape(*shape, len(self.stats)), self.stats,
+                            self.failures)
 
     def metrics(self, names: Sequence[str] | None = None) -> dict[str, float]:
         """Flat metrics: per function its stats, overall abstentions (and all-abstain groups).
@@ -140,3 +145,40 @@ def combine_rewards(
     if required is not None:
         kept &= ~(abstained & required).any(dim=-1)
     return torch.where(kept, total, torch.nan)
+
+
+def most_failed_message(name: str, failed: int, total: int, first: str) -> str:
+    """What to say of a function that failed on ``failed`` of ``total`` completions."""
+    return (f"reward function {name!r} failed on {failed / total:.0%} of its completions ({failed} of {total}); "
+            f"first failure: {first}")
+
+
+def failure_warnings(records: Iterable[dict[str, Any]], most: float = 0.5) -> list[str]:
+    """Warnings for a run's summary: each reward function that failed (raised, timed out,
+    or returned an invalid value) on more than ``most`` of the completions it was given
+    over the run, from the train records' ``reward/<name>/*`` counts (each epoch's batch
+    counted once) and the first ``reward/<name>/failure`` line."""
+    counted: dict[str, list[float]] = {}  # name -> [failed, total]
+    first: dict[str, str] = {}
+    seen_epochs = set()
+    for record in records:
+        if record.get("kind") != "train" or record["epoch"] in seen_epochs:
+            continue  # the inner steps of an epoch repeat its batch's numbers
+        seen_epochs.add(record["epoch"])
+        for key, value in record.items():
+            parts = key.split("/")
+            if len(parts) < 3 or parts[0] != "reward":
+                continue
+            name, field_name = "/".join(parts[1:-1]), parts[-1]
+            if field_name == "failure":
+                first.setdefault(name, value)
+            elif field_name in _COUNTS:
+                counts = counted.setdefault(name, [0.0, 0.0])
+                counts[0] += value if field_name in _FAILED else 0.0
+                counts[1] += value
+    return [most_failed_message(name, round(failed), round(total), first.get(name, "(not recorded)"))
+            for name, (failed, total) in counted.items() if total and failed > most * total]
+
+
+_FAILED = ("errors", "timeouts", "invalid")
+_COUNTS = ("scored", "abstained", *_FAILED)  # RewardStats' counts: together, the completions of a batch

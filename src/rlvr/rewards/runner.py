@@ -17,6 +17,14 @@ the completions it concerns, counted in its ``RewardStats``:
   * ``strict=True`` turns the first exception or invalid value into a ``RewardError``
     naming the function (for developing reward functions). Timeouts stay counted
     abstentions even then: a pathological input hangs a correct grader.
+  * a function that fails on most completions of a batch (a grader written for other
+    data: TRL's ``c[0]["content"]`` on text) is logged once more, with the share and the
+    first failure; ``RewardResult.failures`` holds each batch's first failure, which the
+    trainer records (``reward/<name>/failure``) for the end-of-run summary.
+
+Chat prompts (a list of ``{"role", "content"}`` messages) get their completions as TRL
+gives them, a one-message list ``[{"role": "assistant", "content": text}]``; text
+prompts get the text (``score_groups``).
 ``timeout=None`` runs the function in-process, the fast path for cheap pure functions.
 
 Workers start with ``fork`` by default: they inherit the functions, so lambdas and
@@ -39,11 +47,14 @@ from typing import Any, NamedTuple
 
 import torch
 
-from rlvr.rewards.calls import RewardError, call_reward, check_picklable, judge_outcome
-from rlvr.rewards.combine import RewardResult, RewardSpec, RewardStats, combine_rewards
+from rlvr.rewards.calls import RewardError, TrainerState, call_reward, check_picklable, judge_outcome
+from rlvr.rewards.combine import RewardResult, RewardSpec, RewardStats, combine_rewards, most_failed_message
 from rlvr.rewards.workers import WorkerPool
 
 logger = logging.getLogger(__name__)
+
+# the reward functions' own arguments, which no column may be named
+ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state")
 
 
 class _Failure(NamedTuple):
@@ -98,47 +109,65 @@ class RewardRunner:
         self._required = torch.tensor(required) if any(required) else None
         self._pool: WorkerPool | None = None
         self._logged: set[tuple[str, str, str]] = set()
+        self._most_failed: set[str] = set()  # functions already logged as failing on most of a batch
 
     def __call__(
         self,
-        prompts: Sequence[str],
-        completions: Sequence[str],
+        prompts: Sequence[Any],
+        completions: Sequence[Any],
         columns: dict[str, Sequence[Any]] | None = None,
         only: Sequence[str] | None = None,
+        *,
+        completion_ids: Sequence[Sequence[int]] | None = None,
+        trainer_state: TrainerState | None = None,
     ) -> RewardResult:
         """Score N completions: prompts [N], completions [N], columns name -> [N] values.
 
         Any sequences of length N (lists, or a task's texts written on first read): each
         call of a function gets a slice of them. only: names of the specs to run (default
-        all), e.g. just the gold check. Returns rewards [N] and per_function [N, F] (F =
-        the specs run).
+        all), e.g. just the gold check. completion_ids ([N] lists of token ids) and
+        trainer_state reach every function under those names when given, as TRL passes
+        them. Returns rewards [N] and per_function [N, F] (F = the specs run).
         """
         columns = dict(columns or {})
         chosen = self._check_call(prompts, completions, columns, only)
+        if completion_ids is not None:
+            if len(completion_ids) != len(completions):
+                raise ValueError(f"completion_ids has {len(completion_ids)} entries for {len(completions)} completions")
+            columns["completion_ids"] = completion_ids
+        constants = {} if trainer_state is None else {"trainer_state": trainer_state}
         n = len(completions)
-        values, stats = [], {}
+        values, stats, failures = [], {}, {}
         for index in chosen:
             spec = self.specs[index]
-            spec_values, stats[spec.name] = self._run_spec(index, spec, prompts, completions, columns)
+            spec_values, stats[spec.name], first = self._run_spec(index, spec, prompts, completions, columns, constants)
             values.append(torch.as_tensor(spec_values, dtype=torch.float32))
+            if first:
+                failures[spec.name] = first
         per_function = (torch.stack(values) if values else torch.empty(0, n)).T  # [N, F]
         weights, required = self._weights, self._required
         if len(chosen) < len(self.specs):
             weights, required = weights[chosen], None if required is None else required[chosen]
         combined = combine_rewards(per_function, weights, required)
-        return RewardResult(combined, per_function, stats)
+        return RewardResult(combined, per_function, stats, failures)
 
     def score_groups(
         self,
         prompts: Sequence[dict[str, Any]],
         responses: Sequence[Sequence[str]],
         only: Sequence[str] | None = None,
+        *,
+        completion_ids: Sequence[Sequence[int]] | None = None,
+        trainer_state: TrainerState | None = None,
     ) -> RewardResult:
         """Score G responses to each of B prompts.
 
-        prompts: B dicts, each with "prompt" (the text) and gold columns, the same keys in
-        all; responses: B lists of G completions. Every key but "prompt" becomes a column,
-        repeated for each response. Returns rewards [B, G] and per_function [B, G, F].
+        prompts: B dicts, each with "prompt" (text, or a chat: a list of messages) and gold
+        columns, the same keys in all; responses: B lists of G completion texts. Every key
+        but "prompt" becomes a column, repeated for each response. A chat prompt's
+        completions reach the functions as one assistant message each, as TRL gives them.
+        completion_ids: [B*G] lists of token ids, row b*G + g; trainer_state: see
+        ``__call__``. Returns rewards [B, G] and per_function [B, G, F].
         """
         if len(prompts) != len(responses):
             raise ValueError(f"{len(prompts)} prompts but {len(responses)} groups of responses")
@@ -151,8 +180,10 @@ class RewardRunner:
                 raise ValueError(f"prompt {b} has keys {sorted(prompt)}; expected 'prompt' and {sorted(keys)}")
         repeated = {key: [p[key] for p in prompts for _ in range(group_size)] for key in keys}
         texts = repeated.pop("prompt")
-        completions = [completion for group in responses for completion in group]
-        return self(texts, completions, repeated, only).reshape(len(prompts), group_size)
+        completions = [as_completion(completion, prompt["prompt"]) for prompt, group in zip(prompts, responses)
+                       for completion in group]
+        result = self(texts, completions, repeated, only, completion_ids=completion_ids, trainer_state=trainer_state)
+        return result.reshape(len(prompts), group_size)
 
     def close(self) -> None:
         """Stop the worker processes (a later call starts new ones)."""
@@ -174,7 +205,7 @@ class RewardRunner:
         for name, values in [("prompts", prompts), *columns.items()]:
             if len(values) != n:
                 raise ValueError(f"{name} has {len(values)} entries for {n} completions")
-        clash = {"prompts", "completions"} & columns.keys()
+        clash = set(ARGUMENTS) & columns.keys()
         if clash:
             raise ValueError(f"column names {sorted(clash)} clash with the reward function arguments")
         if only is None:
@@ -186,15 +217,17 @@ class RewardRunner:
         return [i for i, name in enumerate(self.names) if name in only]
 
     def _run_spec(
-        self, index: int, spec: RewardSpec, prompts: Sequence, completions: Sequence, columns: dict[str, Sequence]
-    ) -> tuple[list[float] | torch.Tensor, RewardStats]:
-        """One function on the batch: its values [N] (NaN unless scored) and stats."""
+        self, index: int, spec: RewardSpec, prompts: Sequence, completions: Sequence, columns: dict[str, Sequence],
+        constants: dict[str, Any],
+    ) -> tuple[list[float] | torch.Tensor, RewardStats, str]:
+        """One function on the batch: its values [N] (NaN unless scored), stats and first
+        failure ("" when none)."""
         n = len(completions)
         size = max(n, 1) if spec.timeout is None else self.chunk_size
         calls = [range(start, min(start + size, n)) for start in range(0, n, size)]
-        outcomes = self._execute(index, spec, calls, prompts, completions, columns)
+        outcomes = self._execute(index, spec, calls, prompts, completions, columns, constants)
         if len(calls) == 1 and outcomes[0][0] == "scored":  # a tensor of finite floats: all scored at once
-            return outcomes[0][1], RewardStats(outcomes[0][2], n, 0, 0, 0, 0)
+            return outcomes[0][1], RewardStats(outcomes[0][2], n, 0, 0, 0, 0), ""
         done, retry = [], []
         for call, outcome in zip(calls, outcomes):
             # a batched call that raised is retried one completion at a time, so that only
@@ -204,33 +237,42 @@ class RewardRunner:
             else:
                 done.append((call, outcome))
         if retry:
-            done += zip(retry, self._execute(index, spec, retry, prompts, completions, columns))
+            done += zip(retry, self._execute(index, spec, retry, prompts, completions, columns, constants))
         return self._tally(spec, n, done)
 
-    def _tally(self, spec: RewardSpec, n: int, done: list[tuple[range, tuple]]) -> tuple[list[float], RewardStats]:
-        """Each completion's value (NaN unless scored) and the counts, from the outcomes of
-        calls that cover the batch; failures are reported (logged, or raised if strict)."""
+    def _tally(self, spec: RewardSpec, n: int, done: list[tuple[range, tuple]]
+               ) -> tuple[list[float], RewardStats, str]:
+        """Each completion's value (NaN unless scored), the counts and the first failure
+        ("" when none), from the outcomes of calls that cover the batch; failures are
+        reported (logged, or raised if strict)."""
         values, kinds, failures = [math.nan] * n, ["scored"] * n, []
         for call, outcome in done:
             for sample, (kind, value, what, detail) in zip(call, judge_outcome(outcome, len(call))):
                 values[sample], kinds[sample] = value, kind
                 if kind in ("errors", "timeouts", "invalid"):
                     failures.append(_Failure(sample, kind, what, detail))
-        self._report(spec, sorted(failures))
+        failures.sort()
+        self._report(spec, failures)
+        first = _failure_line(spec, failures[0]) if failures else ""
+        if 2 * len(failures) > n and spec.name not in self._most_failed:
+            self._most_failed.add(spec.name)
+            logger.warning("%s; its completions abstain", most_failed_message(spec.name, len(failures), n, first))
         counts = collections.Counter(kinds)
         scored = [value for value, kind in zip(values, kinds) if kind == "scored"]
         mean = math.fsum(scored) / len(scored) if scored else math.nan
         return values, RewardStats(
             mean, counts["scored"], counts["abstained"], counts["errors"], counts["timeouts"], counts["invalid"]
-        )
+        ), first
 
     def _execute(
         self, index: int, spec: RewardSpec, calls: list[range], prompts: Sequence, completions: Sequence,
-        columns: dict[str, Sequence],
+        columns: dict[str, Sequence], constants: dict[str, Any],
     ) -> list[tuple]:
-        """The outcome of each call (a slice of the batch), in-process or in the workers."""
+        """The outcome of each call (a slice of the batch; ``constants`` go to every call
+        whole), in-process or in the workers."""
         requests = [
-            (_part(prompts, c), _part(completions, c), {name: _part(values, c) for name, values in columns.items()})
+            (_part(prompts, c), _part(completions, c),
+             {**{name: _part(values, c) for name, values in columns.items()}, **constants})
             for c in calls
         ]
         if spec.timeout is None:
@@ -240,7 +282,8 @@ class RewardRunner:
             self._pool = WorkerPool(fns, self.num_workers, self.start_method)
             self._close_pool = weakref.finalize(self, self._pool.close)
         # only plain lists cross to a worker, whatever sequence type the caller passed
-        plain = [(list(p), list(c), {name: list(v) for name, v in cols.items()}) for p, c, cols in requests]
+        plain = [(list(p), list(c), {name: v if name in constants else list(v) for name, v in cols.items()})
+                 for p, c, cols in requests]
         return self._pool.run(index, plain, spec.timeout)
 
     def _report(self, spec: RewardSpec, failures: list[_Failure]) -> None:
@@ -262,3 +305,20 @@ class RewardRunner:
 def _part(values: Sequence, call: range) -> Sequence:
     """The slice of ``values`` one call gets."""
     return values[call.start : call.stop]
+
+
+def as_completion(text: Any, prompt: Any) -> Any:
+    """A completion as reward functions get it: for a chat prompt (a list of messages) one
+    assistant message in a list, as TRL gives it; else as it is."""
+    return [{"role": "assistant", "content": text}] if isinstance(prompt, list) else text
+
+
+def _failure_line(spec: RewardSpec, failure: _Failure) -> str:
+    """One line saying how a completion failed: "raised KeyError: 0", "took over 5.0 s", ..."""
+    if failure.kind == "timeouts":
+        return f"took over {spec.timeout} s"
+    last = failure.detail.strip().splitlines()[-1:] if failure.kind == "errors" else []
+    if last and failure.what.startswith("raised "):  # the exception's own line: its type and message
+        return f"raised {last[0].strip()}"
+    return failure.what
+

@@ -16,6 +16,10 @@ gold is in another column renames it, or sets the dataset task's ``answer_column
 found, None (abstain) when the gold itself cannot be read (a bad data row, not the
 model's fault).
 
+A completion is text, or, for a chat prompt, a list of messages as TRL gives it
+(``[{"role": "assistant", "content": text}]``): every verifier reads the last message's
+content (``completion_text``).
+
 Where the answer is in a completion (``extract``, a keyword of each answer verifier;
 ``extract_answer``):
   auto        the last ``<answer>...</answer>``, else the last ``\\boxed{...}``, else none
@@ -42,9 +46,18 @@ _NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
 R1_FORMAT = r"\s*<think>.*?</think>\s*<answer>.*?</answer>\s*"
 
 
-def extract_answer(completion: str, extract: str = "auto") -> str | None:
-    """The answer in ``completion`` by the rule ``extract`` (see the module docstring),
-    stripped; None when there is none (or it is empty)."""
+def completion_text(completion: str | list[dict[str, Any]]) -> str:
+    """The text of a completion: itself, or the content of the last message of a chat
+    completion (a list of ``{"role", "content"}`` messages; "" for an empty list)."""
+    if isinstance(completion, str):
+        return completion
+    return str(completion[-1]["content"]) if completion else ""
+
+
+def extract_answer(completion: str | list[dict[str, Any]], extract: str = "auto") -> str | None:
+    """The answer in ``completion`` (text or a chat completion, ``completion_text``) by the
+    rule ``extract`` (see the module docstring), stripped; None when there is none (or it is empty)."""
+    completion = completion_text(completion)
     if extract == "whole":
         answer: str | None = completion
     elif extract == "answer_tag":
@@ -168,7 +181,7 @@ def regex_match(completions: list[str], pattern: str = R1_FORMAT, **kwargs: Any)
     """1.0 when the whole completion matches the regular expression ``pattern``
     (``re.fullmatch``, "." matching newlines), else 0.0. [N]"""
     compiled = re.compile(pattern, re.DOTALL)
-    return [float(compiled.fullmatch(c) is not None) for c in completions]
+    return [float(compiled.fullmatch(completion_text(c)) is not None) for c in completions]
 
 
 def answer_format(completions: list[str], **kwargs: Any) -> list[float]:

@@ -10,9 +10,11 @@ argument: dataset, reasoning_gym) gets the run's ``seed`` there unless the optio
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_type_hints
 
 from rlvr.errors import ConfigError, did_you_mean
+from rlvr.policies.prompts import PromptError
+from rlvr.rules import check_rules, coerce
 from rlvr.tasks.arithmetic import ArithmeticTask
 from rlvr.tasks.dataset import DatasetTask
 from rlvr.tasks.grading import GradedTask, reward_runner
@@ -36,7 +38,7 @@ def build_task(config: Config) -> GradedTask:
     configuration errors name the field."""
     t = config.task
     cls = _task_class(t.name)
-    check_task_options(config)
+    options = check_task_options(config)
     try:
         if cls is SortingTask:
             task: GradedTask = SortingTask(
@@ -44,7 +46,6 @@ def build_task(config: Config) -> GradedTask:
                 allow_repeats=t.allow_repeats, fixed_prompts=t.prompts, eval_size=t.eval_size,
             )
         else:
-            options = dict(t.options)
             if "shuffle_seed" in inspect.signature(cls).parameters:
                 options.setdefault("shuffle_seed", config.seed)
             task = cls(**options)
@@ -54,17 +55,33 @@ def build_task(config: Config) -> GradedTask:
     return task
 
 
-def check_task_options(config: Config) -> None:
-    """Unknown keys in ``task.options`` are a ConfigError naming the nearest allowed one,
-    found without building the task (no data read). Sorting does not read ``task.options``."""
+def check_task_options(config: Config) -> dict[str, Any]:
+    """``task.options`` checked as the config's own fields are, without building the task
+    (no data read): each a keyword argument of the task (an unknown key is a ConfigError
+    naming the nearest), of the argument's type and within the rules its task declares
+    (``GradedTask.options``), the required ones given. Returns them, numbers as their
+    types take them. Sorting does not read ``task.options``."""
     t = config.task
     cls = _task_class(t.name)
     if cls is SortingTask:
-        return
-    allowed = [name for name in inspect.signature(cls).parameters if name not in ("self", "args", "kwargs")]
-    for key in t.options:
-        if key not in allowed:
-            raise ConfigError(f"{_settings_field(t.name)}: unknown option {key!r}; {did_you_mean(key, allowed)}")
+        return {}
+    parameters = {name: p for name, p in inspect.signature(cls).parameters.items() if name not in ("args", "kwargs")}
+    unknown = [key for key in t.options if key not in parameters]
+    if unknown:
+        raise ConfigError(f"{_settings_field(t.name)}: " + "; ".join(
+            f"unknown option {key!r}; {did_you_mean(key, parameters)}" for key in unknown))
+    missing = [name for name, p in parameters.items() if p.default is p.empty and name not in t.options]
+    if missing:
+        raise ConfigError(f"task.options.{missing[0]} is required by task.name={t.name!r} "
+                          f"({cls.options[missing[0]]['help']})")
+    hints = get_type_hints(cls.__init__)
+    checked = {}
+    for key, value in t.options.items():
+        path = f"task.options.{key}"
+        checked[key] = coerce(path, value, hints[key])
+        if checked[key] is not None:
+            check_rules(path, checked[key], cls.options[key])
+    return checked
 
 
 def check_prompts_fit(task: Any, policy: Any) -> None:
@@ -74,7 +91,14 @@ def check_prompts_fit(task: Any, policy: Any) -> None:
     check, fixed = getattr(policy, "check_prompts", None), getattr(task, "fixed_prompts", None)
     if check is not None and fixed is not None:
         for what, prompts in fixed().items():
-            check(prompts, what)
+            try:
+                check(prompts, what)
+            except PromptError as err:  # named by its place in the list: the task may know its file and line
+                origin = None if err.index is None else task.prompt_origin(what, err.index)
+                if origin is None:
+                    raise
+                err.args = (f"{origin}: {err}",)  # the same error (its kind and details), placed in its file
+                raise
 
 
 def _task_class(name: str) -> type[GradedTask]:

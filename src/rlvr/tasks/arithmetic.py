@@ -16,8 +16,9 @@ from typing import Any
 import torch
 
 from rlvr.rewards import RewardSpec
+from rlvr.rules import SEED_MAX, option
 from rlvr.tasks.grading import Prompt
-from rlvr.tasks.text import GeneratedPrompts, TextTask, resolve_weights
+from rlvr.tasks.text import MAX_EVAL_PROMPTS, GeneratedPrompts, TextTask, resolve_weights
 
 # an expression: an operand, or (operator, left, right)
 Expression = int | tuple[str, "Expression", "Expression"]
@@ -97,6 +98,15 @@ class ArithmeticTask(TextTask):
 
     name = "arithmetic"
     gold_reward = "exact_answer"
+    # past 64 operators of up to 10**6 an answer has hundreds of digits; no response states it
+    options = {
+        "min_ops": option("fewest operators in an expression", min=1, max=64),
+        "max_ops": option("most operators in an expression (>= min_ops)", min=1, max=64),
+        "max_operand": option("operands are drawn from 0..max_operand", min=1, max=10**6),
+        "num_eval": option("held-out prompts", min=1, max=MAX_EVAL_PROMPTS),
+        "eval_seed": option("seed of the held-out prompts", min=0, max=SEED_MAX),
+        "weights": option("reward weights by name, over the defaults (exact_answer 1, integer_format 0)"),
+    }
 
     def __init__(
         self,

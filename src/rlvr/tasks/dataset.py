@@ -8,8 +8,9 @@ tokenizer's chat template (``rlvr.policies.prompts``); ``system_prompt`` is prep
 every prompt as a system message (a text prompt then becomes the user message).
 
 Every other column reaches every reward function by its name, as TRL passes them
-(``fn(prompts, completions, **columns)``; ``prompts`` are the texts or chats). A column
-missing from some rows is None there, as ``datasets`` fills it.
+(``fn(prompts, completions, **columns)``; ``prompts`` are the texts or chats, and a
+chat's completion is a list of one assistant message, as in TRL). A column missing from
+some rows is None there, as ``datasets`` fills it.
 
 The task's only built-in reward is the gold check, given ``answer_column``: ``gold``
 math (``rlvr.rewards.verifiers.math_answer``, under ``grader_timeout``), exact or
@@ -23,29 +24,36 @@ Training order: ``PassOrder``.
 
 Every problem with a file is a DataError naming ``file:line`` (JSON Lines, CSV, a JSON
 syntax error) or ``file: row i`` (1-based), raised while the task is built, before the
-model loads.
+model loads: a gold answer no check can read (``check_gold_value``) among them. A UTF-8
+byte-order mark is skipped. ``data_files`` are the paths read, which a resume checks
+for changes (``rlvr.resume``).
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import functools
+import io
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from rlvr.data import DataError, read_jsonl
+from rlvr.data import MAX_LINE_BYTES, DataError, check_not_shadowed, read_jsonl_lines
 from rlvr.rewards import RewardSpec
-from rlvr.rewards.verifiers import EXTRACTORS, exact_match, math_answer, numeric_match
+from rlvr.rewards.runner import ARGUMENTS
+from rlvr.rewards.verifiers import EXTRACTORS, exact_match, math_answer, numeric_match, parse_number
+from rlvr.rules import SEED_MAX, option
 from rlvr.tasks.grading import Prompt
 from rlvr.tasks.text import TextTask
 
 GOLD_CHECKS = {"math": math_answer, "exact": exact_match, "numeric": numeric_match}
-RESERVED = ("prompts", "completions")  # the reward functions' own arguments
+RESERVED = ARGUMENTS  # the reward functions' own arguments
 SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
 _POSITION_BITS = 32  # the generator's seed keeps the data position above these bits
 
@@ -103,16 +111,14 @@ def read_rows(path: str | Path, check: Any = None) -> list[tuple[str, dict[str, 
     elif not path.is_file():
         raise DataError(f"{path}: no such file or folder")
     elif path.suffix == ".jsonl":
-        records = read_jsonl(path, {}, check=check)  # checks each row where its line is known
-        return [(str(path), row) for row in records]
+        records = read_jsonl_lines(path, {}, check=check)  # checks each row where its line is known
+        return [(f"{path}:{line}", row) for line, row in records]
     elif path.suffix == ".json":
         rows = _read_json(path)
     elif path.suffix == ".csv":
         rows = _read_csv(path)
     elif path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        rows = [(f"{path}: row {i + 1}", row) for i, row in enumerate(pq.read_table(path).to_pylist())]
+        rows = [(f"{path}: row {i + 1}", row) for i, row in enumerate(_read_parquet(path))]
     else:
         raise DataError(f"{path}: unknown file type {path.suffix!r}; expected {', '.join(SUFFIXES)} "
                         "or a folder written by datasets' save_to_disk")
@@ -127,25 +133,58 @@ def read_rows(path: str | Path, check: Any = None) -> list[tuple[str, dict[str, 
     return rows
 
 
+# What reading a damaged file or folder raises in pyarrow and datasets (pyarrow's
+# ArrowInvalid and a broken state.json's JSONDecodeError are ValueErrors).
+_READ_ERRORS = (OSError, ValueError, KeyError, TypeError)
+
+
 def _read_saved_dataset(path: Path) -> list[dict[str, Any]]:
+    check_not_shadowed(["datasets", "pyarrow"])
     import datasets
 
     try:
         data = datasets.load_from_disk(str(path))
+        if isinstance(data, datasets.DatasetDict):
+            raise DataError(f"{path}: holds the splits {', '.join(data)}; give one split's folder, "
+                            f"e.g. {path / 'train'}")
+        return data.to_list()
     except FileNotFoundError as err:
         raise DataError(f"{path}: not a folder written by datasets' save_to_disk ({err})") from err
-    if isinstance(data, datasets.DatasetDict):
-        raise DataError(f"{path}: holds the splits {', '.join(data)}; give one split's folder, e.g. {path / 'train'}")
-    return data.to_list()
+    except DataError:
+        raise
+    except _READ_ERRORS as err:
+        raise DataError(f"{path}: a damaged datasets folder ({type(err).__name__}: {err})") from err
+
+
+def _read_parquet(path: Path) -> list[dict[str, Any]]:
+    check_not_shadowed(["pyarrow"])
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_table(path).to_pylist()
+    except _READ_ERRORS as err:
+        raise DataError(f"{path}: not a readable Parquet file ({type(err).__name__}: {err})") from err
+
+
+def _decode(path: Path) -> str:
+    """The text of ``path``, a UTF-8 byte-order mark dropped; DataError naming the line
+    of the first byte that is not UTF-8."""
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = raw[:err.start].count(b"\n") + 1
+        raise DataError(f"{path}:{line}: not valid UTF-8 ({err.reason} at byte {err.start})") from err
 
 
 def _read_json(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    text = _decode(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(text)
     except json.JSONDecodeError as err:
         raise DataError(f"{path}:{err.lineno}: invalid JSON ({err.msg} at column {err.colno})") from err
-    except UnicodeDecodeError as err:
-        raise DataError(f"{path}: not valid UTF-8 ({err.reason} at byte {err.start})") from err
+    except RecursionError as err:  # the parser recurses once per nested array or object
+        raise DataError(f"{path}: invalid JSON (nested too deeply)") from err
     if not isinstance(data, list):
         raise DataError(f"{path}: expected a JSON list of objects, got {type(data).__name__}")
     for i, row in enumerate(data):
@@ -155,15 +194,33 @@ def _read_json(path: Path) -> list[tuple[str, dict[str, Any]]]:
 
 
 def _read_csv(path: Path) -> list[tuple[str, dict[str, Any]]]:
-    rows = []
-    with path.open(newline="", encoding="utf-8") as file:
-        reader = csv.DictReader(file)
-        for row in reader:
+    reader = csv.reader(io.StringIO(_decode(path), newline=""))
+    rows: list[tuple[str, dict[str, Any]]] = []
+    # a field may be as long as a JSON Lines line (csv's own limit, 128 KiB, is process-wide: restored after)
+    previous = csv.field_size_limit(MAX_LINE_BYTES)
+    try:
+        header = next(reader, None)
+        if header is not None:
+            _check_header(header, path)
+        for values in reader:
             where = f"{path}:{reader.line_num}"
-            if None in row:
-                raise DataError(f"{where}: more values than the header's {len(reader.fieldnames or [])} columns")
-            rows.append((where, row))
+            if len(values) > len(header):
+                raise DataError(f"{where}: more values than the header's {len(header)} columns")
+            if values:  # csv.DictReader skips blank lines too
+                rows.append((where, dict(zip(header, values))))
+    except csv.Error as err:
+        raise DataError(f"{path}:{reader.line_num}: not valid CSV ({err})") from err
+    finally:
+        csv.field_size_limit(previous)
     return rows
+
+
+def _check_header(header: list[str], path: Path) -> None:
+    seen = set()
+    for name in header:
+        if name in seen:
+            raise DataError(f"{path}:1: column {name!r} appears twice in the header; rename one")
+        seen.add(name)
 
 
 class RowsTask(TextTask):
@@ -194,6 +251,20 @@ class DatasetTask(RowsTask):
 
     name = "dataset"
     no_reward_hint = "task.options.answer_column is not set"
+    options = {
+        "path": option("the data: .jsonl, .json, .csv, .parquet or a datasets save_to_disk folder"),
+        "prompt_column": option("the column holding each prompt (text or a chat)"),
+        "system_prompt": option("a system message put before every prompt (null: none)"),
+        "answer_column": option("the gold answer's column (null: no gold check)"),
+        "gold": option("the gold check", choices=GOLD_CHECKS),
+        "extract": option("how the answer is found in a completion", choices=EXTRACTORS),
+        "eval_path": option("held-out rows from this file (null: eval_fraction of path)"),
+        "eval_fraction": option("held-out share of path's rows (default 0.1 without eval_path)", above=0, below=1),
+        "eval_seed": option("seed of the eval_fraction split", min=0, max=SEED_MAX),
+        "num_eval": option("the first num_eval held-out rows (null: all)", min=1),
+        "shuffle_seed": option("seed of the training order (default: the run's seed)", min=0, max=SEED_MAX),
+        "grader_timeout": option("seconds the math check may spend on one completion (null: no limit)", above=0),
+    }
 
     def __init__(
         self,
@@ -219,14 +290,19 @@ class DatasetTask(RowsTask):
         eval_fraction = 0.1 if eval_fraction is None and eval_path is None else eval_fraction
         if eval_fraction is not None and not 0 < eval_fraction < 1:
             raise ValueError(f"eval_fraction must be in (0, 1), got {eval_fraction}")
+        if answer_column is not None and answer_column == prompt_column:
+            raise ValueError(f"answer_column={answer_column!r} is the prompt column; the gold answers need a column "
+                             "of their own")
         if gold == "math" and answer_column is not None:
             from rlvr.tasks.gsm8k import math_verify
 
             math_verify()  # missing math-verify fails now; forked graders inherit the module
         self.prompt_column, self.system_prompt, self.answer_column = prompt_column, system_prompt, answer_column
-        self.gold_reward = None if answer_column is None else "gold"
-        self._gold = functools.partial(gold_check, check=GOLD_CHECKS[gold], column=answer_column, extract=extract)
+        self.gold, self.gold_reward = gold, None if answer_column is None else "gold"
+        self._gold = GoldCheck(GOLD_CHECKS[gold], answer_column, extract)
+        self.no_gold_hint = f"does task.options.answer_column={answer_column!r} hold answers gold={gold!r} can read?"
         self.grader_timeout = grader_timeout if gold == "math" else None  # exact and numeric are cheap
+        self.data_files = tuple(Path(p) for p in (path, eval_path) if p is not None)
         train = self._load(path)
         if eval_path is not None:
             held_out = self._load(eval_path)
@@ -237,8 +313,16 @@ class DatasetTask(RowsTask):
             order = torch.randperm(len(train), generator=torch.Generator().manual_seed(eval_seed)).tolist()
             held_out = [train[i] for i in sorted(order[:count])]
             train = [train[i] for i in sorted(order[count:])]
-        self._train, self._eval = train, held_out[:num_eval]
+        held_out = held_out[:num_eval]
+        self._train, self._eval = [row for _, row in train], [row for _, row in held_out]
+        self._origins = {"training prompt": [where for where, _ in train],
+                         "eval prompt": [where for where, _ in held_out]}
         self.order = PassOrder(len(train), shuffle_seed)
+
+    def prompt_origin(self, what: str, index: int) -> str | None:
+        """Where prompt ``index`` of ``fixed_prompts()[what]`` is in its file (``file:line``
+        or ``file: row i``)."""
+        return self._origins[what][index]
 
     def reward_specs(self) -> list[RewardSpec]:
         if self.answer_column is None:
@@ -250,17 +334,18 @@ class DatasetTask(RowsTask):
             raise ValueError("SFT on the dataset task needs task.options.answer_column")
         return str(prompt[self.answer_column])
 
-    def _load(self, path: str | Path) -> list[Prompt]:
-        """The prompt dicts of one file, every row with the same keys (missing columns None)."""
+    def _load(self, path: str | Path) -> list[tuple[str, Prompt]]:
+        """(where, prompt dict) of every row of one file, every row with the same keys
+        (missing columns None)."""
         rows = read_rows(path, check=self._check_row)
         columns = list(dict.fromkeys(key for _, row in rows for key in row))
         clash = [c for c in columns if c in RESERVED or (c == "prompt" and self.prompt_column != "prompt")]
         if clash:
             raise DataError(f"{path}: column {clash[0]!r} clashes with the reward functions' arguments "
-                            f"(prompts, completions) or the prompt; rename it")
+                            f"({', '.join(ARGUMENTS)}) or the prompt; rename it")
         others = [c for c in columns if c != self.prompt_column]
-        return [{"prompt": self._prompt(row[self.prompt_column]), **{c: row.get(c) for c in others}}
-                for _, row in rows]
+        return [(where, {"prompt": self._prompt(row[self.prompt_column]), **{c: row.get(c) for c in others}})
+                for where, row in rows]
 
     def _prompt(self, value: str | list) -> str | list[dict[str, Any]]:
         if self.system_prompt is None:
@@ -275,6 +360,8 @@ class DatasetTask(RowsTask):
                 found = ", ".join(map(str, row)) or "no columns"
                 raise ValueError(f"missing column {column!r} (found {found})")
         check_prompt_value(row[self.prompt_column], self.prompt_column, self.system_prompt is not None)
+        if self.answer_column is not None:
+            check_gold_value(row[self.answer_column], self.answer_column, self.gold)
 
 
 def check_prompt_value(value: Any, column: str, adds_system: bool) -> None:
@@ -297,8 +384,32 @@ def check_prompt_value(value: Any, column: str, adds_system: bool) -> None:
                          "drop one")
 
 
-def gold_check(completions: list[str], check: Any, column: str, extract: str, **columns: Any
-               ) -> list[float | None]:
+def check_gold_value(value: Any, column: str, gold: str) -> None:
+    """ValueError unless ``value`` is a gold answer the check ``gold`` can read: text that
+    is not blank, or a finite number (for ``numeric``, text must be one number too)."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ValueError(f"column {column!r} should hold a gold answer (text or a number), "
+                         f"got {type(value).__name__} {value!r:.60}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"column {column!r} holds {value!r}, not a gold answer")
+    if isinstance(value, str) and not value.strip():
+        raise ValueError(f"column {column!r} is empty")
+    if gold == "numeric" and isinstance(value, str) and parse_number(value) is None:
+        raise ValueError(f"column {column!r} holds {value!r:.60}, which gold='numeric' cannot read as a number")
+
+
+@dataclasses.dataclass(frozen=True)
+class GoldCheck:
     """The dataset task's gold reward: ``check`` (a verifier) of the completions against
-    the gold column ``column``, found by ``extract``. [N]"""
-    return check(completions=completions, answer=columns[column], extract=extract)
+    the gold column ``column``, found by ``extract``. [N]
+
+    Its settings are fields, not keywords of the call: a data column named ``check`` or
+    ``column`` reaches it among ``columns`` and cannot replace them.
+    """
+
+    check: Callable[..., list[float | None]]
+    column: str | None
+    extract: str
+
+    def __call__(self, completions: list[str], **columns: Any) -> list[float | None]:
+        return self.check(completions=completions, answer=columns[self.column], extract=self.extract)

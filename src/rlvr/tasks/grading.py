@@ -13,12 +13,13 @@ columns) and its responses B lists of G strings, as the reward functions see the
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from rlvr.errors import ConfigError
-from rlvr.rewards import RewardError, RewardResult, RewardRunner, RewardSpec, load_reward_specs
+from rlvr.errors import ConfigError, RunError
+from rlvr.rewards import RewardError, RewardResult, RewardRunner, RewardSpec, TrainerState, load_reward_specs
 from rlvr.rollout import Grades
 
 if TYPE_CHECKING:
@@ -74,6 +75,9 @@ class GradedTask:
     reports_builtin_rewards: per-function metrics of the task's own specs too (else only
                         of the user's: the toy's built-in reward is its reward_mean).
     reward_workers:     worker processes the task asks for (None: ``rewards.num_workers``).
+    no_gold_hint:       what to check when the gold check grades none of a batch (for the error).
+    data_files:         the files (or folders) the task read its prompts from; a resume
+                        refuses to go on when one has changed (``rlvr.resume``).
     ``runner`` is built from the task's specs alone on first use, unless ``build_task``
     gave it the config's; ``close()`` it (or use ``with``) to stop its workers.
     """
@@ -81,9 +85,14 @@ class GradedTask:
     name: ClassVar[str]
     gold_reward: str | None
     no_reward_hint: ClassVar[str] = ""
+    # task.options: each keyword argument's help and rules (rlvr.rules.option); its type and
+    # default are the argument's (rlvr.tasks.check_task_options)
+    options: ClassVar[dict[str, dict[str, Any]]] = {}
     user_rewards_first: ClassVar[bool] = False
     reports_builtin_rewards: ClassVar[bool] = True
     reward_workers: int | None = None
+    no_gold_hint: str = ""
+    data_files: tuple[Path, ...] = ()
     _runner: RewardRunner | None = None
     _user_reward_names: list[str]  # the runner's functions that are not the task's own
 
@@ -104,20 +113,37 @@ class GradedTask:
         builtin = {spec.name for spec in self.reward_specs()}
         self._user_reward_names = [name for name in runner.names if name not in builtin]
 
-    def score(self, prompts: list[Prompt], responses: list[list[str]]) -> RewardResult:
-        """Every reward of B prompt dicts x G response strings: rewards [B, G], per
-        function [B, G, F] and per-function stats."""
-        return self.runner.score_groups(prompts, responses)
+    @property
+    def reward_is_gold(self) -> bool:
+        """Is the reward the gold check alone (its spec the only one with a weight)? The
+        hacking monitor then has nothing to compare: a top reward is a right answer."""
+        weighted = [spec.name for spec in self.runner.specs if spec.weight != 0]
+        return self.gold_reward is not None and weighted == [self.gold_reward]
 
-    def grade(self, prompts: Any, responses: Any) -> Grades:
-        """Rewards [B, G] (NaN = abstain), gold check [B, G] and reward metrics, in one pass."""
-        result = self.score(prompts, responses)
+    def score(self, prompts: list[Prompt], responses: list[list[str]], *, completion_ids: Any = None,
+              trainer_state: TrainerState | None = None) -> RewardResult:
+        """Every reward of B prompt dicts x G response strings: rewards [B, G], per
+        function [B, G, F] and per-function stats. completion_ids ([B*G] lists of token
+        ids) and trainer_state reach the reward functions when given."""
+        return self.runner.score_groups(prompts, responses, completion_ids=completion_ids, trainer_state=trainer_state)
+
+    def grade(self, prompts: Any, responses: Any, *, completion_ids: Any = None,
+              trainer_state: TrainerState | None = None) -> Grades:
+        """Rewards [B, G] (NaN = abstain), gold check [B, G] and reward metrics, in one pass.
+        RunError when the gold check grades none of the responses (``check_gold_graded``)."""
+        result = self.score(prompts, responses, completion_ids=completion_ids, trainer_state=trainer_state)
         if self.gold_reward is None:
             correct = torch.zeros(result.rewards.shape, dtype=torch.bool)
         else:
+            check_gold_graded(result, self.gold_reward, self.no_gold_hint)
             correct = result.column(self.gold_reward) == 1.0  # an abstention is not right
         reported = None if self.reports_builtin_rewards else self._user_reward_names
-        return Grades(result.rewards, correct, result.metrics(reported), prompts)
+        return Grades(result.rewards, correct, result.metrics(reported), prompts, result.failures)
+
+    def prompt_origin(self, what: str, index: int) -> str | None:
+        """Where prompt ``index`` of ``fixed_prompts()[what]`` comes from (a file and line),
+        for errors about it; None: nowhere worth naming."""
+        return None
 
     def close(self) -> None:
         """Stop the reward workers, if any."""
@@ -129,3 +155,20 @@ class GradedTask:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def check_gold_graded(result: RewardResult, gold: str, hint: str = "") -> None:
+    """RunError when the gold check ``gold`` graded none of a batch's responses (every one
+    abstained, failed, timed out or was invalid): no response can count as right, and a
+    required gold check leaves every reward abstaining, so the run would go on learning
+    nothing. A gold check that cannot read a whole batch's answers is a broken setup
+    (answers it cannot parse, a function that always raises), not bad luck."""
+    stats = result.stats[gold]
+    total = stats.scored + stats.abstained + stats.errors + stats.timeouts + stats.invalid
+    if total == 0 or stats.scored > 0:
+        return
+    failure = result.failures.get(gold)
+    raise RunError(f"the gold check {gold!r} graded none of the {total} responses of a batch (abstained "
+                   f"{stats.abstained}, errors {stats.errors}, timeouts {stats.timeouts}, invalid {stats.invalid}"
+                   + (f"; first failure: {failure}" if failure else "")
+                   + "), so nothing can be learned or solved" + (f"; {hint}" if hint else ""))

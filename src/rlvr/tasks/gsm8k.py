@@ -32,6 +32,7 @@ import torch
 
 from rlvr.data import read_jsonl
 from rlvr.rewards import RewardSpec
+from rlvr.rules import option
 from rlvr.tasks.grading import Prompt
 from rlvr.tasks.text import TextTask, resolve_weights
 
@@ -177,6 +178,15 @@ class Gsm8kTask(TextTask):
 
     name = "gsm8k"
     gold_reward = "answer"
+    options = {
+        "train_path": option("GSM8K JSON Lines of the training problems"),
+        "eval_path": option("GSM8K JSON Lines of the held-out problems"),
+        "template": option("prompt template", choices=TEMPLATES),
+        "num_eval": option("the first num_eval held-out problems (null: all)", min=1),
+        "grader_timeout": option("seconds math-verify may spend on one completion", above=0),
+        "weights": option("reward weights by name, over the defaults (answer 1, format 0.1)"),
+        "num_workers": option("grader processes (null: rewards.num_workers)", min=1, max=256),
+    }
 
     def __init__(
         self,

@@ -30,8 +30,10 @@ from typing import Any
 from rlvr.errors import did_you_mean
 from rlvr.rewards import RewardSpec
 from rlvr.rewards.verifiers import EXTRACTORS, extract_answer
+from rlvr.rules import SEED_MAX, option
 from rlvr.tasks.dataset import PassOrder, RowsTask
 from rlvr.tasks.grading import Prompt
+from rlvr.tasks.text import MAX_EVAL_PROMPTS
 
 
 def score_reasoning_gym(completions: list[str], answer: list[str], question: list[str], metadata: list[dict],
@@ -51,6 +53,18 @@ class ReasoningGymTask(RowsTask):
 
     name = "reasoning_gym"
     gold_reward = "score"
+    options = {
+        "dataset": option("the reasoning-gym generator (basic_arithmetic, chain_sum, ...)"),
+        "size": option("training problems generated", min=1, max=2**20),
+        "eval_size": option("held-out problems generated", min=1, max=MAX_EVAL_PROMPTS),
+        "data_seed": option("generator seed (the held-out set: data_seed + 1)", min=0, max=SEED_MAX - 1),
+        "config": option("the generator's own settings"),
+        "system_prompt": option("a name of reasoning_gym.utils.SYSTEM_PROMPTS or your own text (null: the bare "
+                                "question as text)"),
+        "extract": option("how the answer is found in a completion", choices=EXTRACTORS),
+        "shuffle_seed": option("seed of the training order (default: the run's seed)", min=0, max=SEED_MAX),
+        "grader_timeout": option("seconds each scorer call may take (null: no limit)", above=0),
+    }
 
     def __init__(
         self,

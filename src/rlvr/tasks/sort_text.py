@@ -12,8 +12,9 @@ from typing import Any
 import torch
 
 from rlvr.rewards import RewardSpec
+from rlvr.rules import SEED_MAX, option
 from rlvr.tasks.grading import Prompt
-from rlvr.tasks.text import GeneratedPrompts, TextTask, resolve_weights
+from rlvr.tasks.text import MAX_EVAL_PROMPTS, GeneratedPrompts, TextTask, resolve_weights
 
 
 def position_reward(
@@ -53,6 +54,12 @@ class SortTextTask(TextTask):
 
     name = "sort_text"
     gold_reward = "exact_match"
+    options = {
+        "num_digits": option("digits per prompt", min=1, max=1024),
+        "num_eval": option("held-out prompts (at most half the digit sequences)", min=1, max=MAX_EVAL_PROMPTS),
+        "eval_seed": option("seed of the held-out prompts", min=0, max=SEED_MAX),
+        "weights": option("reward weights by name, over the defaults (position 1, exact_match 1)"),
+    }
 
     def __init__(
         self,
@@ -63,9 +70,9 @@ class SortTextTask(TextTask):
     ) -> None:
         if num_digits < 1:
             raise ValueError(f"num_digits must be >= 1, got {num_digits}")
-        if not 0 <= num_eval <= 10**num_digits // 2:
+        if num_eval < 0 or (num_digits < 20 and num_eval > 10**num_digits // 2):  # 10**20 / 2 > any num_eval
             raise ValueError(
-                f"num_eval must be in [0, {10**num_digits // 2}] (half the {10**num_digits} "
+                f"num_eval must be in [0, {10**min(num_digits, 20) // 2}] (half the {10**min(num_digits, 20)} "
                 f"sequences of {num_digits} digits, to leave room for training), got {num_eval}"
             )
         self.num_digits = num_digits

@@ -25,10 +25,11 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from rlvr.rewards import RewardResult, RewardSpec
+from rlvr.rewards import RewardResult, RewardSpec, TrainerState
 from rlvr.tasks.grading import GradedTask
 
 LECTURE_PROMPTS = [[1, 0, 2], [3, 2, 4], [1, 2, 3]]
@@ -187,9 +188,12 @@ class SortingTask(GradedTask):
             specs.append(RewardSpec(functools.partial(sorting_reward, reward=self.gold_reward), 0.0, self.gold_reward))
         return specs
 
-    def score(self, prompts: torch.Tensor, responses: torch.Tensor) -> RewardResult:
+    def score(self, prompts: torch.Tensor, responses: torch.Tensor, *, completion_ids: Any = None,
+              trainer_state: TrainerState | None = None) -> RewardResult:
         """Every reward of prompts [B, n] and responses [B, G, n]: rewards [B, G], per
-        function [B, G, F] and per-function stats."""
+        function [B, G, F] and per-function stats (``GradedTask.score``)."""
         b, g, n = responses.shape
         prompt_texts = NumberTexts(prompts.repeat_interleave(g, dim=0))  # [N, n]: each prompt G times
-        return self.runner(prompt_texts, NumberTexts(responses.reshape(b * g, n))).reshape(b, g)
+        result = self.runner(prompt_texts, NumberTexts(responses.reshape(b * g, n)), completion_ids=completion_ids,
+                             trainer_state=trainer_state)
+        return result.reshape(b, g)

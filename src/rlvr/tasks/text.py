@@ -13,6 +13,9 @@ import torch
 
 from rlvr.tasks.grading import GradedTask, Prompt
 
+# held-out prompts at most: a larger set takes minutes to draw and to evaluate at every evaluation
+MAX_EVAL_PROMPTS = 2**16
+
 
 class TextTask(GradedTask):
     """The ``Task`` methods every text task has in common.

@@ -1,0 +1,86 @@
+"""The optional installs (``pyproject.toml``'s extras): which module each back end needs
+and which extra brings it, checked before any work so that a missing one is one line
+naming the extra, never a traceback from inside a run."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from rlvr.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rlvr.config import Config
+
+# module -> the extra that installs it (huggingface_hub comes with transformers)
+EXTRA_OF = {
+    "transformers": "lm", "tokenizers": "lm", "safetensors": "lm", "huggingface_hub": "lm", "math_verify": "lm",
+    "peft": "lora",
+    "datasets": "data", "pyarrow": "data",
+    "reasoning_gym": "reasoning-gym",
+    "ray": "ray",
+    "vllm": "vllm",
+    "tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio",
+}
+LM_MODULES = ("transformers", "tokenizers", "safetensors", "huggingface_hub")
+
+
+def missing_package(module: str) -> str | None:
+    """Why ``module`` cannot be imported, as the line that says which extra to install,
+    found without importing it (seconds for some, and global effects); None when it is
+    installed. A module already imported (or put in place by a test) counts."""
+    try:
+        if module in sys.modules or importlib.util.find_spec(module) is not None:
+            return None
+    except (ImportError, ValueError):  # a finder that refuses it, or a module without a spec
+        pass
+    return f"the {module} package is not installed: pip install 'rlvr[{EXTRA_OF[module]}]'"
+
+
+def require(what: str, modules: Iterable[str]) -> None:
+    """ConfigError "``what``: the X package is not installed: pip install 'rlvr[extra]'"
+    for the first of ``modules`` that is missing."""
+    for module in modules:
+        problem = missing_package(module)
+        if problem:
+            raise ConfigError(f"{what}: {problem}")
+
+
+def needed_modules(config: Config) -> list[tuple[str, tuple[str, ...]]]:
+    """(the setting, the modules it needs) for each optional back end ``config`` uses.
+    The vLLM engine is left to the run: a config may be written for a GPU machine."""
+    p, t, c, lg = config.policy, config.task, config.cluster, config.log
+    needs = []
+    if p.name == "causal_lm":
+        needs.append(("policy.name='causal_lm'", LM_MODULES))
+        if p.options.get("lora") is not None:
+            needs.append(("policy.options.lora", ("peft",)))
+    if t.name == "reasoning_gym":
+        needs.append(("task.name='reasoning_gym'", ("reasoning_gym",)))
+    if t.name == "gsm8k":
+        needs.append(("task.name='gsm8k'", ("math_verify",)))
+    if c.rollout_workers > 0:
+        needs.append((f"cluster.rollout_workers={c.rollout_workers}", ("ray",)))
+    if c.learners > 1:
+        needs.append((f"cluster.learners={c.learners}", ("ray",)))
+    if lg.tracker:
+        needs.append((f"log.tracker={lg.tracker!r}", (lg.tracker,)))
+    if lg.tensorboard:
+        needs.append(("log.tensorboard=True", ("tensorboard",)))
+    return needs
+
+
+def check_extras(config: Config) -> None:
+    """ConfigError naming the setting and the extra to install for the first optional
+    back end of ``config`` whose package is missing; nothing is imported."""
+    for what, modules in needed_modules(config):
+        require(what, modules)
+
+
+def missing_module_hint(err: ImportError) -> str | None:
+    """The install line for an ImportError of an optional module (one ``needed_modules``
+    cannot foresee, such as the dataset task's Parquet reader); None for any other."""
+    name = (getattr(err, "name", None) or "").split(".")[0]
+    return missing_package(name) if name in EXTRA_OF else None
