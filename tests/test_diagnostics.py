@@ -9,6 +9,7 @@ from rlvr.config import load_config
 from rlvr.diagnostics import (
     GradientNoiseMeter,
     classify_prompts,
+    epoch_series,
     fitted_change,
     flat_grad,
     hacking_warnings,
@@ -209,6 +210,20 @@ def test_monitor_is_quiet_without_the_loophole(seed):
     assert all(v == 0.0 for v in not_gold)  # the top means the sorted answer
     assert sum(v == 0.0 for v in not_gold) > 15
     assert reward_gold_divergence(records) == [] and hacking_warnings(records) == []
+
+
+def test_the_lecture_default_run_is_a_stall_not_a_hack():
+    """The README's account of the default run: the first window trips, the whole run does not."""
+    records = train_run(load_config(None, QUIET))
+    _, rewards = epoch_series(records, "reward_mean")
+    assert rewards[0] == pytest.approx(2.8) and rewards[-1] == pytest.approx(10 / 3)
+    assert all(r["solve_rate"] == 0.0 for r in records if r["kind"] == "train")
+    windows = reward_gold_divergence(records)
+    assert windows and (windows[0].first_epoch, windows[0].last_epoch) == (0, 9)
+    whole = fitted_change(rewards) / (max(rewards) - min(rewards))
+    assert 0.05 < whole < 0.2  # under the 20% a warning needs (11% in the README)
+    assert hacking_warnings(records) == []
+    assert "3 never solved" in prompt_summary(records)
 
 
 # ---------------------------------------------------------------- per-prompt learning
