@@ -1,11 +1,14 @@
-"""Same numbers before and after a change: three runs at a base revision and at the work
+"""Same numbers before and after a change: six jobs at a base revision and at the work
 tree, records compared field by field (wall-clock fields aside).
 
     python benchmarks/same_numbers.py [--base REV]   # default base: HEAD
 
-The runs: ``rlvr train`` (the lecture's defaults), ``rlvr train examples/sorting_best.yaml``
-and a 4-epoch GRPO run of a tiny ``rlvr init-model`` Llama on ``sort_text`` (clipped loss,
-normalized deltas, G = 4, two inner steps). The base revision is checked out with
+The jobs: ``rlvr train`` (the lecture's defaults), ``rlvr train examples/sorting_best.yaml``,
+a 4-epoch GRPO run of a tiny ``rlvr init-model`` Llama on ``sort_text`` (clipped loss,
+normalized deltas, G = 4, two inner steps), the same run with one Ray rollout worker and
+two data-parallel learners (skipped, and said so, without ray), a dynamic-sampling run of
+the toy on fresh prompts, and ``rlvr compare`` of the toy (batched; every run it writes).
+The base revision is checked out with
 ``git worktree`` into a temporary folder and run with its own sources, in a separate
 process, on the same machine, one after the other; the tiny model is built once by the
 work tree's ``init-model`` and used by both sides. Exit status 0 when every record agrees.
@@ -14,6 +17,7 @@ work tree's ``init-model`` and used by both sides. Exit status 0 when every reco
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -25,20 +29,30 @@ ROOT = Path(__file__).resolve().parent.parent
 WALL_CLOCK = ("time/", "tokens_per_sec")
 
 
-def runs(model: Path) -> dict[str, list[str]]:
-    """Run name -> ``rlvr train`` arguments (an optional CONFIG first, then overrides)."""
+def jobs(model: Path) -> dict[str, list[str]]:
+    """Job name -> ``rlvr`` arguments: a command (``train`` or ``compare``), an optional
+    CONFIG, then overrides."""
     quiet = ["log.progress=false", "log.plot=false"]
-    return {
-        "lecture": [*quiet],
-        "sorting_best": [str(ROOT / "examples" / "sorting_best.yaml"), *quiet],
-        "sort_text_tiny_lm": [
-            "task.name=sort_text", "task.prompts_per_epoch=4", "task.options={num_digits: 3, num_eval: 8}",
-            "policy.name=causal_lm", f"policy.options={{model: '{model}', max_new_tokens: 7}}",
-            "algo.epochs=4", "algo.inner_steps=2", "algo.group_size=4", "algo.loss=clipped",
-            "algo.deltas=normalized", "optim.lr=1e-3", "optim.micro_batches=2", "log.eval_every=2",
-            "log.eval_samples=2", "log.checkpoint_every=2", "seed=7", *quiet,
-        ],
+    tiny_lm = [
+        "task.name=sort_text", "task.prompts_per_epoch=4", "task.options={num_digits: 3, num_eval: 8}",
+        "policy.name=causal_lm", f"policy.options={{model: '{model}', max_new_tokens: 7}}",
+        "algo.epochs=4", "algo.inner_steps=2", "algo.group_size=4", "algo.loss=clipped",
+        "algo.deltas=normalized", "optim.lr=1e-3", "optim.micro_batches=2", "log.eval_every=2",
+        "log.eval_samples=2", "log.checkpoint_every=2", "seed=7", *quiet,
+    ]
+    out = {
+        "lecture": ["train", *quiet],
+        "sorting_best": ["train", str(ROOT / "examples" / "sorting_best.yaml"), *quiet],
+        "sort_text_tiny_lm": ["train", *tiny_lm],
+        "tiny_lm_cluster": ["train", *tiny_lm, "cluster.rollout_workers=1", "cluster.learners=2"],
+        "dynamic_sampling": ["train", "task.prompts=null", "algo.dynamic_sampling=true", "algo.max_sampling_tries=8",
+                             "algo.epochs=20", "log.eval_every=10", *quiet],
+        "compare_batched": ["compare", "algo.epochs=20", "log.eval_every=10", *quiet],
     }
+    if importlib.util.find_spec("ray") is None:
+        print("tiny_lm_cluster: skipped (no ray: pip install 'rlvr[ray]')")
+        del out["tiny_lm_cluster"]
+    return out
 
 
 def rlvr(src: Path, args: list[str], cwd: Path) -> None:
@@ -49,9 +63,13 @@ def rlvr(src: Path, args: list[str], cwd: Path) -> None:
         raise SystemExit(f"rlvr {' '.join(args)} failed ({src}):\n{done.stderr[-4000:]}")
 
 
-def records(run_dir: Path) -> list[dict]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [{k: v for k, v in json.loads(line).items() if not k.startswith(WALL_CLOCK)} for line in lines]
+def records(out: Path) -> list[dict]:
+    """Every record of the job's runs (one run, or each run of a compare, by path)."""
+    found = []
+    for metrics in sorted(out.rglob("metrics.jsonl")):
+        lines = metrics.read_text().splitlines()
+        found += [{k: v for k, v in json.loads(line).items() if not k.startswith(WALL_CLOCK)} for line in lines]
+    return found
 
 
 def differences(base: list[dict], new: list[dict]) -> list[str]:
@@ -81,11 +99,12 @@ def main() -> int:
             rlvr(ROOT / "src", ["init-model", "--out", str(model), "--hidden-size", "32",
                                 "--intermediate-size", "64", "--num-layers", "2", "--num-heads", "2"], tmp)
             failed = 0
-            for name, run_args in runs(model).items():
+            for name, job_args in jobs(model).items():
                 got = {}
                 for side, src in (("base", base_tree / "src"), ("now", ROOT / "src")):
                     out = tmp / side / name
-                    rlvr(src, ["train", *run_args, f"out_dir={out}", f"name={name}"], tmp)
+                    flags = ["--seeds", "0,1"] if job_args[0] == "compare" else []
+                    rlvr(src, [*job_args, f"out_dir={out}", f"name={name}", *flags], tmp)
                     got[side] = records(out)
                 diff = differences(got["base"], got["now"])
                 failed += bool(diff)
