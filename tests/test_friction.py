@@ -93,7 +93,8 @@ def test_run_failing_in_its_first_epoch_is_replaced_by_a_rerun_under_its_name(tm
 def test_a_finished_run_is_never_replaced(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(["train", "name=x", "algo.epochs=1", *QUIET]) == 0
-    assert main(["train", "name=x", "algo.epochs=1", *QUIET]) == 0
+    with pytest.warns(UserWarning, match="runs/x holds another run; this one writes runs/x-2"):
+        assert main(["train", "name=x", "algo.epochs=1", *QUIET]) == 0
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["x", "x-2"]
 
 

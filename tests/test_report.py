@@ -182,3 +182,15 @@ def test_a_samples_records_epoch_and_step_stay_text(tmp_path):
     parts = PageParts()
     parts.feed(write_report([run], tmp_path / "report.html").read_text())
     assert not [attrs for attrs in parts.attrs if attrs[1] == "onerror"] and parts.tags.count("img") == 1
+
+
+def test_a_gradient_norm_of_zero_every_step_is_drawn_not_called_missing(tmp_path):
+    run = tmp_path / "flat"
+    run.mkdir()
+    records = [{"kind": "train", "epoch": e, "step": e, "reward_mean": 0.0, "solve_rate": 0.0, "grad_norm": 0.0}
+               for e in range(3)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    page = write_report([run], tmp_path / "report.html").read_text()
+    skipped = re.search(r"not logged by any run: ([^<]*)</p>", page).group(1)
+    assert "grad_norm" not in skipped
+    assert page.count("<img") == 3  # reward, gold accuracy and the gradient norm (on a linear axis)

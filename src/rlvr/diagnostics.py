@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from rlvr.metrics import Record
+from rlvr.metrics import Record, prompt_text
 
 # ---------------------------------------------------------------- gradient noise
 
@@ -57,10 +57,10 @@ class GradientNoiseMeter:
     """The gradient noise of one optimizer step, from the gradients of its parts.
 
     The trainer's micro-batch losses are each that part's *share* of the batch loss
-    (``trainer.accumulate_gradients``), so the parts' gradients g_1..g_m add up to the
+    (``step.accumulate_gradients``), so the parts' gradients g_1..g_m add up to the
     batch gradient G_B. A part of ``size`` b_k out of B = sum b_k carries the share
     b_k / B: its own gradient estimate, as if it were the whole batch, is
-    G_k = (B / b_k) g_k. The trainer counts b_k in prompts (``trainer.noise_part_size``):
+    G_k = (B / b_k) g_k. The trainer counts b_k in prompts (``step.noise_part_size``):
     the estimate assumes the units independent, and a group's deltas couple its
     responses, so parts hold whole groups. With the sequence-mean aggregations a part's
     share is its responses / N, whatever their lengths; with ``token_mean`` it is the
@@ -281,14 +281,15 @@ CATEGORIES = ("learned", "always_solved", "never_solved", "forgotten", "mixed")
 
 
 def prompt_key(prompt: Any) -> str:
-    """A prompt as a record key: its text ("prompt" of a dict prompt) or its numbers joined by spaces."""
+    """A prompt as a record key: its text ("prompt" of a dict prompt), a chat as
+    ``role: content`` lines (``prompt_text``), or its numbers joined by spaces."""
     if isinstance(prompt, dict):
         prompt = prompt["prompt"]
     if isinstance(prompt, torch.Tensor):
         prompt = prompt.tolist()
-    if isinstance(prompt, (list, tuple)):
+    if isinstance(prompt, (list, tuple)) and not any(isinstance(m, dict) for m in prompt):
         return " ".join(map(str, prompt))
-    return str(prompt)
+    return prompt_text(prompt)
 
 
 def prompt_solve_shares(prompts: Sequence[Any], correct: torch.Tensor) -> dict[str, float]:

@@ -180,6 +180,8 @@ def plot_panel(panel: Panel, runs: list[Run]) -> tuple[str | None, list[str]]:
     from matplotlib.figure import Figure
 
     keys = panel_keys(panel, runs)
+    # a log axis only when something is above 0 (a gradient norm of 0 every step is logged, and drawn)
+    log_y = panel.log_y and any(finite_series(run.records, panel.kind, key, True)[0] for run in runs for key in keys)
     fig = Figure(figsize=(5.6, 3.3), dpi=100)
     ax = fig.subplots()
     colors = [f"C{i % 10}" for i in range(len(runs))]
@@ -187,7 +189,7 @@ def plot_panel(panel: Panel, runs: list[Run]) -> tuple[str | None, list[str]]:
     for run, color in zip(runs, colors):
         lines = 0
         for style, key in zip(LINE_STYLES * 4, keys):
-            xs, ys = finite_series(run.records, panel.kind, key, panel.log_y)
+            xs, ys = finite_series(run.records, panel.kind, key, log_y)
             if not xs:
                 continue
             label = plain_text(run.label if len(keys) == 1 else f"{run.label}: {key}" if len(runs) > 1 else key)
@@ -202,7 +204,7 @@ def plot_panel(panel: Panel, runs: list[Run]) -> tuple[str | None, list[str]]:
             missing.append(run.label)
     if not drawn:
         return None, missing
-    if panel.log_y:
+    if log_y:
         ax.set_yscale("log")
     if panel.rate:  # a rate's whole range: a constant 0 reads as 0, not as noise around it
         ax.set_ylim(-0.03, 1.03)

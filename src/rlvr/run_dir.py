@@ -185,6 +185,9 @@ def new_run_dir(config: Config, resumable: bool = True) -> Iterator[Path]:
             again = (f"choose another out_dir, or continue that run with: rlvr train resume={run_dir}" if resumable
                      else "choose another out_dir (sft has no resume: a new run needs an empty directory)")
             raise RunError(_in_use(run_dir) if fd is None else f"run directory {run_dir} already holds files; {again}")
+    if run_dir != base:
+        warnings.warn(f"{base} holds another run; this one writes {run_dir} (name=... or out_dir=... chooses "
+                      "the directory)", stacklevel=3)
     try:
         yield run_dir
     finally:
