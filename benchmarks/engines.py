@@ -33,9 +33,10 @@ from pathlib import Path
 
 import torch
 
-from rlvr.config import load_config
+from rlvr.config import config_from_dict, merge, parse_overrides
 from rlvr.modeling import init_model
-from rlvr.trainer import collect_rollout, optimizer_step, setup
+from rlvr.step import optimizer_step
+from rlvr.trainer import collect_rollout, setup
 
 MODELS = {
     "tiny": dict(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2),
@@ -87,8 +88,8 @@ def engine_config(args: argparse.Namespace, model_dir: Path, engine: BenchEngine
         f"algo.epochs={args.repeats + 1}", "log.progress=false", "log.plot=false", f"seed={args.seed}",
         f"out_dir={out_dir}",
     ]
-    config = load_config(None, overrides)
-    config.policy.options = options  # a dict with a path: set directly rather than through YAML quoting
+    # the options (a path among them) as a mapping rather than through YAML quoting
+    config = config_from_dict(merge(parse_overrides(overrides), {"policy": {"options": options}}))
     if args.threads is not None:
         config.threads = args.threads
     return config

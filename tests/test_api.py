@@ -109,12 +109,12 @@ LM = ["task.name=sort_text", "policy.name=causal_lm"]
 
 
 @pytest.mark.parametrize("items, message", [
-    ([*LM, "policy.options={model: x, engine: foo}"], "policy.options: engine='foo' is not allowed"),
-    ([*LM, "policy.options={model: x, max_new_tokens: 0}"], "policy.options: need 1 <= max_new_tokens"),
-    ([*LM, "policy.options={model: x, dtype: float8}"], "policy.options: dtype='float8' is not allowed"),
-    ([*LM, "policy.options={model: x, device: gpu0}"], "policy.options: device='gpu0' is not a torch device"),
+    ([*LM, "policy.options={model: x, engine: foo}"], "policy.options.engine='foo' is not allowed"),
+    ([*LM, "policy.options={model: x, max_new_tokens: 0}"], "policy.options.max_new_tokens=0 must be >= 1"),
+    ([*LM, "policy.options={model: x, dtype: float8}"], "policy.options.dtype='float8' is not allowed"),
+    ([*LM, "policy.options={model: x, device: gpu0}"], "policy.options.device='gpu0' is not a torch device"),
     ([*LM, "policy.options={model: x, engine: vllm, engine_options: {dtype: float64}}"],
-     "engine_options.dtype='float64' must be one of"),
+     "engine_options.dtype='float64' is not allowed"),
     ([*LM, "task.options={num_digits: 0}"], "task.options.num_digits=0 must be >= 1"),
     (["rewards.functions=['no_such_module_here:f']"], "rewards.functions[0]: reward function"),
 ])

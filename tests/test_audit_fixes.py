@@ -14,7 +14,8 @@ from rlvr.config import ConfigError, load_config
 from rlvr.core import compute_deltas, kl_penalty, policy_loss, top_entropy_mask
 from rlvr.diagnostics import GradientNoiseMeter, max_reward_stats, noise_estimates, noise_scale
 from rlvr.rollout import Rollout
-from rlvr.trainer import accumulate_gradients, collect_rollout, optimizer_step, setup, train
+from rlvr.step import accumulate_gradients, optimizer_step
+from rlvr.trainer import collect_rollout, setup, train
 from rlvr.trl_names import trl_hint
 
 # ---------------------------------------------------------------- the hacking monitor

@@ -1,15 +1,21 @@
 """train_batched against the trainer run by run: every record's numbers equal (==), the
-timings aside; what it refuses; why one Adam over stacked tensors is not used."""
+timings aside; what it refuses (every algo field declared); why one Adam over stacked
+tensors is not used."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
 
 import rlvr
-from rlvr.batched import TIMING_KEYS, batching_refusal, train_batched
+from rlvr.batched import ANY_VALUE, BATCHED_ALGO, TIMING_KEYS, BatchedPositional, batching_refusal, train_batched
+from rlvr.config import AlgoConfig
 from rlvr.errors import ConfigError
-from rlvr.trainer import setup, train
+from rlvr.evaluation import evaluate, evaluate_runs
+from rlvr.policies.positional import inexact_matmul
+from rlvr.trainer import rollout_stats, setup, train
 
 
 def configs(modes=("raw", "centered", "normalized"), seeds=(0, 1), extra=()):
@@ -77,6 +83,34 @@ def test_clipped_runs_equal_one_by_one():
     assert_same_as_one_by_one(configs(seeds=(0,), extra=["optim.max_grad_norm=0.5"]))
 
 
+def test_evaluation_of_all_runs_at_once_equals_each_run_alone():
+    # evaluate_runs samples every run in one batched pass (BatchedPositional as its
+    # sampler) and grades every run's chunk in one call; each run's eval and samples
+    # records are those of evaluate on its own policy. Chunks of 2 of the 3 eval prompts:
+    # an uneven last chunk; 5 samples each: pass@1 and pass@5.
+    extra = ["task.prompts=[[1,0,2],[4,0,2],[3,2,4]]", "log.eval_batch_size=2", "log.eval_samples=5"]
+    cs = configs(modes=("centered",), seeds=(0, 1, 2), extra=extra)
+    states = [setup(c) for c in cs]
+    task = states[0][0]
+    model = BatchedPositional([st.policy.module for _, st in states])
+    if inexact_matmul(model.runs, [2, 1], model.length, model.dim, model.vocab) is not None:
+        pytest.skip("this machine's batched matmul is not exact at these shapes (train_batched refuses)")
+    together = evaluate_runs(cs, task, model, 2, 7)
+    assert together == [evaluate(c, task, st.policy, 2, 7) for c, (_, st) in zip(cs, states)]
+    assert len({str(recs[0]) for recs in together}) == 3  # the seeds' weights and draws differ
+
+
+def test_rollout_stats_of_all_runs_at_once_equal_each_run_alone():
+    # collect_batched's call: rewards, correct [R, B, G] of a sorting batch, deltas [R, N]
+    gen = torch.Generator().manual_seed(1)
+    rewards = torch.randint(0, 6, (6, 10, 8), generator=gen).float() / 5  # position_match-like shares
+    correct, deltas = rewards == 1.0, torch.randn(6, 80, generator=gen)
+    deltas[:, :8] = 0.0
+    together = rollout_stats(rewards, correct, deltas, 8)
+    assert together == [rollout_stats(rewards[r][None], correct[r][None], deltas[r][None], 8)[0] for r in range(6)]
+    assert together[0]["frac_zero_delta_groups"] == pytest.approx(0.1)  # the first of 10 groups
+
+
 def test_refusals_name_the_reason():
     cs = configs(seeds=(0,))
     assert batching_refusal(cs) is None
@@ -92,6 +126,22 @@ def test_refusals_name_the_reason():
     state[1].step = 1
     with pytest.raises(ConfigError, match="from the beginning"):
         train_batched(started, states=[state])
+
+
+def test_every_algo_field_is_batched_or_refused():
+    # A new AlgoConfig field fails here until BATCHED_ALGO says what the batched path does
+    # with it: trains it as the trainer does (ANY_VALUE), or batches one value only.
+    assert {f.name for f in dataclasses.fields(AlgoConfig)} == set(BATCHED_ALGO)
+    base = configs(seeds=(0,))[0]
+    assert batching_refusal([base]) is None
+    others = {"loss": "clipped", "kl_coef": 0.1, "tis_cap": 2.0, "entropy_coef": 0.01, "dynamic_sampling": True,
+              "overlong": "mask", "top_entropy_q": 0.2}  # a value other than the one batched, per refused field
+    assert set(others) == {name for name, value in BATCHED_ALGO.items() if value != ANY_VALUE}
+    wants = {"loss": "naive", "kl_coef": "0", "tis_cap": "null", "entropy_coef": "0", "dynamic_sampling": "false",
+             "overlong": "none", "top_entropy_q": "null"}
+    for name, value in others.items():
+        config = dataclasses.replace(base, algo=dataclasses.replace(base.algo, **{name: value}))
+        assert batching_refusal([config]) == f"batched runs need algo.{name}={wants[name]}"
 
 
 def test_one_adam_over_stacked_tensors_differs():
@@ -119,3 +169,35 @@ def test_one_adam_over_stacked_tensors_differs():
         opt_views.step()
     assert not torch.equal(stacked, torch.stack(alone))
     assert torch.equal(views, torch.stack(alone))  # one optimizer over per-run tensors: the same bits
+
+
+def test_a_non_finite_step_is_skipped_for_its_run_only(monkeypatch):
+    # The trainer's skip rule (skip_step) per run: run 1's first step reads non-finite, so
+    # the shared optimizer leaves its parameters alone (its Adam step count is one behind);
+    # run 0 trains as alone. A second such step
+    # in a row stops the runs at optim.max_bad_steps=2.
+    import rlvr.batched as batched
+    from rlvr.state import TrainingError
+
+    real, calls = batched.step_batched, []
+
+    def step_with_nan(*args, times=1):
+        metrics = real(*args)
+        calls.append(1)
+        if len(calls) <= times:
+            metrics[1]["loss"] = float("nan")
+        return metrics
+
+    cs = configs(modes=("centered",), seeds=(0, 1), extra=["optim.max_bad_steps=2"])
+    monkeypatch.setattr(batched, "step_batched", step_with_nan)
+    states = [setup(c) for c in cs]
+    records = train_batched(cs, states=states, on_epoch_end=[lambda st: None] * 2)
+    steps = [[r for r in run if r["kind"] == "train"] for run in records]
+    assert [r["skipped_step"] for r in steps[1][:2]] == [1.0, 0.0] and steps[0][0]["skipped_step"] == 0.0
+    assert without_timings(records[0]) == without_timings(train(cs[0]))
+    adam = states[1][1].optimizer.state_dict()["state"]
+    assert all(int(s["step"]) == len(steps[1]) - 1 for s in adam.values())  # one step fewer than run 0's
+    calls.clear()
+    monkeypatch.setattr(batched, "step_batched", lambda *args: step_with_nan(*args, times=2))
+    with pytest.raises(TrainingError, match="2 consecutive steps"):
+        train_batched(cs)

@@ -21,24 +21,39 @@ def test_overrides_beat_the_file_which_beats_the_defaults(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump({
         "algo": {"group_size": 16, "loss": "clipped"}, "optim": {"lr": "1e-2"},
-        "policy": {"options": {"a": 1, "b": 2}},
     }))
-    c = load_config(path, ["algo.group_size=32", "task.prompts=null", "policy.temperature=2",
-                           "policy.options={b: 3}"])
+    c = load_config(path, ["algo.group_size=32", "task.prompts=null", "policy.temperature=2"])
     assert c.algo.group_size == 32  # the override, not the file's 16
     assert c.algo.loss == "clipped" and c.optim.lr == 0.01  # the file's (YAML 1.1 reads 1e-2 as a string)
     assert c.algo.epochs == 100 and c.optim.name == "adam"  # untouched: the defaults
-    assert c.policy.options == {"a": 1, "b": 3}  # options merge key by key, one level deep
     assert c.task.prompts is None and c.policy.temperature == 2.0 and isinstance(c.policy.temperature, float)
     again = config_from_dict(yaml.safe_load(c.to_yaml()))
     assert again == c
 
 
+
+def test_options_merge_as_their_types_say(tmp_path):
+    """Typed option sections merge key by key; a free-form mapping (task.options, a LoRA
+    config: keyword arguments) merges one level deep, each value replaced whole."""
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({
+        "task": {"name": "sort_text", "options": {"num_digits": 4, "num_eval": 8}},
+        "policy": {"name": "causal_lm", "options": {"model": "m", "max_new_tokens": 9, "lora": {"r": 8, "alpha": 16},
+                                                    "engine": "vllm", "engine_options": {"max_num_seqs": 4}}},
+    }))
+    c = load_config(path, ["task.options={num_eval: 3}", "policy.options={top_k: 5}", "policy.options.lora.r=4",
+                           "policy.options.engine_options.dtype=float32"])
+    assert c.task.options == {"num_digits": 4, "num_eval": 3}
+    o = c.policy.options
+    assert (o.model, o.max_new_tokens, o.top_k, o.lora) == ("m", 9, 5, {"r": 4, "alpha": 16})
+    assert (o.engine_options.max_num_seqs, o.engine_options.dtype) == (4, "float32")
+    assert config_from_dict(yaml.safe_load(c.to_yaml())) == c
+
 @pytest.mark.parametrize(
     "overrides, message",
     [
         (["algo.deltas=bogus"], "algo.deltas='bogus' is not allowed; choose one of: raw, centered"),
-        (["algo.lossx=naive"], "did you mean 'loss'"),
+        (["algo.lossx=naive"], "did you mean 'algo.loss'"),
         (["algo.group_size=1"], "algo.group_size=1 with algo.deltas='centered'"),
         (["optim.lr=-0.1"], "optim.lr=-0.1 must be > 0"),
         (["optim.lr=fast"], "optim.lr: expected float, got 'fast'"),
@@ -157,3 +172,17 @@ def test_config_command_checks_task_and_policy_options(capsys, options, message)
     assert main(["config", "task.name=sort_text", "policy.name=causal_lm", options]) == 2
     err = capsys.readouterr().err
     assert err.startswith("rlvr: error: ") and message in err
+
+
+@pytest.mark.parametrize("algo, uses_reference, kl_in_reward, needs_old_log_probs", [
+    ({}, False, False, False),  # the lecture's: naive loss, no KL, no TIS
+    ({"loss": "clipped"}, False, False, True),  # the ratio needs pi_old
+    ({"tis_cap": 2.0}, False, False, True),  # TIS weights pi_old / pi_sampler
+    ({"kl_coef": 0.1}, True, False, False),  # KL in the loss: the reference, no pi_old
+    ({"kl_coef": 0.1, "kl_in": "reward"}, True, True, True),  # k1 = log pi_old - log ref
+    ({"kl_coef": 0.0, "kl_in": "reward"}, False, False, False),  # no penalty: nothing in the reward
+])
+def test_algo_derived_facts(algo, uses_reference, kl_in_reward, needs_old_log_probs):
+    a = config_from_dict({"algo": algo}).algo
+    assert (a.uses_reference, a.kl_in_reward, a.needs_old_log_probs) == (
+        uses_reference, kl_in_reward, needs_old_log_probs)

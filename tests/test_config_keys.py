@@ -45,7 +45,8 @@ def refused(capsys, args):
     (LM, "policy.model=m", "did you mean 'policy.options.model'?"),
     ([], "task.path=d.jsonl", "did you mean 'task.options.path' (with task.name=dataset)?"),
     ([], "epoch=3", "did you mean 'algo.epochs'?"),  # nearer to a setting elsewhere than to a top-level name
-    ([], "algo.lossx=clipped", "did you mean 'loss'?"),  # a typo in its section keeps the short name
+    ([], "algo.lossx=clipped", "did you mean 'algo.loss'?"),  # a typo in its section: the path to type
+    ([], "algo.epocs=3", "did you mean 'algo.epochs'?"),
 ])
 def test_a_bare_or_misplaced_name_points_to_the_setting(base, override, meant):
     with pytest.raises(ConfigError) as err:
@@ -75,7 +76,7 @@ def test_every_unknown_key_of_a_file_is_named_in_one_error(tmp_path, capsys):
         "(1) unknown key 'epochs'; did you mean 'algo.epochs'? "
         "(2) unknown key 'lr'; did you mean 'optim.lr' or 'sft.lr'? "
         "(3) unknown key 'task.path'; did you mean 'task.options.path' (with task.name=dataset)? "
-        "(4) unknown key 'algo.group_sise'; did you mean 'group_size'? "
+        "(4) unknown key 'algo.group_sise'; did you mean 'algo.group_size'? "
         "(5) policy.options: unknown option 'temperature'; did you mean 'policy.temperature'?\n")
 
 
@@ -230,9 +231,10 @@ def test_the_config_check_leaves_errors_of_the_template_own_to_real_prompts(caps
     assert "not a valid Jinja template" in refused(capsys, ["config", *LM, "policy.options.chat_template='{% for %}'"])
 
 
-def test_dataclass_fields_with_only_rules_are_the_sorting_and_positional_ones():
+def test_dataclass_fields_with_only_rules_are_the_sorting_and_positional_ones_and_the_lm_options():
     from rlvr.config import PolicyConfig, TaskConfig
 
+    lm_only = {"task": set(), "policy": {"options"}}
     for cls, section in ((TaskConfig, "task"), (PolicyConfig, "policy")):
         only = {f.name for f in dataclasses.fields(cls) if "only" in f.metadata}
-        assert only == set(SORTING_ONLY[section])
+        assert only == set(SORTING_ONLY[section]) | lm_only[section]

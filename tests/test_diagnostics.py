@@ -22,7 +22,8 @@ from rlvr.diagnostics import (
     reward_gold_divergence,
 )
 from rlvr.rollout import Rollout
-from rlvr.trainer import accumulate_gradients, collect_rollout, micro_batches, setup
+from rlvr.step import accumulate_gradients, micro_batches
+from rlvr.trainer import collect_rollout, setup
 from rlvr.trainer import train as train_run
 
 # ---------------------------------------------------------------- gradient noise
@@ -234,6 +235,8 @@ def test_prompt_solve_shares_average_a_repeated_prompt():
     correct = torch.tensor([[True, False], [False, False], [True, True]])
     assert prompt_solve_shares(prompts, correct) == {"2 0 1": 0.75, "1 1 0": 0.0}
     assert prompt_solve_shares([{"prompt": "Q?"}], correct[:1]) == {"Q?": 0.5}
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Q?"}]
+    assert prompt_solve_shares([{"prompt": chat}], correct[:1]) == {"system: Be brief.\nuser: Q?": 0.5}
 
 
 def test_classify_prompts_and_summary():

@@ -75,7 +75,7 @@ def test_deterministic_mode_gives_bitwise_identical_records(tiny_model, tmp_path
 
 
 @pytest.mark.parametrize("options, message", [
-    ("{modl: x}", "unknown policy.options"),
+    ("{modl: x}", "policy.options: unknown option 'modl'"),
     ("{model: /nonexistent/model/dir}", "/nonexistent/model/dir"),
 ])
 def test_bad_policy_options_exit_cleanly_and_leave_nothing(tmp_path, capsys, options, message):
@@ -100,7 +100,8 @@ def test_malformed_sft_data_names_file_and_line(tiny_model, tmp_path, capsys):
 @pytest.mark.parametrize("aggregation", ["seq_mean_token_mean", "token_mean", "seq_mean_token_sum"])
 def test_lm_micro_batching_gives_the_same_gradient(tiny_model, tmp_path, aggregation):
     from rlvr.config import load_config
-    from rlvr.trainer import collect_rollout, optimizer_step, setup
+    from rlvr.step import optimizer_step
+    from rlvr.trainer import collect_rollout, setup
 
     def gradient(micro_batches):
         args = lm_args(tiny_model, tmp_path / "unused") + [

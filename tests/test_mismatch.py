@@ -13,7 +13,9 @@ from rlvr import core
 from rlvr.config import load_config
 from rlvr.errors import ConfigError
 from rlvr.rollout import sampler_log_probs_exact
-from rlvr.trainer import TrainingError, collect_rollout, optimizer_step, setup, train
+from rlvr.state import TrainingError
+from rlvr.step import optimizer_step
+from rlvr.trainer import collect_rollout, setup, train
 
 MISMATCH_KEYS = {"mismatch/k3", "mismatch/max_abs_gap", "mismatch/tis_truncated_frac"}
 

@@ -206,3 +206,13 @@ def test_the_quiet_console_is_undone_after_the_command(tiny_model, tmp_path):
                  f"policy.options={{model: {tiny_model}, max_new_tokens: 6}}", "algo.epochs=1", "algo.group_size=2",
                  "task.prompts_per_epoch=2", f"out_dir={tmp_path / 'run'}", *QUIET]) == 0
     assert hf_logging.is_progress_bar_enabled() and warnings.filters == filters
+
+
+def test_the_python_api_prints_no_library_noise(tiny_model, tmp_path):
+    config = {"task": {"name": "sort_text", "prompts_per_epoch": 2, "options": {"num_digits": 3, "num_eval": 2}},
+              "policy": {"name": "causal_lm", "options": {"model": str(tiny_model), "max_new_tokens": 6}},
+              "algo": {"epochs": 1, "group_size": 2}, "log": {"progress": False, "plot": False}}
+    script = f"import rlvr\nrlvr.train({config!r}, out_dir={str(tmp_path / 'run')!r})\n"
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert not [word for word in NOISE if word in done.stderr], done.stderr

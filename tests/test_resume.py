@@ -115,29 +115,43 @@ def test_resume_from_the_middle_of_an_epoch(tmp_path):
     args = ["algo.epochs=4", "algo.inner_steps=5", *BASE]
     assert main(["train", f"out_dir={straight}", *args]) == 0
     config = load_config(None, args + [f"out_dir={split}"])
-    import rlvr.trainer as trainer
+    from rlvr.seams import LocalLearner
 
-    original = trainer.optimizer_step
+    original = LocalLearner.optimizer_step
     calls = {"n": 0}
 
-    def stop_after_eight(config, st, rollout):
-        record = original(config, st, rollout)
+    def stop_after_eight(self, st, rollout):
+        record = original(self, st, rollout)
         calls["n"] += 1
         if calls["n"] == 8:  # epoch 1, inner step 3 of 5
             st.stop_requested = True
         return record
 
-    trainer.optimizer_step = stop_after_eight
+    LocalLearner.optimizer_step = stop_after_eight
     try:
         with pytest.raises(KeyboardInterrupt):
             run_training(config)
     finally:
-        trainer.optimizer_step = original
+        LocalLearner.optimizer_step = original
     _, payload = load_latest(split)
     assert (payload["epoch"], payload["inner_step"], payload["step"]) == (1, 3, 8)
     assert payload["rollout"] is not None
     assert main(["train", f"resume={split}"]) == 0
     assert_same_run(straight, split)
+
+
+def test_a_rollout_saved_before_the_policy_mask_loads_with_the_response_mask():
+    # Checkpoints written before Samples had a policy mask hold none: every response token was the policy's.
+    from rlvr.rollout import Rollout, Samples
+
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    samples = Samples(None, torch.zeros(2, 3, dtype=torch.long), mask, torch.zeros(2, 1, dtype=torch.long),
+                      torch.ones(2, 1, dtype=torch.bool))
+    saved = Rollout(samples, torch.zeros(2), None, None, mask.float(), {}).to_dict()
+    assert torch.equal(saved["samples"].pop("policy_mask"), mask)  # written now, absent before
+    loaded = Rollout.from_dict(saved)
+    assert torch.equal(loaded.samples.policy_mask, mask) and torch.equal(loaded.rows(slice(1, 2)).samples.policy_mask,
+                                                                          mask[1:])
 
 
 def test_resume_of_a_directory_without_a_run_is_a_clear_error(tmp_path, capsys):
@@ -148,9 +162,9 @@ def test_resume_of_a_directory_without_a_run_is_a_clear_error(tmp_path, capsys):
 def test_a_run_killed_before_its_first_checkpoint_resumes_from_the_start(tmp_path, monkeypatch):
     # Killed in epoch 0 (no checkpoint yet): its config is there, its partial metrics are
     # discarded, and resuming runs it from the beginning.
-    from rlvr import trainer
     from rlvr.config import load_config
     from rlvr.runs import run_training
+    from rlvr.seams import LocalLearner
 
     class Killed(BaseException):
         pass
@@ -158,18 +172,18 @@ def test_a_run_killed_before_its_first_checkpoint_resumes_from_the_start(tmp_pat
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     args = ["algo.epochs=3", *BASE]
     assert main(["train", f"out_dir={straight}", *args]) == 0
-    original, calls = trainer.optimizer_step, []
+    original, calls = LocalLearner.optimizer_step, []
 
-    def die_at_the_fourth_step(config, st, rollout):
+    def die_at_the_fourth_step(self, st, rollout):
         calls.append(1)
         if len(calls) == 4:
             raise Killed
-        return original(config, st, rollout)
+        return original(self, st, rollout)
 
-    monkeypatch.setattr(trainer, "optimizer_step", die_at_the_fourth_step)
+    monkeypatch.setattr(LocalLearner, "optimizer_step", die_at_the_fourth_step)
     with pytest.raises(Killed):
         run_training(load_config(None, args + [f"out_dir={killed}"]))
-    monkeypatch.setattr(trainer, "optimizer_step", original)
+    monkeypatch.setattr(LocalLearner, "optimizer_step", original)
     assert not list_checkpoints(killed) and len(read_records(killed)) > 3
     assert main(["train", f"resume={killed}"]) == 0
     assert_same_run(straight, killed)
@@ -260,10 +274,10 @@ def test_a_mid_epoch_text_checkpoint_is_plain_data_and_resumes_exactly(tmp_path,
     # Text responses are lists of strings and the reward metrics ride along in the
     # rollout: all of it must load with weights_only=True and continue exactly.
     pytest.importorskip("transformers")
-    from rlvr import trainer
     from rlvr.config import load_config
     from rlvr.modeling import init_model
     from rlvr.runs import run_training
+    from rlvr.seams import LocalLearner
 
     model = tmp_path / "model"
     init_model(model, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2, seed=0)
@@ -274,18 +288,18 @@ def test_a_mid_epoch_text_checkpoint_is_plain_data_and_resumes_exactly(tmp_path,
             "rewards.functions=['rlvr.rewards.faults:sometimes_nan']", "rewards.timeout=null",
             "log.eval_samples=2", "log.progress=false", "log.plot=false", "seed=2"]
     assert main(["train", f"out_dir={straight}", *args]) == 0
-    original, calls = trainer.optimizer_step, []
+    original, calls = LocalLearner.optimizer_step, []
 
-    def stop_after_four(config, st, rollout):
-        record = original(config, st, rollout)
+    def stop_after_four(self, st, rollout):
+        record = original(self, st, rollout)
         calls.append(1)
         st.stop_requested = len(calls) == 4  # epoch 1, inner step 1 of 3
         return record
 
-    monkeypatch.setattr(trainer, "optimizer_step", stop_after_four)
+    monkeypatch.setattr(LocalLearner, "optimizer_step", stop_after_four)
     with pytest.raises(KeyboardInterrupt):
         run_training(load_config(None, args + [f"out_dir={split}"]))
-    monkeypatch.setattr(trainer, "optimizer_step", original)
+    monkeypatch.setattr(LocalLearner, "optimizer_step", original)
     (checkpoint,) = list_checkpoints(split)
     payload = torch.load(checkpoint / "trainer.pt", weights_only=True)
     responses = payload["rollout"]["samples"]["responses"]

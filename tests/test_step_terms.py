@@ -15,7 +15,9 @@ from rlvr.config import ConfigError, load_config
 from rlvr.metrics import without_timings
 from rlvr.policies.positional import PositionalPolicy
 from rlvr.rollout import Grades, Samples
-from rlvr.trainer import TrainState, collect_rollout, optimizer_step, setup
+from rlvr.state import TrainState
+from rlvr.step import optimizer_step
+from rlvr.trainer import collect_rollout, setup
 
 # --- item 1: k1 cannot be a loss term ------------------------------------------------
 
@@ -164,7 +166,7 @@ def test_policies_report_their_longest_response():
 def test_max_grad_norm_clips_the_step_to_that_norm():
     """The gradient the optimizer steps with is scaled to norm max_grad_norm, its direction
     kept; clip_gradients returns (and the record logs) the norm before clipping."""
-    from rlvr.trainer import accumulate_gradients, clip_gradients
+    from rlvr.step import accumulate_gradients, clip_gradients
 
     config = load_config(None, QUIET + ["optim.max_grad_norm=0.01"])
     task, st = setup(config)

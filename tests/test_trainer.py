@@ -7,7 +7,8 @@ import torch
 from conftest import QUIET
 from rlvr.config import load_config
 from rlvr.metrics import without_timings
-from rlvr.trainer import accumulate_gradients, collect_rollout, optimizer_step, setup, train
+from rlvr.step import accumulate_gradients, optimizer_step
+from rlvr.trainer import collect_rollout, rollout_stats, setup, train
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -142,6 +143,31 @@ def test_cosine_schedule_ends_near_zero_and_eval_can_start_later():
     assert [r["epoch"] for r in records if r["kind"] == "eval"] == [2]
 
 
+def test_rollout_stats_by_hand_and_over_runs_as_each_run_alone():
+    # Run 0, two groups of 2: rewards (1, 0) and (0.5, 0.5), the second group's deltas 0.
+    # mean 0.5; std over 4 values with mean 0.5: sqrt((0.25 + 0.25 + 0 + 0) / 3) = sqrt(1/6).
+    rewards = torch.tensor([[[1.0, 0.0], [0.5, 0.5]], [[1.0, float("nan")], [0.0, 0.0]],
+                            [[float("nan")] * 2] * 2])  # [R=3, B=2, G=2]: run 1 abstains once, run 2 always
+    correct = rewards == 1.0
+    deltas = torch.tensor([[0.5, -0.5, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    stats = rollout_stats(rewards, correct, deltas, group_size=2)
+    assert stats[0] == pytest.approx({"reward_mean": 0.5, "reward_std": math.sqrt(1 / 6), "solve_rate": 0.25,
+                                      "frac_zero_delta_groups": 0.5, "abstain_frac": 0.0})
+    # run 1 reduces over its 3 scored rewards (1, 0, 0): mean 1/3, std sqrt((4/9 + 1/9 + 1/9) / 2) = 1/sqrt(3)
+    assert stats[1] == pytest.approx({"reward_mean": 1 / 3, "reward_std": 1 / math.sqrt(3), "solve_rate": 0.25,
+                                      "frac_zero_delta_groups": 1.0, "abstain_frac": 0.25})
+    assert math.isnan(stats[2]["reward_mean"]) and stats[2]["reward_std"] == 0.0 and stats[2]["abstain_frac"] == 1.0
+    # every run's record, bit for bit, is the one it gets alone (R = 1), with and without abstentions
+    gen = torch.Generator().manual_seed(0)
+    for batch in (rewards, torch.rand(5, 7, 3, generator=gen)):
+        runs, b, g = batch.shape
+        correct = torch.rand(runs, b, g, generator=gen) < 0.5
+        deltas = torch.where(torch.rand(runs, b * g, generator=gen) < 0.3, 0.0, torch.randn(runs, b * g, generator=gen))
+        together = rollout_stats(batch, correct, deltas, g)
+        alone = [rollout_stats(batch[r : r + 1], correct[r : r + 1], deltas[r : r + 1], g)[0] for r in range(runs)]
+        assert str(together) == str(alone)  # == with NaN: compare the printed numbers (repr is exact)
+
+
 def test_evaluation_in_chunks_equals_one_batch():
     from rlvr.evaluation import evaluate
 
@@ -181,3 +207,67 @@ def test_shares_of_a_rollout_add_up_to_the_full_batch_loss_and_gradient():
     for key in full:
         torch.testing.assert_close(full[key], parts[0][key] + parts[1][key], rtol=1e-5, atol=1e-7)
     assert any(g.abs().sum() > 0 for g in full_grads)
+
+
+# ---------------------------------------------------------------- the loop's seams
+
+
+class StubSource:
+    """A rollout source that samples one batch in this process and hands the same one back
+    every epoch, counting the epochs it was asked for."""
+
+    def __init__(self, config, st, task):
+        from rlvr.seams import LocalRolloutSource
+
+        self.batch = LocalRolloutSource(config).sample_and_grade(st, task)
+        self.epochs = []
+
+    def sample_and_grade(self, st, task):
+        self.epochs.append(st.epoch)
+        samples, grades, stats = self.batch
+        return samples, grades, dict(stats)
+
+
+class StubLearner:
+    """A learner that takes no step: a record per call, the step count advanced, pulls counted."""
+
+    def __init__(self):
+        self.pulls = []
+
+    def optimizer_step(self, st, rollout):
+        record = {"kind": "train", "epoch": st.epoch, "step": st.step, "stub": True,
+                  "reward_mean": rollout.stats["reward_mean"]}
+        st.step += 1
+        return record
+
+    def pull(self, st):
+        self.pulls.append(st.step)
+
+
+def test_train_runs_with_the_rollout_source_and_learner_it_is_given():
+    # cluster.learners=2 in the config: the loop builds nothing when it is handed its parts
+    config = load_config(None, QUIET + ["algo.epochs=3", "algo.inner_steps=2", "log.eval_every=3",
+                                        "cluster.learners=2"])
+    task, st = setup(config)
+    start = {k: v.clone() for k, v in st.policy.module.state_dict().items()}
+    source, learner = StubSource(config, st, task), StubLearner()
+    records = train(config, state=(task, st), source=source, learner=learner)
+    steps = [r for r in records if r["kind"] == "train"]
+    assert [(r["epoch"], r["step"]) for r in steps] == [(e, 2 * e + i) for e in range(3) for i in range(2)]
+    assert all(r["stub"] for r in steps) and len({r["reward_mean"] for r in steps}) == 1
+    assert source.epochs == [0, 1, 2] and learner.pulls == [2, 4, 6]  # one batch and one pull an epoch
+    assert [r["epoch"] for r in records if r["kind"] == "eval"] == [0, 3]
+    for key, value in st.policy.module.state_dict().items():  # no step was taken but the learner's
+        assert torch.equal(value, start[key]), key
+    with pytest.raises(ValueError, match="both a rollout source and a learner"):
+        train(config, state=(task, st), source=source)
+
+
+def test_the_local_parts_handed_in_give_the_default_run():
+    from rlvr.seams import LocalLearner, LocalRolloutSource
+
+    overrides = QUIET + ["algo.epochs=2", "algo.loss=clipped", "algo.kl_coef=0.05", "log.grad_noise_every=1"]
+    config = load_config(None, overrides)
+    task, st = setup(config)
+    handed = train(config, state=(task, st), source=LocalRolloutSource(config), learner=LocalLearner(config))
+    assert without_timings(handed) == without_timings(train(load_config(None, overrides)))

@@ -95,7 +95,7 @@ def lm_args(model, options="", task="{num_digits: 3, num_eval: 8}"):
 LM_CASES = [
     (", device: cuda", "policy.options: device='cuda' but CUDA is not available"),
     (", device: 'cuda:7'", "policy.options: device='cuda:7' but CUDA is not available"),
-    (", device: gpu", "policy.options: device='gpu' is not a torch device"),
+    (", device: gpu", "policy.options.device='gpu' is not a torch device"),
     (", max_new_tokens: 64", "max_new_tokens=64 leaves no room for a prompt: the model has 64 positions"),
 ]
 

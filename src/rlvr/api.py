@@ -71,10 +71,10 @@ def resolve_config(config: Config | dict | str | Path | None = None, overrides: 
 
 def check(config: Config | dict | str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
     """Everything ``train`` checks before any work, without loading a model: the config's
-    fields, the optional packages its back ends need (``rlvr.extras``), the task built
-    (its data read, the reward functions imported; no worker started) and closed, and the
-    policy's options that need no model. Returns the resolved Config; raises ConfigError
-    naming what is wrong. ``rlvr config`` runs this."""
+    fields (the policy's options among them), the task's options and a chat template, the
+    optional packages its back ends need (``rlvr.extras``), the task built (its data read,
+    the reward functions imported; no worker started) and closed. Returns the resolved
+    Config; raises ConfigError naming what is wrong. ``rlvr config`` runs this."""
     from rlvr.tasks import build_task
 
     resolved = config if isinstance(config, Config) and not overrides else resolve_config(config, overrides)
@@ -87,8 +87,6 @@ def check(config: Config | dict | str | Path | None = None, overrides: Sequence[
         if hint is None:
             raise
         raise ConfigError(f"task.name={resolved.task.name!r}: {hint}") from err
-    if resolved.policy.name == "causal_lm":
-        _check_causal_lm_options(resolved.policy.options)
     return resolved
 
 
@@ -107,13 +105,18 @@ def train(config: Config | dict | str | Path | None = None, overrides: Sequence[
                   there, as ``rlvr train`` does (then ``on_record`` is not called: read
                   ``metrics.jsonl`` or the result). None: the run stays in memory.
     on_record:    called with each record as it is made (in-memory runs).
+    transformers' progress bars and its and peft's deprecation warnings are off while it
+    runs, as in the CLI (``rlvr.modeling.quiet_libraries``).
     """
-    resolved = resolve_config(config, overrides, reward_funcs, out_dir)
-    if resolved.out_dir is None:
-        return _train_in_memory(resolved, on_record)
-    from rlvr.runs import train_in_run_dir
+    from rlvr.modeling import quiet_libraries
 
-    return TrainResult(*train_in_run_dir(resolved), resolved)
+    with quiet_libraries():
+        resolved = resolve_config(config, overrides, reward_funcs, out_dir)
+        if resolved.out_dir is None:
+            return _train_in_memory(resolved, on_record)
+        from rlvr.runs import train_in_run_dir
+
+        return TrainResult(*train_in_run_dir(resolved), resolved)
 
 
 def _train_in_memory(config: Config, on_record: Callable[[Record], None] | None) -> TrainResult:
@@ -137,35 +140,3 @@ def _check_callables(reward_funcs: Sequence[Callable]) -> None:
         if not callable(fn):
             raise ConfigError(f"reward_funcs[{i}]={fn!r} is not callable; give the function itself "
                               "(a 'module:function' name goes in rewards.functions)")
-
-
-def _check_causal_lm_options(options: dict) -> None:
-    """The causal_lm options' values that can be checked without the model: device, dtype,
-    engine and its options, the sampling settings. What depends on the machine (a CUDA
-    device present, vllm installed) is left to the run: a config may be written on a
-    laptop for a GPU machine."""
-    import torch
-
-    from rlvr.engines import SamplingParams
-    from rlvr.engines.vllm import VLLMOptions, vllm_installed
-    from rlvr.modeling import DTYPES
-    from rlvr.policies.causal_lm import check_engine
-
-    sampling = {key: options[key] for key in ("max_new_tokens", "min_new_tokens", "top_k", "top_p", "stop_strings")
-                if key in options}
-    device, engine, engine_options = options.get("device", "cpu"), options.get("engine", "hf"), options.get(
-        "engine_options")
-    try:
-        try:
-            torch.device(device)
-        except (RuntimeError, TypeError):
-            raise ValueError(f"device={device!r} is not a torch device (e.g. cpu, cuda, cuda:1, mps)") from None
-        if options.get("dtype", "float32") not in DTYPES:
-            raise ValueError(f"dtype={options['dtype']!r} is not allowed; choose one of: {', '.join(DTYPES)}")
-        if engine == "vllm" and not vllm_installed():
-            VLLMOptions.from_dict(engine_options)  # its values; the package may be on the machine that runs it
-        else:
-            check_engine(engine, engine_options)
-        SamplingParams(**sampling)
-    except (ValueError, TypeError) as err:
-        raise ConfigError(f"policy.options: {err}") from err

@@ -6,16 +6,18 @@ run's step is a few dozen tiny tensor operations, so its time is per-operation o
 one pass, with records equal to ``rlvr.trainer.train`` run by run (``==`` on every
 number but the ``time/*`` timings and ``tokens_per_sec_generate``; ``tests/test_batched.py``).
 
+What is batched here and nothing more: the model's forward and backward
+(``rlvr.policies.positional``, the same functions a run alone uses, over the run axis),
+sampling, grading, the deltas and the naive loss's gradient. Each run keeps its own
+TrainState; the functions a run alone uses make its records, given every run at once
+(``rollout_stats``, ``step_metrics``, ``evaluate_runs`` sampling through ``BatchedPositional``).
+
 What keeps the numbers bit for bit:
   * random draws: each run keeps its own ``torch.Generator``; the multinomial draws are
     one call per run on that run's rows of the batched probabilities (cheap), the math
     around them is batched.
-  * matmuls: MKL's batched GEMM gives the single GEMM's bits only when every run's
-    operands and output start on a 64-byte boundary (a run's slice of a plain
-    ``[R, ...]`` tensor sits at an arbitrary offset and can round differently, as can a
-    single GEMM on such a slice). Every tensor that enters a ``bmm`` is therefore laid
-    out by ``aligned_empty``, and ``exact_bmm_check`` verifies on this machine, before
-    any work, that the aligned batched GEMM equals the single one at every shape used.
+  * matmuls: aligned operands and the way ``matmul_strategy`` found exact (positional.py);
+    ``inexact_matmul`` refuses, before any work, a machine where neither way is.
   * the optimizer: one optimizer (``build_optimizer``) over every run's parameters as
     separate tensors. One Adam over ``[R, ...]`` tensors is NOT the same: the fused CPU
     kernel takes each tensor's last ``numel % 16`` elements through a scalar loop in
@@ -34,7 +36,6 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
 import torch
@@ -44,104 +45,83 @@ from rlvr import core
 from rlvr.config import Config
 from rlvr.diagnostics import max_reward_stats, prompt_solve_shares
 from rlvr.errors import ConfigError
-from rlvr.evaluation import pass_at_k, sample_table
+from rlvr.evaluation import evaluate_runs
 from rlvr.metrics import Record
 from rlvr.optim import build_optimizer, build_scheduler
-from rlvr.policies.positional import consecutive_groups
+from rlvr.policies.positional import (
+    Activations,
+    aligned_copy,
+    aligned_empty,
+    backward_pass,
+    chosen_index,
+    consecutive_groups,
+    forward_pass,
+    inexact_matmul,
+    log_softmax_backward,
+    sample_tokens,
+    tempered_log_softmax,
+)
 from rlvr.rollout import Task
-from rlvr.trainer import TrainingError, TrainState, rollout_stats, setup
+from rlvr.state import TrainState
+from rlvr.step import skip_step, step_metrics
+from rlvr.trainer import rollout_stats, setup
 
-ALIGN = 16  # floats per 64 bytes: every run's block of a batched tensor starts on this boundary
 DIFFERING_FIELDS = ("name", "out_dir", "seed", "algo.deltas")  # what runs of one batch may differ in
 TIMING_KEYS = ("time/generate", "time/reward", "time/score", "time/step", "tokens_per_sec_generate")
 
-
-def aligned_empty(runs: int, *shape: int) -> torch.Tensor:
-    """An uninitialised ``[runs, *shape]`` float tensor whose run blocks each start on a
-    64-byte boundary (the CPU allocator aligns the storage to 64 bytes; each run's block
-    is padded to a multiple of 16 floats). Each ``t[r]`` is contiguous."""
-    size = math.prod(shape)
-    stride = -(-size // ALIGN) * ALIGN
-    return torch.empty(runs, stride)[:, :size].view(runs, *shape)
-
-
-def aligned_copy(x: torch.Tensor) -> torch.Tensor:
-    """``x`` [R, ...] copied into an ``aligned_empty`` tensor."""
-    out = aligned_empty(*x.shape)
-    out.copy_(x)
-    return out
-
-
-@cache
-def matmul_strategy(runs: int, m: int, k: int, n: int, a_transposed: bool, b_transposed: bool) -> str | None:
-    """How [R, m, k] @ [R, k, n] (aligned operands and output) gives the bits of R single
-    ``mm`` calls on freshly allocated operands, as one run computes them on this machine:
-    "bmm" (one batched call), "loop" (one ``mm`` per run: ``bmm`` of small matrices takes
-    a plain loop that rounds differently), or None (neither). ``*_transposed``: the
-    operand is a transposed view, as in the run's code. Checked on random numbers."""
-    gen = torch.Generator().manual_seed(m * 1000 + k * 10 + n)
-    a, b = torch.randn(runs, m, k, generator=gen), torch.randn(runs, k, n, generator=gen)
-
-    def layout(x: torch.Tensor, transposed: bool) -> torch.Tensor:  # the values of x, the strides of the code
-        if transposed:
-            return aligned_empty(x.shape[0], x.shape[2], x.shape[1]).transpose(1, 2).copy_(x)
-        return aligned_copy(x)
-
-    single = torch.stack([
-        layout(a[r : r + 1], a_transposed)[0].clone(memory_format=torch.preserve_format)
-        @ layout(b[r : r + 1], b_transposed)[0].clone(memory_format=torch.preserve_format)
-        for r in range(runs)])
-    a, b = layout(a, a_transposed), layout(b, b_transposed)
-    for strategy in ("bmm", "loop"):
-        if torch.equal(batched_mm(a, b, aligned_empty(runs, m, n), strategy), single):
-            return strategy
-    return None
-
-
-def batched_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, strategy: str | None = None) -> torch.Tensor:
-    """out [R, m, n] = a [R, m, k] @ b [R, k, n], run by run as a single run computes it
-    (``matmul_strategy``; all three aligned)."""
-    if strategy is None:
-        strategy = matmul_strategy(a.shape[0], a.shape[1], a.shape[2], b.shape[2], _transposed(a), _transposed(b))
-    if strategy == "bmm":
-        return torch.bmm(a, b, out=out)
-    for r in range(a.shape[0]):
-        torch.mm(a[r], b[r], out=out[r])
-    return out
-
-
-def _transposed(x: torch.Tensor) -> bool:
-    """Whether the last two dims of x are laid out transposed (column-major)."""
-    return x.stride(-1) != 1
-
-
-# ---------------------------------------------------------------- which runs can be batched
+ANY_VALUE = "any value"
+# Every algo.* field, and what the batched path does with it: ANY_VALUE, it trains as the
+# trainer does (or the field is read only by options refused here); any other value is
+# the only one batched, other values are refused. A new field fails tests/test_batched.py
+# until it is declared here.
+BATCHED_ALGO: dict[str, Any] = {
+    "preset": ANY_VALUE,  # resolved into the fields below when the config loads
+    "epochs": ANY_VALUE,
+    "inner_steps": ANY_VALUE,
+    "group_size": ANY_VALUE,
+    "deltas": ANY_VALUE,
+    "aggregation": ANY_VALUE,
+    "normalizer": ANY_VALUE,
+    "adv_eps": ANY_VALUE,
+    "loss": "naive",
+    "clip_eps": ANY_VALUE,  # the clipped losses'
+    "clip_eps_high": ANY_VALUE,
+    "clip_ratio_c": ANY_VALUE,
+    "old_log_probs": ANY_VALUE,  # the naive loss has no ratio
+    "kl_coef": 0.0,
+    "kl_estimator": ANY_VALUE,  # the KL's (kl_coef > 0)
+    "ref_update_every": ANY_VALUE,
+    "kl_in": ANY_VALUE,
+    "tis_cap": None,
+    "entropy_coef": 0.0,
+    "dynamic_sampling": False,
+    "max_sampling_tries": ANY_VALUE,  # dynamic sampling's
+    "overlong": "none",
+    "overlong_cache": ANY_VALUE,  # overlong's
+    "overlong_factor": ANY_VALUE,
+    "top_entropy_q": None,
+}
 
 
 def batching_refusal(configs: Sequence[Config]) -> str | None:
     """Why ``configs`` cannot train as one batch (None: they can): the positional policy
-    on the sorting task with fixed prompts, the naive loss without KL, importance weights,
-    micro-batches, user rewards or Ray workers, all equal but in DIFFERING_FIELDS."""
+    on the sorting task with fixed prompts, ``BATCHED_ALGO``'s values, no micro-batches,
+    user rewards, Ray workers or gradient-noise measurement, all equal but in DIFFERING_FIELDS."""
     if not configs:
         return "no runs"
     c = configs[0]
+    missing = [f"algo.{name}={_override(value)}" for name, value in BATCHED_ALGO.items()
+               if value != ANY_VALUE and getattr(c.algo, name) != value]
     needs = {
         "policy.name=positional": c.policy.name == "positional",
         "task.name=sorting": c.task.name == "sorting",
         "fixed task.prompts (not null)": c.task.prompts is not None,
-        "algo.loss=naive": c.algo.loss == "naive",
-        "algo.kl_coef=0": c.algo.kl_coef == 0,
-        "algo.tis_cap=null": c.algo.tis_cap is None,
         "optim.micro_batches=1": c.optim.micro_batches == 1,
         "rewards.functions=[]": not c.rewards.functions,
         "cluster.rollout_workers=0": c.cluster.rollout_workers == 0,
-        "algo.entropy_coef=0": c.algo.entropy_coef == 0,
-        "algo.dynamic_sampling=false": not c.algo.dynamic_sampling,
-        "algo.overlong=none": c.algo.overlong == "none",
-        "algo.top_entropy_q=null": c.algo.top_entropy_q is None,
         "log.grad_noise_every=0": c.log.grad_noise_every == 0,
     }
-    missing = [need for need, ok in needs.items() if not ok]
+    missing = [need for need, ok in needs.items() if not ok] + missing
     if missing:
         return f"batched runs need {', '.join(missing)}"
 
@@ -163,95 +143,73 @@ def batching_refusal(configs: Sequence[Config]) -> str | None:
     return None
 
 
-# ---------------------------------------------------------------- the batched model
+def _override(value: Any) -> str:
+    """A value as a ``key=value`` override writes it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-@dataclass
-class Forward:
-    """One batched forward pass, kept for the backward: x [R, M, n*D], state [R, M, D],
-    decode_flat [R, D, n*D], out [R, M, n*D], logits [R, M*n, V] (all aligned)."""
-
-    x: torch.Tensor
-    state: torch.Tensor
-    decode_flat: torch.Tensor
-    out: torch.Tensor
-    logits: torch.Tensor
+# ---------------------------------------------------------------- the runs' weights
 
 
 class BatchedPositional:
-    """The positional model's weights of R runs as aligned [R, ...] tensors; each run's
-    module parameters become views of them (so a run's policy always holds its current
-    weights, e.g. for a checkpoint). The math is ``PositionalModel.forward`` and
-    ``_PositionalLogProbs`` with a leading run axis."""
+    """The positional model's weights of R runs as aligned [R, ...] tensors, with their
+    gradients; each run's module parameters become views of them (so a run's policy always
+    holds its current weights: its evaluation, its checkpoint)."""
+
+    NAMES = ("encode", "decode", "embedding")  # module.parameters() order
 
     def __init__(self, modules: Sequence[nn.Module]):
-        runs = len(modules)
         self.embedding = aligned_copy(torch.stack([m.embedding.weight.detach() for m in modules]))  # [R, V, D]
         self.encode = aligned_copy(torch.stack([m.encode.detach() for m in modules]))  # [R, n, D, D]
         self.decode = aligned_copy(torch.stack([m.decode.detach() for m in modules]))  # [R, n, D, D]
-        self.grads = {name: aligned_empty(*getattr(self, name).shape) for name in ("embedding", "encode", "decode")}
+        self.grads = {name: aligned_empty(*getattr(self, name).shape) for name in self.NAMES}
         self.params: list[list[nn.Parameter]] = []  # per run, in module.parameters() order
         for r, m in enumerate(modules):
             m.encode = nn.Parameter(self.encode[r])
             m.decode = nn.Parameter(self.decode[r])
             m.embedding.weight = nn.Parameter(self.embedding[r])
-            owned = {"encode": m.encode, "decode": m.decode, "embedding": m.embedding.weight}
-            for name, p in owned.items():
-                p.grad = self.grads[name][r]
             self.params.append(list(m.parameters()))
-        _, self.vocab, self.dim = self.embedding.shape
-        self.runs, self.length = runs, self.encode.shape[1]
+        self.restore_grads(range(len(modules)))
+        self.runs, self.length, self.vocab, self.dim = len(modules), self.encode.shape[1], *self.embedding.shape[1:]
 
-    def check_exact(self, rows: Sequence[int]) -> None:
-        """Refuse (ConfigError) when this machine's batched GEMM differs from the single one
-        at a shape the runs use (``rows``: the M of each forward pass)."""
-        r, n, d, v = self.runs, self.length, self.dim, self.vocab
-        for m in set(rows):
-            shapes = [(m, n * d, d, False, False), (m, d, n * d, False, False), (m * n, d, v, False, True),
-                      (v, m * n, d, True, False), (m * n, v, d, False, False), (d, m, n * d, True, False),
-                      (m, n * d, d, False, True), (n * d, m, d, True, False), (m, d, n * d, False, True)]
-            bad = [s for s in shapes if matmul_strategy(r, *s) is None]
-            if bad:
-                raise ConfigError(f"batched runs: this machine's batched matmul rounds differently from the single "
-                                  f"one at [m, k, n, a^T, b^T] = {bad[0]}; run them one by one")
+    def restore_grads(self, runs: Sequence[int] | range) -> None:
+        """Point these runs' ``.grad`` at their blocks of ``self.grads`` (a skipped step drops them)."""
+        for r in runs:
+            for name, p in zip(self.NAMES, self.params[r]):
+                p.grad = self.grads[name][r]
 
-    def forward(self, prompts: torch.Tensor) -> Forward:
-        """prompts [M, n], shared by the runs -> Forward with logits [R, M*n, V]."""
-        r, (m, n), d, v = self.runs, prompts.shape, self.dim, self.vocab
-        x = aligned_empty(r, m, n * d)
-        x.view(r, m * n, d).copy_(self.embedding[:, prompts.reshape(-1)])  # [R, M*n, D]
-        state = batched_mm(x, self.encode.view(r, n * d, d), out=aligned_empty(r, m, d))  # [R, M, D]
-        decode_flat = aligned_empty(r, d, n * d)
-        decode_flat.view(r, d, n, d).copy_(self.decode.transpose(1, 2))  # per run decode.transpose(0, 1)
-        out = batched_mm(state, decode_flat, out=aligned_empty(r, m, n * d))  # [R, M, n*D]
-        logits = batched_mm(out.view(r, m * n, d), self.embedding.transpose(1, 2),
-                           out=aligned_empty(r, m * n, v))  # [R, M*n, V], tied output
-        return Forward(x, state, decode_flat, out, logits)
+    def forward(self, prompts: torch.Tensor) -> Activations:
+        """prompts [M, n], shared by the runs -> Activations with logits [R, M*n, V]."""
+        return forward_pass(self.embedding, self.encode, self.decode, prompts)
 
-    def backward(self, f: Forward, prompts: torch.Tensor, probs: torch.Tensor, grad_chosen: torch.Tensor,
-                 temperature: float) -> None:
-        """Gradients into ``self.grads`` (each run's ``.grad``): ``_PositionalLogProbs.backward``
-        per run. probs, grad_chosen [R, U*n, V]: softmax and the gradient on the log-probs
-        summed per (prompt, position, token)."""
-        r, (u, n), d = self.runs, prompts.shape, self.dim
-        grad_logits = aligned_empty(r, u * n, self.vocab)
-        torch.sub(grad_chosen, probs * grad_chosen.sum(dim=-1, keepdim=True), out=grad_logits)
-        if temperature != 1.0:
-            torch.div(grad_logits, temperature, out=grad_logits)
-        g_embedding, g_encode, g_decode = self.grads["embedding"], self.grads["encode"], self.grads["decode"]
-        batched_mm(grad_logits.transpose(1, 2), f.out.view(r, u * n, d), out=g_embedding)  # output side
-        grad_out = batched_mm(grad_logits, self.embedding, out=aligned_empty(r, u * n, d)).view(r, u, n * d)
-        grad_decode_t = batched_mm(f.state.transpose(1, 2), grad_out, out=aligned_empty(r, d, n * d))
-        g_decode.copy_(grad_decode_t.view(r, d, n, d).transpose(1, 2))
-        grad_state = batched_mm(grad_out, f.decode_flat.transpose(1, 2), out=aligned_empty(r, u, d))
-        batched_mm(f.x.transpose(1, 2), grad_state, out=g_encode.view(r, n * d, d))
-        grad_x = batched_mm(grad_state, self.encode.view(r, n * d, d).transpose(1, 2), out=aligned_empty(r, u, n * d))
-        g_embedding.index_add_(1, prompts.reshape(-1), grad_x.view(r, u * n, d))  # the input side
+    @torch.no_grad()
+    def draw(self, prompts: torch.Tensor, count: int, temperature: float, generators: Sequence[torch.Generator]
+             ) -> torch.Tensor:
+        """``PositionalPolicy.sample``'s responses of every run: prompts [M, n] -> [R, M, count, n],
+        run r's drawn with ``generators[r]``."""
+        probs = tempered_log_softmax(self.forward(prompts).logits, temperature).exp()  # [R, M*n, V]
+        return torch.stack([sample_tokens(probs[r], prompts.shape[0], count, gen) for r, gen in enumerate(generators)])
+
+    @torch.no_grad()
+    def greedy(self, prompts: torch.Tensor) -> torch.Tensor:
+        """``rlvr.evaluation.EvalSampler.greedy``: prompts [M, n] -> [R*M, 1, n]."""
+        m, n = prompts.shape
+        return self.forward(prompts).logits.reshape(self.runs * m, 1, n, -1).argmax(dim=-1)
+
+    def sample(self, prompts: torch.Tensor, count: int, temperature: float, generators: Sequence[torch.Generator]
+               ) -> tuple[torch.Tensor, list[list[int]]]:
+        """``EvalSampler.sample``: responses [R*M, count, n] and each one's tokens (R*M*count lists)."""
+        m, n = prompts.shape
+        responses = self.draw(prompts, count, temperature, generators).view(self.runs * m, count, n)
+        return responses, responses.reshape(-1, n).tolist()
 
     def grad_norms(self) -> torch.Tensor:
         """Each run's total gradient norm [R], the norms of its parameters in module order."""
-        norms = [torch.linalg.vector_norm(self.grads[k].reshape(self.runs, -1), dim=1)
-                 for k in ("encode", "decode", "embedding")]
+        norms = [torch.linalg.vector_norm(self.grads[k].reshape(self.runs, -1), dim=1) for k in self.NAMES]
         return torch.linalg.vector_norm(torch.stack(norms, dim=1), dim=1)
 
 
@@ -260,12 +218,10 @@ class BatchedPositional:
 
 @dataclass
 class BatchedRollout:
-    """One epoch's batch of every run: responses [R, B, G, n], deltas [R, N], each
-    response's distinct prompt [N] (the same for every run), the flat index of each
-    chosen log-prob [R, N, n] into [R*U*n*V], each run's stats record and its per-prompt
-    solved shares."""
+    """One epoch's batch of every run: deltas [R, N], each response's distinct prompt [N]
+    (the same for every run), the flat index of each chosen log-prob [R, N, n] into
+    [R*U*n*V], each run's stats record and its per-prompt solved shares."""
 
-    responses: torch.Tensor
     deltas: torch.Tensor
     row_prompt: torch.Tensor
     chosen: torch.Tensor
@@ -294,49 +250,55 @@ def train_batched(
     states = list(states) if states is not None else [setup(c) for c in configs]
     if any(st.step or st.epoch or st.records or st.rollout is not None for _, st in states):
         raise ConfigError("batched runs start from the beginning (resume a run one by one)")
-    config, task = configs[0], states[0][0]
+    config, task, sts = configs[0], states[0][0], [st for _, st in states]
     emits = list(on_record) if on_record is not None else [lambda record: None] * runs
     a = config.algo
-    model = BatchedPositional([st.policy.module for _, st in states])
-    prompts = task.sample_prompts(config.task.prompts_per_epoch, states[0][1].generator)  # fixed: [B, n]
+    model = BatchedPositional([st.policy.module for st in sts])
+    prompts = task.sample_prompts(config.task.prompts_per_epoch, sts[0].generator)  # fixed: [B, n]
     distinct, row_prompt = consecutive_groups(prompts.repeat_interleave(a.group_size, dim=0))  # [U, n], [N]
-    eval_prompts = task.eval_prompts()
-    model.check_exact([prompts.shape[0], distinct.shape[0]]
-                      + [len(eval_prompts[s : s + config.log.eval_batch_size])
-                         for s in range(0, len(eval_prompts), config.log.eval_batch_size)])
+    # the M of every batched forward: the step's prompts, the distinct ones, each evaluation chunk
+    eval_size, num_eval = config.log.eval_batch_size, len(task.eval_prompts())
+    rows = [prompts.shape[0], distinct.shape[0]] + [min(eval_size, num_eval - s) for s in range(0, num_eval, eval_size)]
+    bad = inexact_matmul(runs, rows, model.length, model.dim, model.vocab)
+    if bad is not None:
+        raise ConfigError(f"batched runs: this machine's batched matmul rounds differently from the single "
+                          f"one at [m, k, n, a^T, b^T] = {bad}; run them one by one")
     optimizer = build_optimizer(config.optim, [p for params in model.params for p in params])
     scheduler = build_scheduler(config.optim, optimizer, a.epochs * a.inner_steps)
-    generators = [st.generator for _, st in states]
+    for st, params in zip(sts, model.params):  # a run's own optimizer holds its parameters: skip_step drops them
+        st.optimizer.param_groups[0]["params"] = params
+        st.optimizer.state.clear()
     records: list[list[Record]] = [[] for _ in range(runs)]
 
     def record(r: int, *new: Record) -> None:
         for rec in new:
             records[r].append(rec)
-            states[r][1].records.append(rec)
+            sts[r].records.append(rec)
             emits[r](rec)
 
     step = epoch = 0
     if config.log.eval_at_start:
-        for r, recs in enumerate(evaluate_batched(configs, task, model, eval_prompts, 0, 0)):
+        for r, recs in enumerate(evaluate_runs(configs, task, model, 0, 0)):
             record(r, *recs)
-    bad_steps = [0] * runs
     while epoch < a.epochs:
-        rollout = collect_batched(configs, task, model, prompts, distinct, generators)
+        rollout = collect_batched(configs, task, model, prompts, distinct, [st.generator for st in sts])
         if config.log.prompt_records:
             for r in range(runs):
                 record(r, {"kind": "prompts", "epoch": epoch, "step": step, "solved": rollout.solved[r]})
         weights = core.aggregation_weights(torch.ones(row_prompt.shape[0], model.length, dtype=torch.bool),
                                            a.aggregation, model.length if a.normalizer is None else a.normalizer)
-        for _ in range(a.inner_steps):
+        for inner in range(a.inner_steps):
             clock = time.perf_counter()
             metrics = step_batched(config, model, distinct, rollout, weights)
             skipped = [not all(math.isfinite(v) for v in m.values()) for m in metrics]
-            for r in range(runs):
-                bad_steps[r] = bad_steps[r] + 1 if skipped[r] else 0
-                if bad_steps[r] >= config.optim.max_bad_steps:
-                    raise TrainingError(f"{configs[r].name}: {bad_steps[r]} consecutive steps with non-finite values "
-                                        f"at epoch {epoch}, step {step}; stopping")
-            _optimizer_step(optimizer, model, skipped)
+            for st, m, skip in zip(sts, metrics, skipped):
+                st.epoch, st.step, st.inner_step = epoch, step, inner
+                if skip:  # the run's parameters lose their gradient: the shared optimizer leaves them alone
+                    skip_step(st, st.policy.module, m, config.optim.max_bad_steps)
+                else:
+                    st.bad_steps = 0
+            optimizer.step()
+            model.restore_grads([r for r, skip in enumerate(skipped) if skip])
             lr = scheduler.get_last_lr()[0]
             scheduler.step()
             seconds = (time.perf_counter() - clock) / runs
@@ -345,40 +307,22 @@ def train_batched(
                            "skipped_step": float(skipped[r]), **rollout.stats[r], "lr": lr, "time/step": seconds})
             step += 1
         epoch += 1
+        for st in sts:
+            st.epoch, st.step, st.inner_step = epoch, step, 0
         if epoch % config.log.eval_every == 0 or epoch == a.epochs:
-            for r, recs in enumerate(evaluate_batched(configs, task, model, eval_prompts, epoch, step)):
+            for r, recs in enumerate(evaluate_runs(configs, task, model, epoch, step)):
                 record(r, *recs)
-        for r, (_, st) in enumerate(states):
-            st.epoch, st.step, st.bad_steps, st.inner_step = epoch, step, bad_steps[r], 0
         if on_epoch_end is not None:
-            for r, (_, st) in enumerate(states):
+            for r, st in enumerate(sts):
                 sync_state(st, model.params[r], optimizer, scheduler)
                 on_epoch_end[r](st)
     return records
-
-
-def _optimizer_step(optimizer: torch.optim.Optimizer, model: BatchedPositional, skipped: list[bool]) -> None:
-    """One step of every run but the skipped ones: a parameter without a gradient is left
-    alone, its Adam step count too, as a run alone skips the step."""
-    if any(skipped):
-        for r in (r for r, s in enumerate(skipped) if s):
-            for p in model.params[r]:
-                p.grad = None
-        optimizer.step()
-        for r in (r for r, s in enumerate(skipped) if s):
-            for name, p in zip(("encode", "decode", "embedding"), model.params[r]):
-                p.grad = model.grads[name][r]
-    else:
-        optimizer.step()
 
 
 def sync_state(st: TrainState, params: list[nn.Parameter], optimizer: torch.optim.Optimizer,
                scheduler: torch.optim.lr_scheduler.LambdaLR) -> None:
     """Make run ``st``'s own optimizer and scheduler hold its part of the shared ones (its
     parameters' Adam state, the learning rate, the schedule's position)."""
-    if any(a is not b for a, b in zip(st.optimizer.param_groups[0]["params"], params, strict=True)):
-        st.optimizer.param_groups[0]["params"] = params
-        st.optimizer.state.clear()
     for p in params:
         if p in optimizer.state:
             st.optimizer.state[p] = optimizer.state[p]
@@ -391,9 +335,9 @@ def collect_batched(configs: Sequence[Config], task: Task, model: BatchedPositio
     """Every run's epoch batch, as ``collect_rollout`` makes it: G responses per prompt
     drawn with the run's generator, graded, its deltas and stats."""
     config, runs = configs[0], model.runs
-    g, (b, n), v = config.algo.group_size, prompts.shape, model.vocab
+    g, (b, n) = config.algo.group_size, prompts.shape
     clock = time.perf_counter()
-    responses = sample_batched(model, prompts, g, config.policy.temperature, generators)  # [R, B, G, n]
+    responses = model.draw(prompts, g, config.policy.temperature, generators)  # [R, B, G, n]
     generate = time.perf_counter() - clock
     clock = time.perf_counter()
     grades = task.grade(prompts.repeat(runs, 1), responses.reshape(runs * b, g, n))
@@ -406,68 +350,39 @@ def collect_batched(configs: Sequence[Config], task: Task, model: BatchedPositio
         grouped = rewards[idx].reshape(-1, g)  # every response n tokens (reinforce_pp whitens over tokens)
         deltas[idx] = core.compute_deltas(grouped, mode, eps=config.algo.adv_eps, lengths=torch.full_like(grouped, n)
                                           ).view(len(idx), b * g)
-    # The flat index of each response token's log-prob in the [R, U*n, V] log-softmax.
     _, row_prompt = consecutive_groups(prompts.repeat_interleave(g, dim=0))
-    u = distinct.shape[0]
-    response_ids = responses.reshape(runs, b * g, n)  # [R, N, n]
-    chosen = ((row_prompt.unsqueeze(1) * n + torch.arange(n)) * v + response_ids  # [R, N, n]
-              + (torch.arange(runs) * (u * n * v)).view(runs, 1, 1))
+    chosen = chosen_index(row_prompt, responses.reshape(runs, b * g, n), distinct.shape[0], model.vocab)
     score = time.perf_counter() - clock
     tokens = b * g * n
     common = {"time/generate": generate / runs, "time/reward": reward / runs, "time/score": score / runs,
-              "response_tokens": tokens, "tokens_per_sec_generate": tokens / max(generate / runs, 1e-9)}
-    stats = [{**s, **grades.metrics, **common, "response_length": float(n),
-              **max_reward_stats(rewards[r], correct[r], getattr(task, "max_reward", None))}
-             for r, s in enumerate(_rollout_stats(rewards, correct, deltas, g))]
+              "response_tokens": tokens, "tokens_per_sec_generate": tokens / max(generate / runs, 1e-9),
+              "response_length": float(n)}
+    max_reward, reward_is_gold = getattr(task, "max_reward", None), getattr(task, "reward_is_gold", False)
+    stats = [{**s, **grades.metrics, **common,
+              **max_reward_stats(rewards[r], correct[r], max_reward, reward_is_gold=reward_is_gold)}
+             for r, s in enumerate(rollout_stats(rewards, correct, deltas, g))]
     solved = [prompt_solve_shares(prompts, correct[r]) for r in range(runs)]
-    return BatchedRollout(responses, deltas, row_prompt, chosen, stats, solved)
-
-
-def _rollout_stats(rewards: torch.Tensor, correct: torch.Tensor, deltas: torch.Tensor, group_size: int
-                   ) -> list[Record]:
-    """``rollout_stats`` of every run; rewards, correct [R, B, G], deltas [R, N]. Batched
-    when every reward is finite (then a run's reductions are over whole rows)."""
-    runs = rewards.shape[0]
-    if not bool(torch.isfinite(rewards).all()):
-        return [rollout_stats(rewards[r], correct[r], deltas[r], group_size) for r in range(runs)]
-    flat = rewards.reshape(runs, -1)  # [R, N]
-    zero_groups = (deltas.reshape(runs, -1, group_size) == 0).all(dim=2)  # [R, B]
-    columns = torch.stack([flat.mean(dim=1), flat.std(dim=1), correct.reshape(runs, -1).float().mean(dim=1),
-                           zero_groups.float().mean(dim=1)], dim=1).tolist()
-    keys = ("reward_mean", "reward_std", "solve_rate", "frac_zero_delta_groups")
-    return [{**dict(zip(keys, row)), "abstain_frac": 0.0} for row in columns]
-
-
-@torch.no_grad()
-def sample_batched(model: BatchedPositional, prompts: torch.Tensor, group_size: int, temperature: float,
-                   generators: Sequence[torch.Generator]) -> torch.Tensor:
-    """``PositionalPolicy.sample`` of every run: prompts [M, n] -> responses [R, M, G, n],
-    each run's draws from its own generator."""
-    runs, (m, n) = model.runs, prompts.shape
-    logits = model.forward(prompts).logits.reshape(runs, m, n, -1) / temperature  # [R, M, n, V]
-    probs = torch.log_softmax(logits, dim=-1).exp().reshape(runs, m * n, -1)  # [R, M*n, V]
-    tokens = torch.stack([torch.multinomial(probs[r], group_size, replacement=True, generator=gen)
-                          for r, gen in enumerate(generators)])  # [R, M*n, G]
-    return tokens.reshape(runs, m, n, group_size).transpose(2, 3).contiguous()
+    return BatchedRollout(deltas, row_prompt, chosen, stats, solved)
 
 
 def step_batched(config: Config, model: BatchedPositional, distinct: torch.Tensor, rollout: BatchedRollout,
                  weights: torch.Tensor) -> list[dict[str, float]]:
     """Every run's gradient of the naive loss sum(w * -delta * log pi) in ``model.grads``,
-    clipped when configured; returns each run's step metrics as ``step_metrics`` names them.
-    weights [N, n], the same for every run."""
+    clipped when configured; returns each run's ``step_metrics``. weights [N, n], the same
+    for every run."""
     runs, temperature = model.runs, config.policy.temperature
-    f = model.forward(distinct)
-    logits = f.logits if temperature == 1.0 else f.logits / temperature
-    all_log_probs = torch.log_softmax(logits, dim=-1)  # [R, U*n, V]
+    activations = model.forward(distinct)
+    all_log_probs = tempered_log_softmax(activations.logits, temperature)  # [R, U*n, V]
     probs = all_log_probs.exp()
     log_probs = all_log_probs.take(rollout.chosen)  # [R, N, n]
     deltas = rollout.deltas.unsqueeze(-1)  # [R, N, 1]
     pg = -deltas * log_probs  # [R, N, n]
-    loss = torch.where(weights > 0, pg * weights, 0.0).sum(dim=(1, 2))  # [R]; pg_loss is the same sum
-    grad_chosen = torch.zeros(all_log_probs.numel())
-    grad_chosen.scatter_add_(0, rollout.chosen.reshape(-1), (weights * -deltas).reshape(-1))  # d loss / d log pi
-    model.backward(f, distinct, probs, grad_chosen.view_as(probs), temperature)
+    loss = torch.where(weights > 0, pg * weights, 0.0).sum(dim=(1, 2))  # [R]: core.weighted_sum per run
+    # d loss / d log pi of each token, summed per (distinct prompt, position, token)
+    grad_log_probs = torch.zeros(all_log_probs.numel())
+    grad_log_probs.scatter_add_(0, rollout.chosen.reshape(-1), (weights * -deltas).reshape(-1))
+    grad_logits = log_softmax_backward(grad_log_probs.view_as(probs), probs, temperature)
+    backward_pass(activations, model.embedding, distinct, grad_logits, grads=model.grads)
     norm = model.grad_norms()  # [R]
     max_norm = config.optim.max_grad_norm
     if max_norm is not None:
@@ -475,71 +390,11 @@ def step_batched(config: Config, model: BatchedPositional, distinct: torch.Tenso
         for g in model.grads.values():
             g.view(runs, -1, g.shape[-1]).mul_(clip)
     u, n = distinct.shape
-    tokens = rollout.chosen.shape[1] * n
-    values = [loss, loss, torch.zeros(runs), torch.zeros(runs), norm]
+    tokens = torch.tensor(rollout.chosen.shape[1] * n)
+    # the naive loss: its pg_loss is the loss; no KL, no clipping
+    sums = {"loss": loss, "pg_loss": loss, "kl": torch.zeros(runs), "clip_frac": torch.zeros(runs), "tokens": tokens}
     if config.log.entropy:
         entropy = -(probs * all_log_probs).sum(dim=-1).reshape(runs, u, n)  # [R, U, n]
-        values.append(entropy[:, rollout.row_prompt].sum(dim=(1, 2)) / tokens)
-    keys = ("loss", "pg_loss", "kl", "clip_frac", "grad_norm", "entropy")
-    return [dict(zip(keys, row)) for row in torch.stack(values, dim=1).tolist()]
-
-
-# ---------------------------------------------------------------- evaluation
-
-
-@torch.no_grad()
-def evaluate_batched(configs: Sequence[Config], task: Task, model: BatchedPositional, prompts: torch.Tensor,
-                     epoch: int, step: int) -> list[list[Record]]:
-    """``rlvr.evaluation.evaluate`` of every run: its eval and samples records, each run
-    sampling with its own evaluation generator."""
-    config, runs = configs[0], model.runs
-    samples, size = config.log.eval_samples, config.log.eval_batch_size
-    gens = [torch.Generator().manual_seed(c.seed + 1_000_003 + epoch) for c in configs]
-    greedy, sampled, first = [], [], None
-    for start in range(0, len(prompts), size):
-        chunk = prompts[start : start + size]  # [M, n]
-        m, n = chunk.shape
-        logits = model.forward(chunk).logits.reshape(runs, m, n, -1)
-        best = logits.argmax(dim=-1).unsqueeze(2)  # [R, M, 1, n]
-        greedy.append(task.grade(chunk.repeat(runs, 1), best.reshape(runs * m, 1, n)))
-        responses = sample_batched(model, chunk, samples, config.policy.temperature, gens)  # [R, M, S, n]
-        sampled.append(task.grade(chunk.repeat(runs, 1), responses.reshape(runs * m, samples, n)))
-        first = first or (chunk, responses, sampled[-1])
-
-    def per_run(grades: list, key: str) -> torch.Tensor:  # [R, B, k]
-        return torch.cat([getattr(g, key).view(runs, -1, getattr(g, key).shape[-1]) for g in grades], dim=1)
-
-    greedy_rewards, greedy_correct = per_run(greedy, "rewards"), per_run(greedy, "correct")
-    rewards, correct = per_run(sampled, "rewards"), per_run(sampled, "correct")
-    out = []
-    for r in range(runs):
-        rec: Record = {
-            "kind": "eval", "epoch": epoch, "step": step,
-            "greedy_solve_rate": greedy_correct[r].float().mean().item(),
-            "greedy_reward": greedy_rewards[r].nanmean().item(),
-            "sampled_solve_rate": correct[r].float().mean().item(),
-            "sampled_reward": rewards[r].nanmean().item(),
-        }
-        for k in sorted({1, samples}):
-            rec[f"pass@{k}"] = pass_at_k(samples, correct[r].sum(dim=1), k).mean().item()
-        chunk, responses, grades = first
-        m = chunk.shape[0]
-        first_grades = _Grades(grades.rewards.view(runs, m, -1)[r], grades.correct.view(runs, m, -1)[r])
-        out.append([rec, sample_table(chunk, responses[r], first_grades, epoch, step, config.log.table_rows)])
-    return out
-
-
-@dataclass
-class _Grades:
-    """What ``sample_table`` reads of a run's grades: rewards, correct [M, S]."""
-
-    rewards: torch.Tensor
-    correct: torch.Tensor
-
-
-def records_equal(a: Record, b: Record) -> bool:
-    """Two records equal in every number but the timings (TIMING_KEYS)."""
-    def strip(rec: Record) -> dict[str, Any]:
-        return {k: v for k, v in rec.items() if k not in TIMING_KEYS}
-
-    return strip(a) == strip(b)
+        sums["entropy"] = entropy[:, rollout.row_prompt].sum(dim=(1, 2))
+    by_name = step_metrics(sums, norm)  # each name: R numbers
+    return [{name: values[r] for name, values in by_name.items()} for r in range(runs)]

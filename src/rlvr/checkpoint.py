@@ -35,7 +35,7 @@ from rlvr.policies import frozen_copy
 from rlvr.rollout import Rollout
 
 if TYPE_CHECKING:
-    from rlvr.trainer import TrainState
+    from rlvr.state import TrainState
 
 PREFIX = "step-"
 PAYLOAD_KEYS = frozenset((
@@ -86,7 +86,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def state_payload(st: TrainState) -> dict[str, Any]:
-    """A run's state (``rlvr.trainer.TrainState``) as tensors and plain data only, so that
+    """A run's state (``rlvr.state.TrainState``) as tensors and plain data only, so that
     it loads with ``torch.load(weights_only=True)``; keys PAYLOAD_KEYS."""
     return {
         "policy": st.policy.module.state_dict(),

@@ -28,7 +28,7 @@ from rlvr.rewards import RewardError
 from rlvr.rewards.combine import failure_warnings
 from rlvr.run_dir import new_run_dir, write_atomically
 from rlvr.runs import run_batched, run_training, start_or_continue
-from rlvr.trainer import TrainingError
+from rlvr.state import TrainingError
 
 DELTA_COMPARE = ("raw", "centered", "normalized")
 

@@ -15,7 +15,7 @@ class RunError(RuntimeError):
 
 
 def did_you_mean(name: str, allowed: Iterable[str], elsewhere: Mapping[str, str] | None = None,
-                 known: str | None = None) -> str:
+                 known: str | None = None, prefix: str = "") -> str:
     """"did you mean 'x'?" for ``name``, a key that is not one of ``allowed`` (the names
     where it stands).
 
@@ -24,6 +24,8 @@ def did_you_mean(name: str, allowed: Iterable[str], elsewhere: Mapping[str, str]
     part is ``name`` is meant (those that apply, when some do); else ``known`` (a hint
     that knows better, such as TRL's name for it); else the nearest of ``allowed`` and
     of the paths' last parts (``allowed`` first on a tie); else the allowed names.
+    ``prefix``: where ``allowed`` stand ("algo."), so that a name meant there reads as the
+    path to type.
     """
     allowed, elsewhere = list(allowed), dict(elsewhere or {})
     exact = [path for path in elsewhere if path.rsplit(".", 1)[-1] == name]
@@ -36,7 +38,7 @@ def did_you_mean(name: str, allowed: Iterable[str], elsewhere: Mapping[str, str]
     scored += [(_similarity(name, path.rsplit(".", 1)[-1]), 0, path, when) for path, when in elsewhere.items()]
     score, here, nearest, when = max(scored, default=(0.0, 0, "", ""))
     if score >= 0.5:
-        return f"did you mean {repr(nearest) if here else _named(nearest, when)}?"
+        return f"did you mean {repr(prefix + nearest) if here else _named(nearest, when)}?"
     return f"allowed: {', '.join(allowed)}"
 
 

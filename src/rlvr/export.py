@@ -111,7 +111,7 @@ def _export_causal_lm(config: Config, model_dir: Path, out: Path, base: str | Pa
     from rlvr.modeling import load_model_and_tokenizer
 
     options = config.policy.options
-    model, _ = load_model_and_tokenizer(_base_model(config, model_dir, base), dtype=options.get("dtype", "float32"))
+    model, _ = load_model_and_tokenizer(_base_model(config, model_dir, base), dtype=options.dtype)
     merged = peft.PeftModel.from_pretrained(model, str(model_dir)).merge_and_unload()
     merged.save_pretrained(str(out))
     AutoTokenizer.from_pretrained(str(model_dir)).save_pretrained(str(out))
@@ -125,7 +125,7 @@ def _base_model(config: Config, model_dir: Path, base: str | Path | None) -> str
 
     record = model_dir / BASE_MODEL_FILE
     if not record.is_file():  # a checkpoint written before runs recorded their base model
-        named = str(base or config.policy.options["model"])
+        named = str(base or config.policy.options.model)
         warnings.warn(f"{model_dir} does not record its base model: merging into {named!r} unchecked", stacklevel=3)
         return named
     try:

@@ -55,7 +55,7 @@ def needed_modules(config: Config) -> list[tuple[str, tuple[str, ...]]]:
     needs = []
     if p.name == "causal_lm":
         needs.append(("policy.name='causal_lm'", LM_MODULES))
-        if p.options.get("lora") is not None:
+        if p.options.lora is not None:
             needs.append(("policy.options.lora", ("peft",)))
     if t.name == "reasoning_gym":
         needs.append(("task.name='reasoning_gym'", ("reasoning_gym",)))

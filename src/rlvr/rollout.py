@@ -20,11 +20,17 @@ class Samples:
                       sorting task: LongTensor [B, G, n]; text tasks: list of B lists of
                       G strings). Rewards are computed from these.
     response_ids:     [N, T] long, the sampled tokens (padding where the mask is False)
-    response_mask:    [N, T] bool, True on real response tokens (EOS included)
+    response_mask:    [N, T] bool, True on real response tokens (EOS included): the
+                      response's extent, what the policy scores as context
     prompt_ids:       [N, P] long, each response's prompt (left-padded for LMs)
     prompt_mask:      [N, P] bool, True on real prompt tokens
     sample_log_probs: [N, T] log-probs recorded while sampling, or None. At the
                       training temperature they are the old policy's log-probs.
+    policy_mask:      [N, T] bool, True on the tokens the policy sampled: the only ones
+                      that train (every loss, metric and aggregation weight uses it). An
+                      episode's environment tokens are in the response but not here. None
+                      when built: the response's tokens (a single-turn response is all
+                      policy tokens; checkpoints written before this field load so).
     """
 
     responses: Any
@@ -33,6 +39,11 @@ class Samples:
     prompt_ids: torch.Tensor
     prompt_mask: torch.Tensor
     sample_log_probs: torch.Tensor | None = None
+    policy_mask: torch.Tensor = None  # type: ignore[assignment]  # None: response_mask (__post_init__)
+
+    def __post_init__(self) -> None:
+        if self.policy_mask is None:
+            self.policy_mask = self.response_mask
 
     @property
     def num_responses(self) -> int:
@@ -52,6 +63,7 @@ class Samples:
             prompt_ids=self.prompt_ids[index],
             prompt_mask=self.prompt_mask[index],
             sample_log_probs=lp,
+            policy_mask=self.policy_mask[index],
         )
 
 
@@ -76,6 +88,7 @@ class Samples:
             prompt_ids=_pad_cat([s.prompt_ids for s in parts], left=True),
             prompt_mask=_pad_cat([s.prompt_mask for s in parts], left=True),
             sample_log_probs=None if any(lp is None for lp in lps) else _pad_cat(lps),
+            policy_mask=_pad_cat([s.policy_mask for s in parts]),
         )
 
 

@@ -1,6 +1,6 @@
 """The rules a setting declares, and the one check of a value against them.
 
-A config field declares its help and rules in one line (``rlvr.config.setting``); a
+A config field declares its help and rules in one line (``rlvr.settings.setting``); a
 task option declares the same rules beside its task (``option``), its type being the
 annotation of the task's keyword argument. ``coerce`` checks a value's type and
 ``check_rules`` its allowed values and bounds, for both.
@@ -24,7 +24,7 @@ SEED_MAX = 2**32 - 1  # numpy's seed range
 
 def option(help: str, *, choices: Any = None, min: float | None = None, max: float | None = None,
            above: float | None = None, below: float | None = None) -> dict[str, Any]:
-    """A task option's help and rules (the rules of ``rlvr.config.setting``); its default
+    """A task option's help and rules (the rules of ``rlvr.settings.setting``); its default
     and type are the task's keyword argument's."""
     rules = {"choices": choices, "min": min, "max": max, "above": above, "below": below}
     return {"help": help, **{key: rule for key, rule in rules.items() if rule is not None}}

@@ -40,7 +40,8 @@ from rlvr.metrics import (
 )
 from rlvr.resume import data_file_changes, record_data_files, records_at_checkpoint, resume_changes
 from rlvr.run_dir import discard_partial_outputs, locked_run_dir, new_run_dir, write_atomically
-from rlvr.trainer import TrainState, setup, train
+from rlvr.state import TrainState
+from rlvr.trainer import setup, train
 
 
 class Progress:

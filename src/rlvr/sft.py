@@ -22,8 +22,8 @@ from rlvr.metrics import JsonlSink, Record
 from rlvr.optim import build_optimizer
 from rlvr.policies import build_policy
 from rlvr.rollout import Samples
+from rlvr.state import seed_everything
 from rlvr.tasks import build_task, check_prompts_fit
-from rlvr.trainer import seed_everything
 
 
 def load_pairs(config: Config, task: Any, generator: torch.Generator) -> list[tuple[str, str]]:
@@ -49,7 +49,8 @@ def encode_batch(policy: Any, pairs: list[tuple[str, str]]) -> Samples:
         response_ids[row, : len(ids)] = torch.tensor(ids)
         response_mask[row, : len(ids)] = True
     device = prompt_ids.device
-    return Samples(None, response_ids.to(device), response_mask.to(device), prompt_ids, prompt_mask)
+    response_mask = response_mask.to(device)
+    return Samples(None, response_ids.to(device), response_mask, prompt_ids, prompt_mask, policy_mask=response_mask)
 
 
 def run_sft(config: Config, run_dir: Path, on_record=None) -> Path:
@@ -73,7 +74,7 @@ def run_sft(config: Config, run_dir: Path, on_record=None) -> Path:
             index = torch.randint(0, len(pairs), (s.batch_size,), generator=generator).tolist()
             batch = encode_batch(policy, [pairs[i] for i in index])
             log_probs, _ = policy.log_probs(batch, 1.0)  # [n, T]
-            loss = -core.masked_mean(log_probs, batch.response_mask)  # mean NLL per completion token
+            loss = -core.masked_mean(log_probs, batch.policy_mask)  # mean NLL per completion token
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.module.parameters(), s.max_grad_norm)

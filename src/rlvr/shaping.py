@@ -24,7 +24,7 @@ def shaped_rewards(config: Config, policy: Policy, samples: Samples, rewards: to
     train, and their numbers: the task's rewards minus kl_coef * k1 summed over the response
     (``algo.kl_in=reward``), plus DAPO's soft length penalty (``algo.overlong=penalty``);
     truncated responses out of the mask (``algo.overlong=mask``)."""
-    a, mask, shaping = config.algo, samples.response_mask, {}
+    a, mask, shaping = config.algo, samples.policy_mask, {}
     if a.kl_coef > 0 and a.kl_in == "reward":
         penalty = core.kl_reward_penalty(old_log_probs, ref_log_probs, mask, a.kl_coef)  # [N]
         rewards = rewards - penalty.reshape(rewards.shape)
@@ -36,7 +36,7 @@ def shaped_rewards(config: Config, policy: Policy, samples: Samples, rewards: to
         if a.overlong == "mask":
             mask = core.overlong_mask(truncated, mask)
         else:
-            lengths = samples.response_mask.sum(dim=1)  # [N]
+            lengths = samples.response_mask.sum(dim=1)  # [N]: the responses' lengths, as the limit counts them
             penalty = core.overlong_penalty(lengths, policy.max_response_length, a.overlong_cache,
                                             a.overlong_factor, dtype=rewards.dtype)
             rewards = rewards + penalty.reshape(rewards.shape)

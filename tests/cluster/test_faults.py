@@ -16,6 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from ray_actors import record_actors
 
 from conftest import QUIET
 from rlvr.checkpoint import list_checkpoints, verify
@@ -25,7 +26,8 @@ from rlvr.errors import RunError
 from rlvr.metrics import read_records
 from rlvr.resume import resume_config
 from rlvr.runs import run_training
-from rlvr.trainer import TrainingError, train
+from rlvr.state import TrainingError
+from rlvr.trainer import train
 
 pytestmark = pytest.mark.ray
 
@@ -81,6 +83,8 @@ def kill_worker_after_epoch(epoch, monkeypatch):
     """The CLI's checkpointer, followed by a SIGKILL to rollout worker 0 after ``epoch``."""
     import rlvr.runs
 
+    built = record_actors(monkeypatch)
+
     checkpointer = rlvr.runs._checkpointer
 
     def killing_checkpointer(*args):
@@ -89,7 +93,7 @@ def kill_worker_after_epoch(epoch, monkeypatch):
         def then_kill(st):
             on_epoch_end(st)
             if st.epoch == epoch and st.inner_step == 0:
-                os.kill(st.cluster.rollouts.worker_pids()[0], signal.SIGKILL)
+                os.kill(built[-1].worker_pids()[0], signal.SIGKILL)
 
         return then_kill
 

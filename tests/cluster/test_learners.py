@@ -3,10 +3,12 @@
 
 import pytest
 import torch
+from ray_actors import record_actors
 
 from rlvr.cluster.learners import LearnerGroup, share_bounds
 from rlvr.config import ConfigError, load_config
-from rlvr.trainer import accumulate_gradients, collect_rollout, optimizer_step, setup
+from rlvr.step import accumulate_gradients, optimizer_step
+from rlvr.trainer import collect_rollout, setup
 
 OVERRIDES = ["log.progress=false", "log.plot=false", "algo.loss=clipped", "algo.kl_coef=0.05"]
 
@@ -85,15 +87,18 @@ def test_a_run_with_two_learners_follows_the_single_process_run(ray_local):
     assert len(states) == 3 and not torch.equal(states[0]["embedding.weight"], states[-1]["embedding.weight"])
 
 
-def test_a_dead_learner_stops_the_run_with_a_clear_message(ray_local):
+def test_a_dead_learner_stops_the_run_with_a_clear_message(ray_local, monkeypatch):
     import os
     import signal
 
-    from rlvr.trainer import TrainingError, train
+    from rlvr.state import TrainingError
+    from rlvr.trainer import train
+
+    built = record_actors(monkeypatch)
 
     def kill_rank_one(st):
         if st.epoch == 1:
-            os.kill(st.cluster.learners.pids()[1], signal.SIGKILL)
+            os.kill(built[-1].pids()[1], signal.SIGKILL)
 
     message = r"a learner died at epoch 1, step 2 \(.*\)\. The run stops; the checkpoints written before are intact"
     with pytest.raises(TrainingError, match=message):

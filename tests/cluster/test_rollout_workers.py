@@ -7,6 +7,7 @@ import time
 
 import pytest
 import torch
+from ray_actors import record_actors
 
 from conftest import QUIET
 from rlvr.config import load_config
@@ -53,13 +54,14 @@ def test_one_worker_gives_the_single_process_records(ray_local):
     assert cpus_freed(ray_local)  # the run ended its worker
 
 
-def test_a_killed_worker_is_restarted_and_the_batch_retried(ray_local):
+def test_a_killed_worker_is_restarted_and_the_batch_retried(ray_local, monkeypatch):
+    built = record_actors(monkeypatch)
     local = train(load_config(None, SORTING))
     killed = []
 
     def kill_after_first_epoch(st):
         if st.epoch == 1:
-            pid = st.cluster.rollouts.worker_pids()[0]
+            pid = built[-1].worker_pids()[0]
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
 
@@ -97,7 +99,8 @@ def test_asynchronous_batches_are_at_most_k_versions_old_and_corrected(ray_local
     assert len([r for r in records if r["kind"] == "train"]) == 8
 
 
-def test_a_killed_worker_with_batches_in_flight_is_restarted_once(ray_local):
+def test_a_killed_worker_with_batches_in_flight_is_restarted_once(ray_local, monkeypatch):
+    built = record_actors(monkeypatch)
     overrides = QUIET + ["algo.epochs=6", "algo.inner_steps=2", "log.eval_every=3", "log.checkpoint_every=0",
                          "cluster.rollout_workers=1", "cluster.max_staleness=1", "algo.tis_cap=2"]
     expected = train(load_config(None, overrides))
@@ -105,7 +108,7 @@ def test_a_killed_worker_with_batches_in_flight_is_restarted_once(ray_local):
 
     def kill_after_second_epoch(st):  # the batch of epoch 2 is delivered; that of epoch 3 is not asked yet
         if st.epoch == 2:
-            pid = st.cluster.rollouts.worker_pids()[0]
+            pid = built[-1].worker_pids()[0]
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
 
@@ -127,12 +130,14 @@ def test_weights_by_collective_broadcast_give_the_same_records(ray_local):
     assert not torch.distributed.is_initialized()  # the run's group ended with it
 
 
-def test_a_collective_worker_that_dies_ends_the_run_clearly(ray_local):
+def test_a_collective_worker_that_dies_ends_the_run_clearly(ray_local, monkeypatch):
     from rlvr.cluster.rollout import ClusterError
+
+    built = record_actors(monkeypatch)
 
     def kill_after_first_epoch(st):
         if st.epoch == 1:
-            os.kill(st.cluster.rollouts.worker_pids()[0], signal.SIGKILL)
+            os.kill(built[-1].worker_pids()[0], signal.SIGKILL)
 
     with pytest.raises(ClusterError, match="weight_sync=collective cannot take a restarted worker"):
         train(load_config(None, SORTING + ["cluster.rollout_workers=1", "cluster.weight_sync=collective"]),

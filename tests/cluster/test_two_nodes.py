@@ -4,6 +4,7 @@ same records as the single-process run, and the workers spread over both nodes."
 import os
 
 import pytest
+from ray_actors import record_actors
 
 from conftest import QUIET
 from rlvr.config import load_config
@@ -20,7 +21,8 @@ def comparable(records):
             for r in records]
 
 
-def test_two_workers_on_two_nodes_give_the_single_process_records():
+def test_two_workers_on_two_nodes_give_the_single_process_records(monkeypatch):
+    built = record_actors(monkeypatch)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray = pytest.importorskip("ray")
@@ -36,7 +38,7 @@ def test_two_workers_on_two_nodes_give_the_single_process_records():
 
         def record_nodes(st):
             if not nodes:
-                nodes.extend(st.cluster.rollouts.worker_nodes())
+                nodes.extend(built[-1].worker_nodes())
 
         remote = train(load_config(None, SORTING + ["cluster.rollout_workers=2", f"cluster.address={cluster.address}"]),
                        on_epoch_end=record_nodes)

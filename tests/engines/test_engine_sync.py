@@ -15,15 +15,16 @@ import torch
 pytest.importorskip("transformers")
 
 from conftest import QUIET  # noqa: E402
-from rlvr.config import load_config  # noqa: E402
+from rlvr.config import VLLMOptions, load_config  # noqa: E402
 from rlvr.engines import SamplingParams, WeightSyncError  # noqa: E402
 from rlvr.engines.hf import HFEngine  # noqa: E402
-from rlvr.engines.vllm import VLLMOptions, logprobs_mode_for, merged_state_dict  # noqa: E402
+from rlvr.engines.vllm import logprobs_mode_for, merged_state_dict  # noqa: E402
 from rlvr.errors import ConfigError  # noqa: E402
 from rlvr.modeling import load_model_and_tokenizer  # noqa: E402
 from rlvr.policies import build_policy  # noqa: E402
 from rlvr.policies.causal_lm import PROBE_LENGTH, CausalLMPolicy  # noqa: E402
-from rlvr.trainer import TrainingError, sync_engine  # noqa: E402
+from rlvr.seams import sync_engine  # noqa: E402
+from rlvr.state import TrainingError  # noqa: E402
 
 
 def lm_config(model, **options):
@@ -51,12 +52,13 @@ def test_engine_vllm_without_the_package_is_a_config_error_before_loading(tiny_m
 @pytest.mark.parametrize("options, message", [
     ({"engine": "vlm"}, r"engine='vlm' is not allowed; choose one of: hf, vllm"),
     ({"engine": "vllm", "engine_options": "{kv_cache_bytes: 1}"},
-     r"unknown engine_options key 'kv_cache_bytes'; did you mean 'kv_cache_memory_bytes'\?"),
+     r"policy.options.engine_options: unknown option 'kv_cache_bytes'; did you mean 'kv_cache_memory_bytes'\?"),
     ({"engine": "vllm", "engine_options": "{probe_tolerance: 0}"},
-     r"engine_options.probe_tolerance=0 must be a number > 0"),
+     r"policy.options.engine_options.probe_tolerance=0.0 must be > 0"),
     ({"engine": "vllm", "engine_options": "{dtype: float64}"},
-     r"engine_options.dtype='float64' must be one of auto, float32, bfloat16, float16"),
-    ({"engine_options": "{dtype: float32}"}, r"engine_options \['dtype'\] are for engine=vllm; engine=hf takes none"),
+     r"engine_options.dtype='float64' is not allowed; choose one of: auto, float32, bfloat16, float16"),
+    ({"engine_options": "{dtype: float32}"},
+     r"policy.options.engine_options \['dtype'\] are for engine=vllm; engine=hf takes none"),
 ])
 def test_bad_engine_settings_are_config_errors_before_loading(tiny_model, no_loading, options, message):
     with pytest.raises(ConfigError, match=message):
@@ -71,12 +73,13 @@ def test_the_config_command_accepts_the_engine_options(tiny_model, capsys):
     assert "engine: vllm" in capsys.readouterr().out
 
 
-def test_vllm_options_defaults():
-    options = VLLMOptions.from_dict(None)
+def test_vllm_options_defaults(tiny_model):
+    options = VLLMOptions()
     assert (options.dtype, options.probe_tolerance, options.kv_cache_memory_bytes) == ("auto", 1e-3, None)
-    assert VLLMOptions.from_dict({"max_model_len": 64}).max_model_len == 64
-    with pytest.raises(ValueError, match="max_model_len=True must be a positive integer or null"):
-        VLLMOptions(max_model_len=True)
+    assert lm_config(tiny_model, engine="vllm", engine_options="{max_model_len: 64}").policy.options.engine_options \
+        == VLLMOptions(max_model_len=64)
+    with pytest.raises(ConfigError, match=r"engine_options.max_model_len: expected int, got True \(bool\)"):
+        lm_config(tiny_model, engine="vllm", engine_options="{max_model_len: true}")
 
 
 @pytest.mark.parametrize("settings, temperature, mode", [

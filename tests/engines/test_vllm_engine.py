@@ -22,12 +22,14 @@ if not vllm_installed():
     pytest.skip("needs the vllm package (pip install 'rlvr[vllm]')", allow_module_level=True)
 
 from conftest import QUIET  # noqa: E402
-from rlvr.config import load_config  # noqa: E402
+from rlvr.config import VLLMOptions, load_config  # noqa: E402
 from rlvr.engines import SamplingParams, WeightSyncError  # noqa: E402
-from rlvr.engines.vllm import VLLMEngine, VLLMOptions, logprobs_mode_for  # noqa: E402
+from rlvr.engines.vllm import VLLMEngine, logprobs_mode_for  # noqa: E402
 from rlvr.modeling import init_model  # noqa: E402
 from rlvr.policies.causal_lm import CausalLMPolicy  # noqa: E402
-from rlvr.trainer import TrainingError, sync_engine, train  # noqa: E402
+from rlvr.seams import sync_engine  # noqa: E402
+from rlvr.state import TrainingError  # noqa: E402
+from rlvr.trainer import train  # noqa: E402
 
 # vLLM's CPU attention takes head sizes of 32 and more: hidden 64 over 2 heads.
 VLLM_TINY = dict(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2, max_positions=64)
@@ -50,7 +52,7 @@ def started(model_dir):
     hf = CausalLMPolicy.from_pretrained(str(model_dir), max_new_tokens=12)
     torch.manual_seed(1234)
     before = (torch.get_rng_state(), torch.set_num_threads, torch.get_num_threads())
-    engine = VLLMEngine(str(model_dir), hf.pad_id, VLLMOptions.from_dict(OPTIONS), torch.float32,
+    engine = VLLMEngine(str(model_dir), hf.pad_id, VLLMOptions(**OPTIONS), torch.float32,
                         torch.device("cpu"), logprobs_mode_for(hf.sampling, 1.0))
     after = (torch.get_rng_state(), torch.set_num_threads, torch.get_num_threads())
     policy = CausalLMPolicy(hf.module, hf.tokenizer, max_new_tokens=12, engine=engine)  # synced and probed

@@ -5,13 +5,15 @@ Shapes: B prompts, G responses per prompt, N = B*G, P prompt tokens, T response 
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import re
 
 import pytest
 import torch
 from tiny_lm import TINY, make_policy
 
-from rlvr.config import PolicyConfig
+from rlvr.config import CausalLMOptions, ConfigError, PolicyConfig, config_from_dict
 from rlvr.engines.hf import draw_tokens
 from rlvr.modeling import init_model, load_model_and_tokenizer
 from rlvr.policies.causal_lm import CausalLMPolicy, build_causal_lm_policy, cut_at_stop_string
@@ -271,20 +273,47 @@ def test_bad_settings_are_rejected(llama_dir):
 
 
 def test_build_from_policy_config(llama_dir):
-    options = {"model": str(llama_dir), "max_new_tokens": 5, "stop_strings": ["="], "dtype": "float32"}
+    options = CausalLMOptions(model=str(llama_dir), max_new_tokens=5, stop_strings=["="], dtype="float32")
     policy = build_causal_lm_policy(PolicyConfig(name="causal_lm", options=options))
     assert policy.max_response_length == 5 and policy.sampling.stop_strings == ("=",)
     assert sample(policy).response_ids.shape[1] <= 5
-    with pytest.raises(ValueError, match="max_new_token"):
-        build_causal_lm_policy(PolicyConfig(name="causal_lm", options={"model": str(llama_dir), "max_new_token": 5}))
+    with pytest.raises(ConfigError, match="unknown option 'max_new_token'; did you mean 'max_new_tokens'"):
+        config_from_dict({"task": {"name": "sort_text"},
+                          "policy": {"name": "causal_lm", "options": {"model": str(llama_dir), "max_new_token": 5}}})
     with pytest.raises(ValueError, match="model is required"):
-        build_causal_lm_policy(PolicyConfig(name="causal_lm", options={}))
+        build_causal_lm_policy(PolicyConfig(name="causal_lm", options=CausalLMOptions()))
+
+
+def test_every_option_is_a_typed_field_with_help(capsys):
+    """policy.options and its engine_options are config sections: each option a typed
+    field with one line of help, printed (with its rules) by ``rlvr config``."""
+    import typing
+
+    from rlvr.cli import main
+    from rlvr.config import VLLMOptions
+
+    for cls in (CausalLMOptions, VLLMOptions):
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            assert f.metadata["help"] and "\n" not in f.metadata["help"], f.name
+            assert hints[f.name] in (str, int, float, bool, list, dict, VLLMOptions) or typing.get_args(hints[f.name])
+    # every keyword argument of from_pretrained and the constructor that a config sets
+    settable = set(inspect.signature(CausalLMPolicy.from_pretrained).parameters) | set(
+        inspect.signature(CausalLMPolicy).parameters)
+    assert {f.name for f in dataclasses.fields(CausalLMOptions)} <= settable | {"model"}
+    assert main(["config", "task.name=sort_text", "policy.name=causal_lm"]) == 0
+    shown = capsys.readouterr().out
+    for cls in (CausalLMOptions, VLLMOptions):
+        for f in dataclasses.fields(cls):
+            assert f"{f.name}: " in shown and f.metadata["help"] in shown, f.name
+    assert "engine: hf  # what generates" in shown and "[hf | vllm]" in shown
+    assert "probe_tolerance: 0.001  # largest" in shown
+    assert "options:  # the causal LM" in shown and "engine_options:  # the engine's settings" in shown
 
 
 def test_prompt_longer_than_the_model_positions_is_a_prompt_error(llama_dir):
     """TINY has 64 positions and max_new_tokens is 12: a 52-token prompt fits, 53 do not.
     Sampling checks its prompts too, before the model sees them."""
-    from rlvr.config import ConfigError
     from rlvr.policies.causal_lm import PromptError
 
     policy = make_policy(llama_dir)

@@ -104,3 +104,24 @@ def test_log_probs_of_another_module_are_that_modules_and_leave_the_policy_alone
     assert torch.equal(got, want) and torch.equal(got_entropy, want_entropy)
     assert policy.module is own
     assert not torch.equal(policy.log_probs(samples, 0.7)[0], want)  # the two modules differ
+
+
+def test_runs_through_the_run_axis_get_the_bits_of_each_run_alone():
+    # forward_pass and backward_pass with R = 3 runs (aligned weights, matmul_strategy's way)
+    # against each run alone (no run axis, as PositionalModel and the log-probs' backward call them)
+    from rlvr.policies.positional import aligned_copy, backward_pass, forward_pass
+
+    gen = torch.Generator().manual_seed(0)
+    runs, v, d, n = 3, 7, 6, 4
+    weights = [torch.randn(runs, v, d, generator=gen), torch.randn(runs, n, d, d, generator=gen),
+               torch.randn(runs, n, d, d, generator=gen)]
+    prompts = torch.randint(0, v, (5, n), generator=gen)
+    grad_logits = torch.randn(runs, 5 * n, v, generator=gen)
+    batched = forward_pass(*(aligned_copy(w) for w in weights), prompts)
+    grads = backward_pass(batched, aligned_copy(weights[0]), prompts, aligned_copy(grad_logits))
+    for r in range(runs):
+        alone = forward_pass(*(w[r].clone() for w in weights), prompts)
+        assert torch.equal(alone.logits, batched.logits[r])
+        alone_grads = backward_pass(alone, weights[0][r].clone(), prompts, grad_logits[r].clone())
+        for name, g in alone_grads.items():
+            assert torch.equal(g, grads[name][r]), name

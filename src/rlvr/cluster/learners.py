@@ -9,7 +9,8 @@ with SUM (the gradients as one flat buffer per dtype), then every learner clips,
 ``step_metrics`` and takes the same optimizer step on the same gradient, so the replicas stay
 equal without ever exchanging weights.
 
-In a run (``cluster.learners = M > 1``, see ``rlvr.cluster.session``) the group starts from
+In a run (``cluster.learners = M > 1``, see ``rlvr.cluster.session``) the group is the loop's
+learner (``rlvr.seams.Learner``): it starts from
 the driver's state (weights, optimizer, scheduler), takes every optimizer step, and hands its
 state back to the driver at the end of each epoch (``pull``): the driver samples, evaluates
 and checkpoints with it as a single-process run does, so a checkpoint is the same file and a
@@ -27,7 +28,6 @@ Ray (``ray.init``) before building a ``LearnerGroup`` and shuts it down after ``
 from __future__ import annotations
 
 import datetime
-import math
 import os
 import socket
 import time
@@ -42,16 +42,8 @@ from rlvr.metrics import Record
 from rlvr.optim import build_optimizer, build_scheduler
 from rlvr.policies import build_policy
 from rlvr.rollout import Rollout, contiguous_bounds
-from rlvr.trainer import (
-    TrainingError,
-    TrainState,
-    accumulate_gradients,
-    clip_gradients,
-    noise_metrics,
-    seed_everything,
-    skip_step,
-    step_metrics,
-)
+from rlvr.state import TrainingError, TrainState, seed_everything
+from rlvr.step import accumulate_gradients, noise_due, optimizer_step, whole
 
 
 def share_bounds(num_rows: int, num_shares: int) -> list[tuple[int, int]]:
@@ -69,7 +61,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class Learner:
+class LearnerRank:
     """One learner (run as a Ray actor by ``LearnerGroup``): the policy, its optimizer and
     scheduler, and rank ``rank`` of a gloo (NCCL) group of ``world_size``.
 
@@ -85,7 +77,7 @@ class Learner:
                  state: dict[str, Any] | None = None, timeout_s: float = 120.0) -> None:
         torch.set_num_threads(config.torch_threads or 1)  # one thread per actor: oversubscription is slow
         self.config, self.rank, self.world_size = config, rank, world_size
-        generator = seed_everything(config.seed)  # as rlvr.trainer.setup: seeded replicas start equal
+        generator = seed_everything(config.seed)  # as the driver's setup: seeded replicas start equal
         policy = build_policy(config)
         if state is not None:  # before any sharding: every learner loads the whole weights
             policy.module.load_state_dict(state["model"])
@@ -161,33 +153,15 @@ class Learner:
         return grads
 
     def step(self, rollout: Rollout, epoch: int, step: int | None = None, measure_noise: bool = False) -> Record:
-        """``rlvr.trainer.optimizer_step`` with the gradient summed over the group; every
+        """``rlvr.step.optimizer_step`` with the gradient summed over the group; every
         learner sees the same numbers, so all take (or all skip) the same step. ``step``:
         the driver's step count (default: this learner's own); ``measure_noise``: grad/*
         from the parts of every learner's share."""
-        clock = time.perf_counter()
-        st = self.st
-        st.epoch = epoch
+        self.st.epoch = epoch
         if step is not None:
-            st.step = step
-        meter = GradientNoiseMeter() if measure_noise else None
-        sums = self._reduced_gradients(rollout, meter)
-        grad_norm = whole(clip_gradients(st.policy.module, self.config.optim.max_grad_norm))
-        metrics = step_metrics(sums, grad_norm)
-        skipped = not all(math.isfinite(v) for v in metrics.values())
-        if skipped:
-            skip_step(st, st.policy.module, metrics, self.config.optim.max_bad_steps)
-        else:
-            st.optimizer.step()
-            st.bad_steps = 0
-        if meter is not None:
-            metrics.update(noise_metrics(meter, st.step))
-        lr = st.scheduler.get_last_lr()[0]
-        st.scheduler.step()
-        record = {"kind": "train", "epoch": st.epoch, "step": st.step, **metrics, "skipped_step": float(skipped),
-                  **rollout.stats, "lr": lr, "time/step": time.perf_counter() - clock}
-        st.step += 1
-        return record
+            self.st.step = step
+        return optimizer_step(self.config, self.st, rollout, measure_noise,
+                              gradients=lambda meter: self._reduced_gradients(rollout, meter))
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The policy's weights, whole (copies, on the CPU)."""
@@ -225,11 +199,6 @@ class Learner:
             dist.destroy_process_group()
 
 
-def whole(x: Any) -> Any:
-    """A sharded DTensor gathered whole (a plain tensor or value as it is)."""
-    return x.full_tensor() if hasattr(x, "full_tensor") else x
-
-
 def backend_for(module: torch.nn.Module) -> str:
     """The torch.distributed backend for ``module``'s device: NCCL on a GPU, gloo on the CPU."""
     return "nccl" if next(module.parameters()).device.type == "cuda" else "gloo"
@@ -240,7 +209,7 @@ def policy_device(policy: Any) -> torch.device:
 
 
 def load_train_state(st: TrainState, state: dict[str, Any]) -> None:
-    """``Learner.train_state()`` (or the driver's ``train_state``) into ``st``."""
+    """``LearnerRank.train_state()`` (or the driver's ``train_state``) into ``st``."""
     st.policy.module.load_state_dict(state["model"])
     st.optimizer.load_state_dict(state["optimizer"])
     st.scheduler.load_state_dict(state["scheduler"])
@@ -248,7 +217,7 @@ def load_train_state(st: TrainState, state: dict[str, Any]) -> None:
 
 
 def train_state(st: TrainState) -> dict[str, Any]:
-    """The driver's state that the learners start from (as ``Learner.train_state``)."""
+    """The driver's state that the learners start from (as ``LearnerRank.train_state``)."""
     return {"model": {k: v.detach().cpu() for k, v in st.policy.module.state_dict().items()},
             "optimizer": st.optimizer.state_dict(), "scheduler": st.scheduler.state_dict(),
             "bad_steps": st.bad_steps}
@@ -262,7 +231,8 @@ def learner_died(st: TrainState, err: Exception) -> TrainingError:
 
 
 class LearnerGroup:
-    """``num_learners`` data-parallel ``Learner`` actors on the running Ray instance.
+    """``num_learners`` data-parallel ``LearnerRank`` actors on the running Ray instance: the
+    loop's learner (``rlvr.seams.Learner``) in a run with ``cluster.learners > 1``.
 
     The replicas start equal: each builds the policy seeded with ``config.seed`` (as
     ``rlvr.trainer.setup`` does), or takes ``state`` (a driver's ``TrainState``: its weights,
@@ -275,11 +245,12 @@ class LearnerGroup:
                  num_cpus: float = 0.5, timeout_s: float = 300.0) -> None:
         import ray
 
+        self.config = config
         if num_learners < 1:
             raise ValueError(f"num_learners must be at least 1, got {num_learners}")
         self._ray, self.timeout_s, self.num_learners = ray, timeout_s, num_learners
         gpus = 1 if state is not None and policy_device(state.policy).type == "cuda" else 0
-        actor = ray.remote(num_cpus=num_cpus, num_gpus=gpus)(Learner)
+        actor = ray.remote(num_cpus=num_cpus, num_gpus=gpus)(LearnerRank)
         init_method = f"tcp://{ray.util.get_node_ip_address()}:{free_port()}"
         state_ref = None if state is None else ray.put(train_state(state))
         self.learners = [actor.remote(config, rank, num_learners, init_method, state_ref, timeout_s)
@@ -308,14 +279,15 @@ class LearnerGroup:
     def pids(self) -> list[int]:
         return self._get([learner.pid.remote() for learner in self.learners])
 
-    def optimizer_step(self, st: TrainState, rollout: Rollout, measure_noise: bool = False) -> Record:
-        """``rlvr.trainer.optimizer_step`` for a run: the group's step at the driver's epoch and
-        step count. A learner that died stops the run (a ``TrainingError``), whichever error
-        arrives first: its own, or a surviving peer's failed all-reduce."""
+    def optimizer_step(self, st: TrainState, rollout: Rollout) -> Record:
+        """The group's step at the driver's epoch and step count (measuring the gradient's
+        noise where ``rlvr.step.noise_due`` says). A learner that died stops the run (a
+        ``TrainingError``), whichever error arrives first: its own, or a surviving peer's
+        failed all-reduce."""
         from ray.exceptions import RayError
 
         try:
-            record = self.step(rollout, st.epoch, st.step, measure_noise)
+            record = self.step(rollout, st.epoch, st.step, noise_due(self.config, st))
         except TrainingError:  # a learner's own (too many non-finite steps), as a single process raises it
             raise
         except RayError as err:  # the dead one's RayActorError, or a peer's all-reduce cut off by it

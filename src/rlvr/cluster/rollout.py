@@ -3,8 +3,8 @@
 The driver (``RayRolloutSource``) hands a worker, with each call, a reference to the weights
 it must sample with (a state dict of numpy arrays, put into Ray's object store once per
 version; the version is the optimizer step count) and the state of a ``torch.Generator``;
-the worker loads the weights if it does not hold that version yet, runs the trainer's own
-``sample_and_grade`` with a generator in that state and returns the samples, the grades, the
+the worker loads the weights if it does not hold that version yet, runs the local source's
+``sample_and_grade`` (``rlvr.seams``) with a generator in that state and returns the samples, the grades, the
 timings and the generator's new state. Epoch e's batch goes to worker e mod W.
 
 Staleness (``cluster.max_staleness = k``):
@@ -46,7 +46,9 @@ import torch
 from rlvr.cluster.session import WORKER_CPUS
 from rlvr.config import Config
 from rlvr.errors import RunError
-from rlvr.rollout import Grades, Samples, contiguous_bounds
+from rlvr.rollout import Grades, Samples, Task, contiguous_bounds
+from rlvr.seams import sample_and_grade, trainer_state_at
+from rlvr.state import TrainState
 
 MAX_RESTARTS = 100  # per worker, over a run
 CALL_TIMEOUT = 3600.0  # seconds a batch may take before the run gives up
@@ -135,14 +137,12 @@ class RolloutWorker:
 
     def sample_and_grade(self, weights: list[Any], version: int, generator_state: torch.Tensor, prompts: Any = None,
                          epoch: int = 0) -> tuple[Samples, Grades, dict[str, float], torch.Tensor, int]:
-        """The trainer's ``sample_and_grade`` with the weights of ``version`` (``weights``: a
+        """``rlvr.seams.sample_and_grade`` with the weights of ``version`` (``weights``: a
         one-item list holding their ObjectRef, fetched only when this worker holds another
         version; None: they came by broadcast) and a generator in ``generator_state``: the
         samples, the grades, the timings (and engine numbers), the generator's new state and
         this process's id. ``epoch``: the batch's, for the reward functions' ``trainer_state``."""
         import ray
-
-        from rlvr.trainer import sample_and_grade, trainer_state_at
 
         if version != self.version:  # a new version, or restarted since the last call
             if weights[0] is None:  # weights come by broadcast (weight_sync=collective)
@@ -172,8 +172,9 @@ class Job:
 
 
 class RayRolloutSource:
-    """The driver's side: ``cluster.rollout_workers`` actors, the batches submitted to them
-    (up to ``max_staleness`` epochs ahead) and the restarts seen; ``close`` ends the actors."""
+    """The rollout source on Ray (``rlvr.seams.RolloutSource``), the driver's side:
+    ``cluster.rollout_workers`` actors, the batches submitted to them (up to ``max_staleness``
+    epochs ahead) and the restarts seen; ``close`` ends the actors."""
 
     def __init__(self, config: Config, ray: Any) -> None:
         c = config.cluster
@@ -207,7 +208,7 @@ class RayRolloutSource:
         self.collective = c.weight_sync == "collective"  # broadcast instead of the object store
         self._group: Any = None  # its CollectiveWeights, formed at the first batch
 
-    def sample_and_grade(self, st: Any, task: Any) -> tuple[Samples, Grades, dict[str, float]]:
+    def sample_and_grade(self, st: TrainState, task: Task) -> tuple[Samples, Grades, dict[str, float]]:
         """The batch of epoch ``st.epoch``; first submits the batches of the next
         ``max_staleness`` epochs with the current weights. With k = 0 and whole batches the
         driver's generator moves on as if it had sampled the batch itself. Any failure is
@@ -224,7 +225,7 @@ class RayRolloutSource:
             raise ClusterError(f"epoch {st.epoch}, step {st.step}: {cause}. The run stops; the checkpoints written "
                                "before are intact (resume=RUN_DIR continues from the last one)") from err
 
-    def _sample_and_grade(self, st: Any, task: Any) -> tuple[Samples, Grades, dict[str, float]]:
+    def _sample_and_grade(self, st: TrainState, task: Task) -> tuple[Samples, Grades, dict[str, float]]:
         clock = time.perf_counter()
         last = min(st.epoch + self.max_staleness, self.epochs - 1)
         for epoch in range(st.epoch, last + 1):
@@ -248,7 +249,7 @@ class RayRolloutSource:
                  "cluster/worker_restarts": float(self.restarts)}
         return samples, grades, stats
 
-    def _jobs(self, epoch: int, st: Any, task: Any, weights: Any) -> list[Job]:
+    def _jobs(self, epoch: int, st: TrainState, task: Task, weights: Any) -> list[Job]:
         """The jobs of ``epoch``'s batch: the whole batch on worker epoch mod W, or
         (``cluster.split_batch``) its prompts drawn here and split over the workers, each part
         sampled with its own generator seeded from the epoch's stream."""

@@ -1,8 +1,10 @@
-"""Ray for one run: joined or started once, holding the run's rollout workers and learners.
+"""The loop's parts for a run (``loop_parts``), and Ray for one run: joined or started once,
+holding the run's rollout workers and learners.
 
-``Cluster(config, st)`` is made by ``rlvr.trainer.train`` when the config asks for workers
-(``cluster.rollout_workers > 0``) or several learners (``cluster.learners > 1``), and closed
-when the run ends, however it ends. Without ``cluster.address`` it starts a private local Ray
+``loop_parts(config, st)`` gives ``rlvr.trainer.train`` its rollout source and learner: in
+this process, or Ray actors when the config asks for workers (``cluster.rollout_workers > 0``)
+or several learners (``cluster.learners > 1``). Those live in a ``Cluster``, closed when the
+run ends, however it ends. Without ``cluster.address`` it starts a private local Ray
 with just the CPUs its actors ask for (plus one for the driver) and no dashboard, never
 joining someone else's instance by accident; with an address it joins that cluster. A Ray
 already initialised in this process (a test's, a notebook's) is used as it is and left running.
@@ -21,10 +23,14 @@ import math
 import os
 import shutil
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from rlvr.config import Config
+from rlvr.seams import Learner, LocalLearner, LocalRolloutSource, RolloutSource
+from rlvr.state import TrainState
 
 logger = logging.getLogger(__name__)
 
@@ -51,12 +57,27 @@ def wanted(config: Config) -> bool:
     return config.cluster.rollout_workers > 0 or config.cluster.learners > 1
 
 
+@contextmanager
+def loop_parts(config: Config, st: TrainState) -> Iterator[tuple[RolloutSource, Learner]]:
+    """The rollout source and the learner ``config`` asks for, the learners starting from
+    ``st``; Ray's actors (and Ray, if this starts it) end with the block."""
+    if not wanted(config):
+        yield LocalRolloutSource(config), LocalLearner(config)
+        return
+    cluster = Cluster(config, st)
+    try:
+        yield (LocalRolloutSource(config) if cluster.rollouts is None else cluster.rollouts,
+               LocalLearner(config) if cluster.learners is None else cluster.learners)
+    finally:
+        cluster.close()
+
+
 class Cluster:
     """The run's Ray actors: ``rollouts`` (a ``RayRolloutSource``, or None: the driver samples)
     and ``learners`` (a ``LearnerGroup`` started from the driver's state, or None: the driver
     steps). ``close`` ends them, and Ray if this run started it."""
 
-    def __init__(self, config: Config, st: Any) -> None:
+    def __init__(self, config: Config, st: TrainState) -> None:
         from rlvr.cluster.learners import LearnerGroup
         from rlvr.cluster.rollout import RayRolloutSource
 

@@ -143,11 +143,11 @@ class HFEngine:
         positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # [B, P], 0 on left padding
         out = self._forward(input_ids=prompt_ids, attention_mask=prompt_mask.long(), position_ids=positions,
                             use_cache=True, logits_to_keep=1)
-        from rlvr.engines.kv_cache import preallocated_cache  # imports transformers, an optional dependency
+        from rlvr.engines import kv_cache  # imports transformers, an optional dependency
 
-        cache = preallocated_cache(out.past_key_values, group_size, prompt_ids.shape[1] + max_new_tokens)
+        cache = kv_cache.preallocated_cache(kv_cache.cache_of(out), group_size, prompt_ids.shape[1] + max_new_tokens)
         if cache is None:
-            cache = out.past_key_values
+            cache = kv_cache.cache_of(out)
             cache.batch_repeat_interleave(group_size)  # [B, ...] -> [N, ...], row b*G + g
         logits = out.logits[:, -1].repeat_interleave(group_size, dim=0)  # [N, V]
         # built once; each step passes its first P + step + 1 columns (no concatenation per step)
@@ -164,6 +164,8 @@ class HFEngine:
         Finished rows leave the batch (and the cache), so late steps cost only the rows
         still running; the loop stops when none is.
         """
+        from rlvr.engines import kv_cache  # imports transformers, an optional dependency
+
         n, width, prompt_width = prompt_ids.shape[0] * group_size, sampling.max_new_tokens, prompt_ids.shape[1]
         cache, logits, attention, next_position = self._prefill(prompt_ids, prompt_mask, group_size, width)
         rows = torch.arange(n, device=self.device)  # global index of each running row
@@ -186,7 +188,8 @@ class HFEngine:
                 rows, tokens = rows[running], tokens[running]
                 attention, next_position = attention[running], next_position[running]
             out = self._forward(input_ids=tokens.unsqueeze(-1), attention_mask=attention[:, : prompt_width + step + 1],
-                                position_ids=next_position.unsqueeze(-1), past_key_values=cache, use_cache=True)
+                                position_ids=next_position.unsqueeze(-1), use_cache=True,
+                                **{kv_cache.cache_name(): cache})
             logits = out.logits[:, -1]
             next_position = next_position + 1
         longest = int(lengths.max())

@@ -24,10 +24,26 @@ it first generates.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+
+@functools.cache
+def cache_name() -> str:
+    """The name of a model's KV cache, as a ``forward`` keyword and an output field:
+    ``cache`` from transformers 5.24 on, ``past_key_values`` before (which 5.24 still
+    takes, with a deprecation warning on every call, until 5.40)."""
+    return "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+def cache_of(out: Any) -> Any:
+    """The KV cache a forward returned (``use_cache=True``)."""
+    return out[cache_name()]
+
 
 # Positions a cache has room for past the prompt before it first doubles. Not all of
 # P + max_new_tokens at once: attention reads each row's and head's L positions out of a

@@ -44,17 +44,17 @@ import logging
 import os
 import random
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from rlvr.engines.base import Generation, SamplingParams
-from rlvr.errors import did_you_mean
+
+if TYPE_CHECKING:
+    from rlvr.config import VLLMOptions
 
 INSTALL_HINT = "pip install 'rlvr[vllm]'"
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 CPU_KV_CACHE_BYTES = 256 << 20  # vLLM's CPU default, most of the machine's memory, refuses to start beside a trainer
 SEED_RANGE = 2**62  # per-prompt seeds; sample g of a prompt uses seed + g
 
@@ -62,66 +62,6 @@ SEED_RANGE = 2**62  # per-prompt seeds; sample g of a prompt uses seed + g
 def vllm_installed() -> bool:
     """Is the ``vllm`` package importable? Found without importing it (seconds, and global effects)."""
     return importlib.util.find_spec("vllm") is not None
-
-
-@dataclass(frozen=True)
-class VLLMOptions:
-    """``policy.options.engine_options`` for ``engine: vllm``.
-
-    dtype:                  weights and activations in the engine ("auto": the trainer's dtype)
-    gpu_memory_utilization: share of the GPU vLLM may take (weights, activations, KV cache);
-                            the trainer lives beside it on the same GPU
-    kv_cache_memory_bytes:  KV cache size (null: from gpu_memory_utilization on a GPU, 256 MiB on CPU)
-    max_model_len:          longest prompt + response (null: the model's positions)
-    max_num_seqs:           sequences decoded at once (null: vLLM's default)
-    enable_prefix_caching:  reuse the KV of shared prompt prefixes (whole blocks only)
-    enforce_eager:          no CUDA graphs or torch.compile (starts in seconds; False: faster on a GPU)
-    probe_tolerance:        largest |engine - trainer| log-prob on the probe after a sync;
-                            above it training stops (1e-3 suits float32; raise it for bfloat16)
-    """
-
-    dtype: str = "auto"
-    gpu_memory_utilization: float = 0.3
-    kv_cache_memory_bytes: int | None = None
-    max_model_len: int | None = None
-    max_num_seqs: int | None = None
-    enable_prefix_caching: bool = True
-    enforce_eager: bool = True
-    probe_tolerance: float = 1e-3
-
-    def __post_init__(self) -> None:
-        checks = {
-            "dtype": self.dtype in DTYPES,
-            "gpu_memory_utilization": isinstance(self.gpu_memory_utilization, (int, float))
-            and 0 < self.gpu_memory_utilization <= 1,
-            "kv_cache_memory_bytes": _positive_int_or_none(self.kv_cache_memory_bytes),
-            "max_model_len": _positive_int_or_none(self.max_model_len),
-            "max_num_seqs": _positive_int_or_none(self.max_num_seqs),
-            "enable_prefix_caching": isinstance(self.enable_prefix_caching, bool),
-            "enforce_eager": isinstance(self.enforce_eager, bool),
-            "probe_tolerance": isinstance(self.probe_tolerance, (int, float)) and self.probe_tolerance > 0,
-        }
-        allowed = {"dtype": f"one of {', '.join(DTYPES)}", "gpu_memory_utilization": "a number in (0, 1]",
-                   "probe_tolerance": "a number > 0", "enable_prefix_caching": "true or false",
-                   "enforce_eager": "true or false"}
-        for name, ok in checks.items():
-            if not ok:
-                raise ValueError(f"engine_options.{name}={getattr(self, name)!r} must be "
-                                 f"{allowed.get(name, 'a positive integer or null')}")
-
-    @classmethod
-    def from_dict(cls, options: Mapping[str, Any] | None) -> VLLMOptions:
-        """The options of a config's ``engine_options`` dict; a ValueError names an unknown key or a bad value."""
-        options = dict(options or {})
-        names = [f.name for f in fields(cls)]
-        for key in options:
-            if key not in names:
-                raise ValueError(f"unknown engine_options key {key!r}; {did_you_mean(key, names)}")
-        return cls(**options)
-
-
-def _positive_int_or_none(value: Any) -> bool:
-    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0)
 
 
 def logprobs_mode_for(sampling: SamplingParams, temperature: float) -> str:
@@ -238,7 +178,7 @@ class VLLMEngine:
 
     model_path:    the model folder or hub name vLLM loads (the trainer's starting point)
     pad_token_id:  fills response_ids after a response's end
-    options:       ``VLLMOptions``
+    options:       ``rlvr.config.VLLMOptions`` (``policy.options.engine_options``), already checked
     dtype, device: the trainer's weight dtype (for dtype "auto") and device (CPU or GPU)
     logprobs_mode: see ``logprobs_mode_for``
     """

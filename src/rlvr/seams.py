@@ -1,0 +1,114 @@
+"""The loop's two seams, and their kinds in this process.
+
+``RolloutSource``: where an epoch's graded samples come from. ``Learner``: who takes the
+optimizer steps and holds the trained state. ``rlvr.trainer.train`` receives one of each
+(``rlvr.cluster.session.loop_parts`` builds them from the config) and never asks which
+kind it has: sampling here (``LocalRolloutSource``) or on Ray rollout workers
+(``rlvr.cluster.rollout.RayRolloutSource``); stepping here (``LocalLearner``) or on
+data-parallel learners (``rlvr.cluster.learners.LearnerGroup``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+import torch
+
+from rlvr.config import Config
+from rlvr.dynamic_sampling import fill_with_learning_groups
+from rlvr.engines import WeightSyncError
+from rlvr.metrics import Record
+from rlvr.rewards import TrainerState
+from rlvr.rollout import Grades, Policy, Rollout, Samples, Task
+from rlvr.state import TrainingError, TrainState
+from rlvr.step import optimizer_step
+
+
+class RolloutSource(Protocol):
+    """Samples and grades the batch of epoch ``st.epoch`` with the weights of ``st``."""
+
+    def sample_and_grade(self, st: TrainState, task: Task) -> tuple[Samples, Grades, dict[str, float]]:
+        """The samples, their grades and the sampler's numbers (``time/*``, ``engine/*``, ...)."""
+        ...
+
+
+class Learner(Protocol):
+    """Takes the optimizer steps on an epoch's rollout."""
+
+    def optimizer_step(self, st: TrainState, rollout: Rollout) -> Record:
+        """One optimizer step at ``st``'s epoch and step count (which it advances): the step's record."""
+        ...
+
+    def pull(self, st: TrainState) -> None:
+        """The trained state into ``st``, so that the driver samples, evaluates and
+        checkpoints with it (called at the end of each epoch's steps)."""
+        ...
+
+
+class LocalRolloutSource:
+    """Samples with the policy in this process: its engine synced with the trainer's
+    weights first, then G responses to each of B prompts, graded; with ``algo.dynamic_sampling``,
+    batches until B groups carry a gradient."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+
+    def sample_and_grade(self, st: TrainState, task: Task) -> tuple[Samples, Grades, dict[str, float]]:
+        engine_stats = sync_engine(st)  # the engine samples with the weights of the last optimizer step
+        state = trainer_state_at(self.config, st.epoch, st.step)
+        sample = lambda: sample_and_grade(self.config, task, st.policy, st.generator, trainer_state=state)  # noqa: E731
+        if self.config.algo.dynamic_sampling:  # DAPO: only groups whose deltas are not all zero, until B of them
+            samples, grades, timings = fill_with_learning_groups(self.config.algo, sample)
+        else:
+            samples, grades, timings = sample()
+        return samples, grades, {**timings, **engine_stats}
+
+
+class LocalLearner:
+    """Steps the driver's own policy and optimizer (``rlvr.step.optimizer_step``); its state
+    is the driver's, so ``pull`` has nothing to do."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+
+    def optimizer_step(self, st: TrainState, rollout: Rollout) -> Record:
+        return optimizer_step(self.config, st, rollout)
+
+    def pull(self, st: TrainState) -> None:
+        pass
+
+
+def trainer_state_at(config: Config, epoch: int, step: int) -> TrainerState:
+    """What reward functions get as ``trainer_state`` for a batch of ``epoch`` sampled after ``step`` steps."""
+    return TrainerState(global_step=step, epoch=epoch, max_steps=config.algo.epochs * config.algo.inner_steps)
+
+
+def sample_and_grade(config: Config, task: Task, policy: Policy, generator: torch.Generator, prompts: Any = None,
+                     trainer_state: TrainerState | None = None) -> tuple[Samples, Grades, dict[str, float]]:
+    """B prompts from the task (or these ``prompts``), G responses each from the policy,
+    graded (the reward functions get the responses' token ids and ``trainer_state``): the
+    samples, the grades and the phase timings."""
+    clock = time.perf_counter()
+    if prompts is None:
+        prompts = task.sample_prompts(config.task.prompts_per_epoch, generator)
+    samples = policy.sample(prompts, config.algo.group_size, config.policy.temperature, generator)
+    timings = {"time/generate": time.perf_counter() - clock}
+    clock = time.perf_counter()
+    grades = task.grade(prompts, samples.responses, completion_ids=samples.completion_ids(),
+                        trainer_state=trainer_state)
+    timings["time/reward"] = time.perf_counter() - clock
+    return samples, grades, timings
+
+
+def sync_engine(st: TrainState) -> dict[str, float]:
+    """Hand the policy's generation engine the trainer's current weights, named by the
+    step count (``sync_engine`` of an LM policy; a policy that samples by itself has
+    none): engine/* numbers."""
+    sync = getattr(st.policy, "sync_engine", None)
+    if sync is None:
+        return {}
+    try:
+        return sync(st.step)
+    except WeightSyncError as err:
+        raise TrainingError(f"epoch {st.epoch}, step {st.step}: {err}") from err
