@@ -31,9 +31,20 @@ def test_a_batch_of_equal_rewards_has_no_top_reward_to_hack():
     assert max_reward_stats(rewards, correct) == {"hack/max_reward_frac": 0.5, "hack/max_reward_not_gold": 0.5}
 
 
+def test_a_batch_without_a_right_answer_has_no_top_reward_to_hack():
+    # A random model's partial credit: the best is what a wrong answer gets, no right answer scored less.
+    rewards, correct = torch.tensor([[0.4, 0.0, 0.2], [0.4, 0.2, 0.0]]), torch.zeros(2, 3, dtype=torch.bool)
+    assert max_reward_stats(rewards, correct) == {"hack/max_reward_frac": 0.0, "hack/max_reward_not_gold": 0.0}
+    # One right answer that scored below the top: the top's wrong answers count.
+    correct[1, 1] = True
+    assert max_reward_stats(rewards, correct) == {"hack/max_reward_frac": 2 / 6, "hack/max_reward_not_gold": 1.0}
+    # A known maximum needs no right answer to compare with.
+    assert max_reward_stats(rewards, torch.zeros(2, 3, dtype=torch.bool), max_reward=0.4)["hack/max_reward_frac"] > 0
+
+
 def test_a_reward_that_is_the_gold_check_is_not_monitored():
     # Partial credit from the gold spec itself (a grader's score): its top is not a hack.
-    rewards, correct = torch.tensor([[0.5, 0.0, 0.5]]), torch.zeros(1, 3, dtype=torch.bool)
+    rewards, correct = torch.tensor([[0.5, 0.0, 0.5]]), torch.tensor([[False, True, False]])
     assert max_reward_stats(rewards, correct)["hack/max_reward_not_gold"] == 1.0
     assert max_reward_stats(rewards, correct, reward_is_gold=True) == {"hack/max_reward_frac": 0.0,
                                                                       "hack/max_reward_not_gold": 0.0}

@@ -156,10 +156,13 @@ def max_reward_stats(rewards: torch.Tensor, correct: torch.Tensor, max_reward: f
         hack/max_reward_not_gold share of those that fail the gold check (0 when none is at the
                                  top or nothing was scored: no response is caught hacking; a
                                  number, never NaN, so records compare equal across runs)
-    The observed maximum is a top only when it is above the batch's lowest reward: a batch
-    of equal rewards (nothing solved, every reward 0) has no response that scored above a
-    wrong answer, so none is counted. A known maximum needs no such rule: a reward whose
-    maximum implies the gold answer gives exactly 0. ``reward_is_gold``: the reward is the
+    The observed maximum is a top only when it is above the batch's lowest reward and
+    some response of the batch passes the gold check: a batch of equal rewards (every
+    reward 0) has no response that scored above a wrong answer, and in a batch with no
+    right answer the best partial credit (a random model's) is what wrong answers get, so
+    neither is counted; a top-reward response fails the check here only when a right
+    answer scored no higher. A known maximum needs no such rule: a reward whose maximum
+    implies the gold answer gives exactly 0. ``reward_is_gold``: the reward is the
     gold check itself (the task's only weighted reward), which its top cannot fail; both
     numbers are 0.
     """
@@ -170,7 +173,7 @@ def max_reward_stats(rewards: torch.Tensor, correct: torch.Tensor, max_reward: f
         return {"hack/max_reward_frac": 0.0, "hack/max_reward_not_gold": 0.0}
     if max_reward is None:
         top_value, bottom = rewards[scored].max().item(), rewards[scored].min().item()
-        if top_value - bottom <= atol:  # no response scored above the others
+        if top_value - bottom <= atol or not (scored & correct.bool()).any():  # nothing to tell a top by
             return {"hack/max_reward_frac": 0.0, "hack/max_reward_not_gold": 0.0}
     else:
         top_value = max_reward
