@@ -21,37 +21,42 @@ from rlvr.trl_names import trl_hint
 # ---------------------------------------------------------------- the hacking monitor
 
 
+
+def one_run(rewards, correct, **options):
+    """``max_reward_stats`` of one run's [B, G] rewards (R = 1)."""
+    return max_reward_stats(rewards[None], correct[None], **options)[0]
+
 def test_a_batch_of_equal_rewards_has_no_top_reward_to_hack():
     # Nothing solved, every reward 0: no response scored above a wrong answer.
     rewards, correct = torch.zeros(2, 4), torch.zeros(2, 4, dtype=torch.bool)
-    assert max_reward_stats(rewards, correct) == {"hack/max_reward_frac": 0.0, "hack/max_reward_not_gold": 0.0}
+    assert one_run(rewards, correct) == {"hack/max_reward_frac": 0.0, "hack/max_reward_not_gold": 0.0}
     # A reward above the rest that fails the gold check still counts: 1 of the 2 at the top.
     rewards = torch.tensor([[0.0, 0.5, 0.5, 0.0]])
     correct = torch.tensor([[False, True, False, False]])
-    assert max_reward_stats(rewards, correct) == {"hack/max_reward_frac": 0.5, "hack/max_reward_not_gold": 0.5}
+    assert one_run(rewards, correct) == {"hack/max_reward_frac": 0.5, "hack/max_reward_not_gold": 0.5}
 
 
 def test_a_batch_without_a_right_answer_has_no_top_reward_to_hack():
     # A random model's partial credit: the best is what a wrong answer gets, no right answer scored less.
     rewards, correct = torch.tensor([[0.4, 0.0, 0.2], [0.4, 0.2, 0.0]]), torch.zeros(2, 3, dtype=torch.bool)
-    assert max_reward_stats(rewards, correct) == {"hack/max_reward_frac": 0.0, "hack/max_reward_not_gold": 0.0}
+    assert one_run(rewards, correct) == {"hack/max_reward_frac": 0.0, "hack/max_reward_not_gold": 0.0}
     # One right answer that scored below the top: the top's wrong answers count.
     correct[1, 1] = True
-    assert max_reward_stats(rewards, correct) == {"hack/max_reward_frac": 2 / 6, "hack/max_reward_not_gold": 1.0}
+    assert one_run(rewards, correct) == {"hack/max_reward_frac": 2 / 6, "hack/max_reward_not_gold": 1.0}
     # A known maximum needs no right answer to compare with.
-    assert max_reward_stats(rewards, torch.zeros(2, 3, dtype=torch.bool), max_reward=0.4)["hack/max_reward_frac"] > 0
+    assert one_run(rewards, torch.zeros(2, 3, dtype=torch.bool), max_reward=0.4)["hack/max_reward_frac"] > 0
 
 
 def test_a_reward_that_is_the_gold_check_is_not_monitored():
     # Partial credit from the gold spec itself (a grader's score): its top is not a hack.
     rewards, correct = torch.tensor([[0.5, 0.0, 0.5]]), torch.tensor([[False, True, False]])
-    assert max_reward_stats(rewards, correct)["hack/max_reward_not_gold"] == 1.0
-    assert max_reward_stats(rewards, correct, reward_is_gold=True) == {"hack/max_reward_frac": 0.0,
+    assert one_run(rewards, correct)["hack/max_reward_not_gold"] == 1.0
+    assert one_run(rewards, correct, reward_is_gold=True) == {"hack/max_reward_frac": 0.0,
                                                                       "hack/max_reward_not_gold": 0.0}
 
 
 def test_the_dataset_task_knows_when_its_reward_is_the_gold_check():
-    from rlvr.tasks import build_task
+    from rlvr.compose import build_task
 
     options = ["task.name=dataset", "policy.name=causal_lm", "task.prompts=null",
                "task.options={path: examples/data/tiny_math.jsonl, answer_column: answer, gold: numeric}"]

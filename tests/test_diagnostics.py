@@ -128,17 +128,22 @@ def test_trainer_micro_batches_are_shares_of_the_batch_gradient():
 # ---------------------------------------------------------------- reward hacking
 
 
+
+def one_run(rewards, correct, **options):
+    """``max_reward_stats`` of one run's [B, G] rewards (R = 1)."""
+    return max_reward_stats(rewards[None], correct[None], **options)[0]
+
 def test_max_reward_stats_by_hand():
     rewards = torch.tensor([[5.0, 5.0, 3.0], [5.0, 2.0, math.nan]])
     correct = torch.tensor([[True, False, False], [False, False, False]])
     # 5 scored responses, 3 at the top (5); 2 of those 3 fail the gold check.
-    out = max_reward_stats(rewards, correct, max_reward=5.0)
+    out = one_run(rewards, correct, max_reward=5.0)
     assert out == pytest.approx({"hack/max_reward_frac": 3 / 5, "hack/max_reward_not_gold": 2 / 3})
-    assert max_reward_stats(rewards, correct) == out  # the observed top is 5 too
-    out = max_reward_stats(rewards, correct, max_reward=6.0)  # nothing reaches 6
+    assert one_run(rewards, correct) == out  # the observed top is 5 too
+    out = one_run(rewards, correct, max_reward=6.0)  # nothing reaches 6
     assert out["hack/max_reward_frac"] == 0.0 and out["hack/max_reward_not_gold"] == 0.0
     with pytest.raises(ValueError, match="differ in shape"):
-        max_reward_stats(rewards, correct[:, :2])
+        one_run(rewards, correct[:, :2])
 
 
 def test_fitted_change():
@@ -233,10 +238,12 @@ def test_the_lecture_default_run_is_a_stall_not_a_hack():
 def test_prompt_solve_shares_average_a_repeated_prompt():
     prompts = torch.tensor([[2, 0, 1], [1, 1, 0], [2, 0, 1]])
     correct = torch.tensor([[True, False], [False, False], [True, True]])
-    assert prompt_solve_shares(prompts, correct) == {"2 0 1": 0.75, "1 1 0": 0.0}
-    assert prompt_solve_shares([{"prompt": "Q?"}], correct[:1]) == {"Q?": 0.5}
+    assert prompt_solve_shares(prompts, correct[None]) == [{"2 0 1": 0.75, "1 1 0": 0.0}]
+    assert prompt_solve_shares([{"prompt": "Q?"}], correct[None, :1]) == [{"Q?": 0.5}]
+    assert prompt_solve_shares(prompts, torch.stack([correct, ~correct])) == [{"2 0 1": 0.75, "1 1 0": 0.0},
+                                                                                {"2 0 1": 0.25, "1 1 0": 1.0}]
     chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Q?"}]
-    assert prompt_solve_shares([{"prompt": chat}], correct[:1]) == {"system: Be brief.\nuser: Q?": 0.5}
+    assert prompt_solve_shares([{"prompt": chat}], correct[None, :1]) == [{"system: Be brief.\nuser: Q?": 0.5}]
 
 
 def test_classify_prompts_and_summary():

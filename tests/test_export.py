@@ -5,7 +5,7 @@ import torch
 
 import rlvr
 from rlvr.cli import main
-from rlvr.policies import build_policy
+from rlvr.compose import build_policy
 
 QUIET = ["log.progress=false", "log.plot=false", "log.eval_at_start=false"]
 

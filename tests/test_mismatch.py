@@ -3,7 +3,6 @@ truncated importance sampling (algo.tis_cap) and the mismatch/* metrics, end to 
 
 import dataclasses
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,8 +10,9 @@ import torch
 from conftest import QUIET
 from rlvr import core
 from rlvr.config import load_config
+from rlvr.engines import Engine
 from rlvr.errors import ConfigError
-from rlvr.rollout import sampler_log_probs_exact
+from rlvr.rollout import Policy, sampler_log_probs_exact
 from rlvr.state import TrainingError
 from rlvr.step import optimizer_step
 from rlvr.trainer import collect_rollout, setup, train
@@ -84,10 +84,21 @@ def test_recompute_with_the_naive_loss_alone_warns_and_recomputes_nothing():
 
 
 def test_exactness_is_the_policys_then_its_engines_then_true():
-    assert sampler_log_probs_exact(SimpleNamespace()) is True  # the positional toy, HFEngine: say nothing
-    assert sampler_log_probs_exact(SimpleNamespace(engine=SimpleNamespace(exact_log_probs=False))) is False
-    assert sampler_log_probs_exact(SimpleNamespace(exact_log_probs=True,
-                                                   engine=SimpleNamespace(exact_log_probs=False))) is True
+    class Sampler(Policy):  # the protocol's defaults: no engine, exactness not said
+        pass
+
+    class Inexact(Engine):  # vLLM's kernels
+        exact_log_probs = False
+
+    assert sampler_log_probs_exact(Sampler()) is True  # the positional toy: says nothing
+    with_engine = Sampler()
+    with_engine.engine = Inexact()
+    assert sampler_log_probs_exact(with_engine) is False
+    with_engine.exact_log_probs = True
+    assert sampler_log_probs_exact(with_engine) is True
+    with_engine.engine = type("Exact", (Engine,), {})()  # HFEngine: the default, exact
+    with_engine.exact_log_probs = None
+    assert sampler_log_probs_exact(with_engine) is True
 
 
 def test_auto_uses_the_exact_samplers_log_probs_as_today():

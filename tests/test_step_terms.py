@@ -14,7 +14,7 @@ from rlvr import core
 from rlvr.config import ConfigError, load_config
 from rlvr.metrics import without_timings
 from rlvr.policies.positional import PositionalPolicy
-from rlvr.rollout import Grades, Samples
+from rlvr.rollout import Grades, Policy, Samples, Task
 from rlvr.state import TrainState
 from rlvr.step import optimizer_step
 from rlvr.trainer import collect_rollout, setup
@@ -100,7 +100,7 @@ def test_micro_batching_does_not_change_the_metrics():
 # --- item 4: Dr. GRPO's normalizer is the policy's longest possible response --------
 
 
-class LengthsPolicy:
+class LengthsPolicy(Policy):
     """Responses of lengths 1..longest (cycling) out of at most max_response_length."""
 
     max_response_length = 8
@@ -117,7 +117,7 @@ class LengthsPolicy:
         return Samples(None, ids, mask, torch.zeros(n, 1, dtype=torch.long), torch.ones(n, 1, dtype=torch.bool))
 
 
-class CountingTask:
+class CountingTask(Task):
     def sample_prompts(self, num_prompts, generator):
         return list(range(num_prompts))
 

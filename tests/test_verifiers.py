@@ -99,8 +99,8 @@ def test_a_closure_runs_in_reward_workers_and_spawn_refuses_it_clearly():
 
 
 def test_replace_task_rewards_needs_functions(tmp_path):
+    from rlvr.compose import build_task
     from rlvr.config import load_config
-    from rlvr.tasks import build_task
 
     path = tmp_path / "d.jsonl"
     path.write_text('{"prompt": "a", "answer": "1"}\n{"prompt": "b", "answer": "2"}\n')

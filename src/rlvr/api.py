@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlvr.compose import check_extras
 from rlvr.config import Config, check_options, config_from_dict, merge, parse_overrides, read_mapping
 from rlvr.errors import ConfigError
-from rlvr.extras import check_extras, missing_module_hint
+from rlvr.extras import missing_module_hint
 from rlvr.metrics import Record
 
 
@@ -75,7 +76,7 @@ def check(config: Config | dict | str | Path | None = None, overrides: Sequence[
     optional packages its back ends need (``rlvr.extras``), the task built (its data read,
     the reward functions imported; no worker started) and closed. Returns the resolved
     Config; raises ConfigError naming what is wrong. ``rlvr config`` runs this."""
-    from rlvr.tasks import build_task
+    from rlvr.compose import build_task
 
     resolved = config if isinstance(config, Config) and not overrides else resolve_config(config, overrides)
     check_options(resolved)
@@ -127,9 +128,7 @@ def _train_in_memory(config: Config, on_record: Callable[[Record], None] | None)
     try:
         records = train_loop(config, on_record=on_record, state=(task, st))
     finally:
-        close = getattr(task, "close", None)  # its reward workers
-        if close is not None:
-            close()
+        task.close()  # its reward workers
     return TrainResult(records, None, st.policy, config)
 
 

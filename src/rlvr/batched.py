@@ -357,11 +357,10 @@ def collect_batched(configs: Sequence[Config], task: Task, model: BatchedPositio
     common = {"time/generate": generate / runs, "time/reward": reward / runs, "time/score": score / runs,
               "response_tokens": tokens, "tokens_per_sec_generate": tokens / max(generate / runs, 1e-9),
               "response_length": float(n)}
-    max_reward, reward_is_gold = getattr(task, "max_reward", None), getattr(task, "reward_is_gold", False)
-    stats = [{**s, **grades.metrics, **common,
-              **max_reward_stats(rewards[r], correct[r], max_reward, reward_is_gold=reward_is_gold)}
-             for r, s in enumerate(rollout_stats(rewards, correct, deltas, g))]
-    solved = [prompt_solve_shares(prompts, correct[r]) for r in range(runs)]
+    stats = [{**s, **grades.metrics, **common, **hack} for s, hack in
+             zip(rollout_stats(rewards, correct, deltas, g),
+                 max_reward_stats(rewards, correct, task.max_reward, reward_is_gold=task.reward_is_gold))]
+    solved = prompt_solve_shares(prompts, correct)
     return BatchedRollout(deltas, row_prompt, chosen, stats, solved)
 
 

@@ -13,12 +13,13 @@ from pathlib import Path
 from rlvr.api import check
 from rlvr.batched import batching_refusal
 from rlvr.checkpoint import CheckpointError
+from rlvr.compose import check_extras
 from rlvr.config import ConfigError, load_config
 from rlvr.data import DataError, check_not_shadowed
 from rlvr.diagnostics import hacking_warnings, prompt_summary
 from rlvr.errors import RunError
 from rlvr.evaluation import eval_prompts_label
-from rlvr.extras import LM_MODULES, check_extras, missing_module_hint, require
+from rlvr.extras import LM_MODULES, missing_module_hint, require
 from rlvr.metrics import plot_runs, read_records, summary
 from rlvr.modeling import quiet_libraries
 from rlvr.presets import markdown_table as presets_table

@@ -22,6 +22,7 @@ from rlvr.config_rules import MAX_RESPONSES, OPTION_OWNERS, check_options, valid
 from rlvr.core import AGGREGATIONS, DELTA_MODES, KL_ESTIMATORS, LOSS_MODES
 from rlvr.core.logprobs import DEFAULT_CHUNK_ELEMENTS
 from rlvr.engines import ENGINES
+from rlvr.engines.vllm import VLLMOptions
 from rlvr.errors import ConfigError
 from rlvr.modeling import DTYPES
 from rlvr.presets import ALGO_PRESETS, resolve_defaults
@@ -42,7 +43,7 @@ from rlvr.settings import (
 
 __all__ = ["BOUNDS", "DEFAULT_TORCH_THREADS", "AlgoConfig", "CausalLMOptions", "ClusterConfig", "Config",
            "ConfigError", "LogConfig", "OptimConfig", "PolicyConfig", "RewardsConfig", "SftConfig", "TaskConfig",
-           "VLLMOptions", "check_options", "config_from_dict", "load_config", "merge", "parse_overrides",
+           "check_options", "config_from_dict", "load_config", "merge", "parse_overrides",
            "read_mapping", "setting"]
 
 POLICIES = ("positional", "causal_lm")
@@ -53,7 +54,6 @@ OLD_LOG_PROBS = ("auto", "sampler", "recompute")  # where the old policy's log-p
 KL_PLACEMENTS = ("loss", "reward")  # where the KL penalty goes
 OVERLONG = ("none", "mask", "penalty")  # what happens to responses cut at the length limit
 AUTOCAST = ("bfloat16", "float16")
-ENGINE_DTYPES = ("auto", *DTYPES)
 # torch's own thread count (physical cores, or OMP_NUM_THREADS), read before any run sets its own
 DEFAULT_TORCH_THREADS = torch.get_num_threads()
 
@@ -62,25 +62,6 @@ def _lecture_prompts() -> list:
     from rlvr.tasks.sorting import LECTURE_PROMPTS  # the task's; imported when a config is made, not here
 
     return [list(p) for p in LECTURE_PROMPTS]
-
-
-@dataclass
-class VLLMOptions:
-    """``policy.options.engine_options``: the vLLM engine's (``engine: vllm``; hf takes none)."""
-
-    dtype: str = setting("auto", "weights and activations in the engine (auto: the trainer's dtype)",
-                         choices=ENGINE_DTYPES)
-    gpu_memory_utilization: float = setting(0.3, "share of the GPU vLLM may take (weights, activations, KV cache); "
-                                                 "the trainer lives beside it on the same GPU", above=0, max=1)
-    kv_cache_memory_bytes: int | None = setting(None, "KV cache size (null: from gpu_memory_utilization on a GPU, "
-                                                      "256 MiB on CPU)", above=0)
-    max_model_len: int | None = setting(None, "longest prompt + response (null: the model's positions)", above=0)
-    max_num_seqs: int | None = setting(None, "sequences decoded at once (null: vLLM's default)", above=0)
-    enable_prefix_caching: bool = setting(True, "reuse the KV of shared prompt prefixes (whole blocks only)")
-    enforce_eager: bool = setting(True, "no CUDA graphs or torch.compile (starts in seconds; false: faster on a GPU)")
-    probe_tolerance: float = setting(1e-3, "largest |engine - trainer| log-prob on the probe after a weight sync; "
-                                           "above it training stops (1e-3 suits float32; raise it for bfloat16)",
-                                     above=0)
 
 
 @dataclass

@@ -4,13 +4,14 @@ run, and warns about ones that run but make no sense, before any work is done.
 Each field's own rules (choices, bounds) are declared on it (``rlvr.settings.setting``)
 and checked by ``check_fields``; the rules here relate fields to each other, read the
 derived facts of the sections (``AlgoConfig.uses_reference``, ...), and check the values
-no declared rule can (a torch device's spelling, a list's items).
+no declared rule can (a torch device's spelling, a list's items). The config imports these
+rules, so they take its sections by their fields (``rlvr.config``'s classes) without importing them.
 """
 
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
@@ -18,9 +19,6 @@ from rlvr.core import KL_LOSS_ESTIMATORS
 from rlvr.errors import ConfigError
 from rlvr.rules import finite
 from rlvr.settings import check_fields, unknown_keys, unknown_message
-
-if TYPE_CHECKING:
-    from rlvr.config import CausalLMOptions, Config, PolicyConfig, TaskConfig
 
 # deltas that subtract a group statistic
 GROUP_BASELINES = ("centered", "normalized", "leave_one_out", "batch_normalized", "reinforce_pp")
@@ -68,7 +66,7 @@ def _check_reward_functions(functions: list) -> None:
             raise ConfigError(f"{path}.required={item['required']!r} must be true or false")
 
 
-def _check_sorting_prompts(t: TaskConfig) -> None:
+def _check_sorting_prompts(t: Any) -> None:
     """Fixed sorting prompts: at least one, each ``num_numbers`` integers in [0, vocab_size)."""
     if t.prompts is None:
         return
@@ -83,7 +81,7 @@ def _check_sorting_prompts(t: TaskConfig) -> None:
                               f"integers in [0, task.vocab_size={t.vocab_size})")
 
 
-def _check_positional_size(t: TaskConfig, p: PolicyConfig) -> None:
+def _check_positional_size(t: Any, p: Any) -> None:
     """The positional model's parameter count, 2 n D^2 (encode, decode) + V D (embedding)."""
     size = 2 * t.num_numbers * p.embedding_dim**2 + t.vocab_size * p.embedding_dim
     if size > MAX_POSITIONAL_PARAMETERS:
@@ -94,7 +92,7 @@ def _check_positional_size(t: TaskConfig, p: PolicyConfig) -> None:
         )
 
 
-def _check_batch_sizes(config: Config) -> None:
+def _check_batch_sizes(config: Any) -> None:
     """Responses sampled at once stay under MAX_RESPONSES; micro-batches split N evenly."""
     t, a, o, lg = config.task, config.algo, config.optim, config.log
     batch = len(t.prompts) if (t.name == "sorting" and t.prompts is not None) else t.prompts_per_epoch
@@ -111,7 +109,7 @@ def _check_batch_sizes(config: Config) -> None:
                           f"({batch} prompts x group_size {a.group_size})")
 
 
-def validate(config: Config) -> None:
+def validate(config: Any) -> None:
     """Reject configurations that cannot run; warn about ones that run but make no sense.
     Each field's own rules are declared on it; the rules here are those between fields."""
     t, p, a, o = config.task, config.policy, config.algo, config.optim
@@ -155,7 +153,7 @@ def validate(config: Config) -> None:
                       "step, so the loss equals the naive one", stacklevel=2)
 
 
-def _check_algo_combinations(config: Config) -> None:
+def _check_algo_combinations(config: Any) -> None:
     """Settings of the loss, the KL, dynamic sampling and the noise meter that contradict each other."""
     t, a, c, lg = config.task, config.algo, config.cluster, config.log
     fixed = t.name == "sorting" and t.prompts is not None
@@ -194,7 +192,7 @@ def _check_algo_combinations(config: Config) -> None:
                       "weighs each response's term by its length", stacklevel=3)
 
 
-def _check_cluster(config: Config) -> None:
+def _check_cluster(config: Any) -> None:
     c, a = config.cluster, config.algo
     responses = config.task.prompts_per_epoch * a.group_size
     if c.learners > responses:
@@ -215,7 +213,7 @@ def _check_cluster(config: Config) -> None:
 
 
 
-def _check_causal_lm_options(o: CausalLMOptions) -> None:
+def _check_causal_lm_options(o: Any) -> None:
     """What the causal-LM options' declared rules cannot say. What depends on the machine
     (a CUDA device present, vllm installed) is left to the run: a config may be written on
     a laptop for a GPU machine."""
@@ -235,7 +233,7 @@ def _check_causal_lm_options(o: CausalLMOptions) -> None:
         raise ConfigError(f"policy.options.engine_options {changed} are for engine=vllm; engine=hf takes none")
 
 
-def check_options(config: Config) -> None:
+def check_options(config: Any) -> None:
     """task.options and a chat template without loading a model or data (``rlvr train``
     refuses the same as it builds): every unknown task option in one error, each with the
     setting meant, then their types and declared rules (``check_task_options``) and a chat
@@ -247,6 +245,6 @@ def check_options(config: Config) -> None:
                if path.startswith("task.options.")]
     if unknown:
         raise ConfigError(unknown_message(unknown))
-    check_task_options(config)
+    check_task_options(config.task.name, config.task.options)
     if config.policy.name == "causal_lm" and config.policy.options.chat_template is not None:
         check_chat_template(config.policy.options.chat_template)

@@ -146,9 +146,10 @@ def flat_grad(module: torch.nn.Module) -> torch.Tensor:
 
 
 def max_reward_stats(rewards: torch.Tensor, correct: torch.Tensor, max_reward: float | None = None,
-                     atol: float = 1e-6, reward_is_gold: bool = False) -> dict[str, float]:
-    """How many top-reward responses fail the gold check; rewards [B, G] (NaN: abstained),
-    correct [B, G] bool.
+                     atol: float = 1e-6, reward_is_gold: bool = False) -> list[dict[str, float]]:
+    """How many top-reward responses fail the gold check, for each of R runs; rewards
+    [R, B, G] (NaN: abstained), correct [R, B, G] bool; one record per run (a run alone
+    is R = 1).
 
     The top is ``max_reward`` (the most a response can score, when the task knows it)
     or else the highest reward in this batch; responses within ``atol`` of it count.
@@ -168,20 +169,24 @@ def max_reward_stats(rewards: torch.Tensor, correct: torch.Tensor, max_reward: f
     """
     if rewards.shape != correct.shape:
         raise ValueError(f"rewards {tuple(rewards.shape)} and correct {tuple(correct.shape)} differ in shape")
-    scored = torch.isfinite(rewards)
-    if reward_is_gold or not scored.any():
-        return {"hack/max_reward_frac": 0.0, "hack/max_reward_not_gold": 0.0}
+    runs = rewards.shape[0]
+    flat, right = rewards.reshape(runs, -1), correct.reshape(runs, -1).bool()  # [R, B*G]
+    scored = torch.isfinite(flat)
+    counts = scored.sum(dim=1).tolist()
     if max_reward is None:
-        top_value, bottom = rewards[scored].max().item(), rewards[scored].min().item()
-        if top_value - bottom <= atol or not (scored & correct.bool()).any():  # nothing to tell a top by
-            return {"hack/max_reward_frac": 0.0, "hack/max_reward_not_gold": 0.0}
+        tops = torch.where(scored, flat, -torch.inf).amax(dim=1).tolist()
+        bottoms = torch.where(scored, flat, torch.inf).amin(dim=1).tolist()
+        # nothing to tell a top by: no response scored above the others, or no right answer to compare with
+        any_right = (scored & right).any(dim=1).tolist()
+        usable = [t - b > atol and found for t, b, found in zip(tops, bottoms, any_right)]
     else:
-        top_value = max_reward
-    top = scored & (rewards >= top_value - atol)
-    num_top = top.sum().item()
-    not_gold = (top & ~correct.bool()).sum().item()
-    return {"hack/max_reward_frac": num_top / scored.sum().item(),
-            "hack/max_reward_not_gold": not_gold / num_top if num_top else 0.0}
+        tops, usable = [max_reward] * runs, [True] * runs
+    # the thresholds in the rewards' dtype, as comparing with a Python number rounds them
+    top = scored & (flat >= torch.tensor([t - atol for t in tops], dtype=flat.dtype)[:, None])
+    num_top, not_gold = top.sum(dim=1).tolist(), (top & ~right).sum(dim=1).tolist()
+    return [{"hack/max_reward_frac": t / n, "hack/max_reward_not_gold": ng / t if t else 0.0}
+            if n and ok and not reward_is_gold else {"hack/max_reward_frac": 0.0, "hack/max_reward_not_gold": 0.0}
+            for n, ok, t, ng in zip(counts, usable, num_top, not_gold)]
 
 
 def epoch_series(records: Iterable[Record], key: str) -> tuple[list[int], list[float]]:
@@ -295,13 +300,18 @@ def prompt_key(prompt: Any) -> str:
     return prompt_text(prompt)
 
 
-def prompt_solve_shares(prompts: Sequence[Any], correct: torch.Tensor) -> dict[str, float]:
-    """prompt key -> share of its G responses that pass the gold check; correct [B, G].
-    A prompt drawn twice in one batch gets the mean of its groups."""
-    shares: dict[str, list[float]] = {}
-    for prompt, row in zip(prompts, correct.float().mean(dim=1).tolist()):
-        shares.setdefault(prompt_key(prompt), []).append(row)
-    return {key: sum(v) / len(v) for key, v in shares.items()}
+def prompt_solve_shares(prompts: Sequence[Any], correct: torch.Tensor) -> list[dict[str, float]]:
+    """For each of R runs on the same B prompts: prompt key -> share of its G responses
+    that pass the gold check; correct [R, B, G] (a run alone is R = 1). A prompt drawn
+    twice in one batch gets the mean of its groups."""
+    keys = [prompt_key(prompt) for prompt in prompts]
+    out = []
+    for rows in correct.float().mean(dim=2).tolist():
+        shares: dict[str, list[float]] = {}
+        for key, row in zip(keys, rows):
+            shares.setdefault(key, []).append(row)
+        out.append({key: sum(v) / len(v) for key, v in shares.items()})
+    return out
 
 
 def prompt_curves(records: Iterable[Record]) -> dict[str, list[tuple[int, float]]]:

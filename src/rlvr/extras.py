@@ -7,12 +7,8 @@ from __future__ import annotations
 import importlib.util
 import sys
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from rlvr.errors import ConfigError
-
-if TYPE_CHECKING:
-    from rlvr.config import Config
 
 # module -> the extra that installs it (huggingface_hub comes with transformers)
 EXTRA_OF = {
@@ -48,39 +44,8 @@ def require(what: str, modules: Iterable[str]) -> None:
             raise ConfigError(f"{what}: {problem}")
 
 
-def needed_modules(config: Config) -> list[tuple[str, tuple[str, ...]]]:
-    """(the setting, the modules it needs) for each optional back end ``config`` uses.
-    The vLLM engine is left to the run: a config may be written for a GPU machine."""
-    p, t, c, lg = config.policy, config.task, config.cluster, config.log
-    needs = []
-    if p.name == "causal_lm":
-        needs.append(("policy.name='causal_lm'", LM_MODULES))
-        if p.options.lora is not None:
-            needs.append(("policy.options.lora", ("peft",)))
-    if t.name == "reasoning_gym":
-        needs.append(("task.name='reasoning_gym'", ("reasoning_gym",)))
-    if t.name == "gsm8k":
-        needs.append(("task.name='gsm8k'", ("math_verify",)))
-    if c.rollout_workers > 0:
-        needs.append((f"cluster.rollout_workers={c.rollout_workers}", ("ray",)))
-    if c.learners > 1:
-        needs.append((f"cluster.learners={c.learners}", ("ray",)))
-    if lg.tracker:
-        needs.append((f"log.tracker={lg.tracker!r}", (lg.tracker,)))
-    if lg.tensorboard:
-        needs.append(("log.tensorboard=True", ("tensorboard",)))
-    return needs
-
-
-def check_extras(config: Config) -> None:
-    """ConfigError naming the setting and the extra to install for the first optional
-    back end of ``config`` whose package is missing; nothing is imported."""
-    for what, modules in needed_modules(config):
-        require(what, modules)
-
-
 def missing_module_hint(err: ImportError) -> str | None:
-    """The install line for an ImportError of an optional module (one ``needed_modules``
+    """The install line for an ImportError of an optional module (one ``rlvr.compose.needed_modules``
     cannot foresee, such as the dataset task's Parquet reader); None for any other."""
     name = (getattr(err, "name", None) or "").split(".")[0]
     return missing_package(name) if name in EXTRA_OF else None

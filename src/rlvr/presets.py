@@ -1,5 +1,5 @@
 """Defaults that depend on other settings: ``algo.preset``, the causal-LM defaults and the
-run's name (``rlvr.run_dir.default_run_name``).
+run's name (``default_run_name``).
 
 Both fill settings the user did not give, before the config is built: a field given in
 the YAML file or as ``key=value`` always wins, and ``rlvr config`` prints the values
@@ -12,9 +12,9 @@ by field in Python takes its fields as they are.
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
-
-from rlvr.run_dir import default_run_name
 
 # algo.preset -> the algo fields it sets. Every preset sets the same fields, so switching
 # presets changes exactly these and nothing else.
@@ -87,3 +87,24 @@ def markdown_table() -> str:
         rows.append(f"| `{preset}` | " + " | ".join("null" if fields[n] is None else str(fields[n]) for n in names)
                     + " |")
     return "\n".join(rows) + "\n"
+
+
+LECTURE_NAME = "lecture"  # the sorting toy's runs, the lecture's run among them: runs/lecture
+NOT_IN_NAMES = r"[^\w.-]+"  # a model name's characters a folder name is better without
+
+
+def default_run_name(data: dict) -> str:
+    """The name of a run whose config gives none, from its config mapping: "lecture" for
+    the sorting toy, else the task's name and the model's (its folder or hub name, the
+    run's folder for ``RUN_DIR/model`` that ``rlvr sft`` writes): ``sort_text-tiny_lm``."""
+    task, policy = data.get("task"), data.get("policy")
+    task_name = task.get("name", "sorting") if isinstance(task, dict) else "sorting"
+    if task_name == "sorting" or not isinstance(task_name, str):
+        return LECTURE_NAME
+    options = policy.get("options") if isinstance(policy, dict) else None
+    model = options.get("model") if isinstance(options, dict) else None
+    if not isinstance(model, (str, Path)) or not str(model).strip("/"):
+        return task_name
+    path = Path(str(model).rstrip("/"))
+    label = path.parent.name if path.name == "model" and path.parent.name else path.name
+    return f"{task_name}-{re.sub(NOT_IN_NAMES, '_', label)}"

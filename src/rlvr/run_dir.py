@@ -5,7 +5,6 @@ from __future__ import annotations
 import fcntl
 import itertools
 import os
-import re
 import shutil
 import warnings
 from collections.abc import Iterator
@@ -23,29 +22,6 @@ LOCK_FILE = ".lock"
 # temporary folders then); a resume may replace all of it.
 PARTIAL_OUTPUTS = ("metrics.jsonl", "samples.md", "tensorboard", "checkpoints")
 DATA_FILES = "data_files.json"  # the fingerprints of the data files the run reads (rlvr.resume)
-
-
-# ---------------------------------------------------------------- the run's name
-
-LECTURE_NAME = "lecture"  # the sorting toy's runs, the lecture's run among them: runs/lecture
-NOT_IN_NAMES = r"[^\w.-]+"  # a model name's characters a folder name is better without
-
-
-def default_run_name(data: dict) -> str:
-    """The name of a run whose config gives none, from its config mapping: "lecture" for
-    the sorting toy, else the task's name and the model's (its folder or hub name, the
-    run's folder for ``RUN_DIR/model`` that ``rlvr sft`` writes): ``sort_text-tiny_lm``."""
-    task, policy = data.get("task"), data.get("policy")
-    task_name = task.get("name", "sorting") if isinstance(task, dict) else "sorting"
-    if task_name == "sorting" or not isinstance(task_name, str):
-        return LECTURE_NAME
-    options = policy.get("options") if isinstance(policy, dict) else None
-    model = options.get("model") if isinstance(options, dict) else None
-    if not isinstance(model, (str, Path)) or not str(model).strip("/"):
-        return task_name
-    path = Path(str(model).rstrip("/"))
-    label = path.parent.name if path.name == "model" and path.parent.name else path.name
-    return f"{task_name}-{re.sub(NOT_IN_NAMES, '_', label)}"
 
 
 # ---------------------------------------------------------------- the run directory and its lock

@@ -198,9 +198,7 @@ def _resume(config: Config, run_dir: Path, stack: ExitStack, accept_data_change:
 def _setup(config: Config, stack: ExitStack) -> tuple[Any, TrainState]:
     """``setup``, with the task closed (its reward workers stopped) when the run ends."""
     task, st = setup(config)
-    close = getattr(task, "close", None)
-    if close is not None:
-        stack.callback(close)
+    stack.callback(task.close)
     return task, st
 
 

@@ -105,10 +105,7 @@ def sync_engine(st: TrainState) -> dict[str, float]:
     """Hand the policy's generation engine the trainer's current weights, named by the
     step count (``sync_engine`` of an LM policy; a policy that samples by itself has
     none): engine/* numbers."""
-    sync = getattr(st.policy, "sync_engine", None)
-    if sync is None:
-        return {}
     try:
-        return sync(st.step)
+        return st.policy.sync_engine(st.step)
     except WeightSyncError as err:
         raise TrainingError(f"epoch {st.epoch}, step {st.step}: {err}") from err

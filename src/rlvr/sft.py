@@ -16,14 +16,14 @@ import torch
 
 from rlvr import core
 from rlvr.checkpoint import save_pretrained
+from rlvr.compose import build_policy, build_task
 from rlvr.config import Config, ConfigError
 from rlvr.data import read_jsonl
 from rlvr.metrics import JsonlSink, Record
 from rlvr.optim import build_optimizer
-from rlvr.policies import build_policy
 from rlvr.rollout import Samples
 from rlvr.state import seed_everything
-from rlvr.tasks import build_task, check_prompts_fit
+from rlvr.tasks import check_prompts_fit
 
 
 def load_pairs(config: Config, task: Any, generator: torch.Generator) -> list[tuple[str, str]]:
@@ -89,9 +89,7 @@ def run_sft(config: Config, run_dir: Path, on_record=None) -> Path:
                 raise ConfigError(f"sft: loss became {record['loss']} at step {step}; lower sft.lr")
     finally:
         sink.close()
-        close = getattr(task, "close", None)
-        if close is not None:
-            close()
+        task.close()
     out = run_dir / "model"
     save_pretrained(policy, out)
     return out

@@ -30,8 +30,8 @@ def shaped_rewards(config: Config, policy: Policy, samples: Samples, rewards: to
         rewards = rewards - penalty.reshape(rewards.shape)
         shaping["kl_reward_penalty"] = penalty.mean().item()
     if a.overlong != "none":
-        truncate = getattr(policy, "truncated", None)  # the toy's answers have one fixed length: never cut
-        truncated = torch.zeros(samples.num_responses, dtype=torch.bool) if truncate is None else truncate(samples)
+        truncated = policy.truncated(samples)  # None: the toy's answers have one fixed length, never cut
+        truncated = torch.zeros(samples.num_responses, dtype=torch.bool) if truncated is None else truncated
         shaping["truncated_frac"] = truncated.float().mean().item()
         if a.overlong == "mask":
             mask = core.overlong_mask(truncated, mask)

@@ -20,18 +20,18 @@ import torch
 
 from rlvr import core
 from rlvr.cluster.session import loop_parts
+from rlvr.compose import build_policy, build_task, check_extras
 from rlvr.config import AlgoConfig, Config
 from rlvr.diagnostics import max_reward_stats, prompt_solve_shares
 from rlvr.evaluation import evaluate
-from rlvr.extras import check_extras
 from rlvr.metrics import Record
 from rlvr.optim import build_optimizer, build_scheduler
-from rlvr.policies import build_policy, frozen_copy
+from rlvr.policies import frozen_copy
 from rlvr.rollout import Grades, Policy, Rollout, Samples, Task, sampler_log_probs_exact
 from rlvr.seams import Learner, LocalRolloutSource, RolloutSource, sync_engine
 from rlvr.shaping import shaped_rewards
 from rlvr.state import TrainingError, TrainState, seed_everything
-from rlvr.tasks import build_task, check_prompts_fit
+from rlvr.tasks import check_prompts_fit
 
 
 def setup(config: Config) -> tuple[Task, TrainState]:
@@ -47,9 +47,7 @@ def setup(config: Config) -> tuple[Task, TrainState]:
         policy = build_policy(config)
         check_prompts_fit(task, policy)  # fixed prompts the model cannot take: an error before any work
     except BaseException:
-        close = getattr(task, "close", None)  # its reward workers
-        if close is not None:
-            close()
+        task.close()  # its reward workers
         raise
     params = [p for p in policy.module.parameters() if p.requires_grad]
     optimizer = build_optimizer(config.optim, params)
@@ -124,8 +122,8 @@ def collect_rollout(config: Config, task: Task, st: TrainState, source: RolloutS
     source = LocalRolloutSource(config) if source is None else source
     samples, grades, stats = source.sample_and_grade(st, task)
     # the hacking monitor: top-reward responses that fail the gold check
-    stats.update(max_reward_stats(grades.rewards, grades.correct, getattr(task, "max_reward", None),
-                                  reward_is_gold=getattr(task, "reward_is_gold", False)))
+    stats.update(max_reward_stats(grades.rewards[None], grades.correct[None], task.max_reward,
+                                  reward_is_gold=task.reward_is_gold)[0])
     return build_rollout(config, st, samples, grades, stats)
 
 
@@ -175,7 +173,7 @@ def build_rollout(config: Config, st: TrainState, samples: Samples, grades: Grad
     # weight, and the step size would change from epoch to epoch.
     normalizer = policy.max_response_length if a.normalizer is None else a.normalizer
     weights = core.aggregation_weights(mask, a.aggregation, normalizer)  # [N, T]
-    solved = None if grades.prompts is None else prompt_solve_shares(grades.prompts, grades.correct)
+    solved = None if grades.prompts is None else prompt_solve_shares(grades.prompts, grades.correct[None])[0]
     return Rollout(samples, deltas, old_log_probs, ref_log_probs, weights, stats, importance_weights, solved,
                    pg_token_mask)
 

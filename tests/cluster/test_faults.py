@@ -137,7 +137,8 @@ def test_ray_failing_under_the_rollout_workers_is_one_line(monkeypatch):
     at the rollout source's boundary it becomes a ClusterError (a RunError: exit 2)."""
     from ray.exceptions import ActorUnavailableError
 
-    from rlvr.cluster.rollout import ClusterError, RayRolloutSource
+    from rlvr.cluster import ClusterError
+    from rlvr.cluster.rollout import RayRolloutSource
 
     def unavailable(self, st, task):
         raise ActorUnavailableError("The actor is temporarily unavailable: RpcError: failed to connect to raylet\n"

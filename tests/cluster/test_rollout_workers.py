@@ -131,7 +131,7 @@ def test_weights_by_collective_broadcast_give_the_same_records(ray_local):
 
 
 def test_a_collective_worker_that_dies_ends_the_run_clearly(ray_local, monkeypatch):
-    from rlvr.cluster.rollout import ClusterError
+    from rlvr.cluster import ClusterError
 
     built = record_actors(monkeypatch)
 

@@ -15,13 +15,17 @@ import torch
 pytest.importorskip("transformers")
 
 from conftest import QUIET  # noqa: E402
-from rlvr.config import VLLMOptions, load_config  # noqa: E402
+from rlvr.compose import build_policy  # noqa: E402
+from rlvr.config import load_config  # noqa: E402
 from rlvr.engines import SamplingParams, WeightSyncError  # noqa: E402
 from rlvr.engines.hf import HFEngine  # noqa: E402
-from rlvr.engines.vllm import logprobs_mode_for, merged_state_dict  # noqa: E402
+from rlvr.engines.vllm import (  # noqa: E402
+    VLLMOptions,  # noqa: E402
+    logprobs_mode_for,
+    merged_state_dict,
+)
 from rlvr.errors import ConfigError  # noqa: E402
 from rlvr.modeling import load_model_and_tokenizer  # noqa: E402
-from rlvr.policies import build_policy  # noqa: E402
 from rlvr.policies.causal_lm import PROBE_LENGTH, CausalLMPolicy  # noqa: E402
 from rlvr.seams import sync_engine  # noqa: E402
 from rlvr.state import TrainingError  # noqa: E402

@@ -22,9 +22,13 @@ if not vllm_installed():
     pytest.skip("needs the vllm package (pip install 'rlvr[vllm]')", allow_module_level=True)
 
 from conftest import QUIET  # noqa: E402
-from rlvr.config import VLLMOptions, load_config  # noqa: E402
+from rlvr.config import load_config  # noqa: E402
 from rlvr.engines import SamplingParams, WeightSyncError  # noqa: E402
-from rlvr.engines.vllm import VLLMEngine, logprobs_mode_for  # noqa: E402
+from rlvr.engines.vllm import (  # noqa: E402
+    VLLMEngine,
+    VLLMOptions,  # noqa: E402
+    logprobs_mode_for,
+)
 from rlvr.modeling import init_model  # noqa: E402
 from rlvr.policies.causal_lm import CausalLMPolicy  # noqa: E402
 from rlvr.seams import sync_engine  # noqa: E402

@@ -13,10 +13,11 @@ import pytest
 import torch
 from tiny_lm import TINY, make_policy
 
+from rlvr.compose import build_causal_lm_policy
 from rlvr.config import CausalLMOptions, ConfigError, PolicyConfig, config_from_dict
 from rlvr.engines.hf import draw_tokens
 from rlvr.modeling import init_model, load_model_and_tokenizer
-from rlvr.policies.causal_lm import CausalLMPolicy, build_causal_lm_policy, cut_at_stop_string
+from rlvr.policies.causal_lm import CausalLMPolicy, cut_at_stop_string
 
 PROMPTS = ["123456>", "98>", {"prompt": "5"}]  # different lengths: left padding
 
@@ -290,7 +291,7 @@ def test_every_option_is_a_typed_field_with_help(capsys):
     import typing
 
     from rlvr.cli import main
-    from rlvr.config import VLLMOptions
+    from rlvr.engines.vllm import VLLMOptions
 
     for cls in (CausalLMOptions, VLLMOptions):
         hints = typing.get_type_hints(cls)

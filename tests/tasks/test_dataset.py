@@ -8,10 +8,10 @@ import json
 import pytest
 import torch
 
+from rlvr.compose import build_task
 from rlvr.config import load_config
 from rlvr.data import DataError
 from rlvr.errors import ConfigError
-from rlvr.tasks import build_task
 from rlvr.tasks.dataset import DatasetTask, PassOrder
 
 QUIET = ["log.progress=false", "log.plot=false"]

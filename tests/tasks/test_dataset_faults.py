@@ -11,10 +11,10 @@ import sys
 import pytest
 
 from rlvr.cli import main
+from rlvr.compose import build_task
 from rlvr.config import load_config
 from rlvr.data import DataError, read_jsonl
 from rlvr.errors import ConfigError, RunError
-from rlvr.tasks import build_task
 from rlvr.tasks.dataset import DatasetTask
 
 ROWS = [{"prompt": f"q{i}", "answer": str(i)} for i in range(10)]

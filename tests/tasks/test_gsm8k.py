@@ -10,14 +10,8 @@ import pytest
 import torch
 
 from rlvr.data import DataError
-from rlvr.tasks.gsm8k import (
-    Gsm8kTask,
-    answer_reward,
-    extract_answer,
-    format_reward,
-    is_equivalent,
-    load_gsm8k,
-)
+from rlvr.rewards.verifiers import is_equivalent
+from rlvr.tasks.gsm8k import Gsm8kTask, answer_reward, extract_answer, format_reward, load_gsm8k
 
 # the data lives beside the checkout, in ../shared/data (see its README)
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k"

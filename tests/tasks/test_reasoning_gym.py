@@ -6,9 +6,9 @@ import string
 
 import pytest
 
+from rlvr.compose import build_task
 from rlvr.config import load_config
 from rlvr.errors import ConfigError
-from rlvr.tasks import build_task
 
 pytest.importorskip("reasoning_gym")
 

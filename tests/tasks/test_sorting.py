@@ -117,23 +117,23 @@ def test_no_loophole_with_distinct_numbers():
 
 
 def test_prompts_seeded_distinct_and_fixed():
-    task = SortingTask(num_numbers=4, vocab_size=6, fixed_prompts=None)
+    task = SortingTask(num_numbers=4, vocab_size=6, prompts=None)
     a = task.sample_prompts(50, torch.Generator().manual_seed(3))
     b = task.sample_prompts(50, torch.Generator().manual_seed(3))
     assert torch.equal(a, b)
     assert all(len(set(p)) == 4 for p in a.tolist())
     assert a.min() >= 0 and a.max() < 6
-    with_repeats = SortingTask(num_numbers=4, vocab_size=3, allow_repeats=True, fixed_prompts=None)
+    with_repeats = SortingTask(num_numbers=4, vocab_size=3, allow_repeats=True, prompts=None)
     assert with_repeats.sample_prompts(40, torch.Generator().manual_seed(0)).shape == (40, 4)
-    fixed = SortingTask(num_numbers=3, vocab_size=5, fixed_prompts=LECTURE_PROMPTS)
+    fixed = SortingTask(num_numbers=3, vocab_size=5, prompts=LECTURE_PROMPTS)
     assert fixed.sample_prompts(99, torch.Generator()).tolist() == LECTURE_PROMPTS
     assert fixed.eval_prompts().tolist() == LECTURE_PROMPTS
 
 
 def test_bad_task_arguments_are_named():
     with pytest.raises(ValueError, match="distinct"):
-        SortingTask(num_numbers=6, vocab_size=4, fixed_prompts=None)
+        SortingTask(num_numbers=6, vocab_size=4, prompts=None)
     with pytest.raises(ValueError, match="unknown sorting reward"):
         SortingTask(reward="nope")
     with pytest.raises(ValueError, match=r"range|\[0, 3\)"):
-        SortingTask(num_numbers=3, vocab_size=3, fixed_prompts=[[0, 1, 5]])
+        SortingTask(num_numbers=3, vocab_size=3, prompts=[[0, 1, 5]])

@@ -7,3 +7,10 @@ each epoch's batch with the trainer's current weights (``rollout.RayRolloutSourc
 pair the loop receives. Nothing here imports the loop (``rlvr.trainer``). Ray is optional:
 ``pip install 'rlvr[ray]'``; nothing here imports it until a run asks for actors.
 """
+
+from rlvr.errors import RunError
+
+
+class ClusterError(RunError):
+    """The rollout workers cannot go on (restarts used up, a call timed out, Ray itself
+    failed): the run stops with one line (``rlvr: error: ...``, exit 2)."""

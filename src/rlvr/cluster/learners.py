@@ -36,11 +36,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from rlvr.compose import build_policy
 from rlvr.config import Config
 from rlvr.diagnostics import GradientNoiseMeter, flat_grad
 from rlvr.metrics import Record
 from rlvr.optim import build_optimizer, build_scheduler
-from rlvr.policies import build_policy
 from rlvr.rollout import Rollout, contiguous_bounds
 from rlvr.state import TrainingError, TrainState, seed_everything
 from rlvr.step import accumulate_gradients, noise_due, optimizer_step, whole

@@ -43,9 +43,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlvr.cluster.session import WORKER_CPUS
+from rlvr.cluster import ClusterError
 from rlvr.config import Config
-from rlvr.errors import RunError
 from rlvr.rollout import Grades, Samples, Task, contiguous_bounds
 from rlvr.seams import sample_and_grade, trainer_state_at
 from rlvr.state import TrainState
@@ -53,11 +52,7 @@ from rlvr.state import TrainState
 MAX_RESTARTS = 100  # per worker, over a run
 CALL_TIMEOUT = 3600.0  # seconds a batch may take before the run gives up
 READY_TIMEOUT = 300.0  # seconds a restarting worker may take to answer again
-
-
-class ClusterError(RunError):
-    """The rollout workers cannot go on (restarts used up, a call timed out, Ray itself
-    failed): the run stops with one line (``rlvr: error: ...``, exit 2)."""
+WORKER_CPUS = 0.5  # Ray CPUs each rollout worker holds (explicit: a default request can pend forever)
 
 
 def weights_payload(module: torch.nn.Module) -> dict[str, Any]:
@@ -83,8 +78,7 @@ class RolloutWorker:
 
     def __init__(self, config: Config) -> None:
         torch.set_num_threads(1)
-        from rlvr.policies import build_policy
-        from rlvr.tasks import build_task
+        from rlvr.compose import build_policy, build_task
 
         try:
             from transformers.utils import logging as hf_logging
@@ -114,8 +108,7 @@ class RolloutWorker:
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             state = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in weights.items()}
             self.policy.module.load_state_dict(state)  # copies out of the object store
-        sync = getattr(self.policy, "sync_engine", None)
-        self.engine_stats = {} if sync is None else sync(version)
+        self.engine_stats = self.policy.sync_engine(version)
         self.version = version
         return version
 
@@ -130,8 +123,7 @@ class RolloutWorker:
         from rlvr.cluster.weight_sync import broadcast_state
 
         broadcast_state(self.policy.module.state_dict(), source=False)
-        sync = getattr(self.policy, "sync_engine", None)
-        self.engine_stats = {} if sync is None else sync(version)
+        self.engine_stats = self.policy.sync_engine(version)
         self.version = version
         return version
 

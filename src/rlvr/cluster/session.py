@@ -34,7 +34,6 @@ from rlvr.state import TrainState
 
 logger = logging.getLogger(__name__)
 
-WORKER_CPUS = 0.5  # Ray CPUs each rollout worker holds (explicit: a default request can pend forever)
 LEARNER_CPUS = 0.5  # Ray CPUs each learner holds
 
 
@@ -79,7 +78,7 @@ class Cluster:
 
     def __init__(self, config: Config, st: TrainState) -> None:
         from rlvr.cluster.learners import LearnerGroup
-        from rlvr.cluster.rollout import RayRolloutSource
+        from rlvr.cluster.rollout import WORKER_CPUS, RayRolloutSource
 
         c = config.cluster
         self.ray = ray = import_ray()

@@ -81,7 +81,7 @@ class CollectiveWeights:
         """Every worker's weights become ``module``'s, named ``version`` (once per version)."""
         from ray.exceptions import RayError
 
-        from rlvr.cluster.rollout import ClusterError
+        from rlvr.cluster import ClusterError
 
         if version == self.version:
             return

@@ -96,6 +96,7 @@ class Engine(Protocol):
     """
 
     weights_version: int
+    exact_log_probs: bool = True  # its sample log-probs are the trainer's (``rlvr.rollout.sampler_log_probs_exact``)
 
     def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int,
                  sampling: SamplingParams, generator: torch.Generator | None = None) -> Generation:

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from rlvr.engines.base import Generation, SamplingParams
+from rlvr.engines.base import Engine, Generation, SamplingParams
 
 # (logits [n, V] of the next token, step) -> (tokens [n], log pi_tau of them [n])
 TokenPicker = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
@@ -86,7 +86,7 @@ def token_picker(sampling: SamplingParams, end_ids: torch.Tensor, generator: tor
     return draw
 
 
-class HFEngine:
+class HFEngine(Engine):
     """Samples from a transformers causal LM in this process (see ``rlvr.engines.base.Engine``).
 
     module:       the LM (optionally peft-wrapped); shared with the trainer, so

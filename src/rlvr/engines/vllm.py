@@ -44,15 +44,15 @@ import logging
 import os
 import random
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
-from rlvr.engines.base import Generation, SamplingParams
-
-if TYPE_CHECKING:
-    from rlvr.config import VLLMOptions
+from rlvr.engines.base import Engine, Generation, SamplingParams
+from rlvr.modeling import DTYPES
+from rlvr.settings import setting
 
 INSTALL_HINT = "pip install 'rlvr[vllm]'"
 CPU_KV_CACHE_BYTES = 256 << 20  # vLLM's CPU default, most of the machine's memory, refuses to start beside a trainer
@@ -142,6 +142,28 @@ HARMLESS_WARNINGS = {
 }
 
 
+ENGINE_DTYPES = ("auto", *DTYPES)
+
+
+@dataclass
+class VLLMOptions:
+    """``policy.options.engine_options``: the vLLM engine's (``engine: vllm``; hf takes none)."""
+
+    dtype: str = setting("auto", "weights and activations in the engine (auto: the trainer's dtype)",
+                         choices=ENGINE_DTYPES)
+    gpu_memory_utilization: float = setting(0.3, "share of the GPU vLLM may take (weights, activations, KV cache); "
+                                                 "the trainer lives beside it on the same GPU", above=0, max=1)
+    kv_cache_memory_bytes: int | None = setting(None, "KV cache size (null: from gpu_memory_utilization on a GPU, "
+                                                      "256 MiB on CPU)", above=0)
+    max_model_len: int | None = setting(None, "longest prompt + response (null: the model's positions)", above=0)
+    max_num_seqs: int | None = setting(None, "sequences decoded at once (null: vLLM's default)", above=0)
+    enable_prefix_caching: bool = setting(True, "reuse the KV of shared prompt prefixes (whole blocks only)")
+    enforce_eager: bool = setting(True, "no CUDA graphs or torch.compile (starts in seconds; false: faster on a GPU)")
+    probe_tolerance: float = setting(1e-3, "largest |engine - trainer| log-prob on the probe after a weight sync; "
+                                           "above it training stops (1e-3 suits float32; raise it for bfloat16)",
+                                     above=0)
+
+
 def drop_harmless_warnings(record: logging.LogRecord) -> bool:
     """A logging filter: False (drop) for the ``HARMLESS_WARNINGS``."""
     return not record.getMessage().startswith(HARMLESS_WARNINGS.get(record.name, "\0"))
@@ -173,12 +195,12 @@ def start_llm(model_path: str, options: VLLMOptions, dtype: torch.dtype, device:
                    **{key: value for key, value in settings.items() if value is not None})
 
 
-class VLLMEngine:
+class VLLMEngine(Engine):
     """Samples with vLLM in this process (see ``rlvr.engines.base.Engine``).
 
     model_path:    the model folder or hub name vLLM loads (the trainer's starting point)
     pad_token_id:  fills response_ids after a response's end
-    options:       ``rlvr.config.VLLMOptions`` (``policy.options.engine_options``), already checked
+    options:       ``VLLMOptions`` (``policy.options.engine_options``), already checked
     dtype, device: the trainer's weight dtype (for dtype "auto") and device (CPU or GPU)
     logprobs_mode: see ``logprobs_mode_for``
     """

@@ -48,32 +48,16 @@ from rlvr.policies.prompts import (
     prompt_token_ids,
     unknown_characters,
 )
-from rlvr.rollout import Samples
+from rlvr.rollout import Policy, Samples
 
 if TYPE_CHECKING:
-    from rlvr.config import PolicyConfig, VLLMOptions
+    from rlvr.engines.vllm import VLLMOptions
 
-__all__ = ["CausalLMPolicy", "PromptError", "build_causal_lm_policy", "cut_at_stop_string"]
+__all__ = ["CausalLMPolicy", "PromptError", "cut_at_stop_string"]
 
 # A fixed token sequence both the engine and the trainer score after each weight copy.
 PROBE_LENGTH, PROBE_STRIDE = 24, 7919  # token i is i * stride mod the vocabulary (a prime stride)
 _AUTOCAST = {None: None, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def build_causal_lm_policy(config: PolicyConfig) -> CausalLMPolicy:
-    """The policy of a ``PolicyConfig`` named "causal_lm": its typed ``options``
-    (``rlvr.config.CausalLMOptions``, already checked) as plain arguments. The policy's
-    ``temperature`` picks the vLLM engine's log-prob mode."""
-    o = config.options
-    if o.model is None:
-        raise ValueError("policy.options.model is required: a model folder (rlvr init-model) or a hub name")
-    return CausalLMPolicy.from_pretrained(
-        o.model, dtype=o.dtype, device=o.device, lora=o.lora, engine=o.engine, engine_options=o.engine_options,
-        temperature=config.temperature, chat_template=o.chat_template, max_new_tokens=o.max_new_tokens,
-        min_new_tokens=o.min_new_tokens, top_k=o.top_k, top_p=o.top_p, stop_strings=o.stop_strings,
-        gradient_checkpointing=o.gradient_checkpointing, add_special_tokens=o.add_special_tokens,
-        autocast=o.autocast, chunk_elements=o.chunk_elements, share_prompts=o.share_prompts,
-        disable_dropout=o.disable_dropout)
 
 
 def check_engine(engine: str) -> None:
@@ -96,7 +80,7 @@ def cut_at_stop_string(text: str, stop_strings: Sequence[str]) -> str:
     return text[: min(ends)] if ends else text
 
 
-class CausalLMPolicy:
+class CausalLMPolicy(Policy):
     """Samples and scores responses of a transformers causal LM (``AutoModelForCausalLM``).
 
     model:            the LM (optionally peft-wrapped); ``module`` is this model.
@@ -183,7 +167,7 @@ class CausalLMPolicy:
         """Load with ``rlvr.modeling.load_model_and_tokenizer``; ``settings`` go to the constructor.
 
         engine: "hf" (in-process, sharing the model) or "vllm" (``VLLMEngine`` on
-        ``name_or_path`` with ``engine_options``, ``rlvr.config.VLLMOptions``, None: their
+        ``name_or_path`` with ``engine_options``, ``rlvr.engines.vllm.VLLMOptions``, None: their
         defaults; its log-prob mode exact at ``temperature`` when it can be), handed the loaded
         weights (LoRA merged) and probed before this returns.
         chat_template: a Jinja chat template that renders chat prompts (``rlvr.policies.prompts``)
@@ -202,11 +186,9 @@ class CausalLMPolicy:
         if lora is not None:  # checkpoints hold only the adapters: export merges them into this model, checked
             policy.base_identity = model_identity(named, name_or_path)
         if engine == "vllm":  # built after the policy: its mode depends on the policy's sampling settings
-            from rlvr.engines.vllm import VLLMEngine, logprobs_mode_for
+            from rlvr.engines.vllm import VLLMEngine, VLLMOptions, logprobs_mode_for
 
-            if engine_options is None:  # a Python caller's: the config's defaults
-                from rlvr.config import VLLMOptions
-
+            if engine_options is None:  # a Python caller's: the defaults
                 engine_options = VLLMOptions()
             weights = next(model.parameters())
             policy.engine = VLLMEngine(str(name_or_path), policy.pad_id, engine_options, weights.dtype,

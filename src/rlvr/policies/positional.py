@@ -25,7 +25,7 @@ from functools import cache
 import torch
 from torch import nn
 
-from rlvr.rollout import Samples
+from rlvr.rollout import Policy, Samples
 
 ALIGN = 16  # floats per 64 bytes: every run's block of a batched tensor starts on this boundary
 
@@ -289,7 +289,7 @@ def consecutive_groups(prompt_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     return prompt_ids[starts], starts.cumsum(0) - 1
 
 
-class PositionalPolicy:
+class PositionalPolicy(Policy):
     """Policy over fixed-length responses of n tokens; see ``rlvr.rollout.Policy``."""
 
     def __init__(self, vocab_size: int, embedding_dim: int, num_numbers: int, embedding_std: float = 1.0):

@@ -33,9 +33,12 @@ partial of a module-level function is what reward worker processes can receive).
 from __future__ import annotations
 
 import functools
+import importlib
+import logging
 import math
 import re
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 EXTRACTORS = ("auto", "answer_tag", "boxed", "whole")
@@ -44,6 +47,55 @@ _LATEX_SIGNS = re.compile(r"[\\^{}]")
 _NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
 # <think> reasoning </think> <answer> answer </answer>, nothing around them but white space
 R1_FORMAT = r"\s*<think>.*?</think>\s*<answer>.*?</answer>\s*"
+
+
+class _DropTimeoutWarning(logging.Filter):
+    """math-verify warns once per process that its timeouts are off; they are off on
+    purpose (every call runs under a RewardRunner timeout instead), so in every reward worker that is noise."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Timeout is disabled")
+
+
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).addFilter(_DropTimeoutWarning())
+
+
+def math_verify() -> ModuleType:
+    """The math-verify module, imported on first use: it is an optional dependency (the
+    ``lm`` extra), and its import (sympy) takes about half a second."""
+    return importlib.import_module("math_verify")
+
+
+_WORDS = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
+_SENTENCE_END = re.compile(r"\.\s*\Z")
+_MATH_DELIMITERS = ("$", "\\[", "\\(")
+
+
+def is_equivalent(answer: str, gold: str) -> bool | None:
+    """math-verify: does ``answer`` (LaTeX or plain) equal the number ``gold``? None when
+    the gold does not parse. No time limit here: run it under a RewardRunner timeout.
+
+    The model's answer is read only as LaTeX (a grammar parser): math-verify's plain
+    expression path goes through sympy's ``parse_expr``, which evaluates Python, so model
+    output never reaches it. The gold (trusted data) may use it.
+    """
+    mv = math_verify()
+    gold_parsed = mv.parse(gold, extraction_config=[mv.ExprExtractionConfig()], parsing_timeout=None)
+    if not gold_parsed:
+        return None
+    # Plain words (units such as "18 dollars") are dropped; LaTeX commands (\\frac) stay.
+    # Currency goes before math mode is decided: "\\$" always, and a lone "$" ("$18").
+    text = _WORDS.sub(" ", answer).replace("\\$", "")
+    if text.count("$") % 2:
+        text = text.replace("$", "")
+    # "18." ends a sentence; math-verify reads "$18.$" as the string "18.", not a number
+    text = _SENTENCE_END.sub("", text.strip())
+    # math-verify finds math only inside delimiters; text with its own is not wrapped again
+    if not any(delimiter in text for delimiter in _MATH_DELIMITERS):
+        text = f"${text}$"
+    answer_parsed = mv.parse(text, extraction_config=[mv.LatexExtractionConfig()], parsing_timeout=None)
+    return mv.verify(gold_parsed, answer_parsed, timeout_seconds=None)
 
 
 def completion_text(completion: str | list[dict[str, Any]]) -> str:
@@ -97,14 +149,11 @@ def math_equal(answer: str, gold: str) -> bool | None:
 
     A gold without "\\", "^", "{" or "}" that parses as a plain number or expression
     ("0.5", "1/2", "3,000") is read as GSM8K's grader reads it
-    (``rlvr.tasks.gsm8k.is_equivalent``: units and currency dropped from the answer); any
+    (``is_equivalent``: units and currency dropped from the answer); any
     other gold ("\\frac{1}{2}", "x^2+1", "\\sqrt{2}") is read as LaTeX, like the answer
     (the plain reader would take "^" for Python's xor). Model output is only ever parsed
     as LaTeX (a grammar, never eval).
     """
-    # imported here: rlvr.tasks imports rlvr.rewards, so a module-level import would be a cycle
-    from rlvr.tasks.gsm8k import is_equivalent, math_verify
-
     if not _LATEX_SIGNS.search(gold):
         same = is_equivalent(answer, gold)
         if same is not None:

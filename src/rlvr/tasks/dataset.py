@@ -294,7 +294,7 @@ class DatasetTask(RowsTask):
             raise ValueError(f"answer_column={answer_column!r} is the prompt column; the gold answers need a column "
                              "of their own")
         if gold == "math" and answer_column is not None:
-            from rlvr.tasks.gsm8k import math_verify
+            from rlvr.rewards.verifiers import math_verify
 
             math_verify()  # missing math-verify fails now; forked graders inherit the module
         self.prompt_column, self.system_prompt, self.answer_column = prompt_column, system_prompt, answer_column

@@ -13,41 +13,41 @@ columns) and its responses B lists of G strings, as the reward functions see the
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 
 from rlvr.errors import ConfigError, RunError
 from rlvr.rewards import RewardError, RewardResult, RewardRunner, RewardSpec, TrainerState, load_reward_specs
-from rlvr.rollout import Grades
-
-if TYPE_CHECKING:
-    from rlvr.config import RewardsConfig
+from rlvr.rollout import Grades, Task
 
 Prompt = dict[str, Any]
 
 
-def reward_runner(task: GradedTask, rewards: RewardsConfig | None = None) -> RewardRunner:
-    """The RewardRunner of ``task``: its built-in specs and the user's ``rewards.functions``
-    (timeout ``rewards.timeout`` unless one sets its own), run with ``rewards.strict`` and
-    ``rewards.num_workers`` (or the task's ``reward_workers``). Without ``rewards``: the
+def reward_runner(task: GradedTask, functions: Sequence[Any] = (), timeout: float | None = None, *,
+                  strict: bool = False, num_workers: int | None = None, replace_task_rewards: bool = False
+                  ) -> RewardRunner:
+    """The RewardRunner of ``task``: its built-in specs and the user's reward ``functions``
+    (``rewards.functions``; timeout ``timeout`` unless one sets its own), run ``strict`` with
+    ``num_workers`` (or the task's ``reward_workers``; None: 2). With the defaults: the
     built-in specs alone, lenient, as a task constructed directly grades.
 
     The specs are summed in order, the task's first, or the user's first where the task
-    says so (``user_rewards_first``). With ``rewards.replace_task_rewards`` the task's
-    specs are left out but for its gold check, kept with weight 0 and not required: the
-    solve rate is still measured, and only the user's functions make the reward. Raises
-    ConfigError naming the field, also when no function would make a reward.
+    says so (``user_rewards_first``). With ``replace_task_rewards`` the task's specs are
+    left out but for its gold check, kept with weight 0 and not required: the solve rate
+    is still measured, and only the user's functions make the reward. Raises ConfigError
+    naming the field, also when no function would make a reward.
     """
     user: list[RewardSpec] = []
-    if rewards is not None:
+    if functions:
         try:
-            user = load_reward_specs(rewards.functions, rewards.timeout, where="rewards.functions")
+            user = load_reward_specs(list(functions), timeout, where="rewards.functions")
         except RewardError as err:
             raise ConfigError(str(err)) from err
     builtin = task.reward_specs()
-    if rewards is not None and rewards.replace_task_rewards:
+    if replace_task_rewards:
         if not user:
             raise ConfigError("rewards.replace_task_rewards=true needs rewards.functions to replace the task's rewards")
         builtin = [dataclasses.replace(s, weight=0.0, required=False) for s in builtin if s.name == task.gold_reward]
@@ -55,16 +55,16 @@ def reward_runner(task: GradedTask, rewards: RewardsConfig | None = None) -> Rew
         raise ConfigError(f"task {task.name!r} has no reward of its own here ({task.no_reward_hint}); "
                           "add rewards.functions, e.g. ['rlvr.rewards.verifiers:math_answer']")
     specs = [*user, *builtin] if task.user_rewards_first else [*builtin, *user]
-    num_workers = task.reward_workers or (2 if rewards is None else rewards.num_workers)
+    num_workers = task.reward_workers or (2 if num_workers is None else num_workers)
     try:
-        return RewardRunner(specs, strict=rewards is not None and rewards.strict, num_workers=num_workers)
+        return RewardRunner(specs, strict=strict, num_workers=num_workers)
     except ValueError as err:  # a user function named like another
         raise ConfigError(f"rewards.functions: {err}") from err
     except RewardError as err:  # a function that cannot reach a worker (no fork here, and it does not pickle)
         raise ConfigError(f"rewards.functions: {err}") from err
 
 
-class GradedTask:
+class GradedTask(Task):
     """The grading every task shares (see the module docstring).
 
     name:               the task's name in a config (``task.name``).
@@ -139,11 +139,6 @@ class GradedTask:
             correct = result.column(self.gold_reward) == 1.0  # an abstention is not right
         reported = None if self.reports_builtin_rewards else self._user_reward_names
         return Grades(result.rewards, correct, result.metrics(reported), prompts, result.failures)
-
-    def prompt_origin(self, what: str, index: int) -> str | None:
-        """Where prompt ``index`` of ``fixed_prompts()[what]`` comes from (a file and line),
-        for errors about it; None: nowhere worth naming."""
-        return None
 
     def close(self) -> None:
         """Stop the reward workers, if any."""

@@ -21,17 +21,15 @@ timeout, or a gold that does not parse) gets no combined reward, format or not.
 from __future__ import annotations
 
 import functools
-import importlib
-import logging
 import re
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import torch
 
 from rlvr.data import read_jsonl
 from rlvr.rewards import RewardSpec
+from rlvr.rewards.verifiers import is_equivalent, math_verify
 from rlvr.rules import option
 from rlvr.tasks.grading import Prompt
 from rlvr.tasks.text import TextTask, resolve_weights
@@ -53,24 +51,6 @@ _CALCULATOR = re.compile(r"<<[^<>]*>>")  # GSM8K's calculator annotations, "<<2*
 _R1_ZERO = re.compile(r".*</think>\s*<answer>(.*)</answer>\s*", re.DOTALL)
 
 
-class _DropTimeoutWarning(logging.Filter):
-    """math-verify warns once per process that its timeouts are off; they are off on
-    purpose (see the module docstring), so in every reward worker that is noise."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("Timeout is disabled")
-
-
-for _name in ("math_verify.parser", "math_verify.grader"):
-    logging.getLogger(_name).addFilter(_DropTimeoutWarning())
-
-
-def math_verify() -> ModuleType:
-    """The math-verify module, imported on first use: it is an optional dependency (the
-    ``lm`` extra), and its import (sympy) takes about half a second."""
-    return importlib.import_module("math_verify")
-
-
 def extract_answer(completion: str, template: str = "r1_zero") -> str | None:
     """The final answer X of a completion, or None when it is not in the template's form.
 
@@ -87,37 +67,6 @@ def extract_answer(completion: str, template: str = "r1_zero") -> str | None:
     else:
         raise ValueError(f"unknown template {template!r}; allowed: {', '.join(TEMPLATES)}")
     return answer or None
-
-
-_WORDS = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
-_SENTENCE_END = re.compile(r"\.\s*\Z")
-_MATH_DELIMITERS = ("$", "\\[", "\\(")
-
-
-def is_equivalent(answer: str, gold: str) -> bool | None:
-    """math-verify: does ``answer`` (LaTeX or plain) equal the number ``gold``? None when
-    the gold does not parse. No time limit here: run it under a RewardRunner timeout.
-
-    The model's answer is read only as LaTeX (a grammar parser): math-verify's plain
-    expression path goes through sympy's ``parse_expr``, which evaluates Python, so model
-    output never reaches it. The gold (trusted data) may use it.
-    """
-    mv = math_verify()
-    gold_parsed = mv.parse(gold, extraction_config=[mv.ExprExtractionConfig()], parsing_timeout=None)
-    if not gold_parsed:
-        return None
-    # Plain words (units such as "18 dollars") are dropped; LaTeX commands (\\frac) stay.
-    # Currency goes before math mode is decided: "\\$" always, and a lone "$" ("$18").
-    text = _WORDS.sub(" ", answer).replace("\\$", "")
-    if text.count("$") % 2:
-        text = text.replace("$", "")
-    # "18." ends a sentence; math-verify reads "$18.$" as the string "18.", not a number
-    text = _SENTENCE_END.sub("", text.strip())
-    # math-verify finds math only inside delimiters; text with its own is not wrapped again
-    if not any(delimiter in text for delimiter in _MATH_DELIMITERS):
-        text = f"${text}$"
-    answer_parsed = mv.parse(text, extraction_config=[mv.LatexExtractionConfig()], parsing_timeout=None)
-    return mv.verify(gold_parsed, answer_parsed, timeout_seconds=None)
 
 
 def answer_reward(

@@ -119,7 +119,7 @@ def _numbers(texts: Sequence[str]) -> torch.Tensor:
 class SortingTask(GradedTask):
     """Sort n numbers from ``range(vocab_size)``.
 
-    fixed_prompts: a list of prompts used every epoch (the lecture's setting) and as
+    prompts:       a list of prompts used every epoch (the lecture's setting) and as
     the held-out set; otherwise ``sample_prompts`` draws fresh prompts (with or without
     repeated numbers) and ``eval_prompts`` is a fixed set drawn from ``eval_seed``.
     reward:        the rewarded function (REWARD_FUNCTIONS); the gold check is "exact",
@@ -137,7 +137,7 @@ class SortingTask(GradedTask):
     vocab_size: int = 5
     reward: str = "inclusion_ordering"
     allow_repeats: bool = False
-    fixed_prompts: list[list[int]] | None = None
+    prompts: list[list[int]] | None = None
     eval_size: int = 64
     eval_seed: int = 1234
 
@@ -148,8 +148,8 @@ class SortingTask(GradedTask):
             raise ValueError(
                 f"cannot draw {self.num_numbers} distinct numbers from a vocabulary of {self.vocab_size}"
             )
-        if self.fixed_prompts is not None:
-            self._fixed = torch.tensor(self.fixed_prompts, dtype=torch.long)
+        if self.prompts is not None:
+            self._fixed = torch.tensor(self.prompts, dtype=torch.long)
             if self._fixed.dim() != 2 or self._fixed.shape[1] != self.num_numbers:
                 raise ValueError(f"fixed prompts must be a list of lists of {self.num_numbers} numbers")
             if self._fixed.min() < 0 or self._fixed.max() >= self.vocab_size:
@@ -166,12 +166,12 @@ class SortingTask(GradedTask):
 
     def sample_prompts(self, num_prompts: int, generator: torch.Generator) -> torch.Tensor:
         """Prompts [B, n]: the fixed list (``num_prompts`` ignored) or fresh random ones."""
-        if self.fixed_prompts is not None:
+        if self.prompts is not None:
             return self._fixed.clone()
         return self._random_prompts(num_prompts, generator)
 
     def eval_prompts(self) -> torch.Tensor:
-        if self.fixed_prompts is not None:
+        if self.prompts is not None:
             return self._fixed.clone()
         return self._random_prompts(self.eval_size, torch.Generator().manual_seed(self.eval_seed))
 

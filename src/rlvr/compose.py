@@ -1,0 +1,110 @@
+"""The composition root: the task, the policy (its engine inside) and the reward runner a
+config asks for. The one place that reads the config's ``task``, ``rewards`` and ``policy``
+sections; every part it builds takes plain arguments. Also which optional installs a
+config needs (``check_extras``), checked before anything is built.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import TYPE_CHECKING
+
+from rlvr.errors import ConfigError
+from rlvr.extras import LM_MODULES, require
+from rlvr.policies.positional import PositionalPolicy
+from rlvr.tasks import SortingTask, check_task_options, settings_field, task_class
+from rlvr.tasks.grading import GradedTask, reward_runner
+
+if TYPE_CHECKING:
+    from rlvr.config import Config, PolicyConfig
+    from rlvr.policies.causal_lm import CausalLMPolicy
+    from rlvr.rollout import Policy
+
+__all__ = ["build_causal_lm_policy", "build_policy", "build_task", "check_extras", "needed_modules"]
+
+
+def build_task(config: Config) -> GradedTask:
+    """The task of ``config`` with the runner of its and the user's reward functions;
+    configuration errors name the field. Sorting takes its settings from ``task.*``; the
+    text tasks take their constructor's keyword arguments from ``task.options``, and a task
+    that shuffles its data (a ``shuffle_seed`` argument: dataset, reasoning_gym) gets the
+    run's ``seed`` there unless the options set it."""
+    t, r = config.task, config.rewards
+    cls = task_class(t.name)
+    options = check_task_options(t.name, t.options)
+    try:
+        if cls is SortingTask:
+            task: GradedTask = SortingTask(
+                num_numbers=t.num_numbers, vocab_size=t.vocab_size, reward=t.reward,
+                allow_repeats=t.allow_repeats, prompts=t.prompts, eval_size=t.eval_size,
+            )
+        else:
+            if "shuffle_seed" in inspect.signature(cls).parameters:
+                options.setdefault("shuffle_seed", config.seed)
+            task = cls(**options)
+    except (TypeError, ValueError, OSError) as err:
+        raise ConfigError(f"{settings_field(t.name)}: {err}") from err
+    # the task has started no runner of its own
+    task.runner = reward_runner(task, r.functions, r.timeout, strict=r.strict, num_workers=r.num_workers,
+                                replace_task_rewards=r.replace_task_rewards)
+    return task
+
+
+def build_policy(config: Config) -> Policy:
+    """The policy of ``config.policy`` (the positional model sized by ``config.task``)."""
+    p = config.policy
+    if p.name == "positional":
+        return PositionalPolicy(config.task.vocab_size, p.embedding_dim, config.task.num_numbers, p.embedding_std)
+    try:
+        return build_causal_lm_policy(p)
+    except (ValueError, TypeError, OSError) as err:  # bad options or a model that is not there
+        raise ConfigError(f"policy.options: {err}") from err
+
+
+def build_causal_lm_policy(config: PolicyConfig) -> CausalLMPolicy:
+    """The policy of a ``PolicyConfig`` named "causal_lm": its typed ``options``
+    (``rlvr.config.CausalLMOptions``, already checked) as plain arguments. The policy's
+    ``temperature`` picks the vLLM engine's log-prob mode."""
+    from rlvr.policies.causal_lm import CausalLMPolicy  # transformers: an optional extra
+
+    o = config.options
+    if o.model is None:
+        raise ValueError("policy.options.model is required: a model folder (rlvr init-model) or a hub name")
+    return CausalLMPolicy.from_pretrained(
+        o.model, dtype=o.dtype, device=o.device, lora=o.lora, engine=o.engine, engine_options=o.engine_options,
+        temperature=config.temperature, chat_template=o.chat_template, max_new_tokens=o.max_new_tokens,
+        min_new_tokens=o.min_new_tokens, top_k=o.top_k, top_p=o.top_p, stop_strings=o.stop_strings,
+        gradient_checkpointing=o.gradient_checkpointing, add_special_tokens=o.add_special_tokens,
+        autocast=o.autocast, chunk_elements=o.chunk_elements, share_prompts=o.share_prompts,
+        disable_dropout=o.disable_dropout)
+
+
+def needed_modules(config: Config) -> list[tuple[str, tuple[str, ...]]]:
+    """(the setting, the modules it needs) for each optional back end ``config`` uses.
+    The vLLM engine is left to the run: a config may be written for a GPU machine."""
+    p, t, c, lg = config.policy, config.task, config.cluster, config.log
+    needs = []
+    if p.name == "causal_lm":
+        needs.append(("policy.name='causal_lm'", LM_MODULES))
+        if p.options.lora is not None:
+            needs.append(("policy.options.lora", ("peft",)))
+    if t.name == "reasoning_gym":
+        needs.append(("task.name='reasoning_gym'", ("reasoning_gym",)))
+    if t.name == "gsm8k":
+        needs.append(("task.name='gsm8k'", ("math_verify",)))
+    if c.rollout_workers > 0:
+        needs.append((f"cluster.rollout_workers={c.rollout_workers}", ("ray",)))
+    if c.learners > 1:
+        needs.append((f"cluster.learners={c.learners}", ("ray",)))
+    if lg.tracker:
+        needs.append((f"log.tracker={lg.tracker!r}", (lg.tracker,)))
+    if lg.tensorboard:
+        needs.append(("log.tensorboard=True", ("tensorboard",)))
+    return needs
+
+
+def check_extras(config: Config) -> None:
+    """ConfigError naming the setting and the extra to install for the first optional
+    back end of ``config`` whose package is missing; nothing is imported."""
+    for what, modules in needed_modules(config):
+        require(what, modules)
