@@ -1,8 +1,14 @@
-"""What many tests share: the quiet run settings, a tiny language model built offline, a private Ray."""
+"""What many tests share: the quiet run settings, a tiny language model built offline, a private Ray,
+the command line run in a child process (some modules blocked, as without an extra), a train record."""
 
 from __future__ import annotations
 
 import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,8 +16,9 @@ import pytest
 # A run that draws no progress bar and no figure (the tests read metrics, not pictures).
 QUIET = ["log.progress=false", "log.plot=false"]
 
+ROOT = Path(__file__).resolve().parents[1]  # the checkout
 # GSM8K lives beside the checkout (../shared/data/gsm8k); its tests skip without it.
-GSM8K_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k"
+GSM8K_DATA = ROOT.parent / "shared" / "data" / "gsm8k"
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -45,3 +52,72 @@ def ray_local():
     ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR")
     yield ray
     ray.shutdown()
+
+
+# ---------------------------------------------------------------- the command line in a child process
+
+
+def cli(*args: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    """``rlvr ARGS`` in a child process, stdout and stderr captured (pipes: not a terminal)."""
+    return subprocess.run([sys.executable, "-m", "rlvr.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+# A sitecustomize that makes modules unimportable, as on a machine with the core install only.
+BLOCKER = '''import sys
+BLOCKED = {blocked!r}
+class Blocker:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+sys.meta_path.insert(0, Blocker())
+'''
+
+
+def shell(command: str, cwd: Path, blocked: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """``command`` (``rlvr`` in it: ``python -m rlvr``) in bash in ``cwd``, with ``blocked``
+    modules unimportable."""
+    import rlvr  # here, not at the top: this file is copied into a checkout without rlvr by test_skip_summary.py
+
+    src = Path(rlvr.__file__).resolve().parents[1]  # the rlvr under test, for the commands run in subprocesses
+    site = cwd / ".blocker"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(BLOCKER.format(blocked=set(blocked)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(src)])}
+    command = re.sub(r"(^|&& )rlvr ", rf"\1{sys.executable} -m rlvr ", command)
+    return subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
+
+
+def rlvr_cli(args: list[str], cwd: Path, blocked: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """``rlvr ARGS`` in ``cwd`` with ``blocked`` modules unimportable."""
+    return shell(shlex.join(["rlvr", *args]), cwd, blocked)
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    """A working directory holding a copy of the checkout's examples/."""
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    return tmp_path
+
+
+@pytest.fixture(scope="session")
+def lora_run(tmp_path_factory):
+    """init-model, then a 1-epoch LoRA run on it, through the CLI: (workdir, stderr of both)."""
+    pytest.importorskip("peft")
+    where = tmp_path_factory.mktemp("lora")
+    command = ("rlvr init-model --out m --hidden-size 16 --intermediate-size 32 --num-layers 1 --num-heads 2 && "
+               "rlvr train task.name=sort_text 'task.options={num_digits: 3, num_eval: 2}' policy.name=causal_lm "
+               "'policy.options={model: m, max_new_tokens: 6, lora: {r: 2}}' algo.epochs=1 algo.group_size=2 "
+               "task.prompts_per_epoch=2 out_dir=runs/lora " + " ".join(QUIET))
+    done = shell(command, where)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return where, done.stderr
+
+
+# ---------------------------------------------------------------- records
+
+
+def train_record(epoch: int, **values) -> dict:
+    """A train record of epoch ``epoch`` (its step the same), ``values`` added or replaced."""
+    return {"kind": "train", "epoch": epoch, "step": epoch, "loss": 0.5, "reward_mean": 1.0, "solve_rate": 0.0,
+            "frac_zero_delta_groups": 0.0, **values}

@@ -1,8 +1,15 @@
+"""The command line: train, plot, compare (and running compare again), and the console it leaves: plain
+progress lines without a terminal, warnings in one line, no library noise."""
+
 import subprocess
 import sys
+import warnings
 
+import pytest
+
+from conftest import QUIET, cli, rlvr_cli
 from rlvr.cli import main
-from rlvr.metrics import read_records, summary
+from rlvr.metrics import read_records, summary, without_timings
 
 
 def test_train_writes_a_run_directory(tmp_path, capsys):
@@ -62,3 +69,96 @@ def test_compare_reproduces_the_lecture_finding(tmp_path, capsys):
     assert "mean over seeds" in capsys.readouterr().out
     config = (out / "raw-seed1" / "config.yaml").read_text()
     assert "deltas: raw" in config and "seed: 1" in config
+
+
+def test_compare_run_again_reuses_finished_runs_and_resumes_shorter_ones(tmp_path, capsys):
+    # eval every epoch: the 1-epoch run evaluates at its end, as the 2-epoch one then does too
+    args = ["--modes", "raw", "--seeds", "0,1", "log.eval_every=1", *QUIET]
+    again, straight = tmp_path / "again", tmp_path / "straight"
+    assert main(["compare", *args, f"out_dir={again}", "algo.epochs=1"]) == 0
+    (again / "raw-seed1" / "checkpoints").rename(tmp_path / "gone")  # seed 1 as if killed before its checkpoint
+    capsys.readouterr()
+    assert main(["compare", *args, f"out_dir={again}", "algo.epochs=2"]) == 0  # 2 epochs now: both go on
+    out = capsys.readouterr().out
+    assert "raw-seed0: resumed" in out and "raw-seed1: started again" in out
+    assert main(["compare", *args, f"out_dir={straight}", "algo.epochs=2"]) == 0
+    for name in ("raw-seed0", "raw-seed1"):
+        assert without_timings(read_records(again / name)) == without_timings(read_records(straight / name))
+    capsys.readouterr()
+    # A third time with the same settings: nothing to do, the records are reused as they are.
+    before = (again / "raw-seed0" / "metrics.jsonl").read_bytes()
+    assert main(["compare", *args, f"out_dir={again}", "algo.epochs=2"]) == 0
+    assert "raw-seed0: finished, records reused" in capsys.readouterr().out
+    assert (again / "raw-seed0" / "metrics.jsonl").read_bytes() == before
+    # Other settings than the stored run's: refused by name, not silently mixed.
+    assert main(["compare", *args, f"out_dir={again}", "algo.epochs=2", "optim.lr=0.01"]) == 2
+    assert "optim.lr" in capsys.readouterr().err
+
+
+def test_compare_help_says_what_a_second_run_does(capsys):
+    with pytest.raises(SystemExit):
+        main(["compare", "--help"])
+    assert "finished runs are reused" in " ".join(capsys.readouterr().out.split())
+
+
+# ---------------------------------------------------------------- the console
+
+
+def test_progress_without_a_terminal_is_plain_lines(tmp_path):
+    proc = cli("train", f"out_dir={tmp_path / 'run'}", "algo.epochs=20", "algo.inner_steps=1", "log.plot=false")
+    assert proc.returncode == 0, proc.stderr
+    assert "\r" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if "epoch" in line]
+    # every 2nd epoch of 20 (a tenth of the run), the reward and solve rate of that epoch
+    assert [line.split()[2] for line in lines] == [f"{e}/20" for e in range(2, 21, 2)]
+    assert "reward" in lines[0] and "solve rate" in lines[0]
+
+
+def test_warnings_in_the_cli_are_one_clean_line(tmp_path):
+    proc = cli("train", f"out_dir={tmp_path / 'run'}", "algo.epochs=1", "algo.loss=clipped", "algo.inner_steps=1",
+               *QUIET)
+    assert proc.returncode == 0, proc.stderr
+    warned = [line for line in proc.stderr.splitlines() if "ratio pi/pi_old is always 1" in line]
+    assert len(warned) == 1 and warned[0].startswith("rlvr: warning: ")
+    assert "UserWarning" not in proc.stderr and ".py:" not in proc.stderr
+
+
+def test_cli_leaves_the_warning_format_of_library_users_alone(tmp_path):
+    before = warnings.formatwarning
+    assert main(["train", f"out_dir={tmp_path / 'run'}", "algo.epochs=1", *QUIET]) == 0
+    assert warnings.formatwarning is before
+
+
+NOISE = ("Loading weights", "Writing model shards", "deprecated", "Warning")
+
+
+def test_lm_commands_print_no_library_noise(lora_run):
+    where, stderr = lora_run
+    done = rlvr_cli(["export", "runs/lora", "--out", "merged"], where)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (where / "merged" / "config.json").is_file()
+    for text in (stderr, done.stderr):
+        assert not [word for word in NOISE if word in text], text
+
+
+def test_the_quiet_console_is_undone_after_the_command(tiny_model, tmp_path):
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    filters = list(warnings.filters)
+    assert hf_logging.is_progress_bar_enabled()
+    assert main(["train", "task.name=sort_text", "task.options={num_digits: 3, num_eval: 2}", "policy.name=causal_lm",
+                 f"policy.options={{model: {tiny_model}, max_new_tokens: 6}}", "algo.epochs=1", "algo.group_size=2",
+                 "task.prompts_per_epoch=2", f"out_dir={tmp_path / 'run'}", *QUIET]) == 0
+    assert hf_logging.is_progress_bar_enabled() and warnings.filters == filters
+
+
+def test_the_python_api_prints_no_library_noise(tiny_model, tmp_path):
+    config = {"task": {"name": "sort_text", "prompts_per_epoch": 2, "options": {"num_digits": 3, "num_eval": 2}},
+              "policy": {"name": "causal_lm", "options": {"model": str(tiny_model), "max_new_tokens": 6}},
+              "algo": {"epochs": 1, "group_size": 2}, "log": {"progress": False, "plot": False}}
+    script = f"import rlvr\nrlvr.train({config!r}, out_dir={str(tmp_path / 'run')!r})\n"
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert not [word for word in NOISE if word in done.stderr], done.stderr

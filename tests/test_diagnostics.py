@@ -3,9 +3,9 @@ import math
 import pytest
 import torch
 
-from conftest import QUIET
+from conftest import QUIET, train_record
 from rlvr import core
-from rlvr.config import load_config
+from rlvr.config import ConfigError, load_config
 from rlvr.diagnostics import (
     GradientNoiseMeter,
     classify_prompts,
@@ -125,13 +125,58 @@ def test_trainer_micro_batches_are_shares_of_the_batch_gradient():
     assert meter.metrics()["grad/batch_size"] == 8.0
 
 
-# ---------------------------------------------------------------- reward hacking
+def test_the_noise_meter_refuses_one_prompt_per_batch():
+    with pytest.raises(ConfigError, match="log.grad_noise_every=1 with 1 prompt per batch"):
+        load_config(None, ["log.grad_noise_every=1", "task.prompts=null", "task.prompts_per_epoch=1"])
 
+
+@pytest.mark.parametrize("aggregation", ["seq_mean_token_sum", "seq_mean_token_mean", "token_mean"])
+def test_the_noise_meter_counts_prompts_with_varied_lengths(aggregation):
+    """Parts of one group each, lengths varied by masking: under the sequence-mean
+    aggregations each part holds 1 of the B prompts (its share of the loss is its responses
+    / N, whatever their tokens), under token_mean its share of the tokens times B. By hand:
+    each part's gradient g_k (its own backward), G_k = (B / b_k) g_k, the pairs of
+    ``noise_estimates`` averaged, B_simple = tr(Sigma) / |G|^2."""
+    from rlvr.core import aggregation_weights
+
+    g = 3
+    config = load_config(None, QUIET + ["task.prompts=null", "task.prompts_per_epoch=4", f"algo.group_size={g}",
+                                        f"algo.aggregation={aggregation}", "algo.deltas=raw",
+                                        "log.grad_noise_parts=4"])
+    task, st = setup(config)
+    r = collect_rollout(config, task, st)
+    lengths = torch.tensor([1, 2, 3, 3, 1, 1, 2, 2, 3, 1, 3, 3])  # [N]
+    mask = torch.arange(3).unsqueeze(0) < lengths.unsqueeze(1)  # [N, T]
+    samples = r.samples.rows(slice(None))
+    samples.response_mask = mask
+    weights = aggregation_weights(mask, aggregation, 3.0)
+    rollout = Rollout(samples, r.deltas, r.old_log_probs, r.ref_log_probs, weights, r.stats)
+    meter = GradientNoiseMeter()
+    st.optimizer.zero_grad(set_to_none=True)
+    accumulate_gradients(config, st.policy, rollout, 1, meter)
+
+    tokens = lengths.reshape(4, g).sum(dim=1).double()  # [B]
+    sizes = (tokens / tokens.sum() * 4).tolist() if aggregation == "token_mean" else [1.0] * 4
+    assert meter.sizes == pytest.approx(sizes, rel=1e-6)
+    grads = []
+    for k in range(4):
+        st.optimizer.zero_grad(set_to_none=True)
+        accumulate_gradients(config, st.policy, rollout.rows(slice(k * g, (k + 1) * g)), 1)
+        grads.append(torch.cat([p.grad.reshape(-1) for p in st.policy.module.parameters()]).double())
+    total = torch.stack(grads).sum(dim=0)
+    pairs = [noise_estimates((4 / b) ** 2 * grad.square().sum().item(), b, total.square().sum().item(), 4.0)
+             for grad, b in zip(grads, sizes)]
+    expected = noise_scale(sum(p[0] for p in pairs) / 4, sum(p[1] for p in pairs) / 4)
+    assert meter.metrics()["grad/noise_scale"] == pytest.approx(expected, rel=1e-4)
+
+
+# ---------------------------------------------------------------- reward hacking
 
 
 def one_run(rewards, correct, **options):
     """``max_reward_stats`` of one run's [B, G] rewards (R = 1)."""
     return max_reward_stats(rewards[None], correct[None], **options)[0]
+
 
 def test_max_reward_stats_by_hand():
     rewards = torch.tensor([[5.0, 5.0, 3.0], [5.0, 2.0, math.nan]])
@@ -144,6 +189,35 @@ def test_max_reward_stats_by_hand():
     assert out["hack/max_reward_frac"] == 0.0 and out["hack/max_reward_not_gold"] == 0.0
     with pytest.raises(ValueError, match="differ in shape"):
         one_run(rewards, correct[:, :2])
+
+
+def test_a_batch_of_equal_rewards_has_no_top_reward_to_hack():
+    # Nothing solved, every reward 0: no response scored above a wrong answer.
+    rewards, correct = torch.zeros(2, 4), torch.zeros(2, 4, dtype=torch.bool)
+    assert one_run(rewards, correct) == {"hack/max_reward_frac": 0.0, "hack/max_reward_not_gold": 0.0}
+    # A reward above the rest that fails the gold check still counts: 1 of the 2 at the top.
+    rewards = torch.tensor([[0.0, 0.5, 0.5, 0.0]])
+    correct = torch.tensor([[False, True, False, False]])
+    assert one_run(rewards, correct) == {"hack/max_reward_frac": 0.5, "hack/max_reward_not_gold": 0.5}
+
+
+def test_a_batch_without_a_right_answer_has_no_top_reward_to_hack():
+    # A random model's partial credit: the best is what a wrong answer gets, no right answer scored less.
+    rewards, correct = torch.tensor([[0.4, 0.0, 0.2], [0.4, 0.2, 0.0]]), torch.zeros(2, 3, dtype=torch.bool)
+    assert one_run(rewards, correct) == {"hack/max_reward_frac": 0.0, "hack/max_reward_not_gold": 0.0}
+    # One right answer that scored below the top: the top's wrong answers count.
+    correct[1, 1] = True
+    assert one_run(rewards, correct) == {"hack/max_reward_frac": 2 / 6, "hack/max_reward_not_gold": 1.0}
+    # A known maximum needs no right answer to compare with.
+    assert one_run(rewards, torch.zeros(2, 3, dtype=torch.bool), max_reward=0.4)["hack/max_reward_frac"] > 0
+
+
+def test_a_reward_that_is_the_gold_check_is_not_monitored():
+    # Partial credit from the gold spec itself (a grader's score): its top is not a hack.
+    rewards, correct = torch.tensor([[0.5, 0.0, 0.5]]), torch.tensor([[False, True, False]])
+    assert one_run(rewards, correct)["hack/max_reward_not_gold"] == 1.0
+    assert one_run(rewards, correct, reward_is_gold=True) == {"hack/max_reward_frac": 0.0,
+                                                                      "hack/max_reward_not_gold": 0.0}
 
 
 def test_fitted_change():
@@ -230,6 +304,14 @@ def test_the_lecture_default_run_is_a_stall_not_a_hack():
     assert 0.05 < whole < 0.2  # under the 20% a warning needs (11% in the README)
     assert hacking_warnings(records) == []
     assert "3 never solved" in prompt_summary(records)
+
+
+def test_warnings_count_in_words():
+    rising = [train_record(e, reward_mean=float(e)) for e in range(15)]  # reward up, gold flat: windows 0-9, 5-14
+    assert hacking_warnings(rising)[0].endswith("the reward may be hackable (1 more window)")
+    one = [train_record(0, **{"hack/max_reward_not_gold": 1.0})]
+    assert hacking_warnings(one) == ["over the last epoch, 100% of the responses with the top reward failed "
+                                     "the gold check"]
 
 
 # ---------------------------------------------------------------- per-prompt learning

@@ -36,7 +36,7 @@ LAYERS = {
     "rlvr.cluster": 7, "rlvr.trainer": 8, "rlvr.batched": 9,
     # a run on disk, then the library's entry points, then the command line
     "rlvr.run_dir": 10, "rlvr.checkpoint": 10, "rlvr.resume": 10, "rlvr.runs": 10, "rlvr.sft": 10,
-    "rlvr.report": 10, "rlvr.export": 11,
+    "rlvr.report": 10, "rlvr.run_records": 10, "rlvr.export": 11,
     "rlvr.api": 12, "rlvr": 12,
     "rlvr.cli": 13, "rlvr.__main__": 13,
 }

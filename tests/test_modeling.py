@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from rlvr.cli import main
 from rlvr.modeling import (
     DEFAULT_CHARS,
     add_init_model_arguments,
@@ -105,3 +106,17 @@ def test_lora_trains_only_adapters_and_starts_at_the_base_model(tmp_path):
         torch.testing.assert_close(model(ids).logits, base(ids).logits)
     with pytest.raises(ValueError, match="LoRA"):
         load_model_and_tokenizer(path, lora={"rank": 4})
+
+
+def test_init_model_help_shows_defaults_and_chars_take_a_newline(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["init-model", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "model width (default: 128)" in text and "(default: '0123456789 >+-*=()')" in text
+    assert main(["init-model", "--out", str(tmp_path / "m"), "--chars", "12\\n", "--hidden-size", "8",
+                 "--intermediate-size", "8", "--num-layers", "1", "--num-heads", "2"]) == 0
+    tokenizer = AutoTokenizer.from_pretrained(str(tmp_path / "m"))
+    assert tokenizer.decode(tokenizer("1\n2", add_special_tokens=False)["input_ids"]) == "1\n2"
+    assert len(tokenizer) == 3 + 3  # pad, bos, eos and '1', '2', newline
+    assert main(["init-model", "--out", str(tmp_path / "m2"), "--chars", "11"]) == 2  # one line, no traceback
+    assert "init-model: chars must be distinct single characters" in capsys.readouterr().err

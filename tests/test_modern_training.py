@@ -1,13 +1,16 @@
 """The 2025 variants in the loop: entropy bonus, KL in the reward, dynamic sampling, overlong
-handling, entropy token selection, the gradient-noise meter and the per-prompt records."""
+handling, entropy token selection, the gradient-noise meter, the per-prompt records, and the new
+losses' settings."""
 
 import math
+import warnings
 
 import pytest
 import torch
 
 from conftest import QUIET
 from rlvr.config import ConfigError, load_config
+from rlvr.core import kl_penalty, top_entropy_mask
 from rlvr.step import accumulate_gradients, optimizer_step
 from rlvr.trainer import collect_rollout, setup, train
 
@@ -77,6 +80,29 @@ def test_k1_as_a_loss_term_still_points_at_the_reward():
         load_config(None, ["algo.kl_coef=0.1", "algo.kl_estimator=k1"])
 
 
+def test_kl_in_the_reward_refuses_an_estimator_it_would_ignore():
+    with pytest.raises(ConfigError, match="algo.kl_in=reward with algo.kl_estimator='k3'"):
+        load_config(None, ["algo.kl_coef=0.1", "algo.kl_in=reward", "algo.kl_estimator=k3"])
+    # not given: the reward's own estimator, k1
+    assert load_config(None, ["algo.kl_coef=0.1", "algo.kl_in=reward"]).algo.kl_estimator == "k1"
+
+
+def test_kl_in_the_reward_logs_the_policy_s_kl():
+    config = load_config(None, QUIET + ["algo.kl_coef=0.5", "algo.kl_in=reward", "algo.kl_estimator=k1"])
+    task, st = setup(config)
+    optimizer_step(config, st, collect_rollout(config, task, st))  # move pi away from the reference
+    st.epoch = 1  # the reference is refreshed every 10 epochs: epoch 1 keeps epoch 0's
+    rollout = collect_rollout(config, task, st)
+    with torch.no_grad():
+        ref, _ = st.policy.log_probs(rollout.samples, 1.0, module=st.ref_module)
+        log_probs, _ = st.policy.log_probs(rollout.samples, 1.0)
+    record = optimizer_step(config, st, rollout)
+    k1 = (log_probs - ref).mean().item()  # the toy's responses: every position a token
+    assert abs(k1) > 1e-4
+    assert record["kl"] == pytest.approx(k1, rel=1e-5)
+    assert record["loss"] == record["pg_loss"]  # no KL term in the loss
+
+
 def test_dynamic_sampling_fills_the_batch_with_learning_groups():
     """The toy on fresh prompts: groups of one repeated response have all-zero deltas, a third
     to all of the batch late in the run. Dynamic sampling keeps only groups with a nonzero
@@ -94,6 +120,26 @@ def test_dynamic_sampling_fills_the_batch_with_learning_groups():
 def test_dynamic_sampling_is_refused_with_rollout_workers():
     with pytest.raises(ConfigError, match="dynamic_sampling"):
         load_config(None, ["algo.dynamic_sampling=true", "cluster.rollout_workers=1"])
+
+
+@pytest.mark.parametrize("prompts", [[[1, 0, 2], [3, 2, 4]], [[1, 0, 2], [3, 2, 4], [1, 2, 3], [0, 1, 2], [4, 3, 2]]])
+def test_dynamic_sampling_with_fixed_prompts_keeps_the_whole_list_as_the_batch(prompts):
+    # A fixed list is the batch without dynamic sampling; with it too, whatever prompts_per_epoch.
+    overrides = QUIET + [f"task.prompts={prompts}", "algo.dynamic_sampling=true", "algo.max_sampling_tries=1",
+                         "algo.group_size=4"]
+    config = load_config(None, overrides)
+    task, st = setup(config)
+    rollout = collect_rollout(config, task, st)
+    assert rollout.samples.num_responses == len(prompts) * 4
+    plain = load_config(None, QUIET + [f"task.prompts={prompts}", "algo.group_size=4"])
+    task, st = setup(plain)
+    assert collect_rollout(plain, task, st).samples.num_responses == len(prompts) * 4
+
+
+def test_dynamic_sampling_refuses_a_batch_size_that_contradicts_the_fixed_list():
+    with pytest.raises(ConfigError, match="task.prompts_per_epoch=5 with 3 fixed task.prompts"):
+        load_config(None, ["algo.dynamic_sampling=true", "task.prompts_per_epoch=5"])
+    load_config(None, ["algo.dynamic_sampling=true", "task.prompts_per_epoch=5", "task.prompts=null"])
 
 
 def lm_overrides(tiny_model, *extra):
@@ -145,6 +191,32 @@ def test_top_entropy_selection_trains_on_the_highest_entropy_tokens():
     torch.testing.assert_close(rollout.weights.sum(), torch.tensor(1.0))
 
 
+def test_top_entropy_selection_keeps_the_all_token_normaliser_and_the_kl_on_every_token():
+    """The method (and TRL): the selection multiplies the policy-gradient term of the full-mask
+    per-token loss; the aggregation's normaliser and the KL term keep every token. By hand,
+    seq_mean_token_mean on the toy (n tokens each): w = 1 / (n N) on every token, and
+        loss = sum_t w (keep_t * (-delta_i log pi_t) + kl_coef * k3_t)."""
+    config = load_config(None, QUIET + ["algo.top_entropy_q=0.25", "algo.kl_coef=0.1", "algo.group_size=4"])
+    task, st = setup(config)
+    rollout = collect_rollout(config, task, st)
+    samples, mask = rollout.samples, rollout.samples.response_mask
+    st.optimizer.zero_grad(set_to_none=True)
+    accumulate_gradients(config, st.policy, rollout, 1)
+    got = [p.grad.clone() for p in st.policy.module.parameters()]
+
+    log_probs, entropy = st.policy.log_probs(samples, 1.0, with_entropy=True)
+    keep = top_entropy_mask(entropy.detach(), mask, 0.25)
+    assert 0 < keep.sum() < mask.sum()
+    n, num = mask.shape[1], mask.shape[0]
+    with torch.no_grad():
+        ref, _ = st.policy.log_probs(samples, 1.0, module=st.ref_module)
+    pg = torch.where(keep, -rollout.deltas.unsqueeze(1) * log_probs, 0.0)
+    per_token = pg + 0.1 * kl_penalty(log_probs, ref, "k3")
+    expected = torch.autograd.grad((per_token / (n * num)).sum(), list(st.policy.module.parameters()))
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
 def test_the_noise_meter_logs_every_k_epochs_without_changing_the_step():
     overrides = SHORT + ["algo.epochs=4", "task.prompts=null", "task.prompts_per_epoch=8", "algo.deltas=raw"]
     plain = [r for r in train(load_config(None, overrides)) if r["kind"] == "train"]
@@ -194,3 +266,17 @@ def test_the_new_losses_train(loss):
     records = [r for r in train(load_config(None, SHORT + [f"algo.loss={loss}", *extra])) if r["kind"] == "train"]
     assert all(math.isfinite(r["loss"]) and r["skipped_step"] == 0 for r in records)
     assert records[1]["grad_norm"] > 0
+
+
+def test_gspo_with_a_token_weighted_aggregation_warns():
+    with pytest.warns(UserWarning, match="algo.loss='gspo' with algo.aggregation='token_mean'"):
+        load_config(None, ["algo.loss=gspo", "algo.aggregation=token_mean"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_config(None, ["algo.loss=gspo", "algo.inner_steps=2"])
+
+
+def test_a_run_with_cispo_defaults_trains():
+    records = train(load_config(None, QUIET + ["algo.loss=cispo", "algo.epochs=2", "algo.inner_steps=2",
+                                               "log.eval_every=2"]))
+    assert all(math.isfinite(r["loss"]) for r in records if r["kind"] == "train")

@@ -3,14 +3,18 @@ import json
 import re
 import shutil
 from html.parser import HTMLParser
+from types import SimpleNamespace
 
 import pytest
+import torch
 import yaml
 
 from conftest import QUIET
 from rlvr.cli import main
 from rlvr.config import load_config
 from rlvr.errors import RunError
+from rlvr.evaluation import sample_table
+from rlvr.metrics import write_samples_markdown
 from rlvr.report import PANELS, render_png, run_labels, write_report
 from rlvr.runs import run_training
 
@@ -194,3 +198,21 @@ def test_a_gradient_norm_of_zero_every_step_is_drawn_not_called_missing(tmp_path
     skipped = re.search(r"not logged by any run: ([^<]*)</p>", page).group(1)
     assert "grad_norm" not in skipped
     assert page.count("<img") == 3  # reward, gold accuracy and the gradient norm (on a linear axis)
+
+
+CHAT = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "What is 2+2?"}]
+
+
+def test_chat_prompts_read_as_messages_in_samples(tmp_path):
+    grades = SimpleNamespace(rewards=torch.tensor([[1.0], [0.0]]), correct=torch.tensor([[True], [False]]))
+    # a chat on its own and one as the "prompt" of a prompt dict
+    record = sample_table([CHAT, {"prompt": CHAT, "answer": "4"}], [["4"], ["5"]], grades, 1, 7, rows=2)
+    assert [row["prompt"] for row in record["rows"]] == [CHAT, CHAT]  # kept as data in metrics.jsonl
+    write_samples_markdown(tmp_path / "samples.md", record)
+    text = (tmp_path / "samples.md").read_text()
+    assert "| system: Answer briefly.\\nuser: What is 2+2? | 4 | 1.000 | yes |" in text
+    assert "'role'" not in text and "{" not in text
+    page = tmp_path / "report.html"
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+    assert main(["report", str(tmp_path), "--out", str(page)]) == 0
+    assert "system: Answer briefly.\nuser: What is 2+2?" in page.read_text() and "&#x27;role" not in page.read_text()

@@ -1,5 +1,5 @@
 """Checkpoints and resume: exact continuation, kills, corruption, Ctrl-C and SIGTERM,
-crafted checkpoints, changed configs, damaged metrics files."""
+crafted checkpoints, changed configs, damaged metrics files, a finished run."""
 
 import hashlib
 import json
@@ -13,6 +13,7 @@ import time
 import pytest
 import torch
 
+from conftest import QUIET
 from rlvr.checkpoint import list_checkpoints, load_latest
 from rlvr.cli import main
 from rlvr.errors import ConfigError
@@ -157,6 +158,17 @@ def test_a_rollout_saved_before_the_policy_mask_loads_with_the_response_mask():
 def test_resume_of_a_directory_without_a_run_is_a_clear_error(tmp_path, capsys):
     assert main(["train", f"resume={tmp_path}"]) == 2
     assert "no config.yaml" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("epochs", [[], ["algo.epochs=1"]])
+def test_resume_of_a_finished_run_says_so(tmp_path, capsys, epochs):
+    out = tmp_path / "run"
+    assert main(["train", f"out_dir={out}", "algo.epochs=2", *QUIET]) == 0
+    before = (out / "metrics.jsonl").read_bytes()
+    assert main(["train", f"resume={out}", *epochs]) == 2
+    err = capsys.readouterr().err
+    assert "is finished" in err and "algo.epochs=2" in err and "raise algo.epochs" in err
+    assert (out / "metrics.jsonl").read_bytes() == before and not (out / "resumes.jsonl").exists()
 
 
 def test_a_run_killed_before_its_first_checkpoint_resumes_from_the_start(tmp_path, monkeypatch):

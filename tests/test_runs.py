@@ -1,4 +1,5 @@
-"""Run directories: one run at a time, what may change on resume, filesystem errors."""
+"""Run directories: their names, one run at a time, what may change on resume, a run that stopped before its
+first checkpoint replaced by a rerun (a finished one never), filesystem errors."""
 
 import errno
 import os
@@ -9,12 +10,16 @@ from pathlib import Path
 import pytest
 
 import rlvr.checkpoint
+from conftest import QUIET
 from rlvr.checkpoint import list_checkpoints
 from rlvr.cli import main
 from rlvr.config import ConfigError, load_config
 from rlvr.metrics import JsonlSink, read_records, without_timings
 
 BASE = ["log.progress=false", "log.plot=false", "seed=3"]
+
+
+FAIL_FIRST_EPOCH = ["rewards.strict=true", "rewards.timeout=null", "rewards.functions=['rlvr.rewards.faults:flaky']"]
 
 
 def hold_lock(run_dir):
@@ -60,6 +65,22 @@ def test_concurrent_starts_with_the_default_name_get_different_directories(tmp_p
         assert again == Path("runs/x")
 
 
+@pytest.mark.parametrize("overrides, run_dir", [
+    ([], "runs/lecture"),
+    (["algo.deltas=normalized"], "runs/lecture"),  # the sorting toy: the lecture's run
+    (["task.name=sort_text", "policy.name=causal_lm", "policy.options.model=runs/tiny_lm"], "runs/sort_text-tiny_lm"),
+    (["task.name=arithmetic", "policy.name=causal_lm", "policy.options.model=runs/s/sft/model/"],
+     "runs/arithmetic-sft"),  # rlvr sft's RUN_DIR/model: the run's folder
+    (["task.name=sort_text", "policy.name=causal_lm", "policy.options.model=Qwen/Qwen2.5-0.5B"],
+     "runs/sort_text-Qwen2.5-0.5B"),
+    (["name=mine", "task.name=sort_text", "policy.name=causal_lm", "policy.options.model=runs/tiny_lm"], "runs/mine"),
+])
+def test_a_run_is_named_after_its_task_and_model_unless_named(overrides, run_dir):
+    config = load_config(None, overrides)
+    assert str(config.run_dir) == run_dir
+    assert load_config(None, [f"name={config.name}", *overrides]) == config  # the name written back loads alike
+
+
 def test_what_may_change_on_resume():
     from rlvr.resume import resume_changes
 
@@ -78,6 +99,52 @@ def test_what_may_change_on_resume():
     cosine = load_config(None, ["optim.schedule=cosine"])
     with pytest.raises(ConfigError, match="algo.epochs .* optim.schedule='cosine'"):
         resume_changes(cosine, load_config(None, ["optim.schedule=cosine", "algo.epochs=200"]))
+
+
+def test_run_failing_in_its_first_epoch_resumes_with_a_fix(tmp_path, capsys):
+    failed, straight = tmp_path / "failed", tmp_path / "straight"
+    assert main(["train", f"out_dir={failed}", "algo.epochs=2", *QUIET, *FAIL_FIRST_EPOCH]) == 4
+    assert not (failed / "checkpoints").exists()
+    # No checkpoint: nothing was computed that a change could contradict, so any change goes.
+    assert main(["train", f"resume={failed}", "rewards.strict=false"]) == 0
+    assert main(["train", f"out_dir={straight}", "algo.epochs=2", *QUIET, *FAIL_FIRST_EPOCH,
+                 "rewards.strict=false"]) == 0
+    assert without_timings(read_records(failed)) == without_timings(read_records(straight))
+    assert "strict: false" in (failed / "config.yaml").read_text()
+
+
+def test_run_failing_in_its_first_epoch_is_replaced_by_a_rerun_under_its_name(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "name=x", "algo.epochs=1", *QUIET, *FAIL_FIRST_EPOCH]) == 4
+    with pytest.warns(UserWarning, match="stopped before its first checkpoint"):
+        assert main(["train", "name=x", "algo.epochs=1", *QUIET]) == 0
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["x"]  # not runs/x-2 beside a dead one
+    assert "strict: false" in (tmp_path / "runs" / "x" / "config.yaml").read_text()
+    # The same with an explicit out_dir.
+    out = tmp_path / "out"
+    assert main(["train", f"out_dir={out}", "algo.epochs=1", *QUIET, *FAIL_FIRST_EPOCH]) == 4
+    with pytest.warns(UserWarning, match="stopped before its first checkpoint"):
+        assert main(["train", f"out_dir={out}", "algo.epochs=1", *QUIET]) == 0
+    assert len(list((out / "checkpoints").iterdir())) == 1
+
+
+def test_a_finished_run_is_never_replaced(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "name=x", "algo.epochs=1", *QUIET]) == 0
+    with pytest.warns(UserWarning, match="runs/x holds another run; this one writes runs/x-2"):
+        assert main(["train", "name=x", "algo.epochs=1", *QUIET]) == 0
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["x", "x-2"]
+
+
+def test_sft_run_again_suggests_what_sft_accepts(tmp_path, capsys):
+    out = tmp_path / "sft"
+    (out / "model").mkdir(parents=True)
+    (out / "sft_metrics.jsonl").write_text("")
+    assert main(["sft", f"out_dir={out}", "task.name=sort_text", "policy.name=causal_lm",
+                 f"policy.options={{model: {tmp_path / 'base'}}}"]) == 2
+    err = capsys.readouterr().err
+    assert "resume=" not in err  # sft has no resume
+    assert "another out_dir" in err and "sft" in err
 
 
 @pytest.mark.parametrize("where", ["a file", "under a file"])

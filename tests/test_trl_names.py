@@ -182,3 +182,15 @@ def test_causal_lm_runs_take_lm_defaults_unless_given(tmp_path):
                                     "task": {"name": "sort_text"}, "optim": {"lr": 2e-4}}))
     from_file = load_config(path)
     assert (from_file.optim.lr, from_file.algo.inner_steps) == (2e-4, 2)  # the file's lr, the LM's inner steps
+
+
+def test_cispo_defaults_to_trl_s_open_lower_clip():
+    config = load_config(None, ["algo.loss=cispo"])
+    assert config.algo.clip_eps is None and config.algo.clip_eps_high == 0.2
+    assert load_config(None, ["algo.loss=cispo", "algo.clip_eps=0.3"]).algo.clip_eps == 0.3
+    with pytest.raises(ConfigError, match="algo.clip_eps=null"):
+        load_config(None, ["algo.loss=clipped", "algo.clip_eps=null"])
+
+
+def test_trl_s_cispo_epsilon_high_is_the_cap_itself():
+    assert "epsilon_high - 1" in trl_hint("epsilon_high")

@@ -89,6 +89,18 @@ def _lines(file: BinaryIO, limit: int) -> Iterator[bytes | None]:
         yield None if len(raw) > limit and not raw.endswith(b"\n") else raw
 
 
+def parse_json(text: str, where: str, whole_file: bool = False) -> Any:
+    """``text`` as JSON; DataError naming ``where`` (and, for a ``whole_file``, the line)
+    when it is not, or is nested past what the parser can take."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        at = f"{where}:{exc.lineno}" if whole_file else where
+        raise DataError(f"{at}: invalid JSON ({exc.msg} at column {exc.colno})") from exc
+    except RecursionError as exc:  # the parser recurses once per nested array or object
+        raise DataError(f"{where}: invalid JSON (nested too deeply)") from exc
+
+
 def _parse_line(raw: bytes, where: str) -> dict[str, Any] | None:
     """One line's JSON object, or None for a blank line."""
     try:
@@ -97,12 +109,7 @@ def _parse_line(raw: bytes, where: str) -> dict[str, Any] | None:
         raise DataError(f"{where}: not valid UTF-8 ({exc.reason} at byte {exc.start})") from exc
     if not text.strip():
         return None
-    try:
-        record = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from exc
-    except RecursionError as exc:  # the parser recurses once per nested array or object
-        raise DataError(f"{where}: invalid JSON (nested too deeply)") from exc
+    record = parse_json(text, where)
     if not isinstance(record, dict):
         raise DataError(f"{where}: expected a JSON object, got {_json_type(record)}")
     return record

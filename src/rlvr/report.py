@@ -7,7 +7,7 @@ each run's config. A metric no run logged is named in a note instead of plotted.
 
 Everything read from a run directory (its name, records, samples, config) is data: it
 reaches the page escaped, and the figures draw it as plain text (no mathtext). What the
-report reads is bounded (``MAX_METRICS_BYTES``, ``MAX_CONFIG_BYTES``, ``MAX_CELL``).
+report reads is bounded (``rlvr.run_records``; ``MAX_CELL`` on the page).
 """
 
 from __future__ import annotations
@@ -29,23 +29,10 @@ import yaml
 
 from rlvr.diagnostics import classify_prompts, epoch_series, hacking_warnings, prompt_curves, prompt_summary
 from rlvr.errors import RunError
-from rlvr.metrics import Record, plain_text, prompt_text, read_records
+from rlvr.metrics import Record, plain_text, prompt_text
+from rlvr.run_records import Run, load_run, numeric
 
-MAX_METRICS_BYTES = 2**30  # a metrics.jsonl the report reads (a long LM run writes tens of MB)
-MAX_CONFIG_BYTES = 2**20
 MAX_CELL = 2000  # characters of one table cell (a sample's prompt or response) on the page
-
-
-@dataclass
-class Run:
-    """A run directory as the report reads it: its label, records and config (a dict, or
-    None when config.yaml is missing or unreadable)."""
-
-    label: str
-    path: Path
-    records: list[Record]
-    config: dict | None
-    unreadable: int = 0  # records left out: not of the shape rlvr writes
 
 
 @dataclass
@@ -81,55 +68,6 @@ PANELS = (
 LINE_STYLES = ("-", "--", ":", "-.")
 
 
-def load_run(path: Path, label: str) -> Run:
-    """A run directory's records (metrics.jsonl) and config (config.yaml, optional; None
-    when missing, unreadable or over ``MAX_CONFIG_BYTES``)."""
-    metrics = path / "metrics.jsonl" if path.is_dir() else path
-    if metrics.is_file() and metrics.stat().st_size > MAX_METRICS_BYTES:
-        raise RunError(f"{metrics}: {metrics.stat().st_size:,} bytes; the report reads at most {MAX_METRICS_BYTES:,}")
-    try:
-        records = read_records(path)
-    except ValueError as err:  # a line that is not a record (a torn last line is skipped)
-        raise RunError(str(err)) from err
-    config = None
-    config_path = path / "config.yaml"
-    if config_path.is_file() and config_path.stat().st_size <= MAX_CONFIG_BYTES:
-        try:
-            config = yaml.safe_load(config_path.read_text(encoding="utf-8"))
-        except (yaml.YAMLError, UnicodeDecodeError, RecursionError):
-            config = None
-    usable = [r for r in map(readable_record, records) if r is not None]
-    return Run(label, path, usable, config if isinstance(config, dict) else None, len(records) - len(usable))
-
-
-def _integer(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _numeric(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def readable_record(record: Record) -> Record | None:
-    """``record`` as the report reads it, or None when it is not of a shape rlvr writes
-    (a kind, an integer step and epoch): train and eval records keep their numbers (and
-    nulls), samples their rows (mappings), prompts records their numeric shares."""
-    kind = record.get("kind")
-    if not isinstance(kind, str) or not _integer(record.get("step")) or not _integer(record.get("epoch")):
-        return None
-    head = {"kind": kind, "epoch": record["epoch"], "step": record["step"]}
-    if kind in ("train", "eval"):
-        return {**{k: v for k, v in record.items() if _numeric(v) or v is None}, **head}
-    if kind == "samples":
-        rows = record.get("rows")
-        return {**head, "rows": [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []}
-    if kind == "prompts":
-        solved = record.get("solved")
-        solved = {k: v for k, v in solved.items() if _numeric(v)} if isinstance(solved, dict) else {}
-        return {**head, "solved": solved}
-    return head
-
-
 # ---------------------------------------------------------------- plots
 
 
@@ -162,7 +100,7 @@ def running_noise_scale(records: list[Record], window: int = 5) -> tuple[list[fl
     """(steps, tr Sigma / |G|^2) from running means over ``window`` measurements: the
     estimates are unbiased, their ratio is not, so they are averaged before dividing."""
     points = [(r["step"], r["grad/trace_cov"], r["grad/true_norm_sq"]) for r in records
-              if r.get("kind") == "train" and _numeric(r.get("grad/trace_cov")) and _numeric(r.get("grad/true_norm_sq"))
+              if r.get("kind") == "train" and numeric(r.get("grad/trace_cov")) and numeric(r.get("grad/true_norm_sq"))
               and math.isfinite(r["grad/trace_cov"]) and math.isfinite(r["grad/true_norm_sq"])]
     xs, ys = [], []
     for i in range(len(points)):

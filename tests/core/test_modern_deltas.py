@@ -51,6 +51,23 @@ def test_batch_scaled_modes_by_hand():
     assert {"reinforce_pp", "batch_normalized"} <= set(DELTA_MODES)
 
 
+def test_reinforce_pp_whitens_over_tokens_by_hand():
+    """verl's reinforce_plus_plus_baseline: group-center, then whiten over the batch's tokens.
+    rewards [[1, 0], [2, 0]] -> c = [[0.5, -0.5], [1, -1]]; lengths [[1, 3], [2, 2]], 8 tokens:
+    m = (0.5 - 1.5 + 2 - 2) / 8 = -1/8; c - m = [[5/8, -3/8], [9/8, -7/8]];
+    s^2 = (25/64 + 3 * 9/64 + 2 * 81/64 + 2 * 49/64) / 7 = (312/64) / 7 = 39/56."""
+    rewards = torch.tensor([[1.0, 0.0], [2.0, 0.0]], dtype=torch.float64)
+    lengths = torch.tensor([[1, 3], [2, 2]])
+    expected = torch.tensor([[5 / 8, -3 / 8], [9 / 8, -7 / 8]], dtype=torch.float64) / (math.sqrt(39 / 56) + 1e-6)
+    torch.testing.assert_close(compute_deltas(rewards, "reinforce_pp", lengths=lengths), expected, rtol=1e-14, atol=0)
+    # equal lengths: the token mean is exactly 0, the std over the 4 n tokens (Bessel over tokens)
+    equal = compute_deltas(rewards, "reinforce_pp", lengths=torch.full((2, 2), 3))
+    c = torch.tensor([[0.5, -0.5], [1.0, -1.0]], dtype=torch.float64)
+    torch.testing.assert_close(equal, c / (math.sqrt(3 * 2.5 / 11) + 1e-6), rtol=1e-14, atol=0)
+    constant = compute_deltas(torch.tensor([[1.0, 1.0], [2.0, 0.0]]), "reinforce_pp", lengths=torch.full((2, 2), 3))
+    assert (constant[0] == 0).all()  # a constant group stays exactly 0 with equal lengths
+
+
 @pytest.mark.parametrize("mode", ["reinforce_pp", "batch_normalized"])
 def test_batch_scaled_modes_abstain(mode):
     # A NaN reward and a valid=False reward (1000, which would dominate the batch std)

@@ -278,6 +278,16 @@ def test_cispo_weight_is_detached():
     assert grad.item() == pytest.approx(-1 / E, rel=1e-15)
 
 
+def test_cispo_can_leave_the_lower_clip_open():
+    # ratio 0.1 keeps its weight 0.1 with no lower clip; ratio 3 is capped at 1 + 0.5.
+    log_probs = torch.log(torch.tensor([[0.1, 3.0]], dtype=torch.float64)).requires_grad_()
+    old = torch.zeros(1, 2, dtype=torch.float64)
+    loss, stats = policy_loss(log_probs, torch.tensor([1.0], dtype=torch.float64), "cispo", old, None, 0.5)
+    (grad,) = torch.autograd.grad(loss.sum(), log_probs)
+    torch.testing.assert_close(grad, torch.tensor([[-0.1, -1.5]], dtype=torch.float64), rtol=1e-14, atol=0)
+    assert stats["clipped"].tolist() == [[False, True]]
+
+
 # --- gradient checks against the closed form ------------------------------------------------
 
 

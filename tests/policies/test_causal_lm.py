@@ -346,3 +346,14 @@ def test_max_new_tokens_must_leave_room_for_a_prompt(llama_dir):
     make_policy(llama_dir, max_new_tokens=63)
     with pytest.raises(ValueError, match=re.escape("max_new_tokens=64 leaves no room for a prompt: the model has 64")):
         make_policy(llama_dir, max_new_tokens=64)
+
+
+def test_every_character_the_prompts_lack_is_named_at_once(tiny_model):
+    from rlvr.policies.causal_lm import PromptError
+
+    policy = CausalLMPolicy.from_pretrained(str(tiny_model), max_new_tokens=4)
+    prompts = ["12>", "1#2a>", *["3>"] * 1100, "x\n2>"]  # the last two past the first chunk of 1024
+    message = ("prompt 1 ('1#2a>'): character '#' at index 1 is not in the tokenizer's vocabulary; all 4 characters "
+               "of the prompts that it lacks: '#ax\\n'")
+    with pytest.raises(PromptError, match=re.escape(message)):
+        policy.check_prompts(prompts)

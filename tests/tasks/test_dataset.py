@@ -202,3 +202,13 @@ def test_end_to_end_with_a_python_reward_learns_and_resumes(tmp_path, tiny_model
     task.close(), task2.close()
     resumed = [r["reward_mean"] for r in first + rest if r["kind"] == "train"]
     assert resumed == pytest.approx(rewards, abs=1e-6)
+
+
+def test_the_dataset_task_knows_when_its_reward_is_the_gold_check():
+    options = ["task.name=dataset", "policy.name=causal_lm", "task.prompts=null",
+               "task.options={path: examples/data/tiny_math.jsonl, answer_column: answer, gold: numeric}"]
+    with build_task(load_config(None, QUIET + options)) as task:
+        assert task.reward_is_gold
+    extra = ["rewards.functions=['rlvr.rewards.verifiers:math_answer']"]
+    with build_task(load_config(None, QUIET + options + extra)) as task:
+        assert not task.reward_is_gold

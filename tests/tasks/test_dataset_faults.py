@@ -53,7 +53,7 @@ def test_a_csv_field_longer_than_csv_default_limit_is_read(tmp_path):
 
 
 def test_a_csv_field_over_the_line_limit_names_file_and_line(tmp_path, monkeypatch):
-    monkeypatch.setattr("rlvr.tasks.dataset.MAX_LINE_BYTES", 1000)
+    monkeypatch.setattr("rlvr.tasks.readers.MAX_LINE_BYTES", 1000)
     path = write_csv(tmp_path / "d.csv", "prompt,answer\nq,1\n" + "y" * 2000 + ",2\n")
     with pytest.raises(DataError, match=r"d.csv:3: not valid CSV \(field larger than field limit \(1000\)\)"):
         DatasetTask(path)

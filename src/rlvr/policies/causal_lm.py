@@ -7,10 +7,11 @@ response tokens (right-padded), V vocabulary.
 Generation is the engine's (``rlvr.engines``; by default ``HFEngine``, a KV-cache
 sampler in this process sharing ``module``; ``engine: vllm`` for ``VLLMEngine``): the
 policy encodes prompts, hands the engine token ids, and decodes the response tokens to
-text. Scoring stays here. Log-probs are always those of the policy pi_tau(a | s) =
-softmax(logits / tau) over the whole vocabulary, so with ``HFEngine``
-``sample(...).sample_log_probs`` equals ``log_probs(samples, tau)`` and serves as the
-old policy's log-probs without another forward pass.
+text. Scoring stays with the policy (its logits and entropy: ``rlvr.policies.scoring``).
+Log-probs are always those of the policy pi_tau(a | s) = softmax(logits / tau) over the
+whole vocabulary, so with ``HFEngine`` ``sample(...).sample_log_probs`` equals
+``log_probs(samples, tau)`` and serves as the old policy's log-probs without another
+forward pass.
 
 The engine samples with the weights it was last handed: ``sync_engine`` hands it the
 trainer's (the trainer calls it once per epoch before sampling, and before evaluating).
@@ -21,14 +22,15 @@ checked by a probe (``probe_gap``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlvr.core import entropy_from_logits, token_log_probs
-from rlvr.core.logprobs import DEFAULT_CHUNK_ELEMENTS, row_chunks
+from rlvr.core import token_log_probs
+from rlvr.core.logprobs import DEFAULT_CHUNK_ELEMENTS
 from rlvr.engines import ENGINES, Engine, Generation, SamplingParams, WeightSyncError
 from rlvr.engines.hf import HFEngine, autocast_context
 from rlvr.engines.vllm import INSTALL_HINT, vllm_installed
@@ -48,6 +50,7 @@ from rlvr.policies.prompts import (
     prompt_token_ids,
     unknown_characters,
 )
+from rlvr.policies.scoring import masked_entropy, response_logits
 from rlvr.rollout import Policy, Samples
 
 if TYPE_CHECKING:
@@ -100,7 +103,7 @@ class CausalLMPolicy(Policy):
                       mode, so with dropout on in training the recorded log-probs would
                       not be those of the policy that is scored and trained.
     share_prompts:    when scoring, encode a prompt once for all its rows (see
-                      ``_response_logits``); False: one forward over every full row.
+                      ``rlvr.policies.scoring.response_logits``); False: one forward over every full row.
     engine:           what generates (``rlvr.engines.Engine``), handed the model's weights
                       now (``sync_engine``); None: an ``HFEngine`` that shares ``model``.
     """
@@ -344,12 +347,16 @@ class CausalLMPolicy(Policy):
         """
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
-        logits = self._response_logits(samples, self.module if module is None else module)  # [n, T, V]
+        module = self.module if module is None else module
+        forward = functools.partial(self._forward, module)
+        # gradient checkpointing drops the caches that sharing a prompt's encoding needs
+        logits = response_logits(forward, samples, self.share_prompts and not checkpointing_active(module))  # [n, T, V]
         log_probs = token_log_probs(logits, samples.response_ids, temperature, self.chunk_elements)
         log_probs = log_probs.masked_fill(~samples.response_mask, 0.0)
         entropy = None
         if with_entropy:
-            entropy = self._entropy(logits if entropy_grad else logits.detach(), temperature, samples.response_mask)
+            entropy = masked_entropy(logits if entropy_grad else logits.detach(), temperature, samples.response_mask,
+                                     self.chunk_elements)
         return log_probs, entropy
 
     def truncated(self, samples: Samples) -> torch.Tensor:
@@ -358,53 +365,3 @@ class CausalLMPolicy(Policy):
         last = samples.response_ids.gather(1, (lengths - 1).clamp(min=0).unsqueeze(1)).squeeze(1)  # [N]
         eos = torch.tensor(self.sampling.eos_token_ids, dtype=last.dtype, device=last.device)
         return (lengths >= self.sampling.max_new_tokens) & ~torch.isin(last, eos)
-
-    def _response_logits(self, samples: Samples, module: torch.nn.Module) -> torch.Tensor:
-        """Logits [n, T, V] of ``module`` at the positions that predict each response token.
-
-        Rows of one prompt are consecutive (a group); when prompts repeat, each is
-        encoded once and its KV cache shared by its rows (same values up to float
-        rounding, fewer tokens through the model). Not under gradient checkpointing,
-        which drops caches in training.
-        """
-        prompt_key = torch.cat([samples.prompt_ids, samples.prompt_mask.long()], dim=1)  # [n, 2P]
-        _, inverse, counts = torch.unique_consecutive(prompt_key, dim=0, return_inverse=True, return_counts=True)
-        if self.share_prompts and len(counts) < len(inverse) and not checkpointing_active(module):
-            first_rows = counts.cumsum(0) - counts  # [u]: one row per distinct prompt
-            return self._shared_prompt_logits(samples, module, first_rows, inverse)
-        response_ids, response_mask = samples.response_ids, samples.response_mask  # [n, T]
-        input_ids = torch.cat([samples.prompt_ids, response_ids], dim=1)  # [n, P + T]
-        attention = torch.cat([samples.prompt_mask, response_mask], dim=1).long()
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        return self._forward(module, input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                             use_cache=False, logits_to_keep=response_ids.shape[1] + 1).logits[:, :-1]
-
-    def _shared_prompt_logits(self, samples: Samples, module: torch.nn.Module, first_rows: torch.Tensor,
-                              inverse: torch.Tensor) -> torch.Tensor:
-        """Response logits [n, T, V]: u distinct prompts [u, P] encoded once, then all n responses.
-
-        first_rows [u] picks one row per prompt; inverse [n] maps each row to its prompt.
-        """
-        from rlvr.engines import kv_cache  # imports transformers, like the model it runs
-
-        prompt_ids, prompt_mask = samples.prompt_ids[first_rows], samples.prompt_mask[first_rows].long()  # [u, P]
-        out = self._forward(module, input_ids=prompt_ids, attention_mask=prompt_mask,
-                            position_ids=(prompt_mask.cumsum(-1) - 1).clamp(min=0), use_cache=True, logits_to_keep=1)
-        first_logits = out.logits[:, -1:][inverse]  # [n, 1, V]: predicts response token 0
-        num_tokens = samples.response_ids.shape[1]
-        if num_tokens == 1:
-            return first_logits
-        cache = kv_cache.cache_of(out)
-        cache.batch_select_indices(inverse)  # [u, ...] -> [n, ...], differentiable
-        inputs = samples.response_ids[:, :-1]  # [n, T - 1]: token t predicts token t + 1
-        attention = torch.cat([prompt_mask[inverse], samples.response_mask[:, :-1].long()], dim=1)
-        positions = prompt_mask.sum(-1)[inverse].unsqueeze(-1) + torch.arange(num_tokens - 1, device=inputs.device)
-        rest = self._forward(module, input_ids=inputs, attention_mask=attention, position_ids=positions,
-                             use_cache=True, **{kv_cache.cache_name(): cache}).logits  # [n, T - 1, V]
-        return torch.cat([first_logits, rest], dim=1)
-
-    def _entropy(self, logits: torch.Tensor, temperature: float, response_mask: torch.Tensor) -> torch.Tensor:
-        """Entropy [n, T] of softmax(logits / tau), logits [n, T, V], chunked like the log-probs."""
-        entropy = torch.cat([entropy_from_logits(logits[rows].float() / temperature)
-                             for rows in row_chunks(logits, self.chunk_elements)])
-        return entropy.masked_fill(~response_mask, 0.0)

@@ -1,11 +1,12 @@
 """Your own data: prompts (and gold answers) from a file, rewards from verifiers or your functions.
 
-``task.name: dataset`` reads ``path``: JSON Lines (.jsonl), a JSON list of objects
-(.json), CSV (.csv, every value a string), Parquet (.parquet), or a folder written by
-Hugging Face ``datasets``' ``save_to_disk``. Each row's ``prompt_column`` is text or a
-chat (a list of ``{"role", "content"}`` messages), rendered by the policy with its
-tokenizer's chat template (``rlvr.policies.prompts``); ``system_prompt`` is prepended to
-every prompt as a system message (a text prompt then becomes the user message).
+``task.name: dataset`` reads ``path`` (``rlvr.tasks.readers``): JSON Lines (.jsonl), a
+JSON list of objects (.json), CSV (.csv, every value a string), Parquet (.parquet), or a
+folder written by Hugging Face ``datasets``' ``save_to_disk``. Each row's
+``prompt_column`` is text or a chat (a list of ``{"role", "content"}`` messages),
+rendered by the policy with its tokenizer's chat template (``rlvr.policies.prompts``);
+``system_prompt`` is prepended to every prompt as a system message (a text prompt then
+becomes the user message).
 
 Every other column reaches every reward function by its name, as TRL passes them
 (``fn(prompts, completions, **columns)``; ``prompts`` are the texts or chats, and a
@@ -31,11 +32,8 @@ for changes (``rlvr.resume``).
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import functools
-import io
-import json
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -44,17 +42,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlvr.data import MAX_LINE_BYTES, DataError, check_not_shadowed, read_jsonl_lines
+from rlvr.data import DataError
 from rlvr.rewards import RewardSpec
 from rlvr.rewards.runner import ARGUMENTS
 from rlvr.rewards.verifiers import EXTRACTORS, exact_match, math_answer, numeric_match, parse_number
 from rlvr.rules import SEED_MAX, option
 from rlvr.tasks.grading import Prompt
+from rlvr.tasks.readers import read_rows
 from rlvr.tasks.text import TextTask
 
 GOLD_CHECKS = {"math": math_answer, "exact": exact_match, "numeric": numeric_match}
 RESERVED = ARGUMENTS  # the reward functions' own arguments
-SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
 _POSITION_BITS = 32  # the generator's seed keeps the data position above these bits
 
 
@@ -99,128 +97,6 @@ class PassOrder:
         """The order of pass ``pass_index``: a permutation of range(n) seeded by (seed, pass)."""
         (derived,) = np.random.SeedSequence([self.seed, pass_index]).generate_state(1, dtype=np.uint64)
         return torch.randperm(self.num_rows, generator=torch.Generator().manual_seed(int(derived))).tolist()
-
-
-def read_rows(path: str | Path, check: Any = None) -> list[tuple[str, dict[str, Any]]]:
-    """(where, row) of every row of a data file or ``save_to_disk`` folder, in order;
-    ``check(row)`` raising ValueError becomes a DataError at ``where``. DataError for a
-    missing path, an unknown suffix, bad syntax, a row that is not an object, no rows."""
-    path = Path(path)
-    if path.is_dir():
-        rows = [(f"{path}: row {i + 1}", row) for i, row in enumerate(_read_saved_dataset(path))]
-    elif not path.is_file():
-        raise DataError(f"{path}: no such file or folder")
-    elif path.suffix == ".jsonl":
-        records = read_jsonl_lines(path, {}, check=check)  # checks each row where its line is known
-        return [(f"{path}:{line}", row) for line, row in records]
-    elif path.suffix == ".json":
-        rows = _read_json(path)
-    elif path.suffix == ".csv":
-        rows = _read_csv(path)
-    elif path.suffix == ".parquet":
-        rows = [(f"{path}: row {i + 1}", row) for i, row in enumerate(_read_parquet(path))]
-    else:
-        raise DataError(f"{path}: unknown file type {path.suffix!r}; expected {', '.join(SUFFIXES)} "
-                        "or a folder written by datasets' save_to_disk")
-    if not rows:
-        raise DataError(f"{path}: empty; expected at least one row")
-    for where, row in rows:
-        if check is not None:
-            try:
-                check(row)
-            except ValueError as err:
-                raise DataError(f"{where}: {err}") from err
-    return rows
-
-
-# What reading a damaged file or folder raises in pyarrow and datasets (pyarrow's
-# ArrowInvalid and a broken state.json's JSONDecodeError are ValueErrors).
-_READ_ERRORS = (OSError, ValueError, KeyError, TypeError)
-
-
-def _read_saved_dataset(path: Path) -> list[dict[str, Any]]:
-    check_not_shadowed(["datasets", "pyarrow"])
-    import datasets
-
-    try:
-        data = datasets.load_from_disk(str(path))
-        if isinstance(data, datasets.DatasetDict):
-            raise DataError(f"{path}: holds the splits {', '.join(data)}; give one split's folder, "
-                            f"e.g. {path / 'train'}")
-        return data.to_list()
-    except FileNotFoundError as err:
-        raise DataError(f"{path}: not a folder written by datasets' save_to_disk ({err})") from err
-    except DataError:
-        raise
-    except _READ_ERRORS as err:
-        raise DataError(f"{path}: a damaged datasets folder ({type(err).__name__}: {err})") from err
-
-
-def _read_parquet(path: Path) -> list[dict[str, Any]]:
-    check_not_shadowed(["pyarrow"])
-    import pyarrow.parquet as pq
-
-    try:
-        return pq.read_table(path).to_pylist()
-    except _READ_ERRORS as err:
-        raise DataError(f"{path}: not a readable Parquet file ({type(err).__name__}: {err})") from err
-
-
-def _decode(path: Path) -> str:
-    """The text of ``path``, a UTF-8 byte-order mark dropped; DataError naming the line
-    of the first byte that is not UTF-8."""
-    raw = path.read_bytes()
-    try:
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        line = raw[:err.start].count(b"\n") + 1
-        raise DataError(f"{path}:{line}: not valid UTF-8 ({err.reason} at byte {err.start})") from err
-
-
-def _read_json(path: Path) -> list[tuple[str, dict[str, Any]]]:
-    text = _decode(path)
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise DataError(f"{path}:{err.lineno}: invalid JSON ({err.msg} at column {err.colno})") from err
-    except RecursionError as err:  # the parser recurses once per nested array or object
-        raise DataError(f"{path}: invalid JSON (nested too deeply)") from err
-    if not isinstance(data, list):
-        raise DataError(f"{path}: expected a JSON list of objects, got {type(data).__name__}")
-    for i, row in enumerate(data):
-        if not isinstance(row, dict):
-            raise DataError(f"{path}: row {i + 1}: expected a JSON object, got {type(row).__name__}")
-    return [(f"{path}: row {i + 1}", row) for i, row in enumerate(data)]
-
-
-def _read_csv(path: Path) -> list[tuple[str, dict[str, Any]]]:
-    reader = csv.reader(io.StringIO(_decode(path), newline=""))
-    rows: list[tuple[str, dict[str, Any]]] = []
-    # a field may be as long as a JSON Lines line (csv's own limit, 128 KiB, is process-wide: restored after)
-    previous = csv.field_size_limit(MAX_LINE_BYTES)
-    try:
-        header = next(reader, None)
-        if header is not None:
-            _check_header(header, path)
-        for values in reader:
-            where = f"{path}:{reader.line_num}"
-            if len(values) > len(header):
-                raise DataError(f"{where}: more values than the header's {len(header)} columns")
-            if values:  # csv.DictReader skips blank lines too
-                rows.append((where, dict(zip(header, values))))
-    except csv.Error as err:
-        raise DataError(f"{path}:{reader.line_num}: not valid CSV ({err})") from err
-    finally:
-        csv.field_size_limit(previous)
-    return rows
-
-
-def _check_header(header: list[str], path: Path) -> None:
-    seen = set()
-    for name in header:
-        if name in seen:
-            raise DataError(f"{path}:1: column {name!r} appears twice in the header; rename one")
-        seen.add(name)
 
 
 class RowsTask(TextTask):
