@@ -375,10 +375,10 @@ def test_a_changed_datasets_folder_names_the_file_that_changed(tmp_path):
 
 
 def test_data_fingerprints_hash_in_chunks(tmp_path, monkeypatch):
-    import rlvr.resume
+    import rlvr.data
     from rlvr.resume import data_fingerprints
 
-    monkeypatch.setattr(rlvr.resume, "_CHUNK", 7)  # 100 bytes: 15 chunks, the last one short
+    monkeypatch.setattr(rlvr.data, "HASH_BLOCK", 7)  # 100 bytes: 15 chunks, the last one short
     content = bytes(range(100))
     (tmp_path / "d.jsonl").write_bytes(content)
     assert data_fingerprints([tmp_path / "d.jsonl"]) == {str(tmp_path / "d.jsonl"): hashlib.sha256(content).hexdigest()}

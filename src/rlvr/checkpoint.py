@@ -17,7 +17,6 @@ code on ``resume=`` (a checksum only says the file is the one the manifest names
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pickle
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from rlvr.data import hash_file
 from rlvr.policies import frozen_copy
 from rlvr.rollout import Rollout
 
@@ -45,14 +45,6 @@ PAYLOAD_KEYS = frozenset((
 
 class CheckpointError(RuntimeError):
     """No usable checkpoint."""
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _fsync_tree(root: Path) -> None:
@@ -155,7 +147,7 @@ def save_checkpoint(run_dir: Path, name: str, payload: dict[str, Any], policy: A
         if policy is not None:
             save_pretrained(policy, tmp / "model")
         files = sorted(p for p in tmp.rglob("*") if p.is_file())
-        manifest = {str(p.relative_to(tmp)): _sha256(p) for p in files}
+        manifest = {str(p.relative_to(tmp)): hash_file(p).hexdigest() for p in files}
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
         _fsync_tree(tmp)
     except BaseException:  # a full disk, or a second Ctrl-C: no half-written folder stays
@@ -190,7 +182,7 @@ def verify(checkpoint: Path) -> str | None:
         path = checkpoint / rel
         if not path.is_file():
             return f"{rel} is missing"
-        if _sha256(path) != digest:
+        if hash_file(path).hexdigest() != digest:
             return f"{rel} does not match its checksum"
     return None
 

@@ -6,6 +6,7 @@ Every error names ``file:line`` and what was expected there, so a bad row in a
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import sys
@@ -24,6 +25,20 @@ class DataError(ValueError):
 # line is read whole into memory (several times over, as JSON), so a runaway line stops here.
 MAX_LINE_BYTES = 8 * 2**20
 BOM = "\ufeff".encode()  # UTF-8's byte-order mark
+
+
+HASH_BLOCK = 2**20  # bytes hashed at a time
+
+
+def hash_file(path: Path, digest: Any = None) -> Any:
+    """``digest`` (default: a new SHA-256) updated with the bytes of ``path``, read
+    ``HASH_BLOCK`` at a time, so a file of any size (a dataset, a model's weights) costs
+    that much memory."""
+    digest = hashlib.sha256() if digest is None else digest
+    with Path(path).open("rb") as file:
+        for block in iter(lambda: file.read(HASH_BLOCK), b""):
+            digest.update(block)
+    return digest
 
 
 def read_jsonl(

@@ -4,13 +4,13 @@ records a checkpoint follows."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from rlvr.config import Config, LogConfig, load_config
+from rlvr.data import hash_file
 from rlvr.errors import ConfigError, RunError
 from rlvr.metrics import Record, json_safe, read_records
 from rlvr.run_dir import DATA_FILES, write_atomically
@@ -84,7 +84,6 @@ def resume_config(run_dir: str | Path, overrides: list[str]) -> Config:
 # ---------------------------------------------------------------- the data a run read
 
 ACCEPT_DATA_CHANGE = "resume_accept_data_change"  # the key (beside resume=) that accepts changed data files
-_CHUNK = 2**20  # bytes hashed at a time: a data file of any size costs 1 MiB of memory
 
 
 def data_fingerprints(paths: Iterable[str | Path]) -> dict[str, str]:
@@ -94,16 +93,8 @@ def data_fingerprints(paths: Iterable[str | Path]) -> dict[str, str]:
     for path in map(Path, paths):
         files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
         for file in files:
-            out[str(file)] = _sha256(file)
+            out[str(file)] = hash_file(file).hexdigest()
     return out
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as file:
-        while chunk := file.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def record_data_files(run_dir: Path, paths: Iterable[str | Path]) -> None:

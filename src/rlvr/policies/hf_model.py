@@ -13,6 +13,8 @@ from urllib.parse import urlparse
 
 import torch
 
+from rlvr.data import hash_file
+
 PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
 
 
@@ -74,9 +76,7 @@ def model_identity(name_or_path: str | Path, folder: str | Path | None = None) -
                    if f.is_file() and (f.name == "config.json" or f.name.endswith(WEIGHT_SUFFIXES)))
     for file in files:
         digest.update(f"{file.name}\0{file.stat().st_size}\0".encode())
-        with file.open("rb") as f:
-            for block in iter(lambda: f.read(2**20), b""):
-                digest.update(block)
+        hash_file(file, digest)
     return {"model": model, "sha256": digest.hexdigest()}
 
 
