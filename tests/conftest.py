@@ -121,3 +121,23 @@ def train_record(epoch: int, **values) -> dict:
     """A train record of epoch ``epoch`` (its step the same), ``values`` added or replaced."""
     return {"kind": "train", "epoch": epoch, "step": epoch, "loss": 0.5, "reward_mean": 1.0, "solve_rate": 0.0,
             "frac_zero_delta_groups": 0.0, **values}
+
+
+def sigkill_mid_run(args: list[str], run_dir: Path) -> None:
+    """``rlvr train ARGS`` in a child process, killed with SIGKILL at a random moment after
+    its first checkpoint in ``run_dir``."""
+    import random
+    import signal
+    import time
+
+    from rlvr.checkpoint import list_checkpoints
+
+    proc = subprocess.Popen([sys.executable, "-m", "rlvr.cli", "train", *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while not list_checkpoints(run_dir) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.01)
+    time.sleep(random.Random(os.getpid()).uniform(0.0, 0.3))
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL  # killed mid-run, not finished
+

@@ -3,8 +3,6 @@ crafted checkpoints, changed configs, damaged metrics files, a finished run."""
 
 import hashlib
 import json
-import os
-import random
 import signal
 import subprocess
 import sys
@@ -13,7 +11,7 @@ import time
 import pytest
 import torch
 
-from conftest import QUIET
+from conftest import QUIET, sigkill_mid_run
 from rlvr.checkpoint import list_checkpoints, load_latest
 from rlvr.cli import main
 from rlvr.errors import ConfigError
@@ -48,15 +46,7 @@ def test_sigkill_at_a_random_point_then_resume(tmp_path):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     args = ["algo.epochs=300", "log.checkpoint_every=1", *BASE]
     assert main(["train", f"out_dir={straight}", *args]) == 0
-    proc = subprocess.Popen([sys.executable, "-m", "rlvr.cli", "train", f"out_dir={killed}", *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    # Wait until training is under way, then kill at a random moment.
-    deadline = time.time() + 60
-    while not list_checkpoints(killed) and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.01)
-    time.sleep(random.Random(os.getpid()).uniform(0.0, 0.3))
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait() == -signal.SIGKILL  # killed mid-run, not finished
+    sigkill_mid_run([f"out_dir={killed}", *args], killed)
     assert main(["train", f"resume={killed}"]) == 0
     assert_same_run(straight, killed)
 

@@ -43,10 +43,12 @@ class TrainResult:
 
 
 def resolve_config(config: Config | dict | str | Path | None = None, overrides: Sequence[str] = (),
-                   reward_funcs: Sequence[Callable] = (), out_dir: str | Path | None = None) -> Config:
+                   reward_funcs: Sequence[Callable] = (), out_dir: str | Path | None = None,
+                   environment_factory: Callable | None = None) -> Config:
     """One validated Config from any of the forms ``train`` takes; ``reward_funcs`` are
-    appended to ``rewards.functions`` and ``out_dir`` replaces ``config.out_dir``. A
-    ``Config`` passed in is never changed."""
+    appended to ``rewards.functions``, ``out_dir`` replaces ``config.out_dir`` and
+    ``environment_factory`` makes the task ``environment`` with that class. A ``Config``
+    passed in is never changed."""
     if isinstance(config, (str, Path)):
         data = read_mapping(config)
     elif isinstance(config, Config):
@@ -67,6 +69,15 @@ def resolve_config(config: Config | dict | str | Path | None = None, overrides: 
         rewards["functions"] = [*(rewards.get("functions") or []), *reward_funcs]
     if out_dir is not None:
         data["out_dir"] = str(out_dir)
+    if environment_factory is not None:
+        if not callable(environment_factory):
+            raise ConfigError(f"environment_factory={environment_factory!r} is not a class; give the class itself "
+                              "(a 'module:Class' name goes in task.options.environment_factory)")
+        task = data.setdefault("task", {})
+        if not isinstance(task, dict):
+            raise ConfigError(f"task: expected a mapping, got {task!r}")
+        task["name"] = "environment"
+        task["options"] = {**(task.get("options") or {}), "environment_factory": environment_factory}
     return config_from_dict(data)
 
 
@@ -93,7 +104,8 @@ def check(config: Config | dict | str | Path | None = None, overrides: Sequence[
 
 def train(config: Config | dict | str | Path | None = None, overrides: Sequence[str] = (), *,
           reward_funcs: Sequence[Callable] = (), out_dir: str | Path | None = None,
-          on_record: Callable[[Record], None] | None = None) -> TrainResult:
+          on_record: Callable[[Record], None] | None = None, environment_factory: Callable | None = None
+          ) -> TrainResult:
     """Train a policy; returns a ``TrainResult`` (records, run_dir, policy, config).
 
     config:       a ``Config``, a mapping of the YAML file's shape (``{"policy": {"name":
@@ -106,13 +118,16 @@ def train(config: Config | dict | str | Path | None = None, overrides: Sequence[
                   there, as ``rlvr train`` does (then ``on_record`` is not called: read
                   ``metrics.jsonl`` or the result). None: the run stays in memory.
     on_record:    called with each record as it is made (in-memory runs).
+    environment_factory: a class whose instances are episodes' environments (an rlvr
+                  ``Environment`` or a TRL-style environment class): the task becomes
+                  ``environment`` with it (``rlvr.tasks.environment``).
     transformers' progress bars and its and peft's deprecation warnings are off while it
     runs, as in the CLI (``rlvr.modeling.quiet_libraries``).
     """
     from rlvr.modeling import quiet_libraries
 
     with quiet_libraries():
-        resolved = resolve_config(config, overrides, reward_funcs, out_dir)
+        resolved = resolve_config(config, overrides, reward_funcs, out_dir, environment_factory)
         if resolved.out_dir is None:
             return _train_in_memory(resolved, on_record)
         from rlvr.runs import train_in_run_dir

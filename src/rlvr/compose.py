@@ -18,7 +18,7 @@ from rlvr.tasks.grading import GradedTask, reward_runner
 if TYPE_CHECKING:
     from rlvr.config import Config, PolicyConfig
     from rlvr.policies.causal_lm import CausalLMPolicy
-    from rlvr.rollout import Policy
+    from rlvr.rollout import Policy, Task
 
 __all__ = ["build_causal_lm_policy", "build_policy", "build_task", "check_extras", "needed_modules"]
 
@@ -50,15 +50,20 @@ def build_task(config: Config) -> GradedTask:
     return task
 
 
-def build_policy(config: Config) -> Policy:
-    """The policy of ``config.policy`` (the positional model sized by ``config.task``)."""
+def build_policy(config: Config, task: Task | None = None) -> Policy:
+    """The policy of ``config.policy`` (the positional model sized by ``config.task``); given
+    the ``task`` it samples for, as that task samples it (``Task.policy_for``: an
+    environment's episodes)."""
     p = config.policy
     if p.name == "positional":
-        return PositionalPolicy(config.task.vocab_size, p.embedding_dim, config.task.num_numbers, p.embedding_std)
-    try:
-        return build_causal_lm_policy(p)
-    except (ValueError, TypeError, OSError) as err:  # bad options or a model that is not there
-        raise ConfigError(f"policy.options: {err}") from err
+        policy: Policy = PositionalPolicy(config.task.vocab_size, p.embedding_dim, config.task.num_numbers,
+                                          p.embedding_std)
+    else:
+        try:
+            policy = build_causal_lm_policy(p)
+        except (ValueError, TypeError, OSError) as err:  # bad options or a model that is not there
+            raise ConfigError(f"policy.options: {err}") from err
+    return policy if task is None else task.policy_for(policy)
 
 
 def build_causal_lm_policy(config: PolicyConfig) -> CausalLMPolicy:

@@ -144,14 +144,18 @@ def eval_records(runs: int, greedy: Sequence[Grades], sampled: Sequence[Grades],
         **{f"pass@{k}": pass_at_k(samples, correct.sum(dim=2), k).mean(dim=1) for k in sorted({1, samples})},
     }
     values = torch.stack(list(columns.values()), dim=1).tolist()  # [R, K]
+    # an episode's numbers (turns, tool calls, truncated) on the greedy episodes (environment tasks, R = 1)
+    episodes = {f"greedy_{k}": v for k, v in Grades.cat(list(greedy)).metrics.items() if k.startswith("episode/")}
     prompts, responses, grades = first
     m = len(prompts)
+    if grades.prompts is not None:  # as graded: an environment's starts become their episodes' prompts
+        prompts = grades.prompts[:m]
     out = []
     for r, row in enumerate(values):
         rows = slice(r * m, (r + 1) * m)  # run r's responses to the first chunk
         table = sample_table(prompts, responses[rows], Grades(grades.rewards[rows], grades.correct[rows], {}),
                              epoch, step, table_rows)
-        out.append([{"kind": "eval", "epoch": epoch, "step": step, **dict(zip(columns, row))}, table])
+        out.append([{"kind": "eval", "epoch": epoch, "step": step, **dict(zip(columns, row)), **episodes}, table])
     return out
 
 
@@ -166,6 +170,9 @@ def sample_table(prompts: Any, responses: Any, grades: Any, epoch: int, step: in
         prompt = prompts[b]["prompt"] if isinstance(prompts[b], dict) else prompts[b]
         prompt = prompt.tolist() if torch.is_tensor(prompt) else prompt
         response = responses[b][0]
-        response = response if isinstance(response, str) else response.tolist()
+        if hasattr(response, "as_record"):  # an episode: its turns, roles and what was trained
+            response = response.as_record()
+        else:
+            response = response if isinstance(response, str) else response.tolist()
         table.append({"prompt": prompt, "response": response, "reward": rewards[b], "correct": bool(correct[b])})
     return {"kind": "samples", "epoch": epoch, "step": step, "rows": table}

@@ -19,6 +19,7 @@ EXTRA_OF = {
     "ray": "ray",
     "vllm": "vllm",
     "tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio",
+    "textarena": "textarena",
 }
 LM_MODULES = ("transformers", "tokenizers", "safetensors", "huggingface_hub")
 

@@ -56,6 +56,25 @@ def prompt_text(prompt: Any) -> str:
     return str(prompt)
 
 
+def response_text(response: Any) -> str:
+    """A response as a person reads it: an episode (a list of turns, as
+    ``rlvr.environments.episodes.EpisodeText.as_record`` gives them) one turn per line, its role,
+    "(trained)" on the policy's, tool calls and results, step rewards; any other as its ``str``."""
+    if not (isinstance(response, list) and response and all(isinstance(t, dict) and "role" in t for t in response)):
+        return str(response)
+    lines = []
+    for turn in response:
+        line = f"{turn['role']}{' (trained)' if turn.get('trained') else ''}: {turn.get('text', '')!r}"
+        for call in turn.get("tool_calls") or []:
+            line += f" [calls {call.get('name')}({call.get('arguments')})]"
+        for result in turn.get("tool_results") or []:
+            line += f" [{result.get('name')} {'error' if result.get('error') else 'gave'}: {result.get('content')!r}]"
+        if turn.get("reward"):
+            line += f" [reward {turn['reward']:g}]" if isinstance(turn["reward"], (int, float)) else ""
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def write_samples_markdown(path: Path, record: Record) -> None:
     """Append a "samples" record to a Markdown file as a table (prompt, response, reward)."""
 
@@ -68,7 +87,8 @@ def write_samples_markdown(path: Path, record: Record) -> None:
         mark = "yes" if row["correct"] else "no"
         reward = row["reward"]
         reward = f"{reward:.3f}" if isinstance(reward, (int, float)) and math.isfinite(reward) else "-"
-        lines.append(f"| {cell(prompt_text(row['prompt']))} | {cell(row['response'])} | {reward} | {mark} |")
+        prompt, response = cell(prompt_text(row["prompt"])), cell(response_text(row["response"]))
+        lines.append(f"| {prompt} | {response} | {reward} | {mark} |")
     with Path(path).open("a", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
 

@@ -29,7 +29,7 @@ import yaml
 
 from rlvr.diagnostics import classify_prompts, epoch_series, hacking_warnings, prompt_curves, prompt_summary
 from rlvr.errors import RunError
-from rlvr.metrics import Record, plain_text, prompt_text
+from rlvr.metrics import Record, plain_text, prompt_text, response_text
 from rlvr.run_records import Run, load_run, numeric
 
 MAX_CELL = 2000  # characters of one table cell (a sample's prompt or response) on the page
@@ -229,8 +229,9 @@ def samples_html(run: Run) -> str:
         return "<p class=\"note\">no samples records</p>"
 
     def table(record: Record) -> str:
-        rows = [{"prompt": _cell(prompt_text(row.get("prompt"))), "response": _cell(str(row.get("response"))),
-                 "reward": _number(row.get("reward")), "correct": "yes" if row.get("correct") is True else "no"}
+        rows = [{"prompt": _cell(prompt_text(row.get("prompt"))),
+                 "response": _cell(response_text(row.get("response"))), "reward": _number(row.get("reward")),
+                 "correct": "yes" if row.get("correct") is True else "no"}
                 for row in record["rows"]]
         heading = html.escape(f"epoch {record['epoch']} (step {record['step']})")
         return f"<p>{heading}</p>" + html_table(rows, {"reward"})
@@ -260,7 +261,7 @@ body { font-family: system-ui, sans-serif; margin: 24px; color: #222; max-width:
 h1 { font-size: 22px; } h2 { font-size: 18px; margin-top: 28px; border-bottom: 1px solid #ccc; }
 h3 { font-size: 15px; margin-bottom: 4px; }
 table { border-collapse: collapse; font-size: 13px; margin: 6px 0; }
-th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: left; vertical-align: top; }
+th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: left; vertical-align: top; white-space: pre-wrap; }
 th { background: #f2f2f2; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(560px, 1fr)); gap: 12px; }
 .grid figure { margin: 0; } .grid img { width: 100%; max-width: 560px; }

@@ -71,6 +71,7 @@ class Samples:
     prompt_mask: torch.Tensor
     sample_log_probs: torch.Tensor | None = None
     policy_mask: torch.Tensor = None  # type: ignore[assignment]  # None: response_mask (__post_init__)
+    truncated: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.policy_mask is None:
@@ -95,6 +96,7 @@ class Samples:
             prompt_mask=self.prompt_mask[index],
             sample_log_probs=lp,
             policy_mask=self.policy_mask[index],
+            truncated=None if self.truncated is None else self.truncated[index],
         )
 
 
@@ -111,7 +113,7 @@ class Samples:
         an LM's are; the masks say which positions are real)."""
         if len(parts) == 1:
             return parts[0]
-        lps = [s.sample_log_probs for s in parts]
+        lps, cuts = [s.sample_log_probs for s in parts], [s.truncated for s in parts]
         return Samples(
             responses=_join([s.responses for s in parts]),
             response_ids=_pad_cat([s.response_ids for s in parts]),
@@ -120,6 +122,7 @@ class Samples:
             prompt_mask=_pad_cat([s.prompt_mask for s in parts], left=True),
             sample_log_probs=None if any(lp is None for lp in lps) else _pad_cat(lps),
             policy_mask=_pad_cat([s.policy_mask for s in parts]),
+            truncated=None if any(t is None for t in cuts) else torch.cat(cuts),
         )
 
 
@@ -242,6 +245,14 @@ def _pick(items: Any, index: torch.Tensor) -> Any:
     return [items[i] for i in index.tolist()]
 
 
+def _plain(responses: Any) -> Any:
+    """Responses as a checkpoint holds them: a tensor, or lists of plain strings (an
+    episode's text without the episode: ``torch.load(weights_only=True)`` takes no more)."""
+    if isinstance(responses, list):
+        return [_plain(r) for r in responses]
+    return str(responses) if isinstance(responses, str) else responses
+
+
 def _join(parts: list[Any]) -> Any:
     """Tensors concatenated along dim 0, lists joined."""
     return torch.cat(parts) if isinstance(parts[0], torch.Tensor) else [x for part in parts for x in part]
@@ -291,6 +302,11 @@ class Task(Protocol):
         """Where prompt ``index`` of ``fixed_prompts()[what]`` comes from (a file and line),
         for errors about it; None: nowhere worth naming."""
         return None
+
+    def policy_for(self, policy: Policy) -> Policy:
+        """The policy as this task samples it: itself by default; an environment task's
+        policy acts in its environment, and its samples are episodes."""
+        return policy
 
     def close(self) -> None:
         """Release what the task holds (reward worker processes); nothing by default."""
@@ -342,6 +358,7 @@ class Rollout:
         strings): the form a checkpoint holds (``torch.load(weights_only=True)``)."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["samples"] = {f.name: getattr(self.samples, f.name) for f in fields(self.samples)}
+        out["samples"]["responses"] = _plain(self.samples.responses)
         return out
 
     @classmethod

@@ -62,7 +62,7 @@ def run_sft(config: Config, run_dir: Path, on_record=None) -> Path:
         torch.set_num_threads(config.torch_threads)
     generator = seed_everything(config.seed)
     task = build_task(config)
-    policy = build_policy(config)
+    policy = build_policy(config, task)  # an environment task: held-out accuracy on greedy episodes
     check_prompts_fit(task, policy)
     pairs = load_pairs(config, task, generator)
     if not pairs:

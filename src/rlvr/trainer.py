@@ -44,7 +44,7 @@ def setup(config: Config) -> tuple[Task, TrainState]:
     task = build_task(config)
     try:
         generator = seed_everything(config.seed)
-        policy = build_policy(config)
+        policy = build_policy(config, task)
         check_prompts_fit(task, policy)  # fixed prompts the model cannot take: an error before any work
     except BaseException:
         task.close()  # its reward workers

@@ -84,6 +84,20 @@ def test_a_language_model_run_gives_the_single_process_records(ray_local, tiny_m
     assert comparable(remote) == comparable(local)
 
 
+def test_an_episode_run_gives_the_single_process_records(ray_local, tiny_model):
+    # multi-turn episodes on the worker: the same task and policy, built there, run them
+    pytest.importorskip("transformers")
+    overrides = QUIET + [
+        "task.name=environment", "task.options={environment: guessing, environment_options: {high: 8}, "
+        "max_turns: 3, max_tokens: 24, eval_size: 4}", "task.prompts_per_epoch=2", "policy.name=causal_lm",
+        f"policy.options={{model: '{tiny_model}', max_new_tokens: 3}}", "algo.epochs=2", "algo.inner_steps=2",
+        "algo.group_size=3", "log.eval_every=2", "log.eval_samples=2", "log.checkpoint_every=0", "threads=1"]
+    local = train(load_config(None, overrides))
+    remote = train(load_config(None, overrides + ["cluster.rollout_workers=1"]))
+    assert comparable(remote) == comparable(local)
+    assert all(r["episode/turns"] >= 1 for r in local if r["kind"] == "train")
+
+
 def test_asynchronous_batches_are_at_most_k_versions_old_and_corrected(ray_local):
     """k = 1: the batch of epoch e+1 is sampled with the weights held at the start of epoch e
     (while the trainer trains on epoch e): one version old, corrected by TIS."""

@@ -88,7 +88,7 @@ class RolloutWorker:
             pass
         self.config = config
         self.task = build_task(config)
-        self.policy = build_policy(config)
+        self.policy = build_policy(config, self.task)
         self.version: int | None = None
         self.engine_stats: dict[str, float] = {}
 

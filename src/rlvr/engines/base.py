@@ -99,12 +99,22 @@ class Engine(Protocol):
     exact_log_probs: bool = True  # its sample log-probs are the trainer's (``rlvr.rollout.sampler_log_probs_exact``)
 
     def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int,
-                 sampling: SamplingParams, generator: torch.Generator | None = None) -> Generation:
+                 sampling: SamplingParams, generator: torch.Generator | None = None,
+                 seeds: torch.Tensor | None = None) -> Generation:
         """G responses to each of B prompts: prompt_ids [B, P] long, prompt_mask [B, P] bool
         (True on real tokens, left-padded). ``generator`` drives the draws (same seed, same
-        responses); it may be None only when ``sampling.greedy``."""
+        responses); it may be None only when ``sampling.greedy`` or given ``seeds``: [N] long,
+        one per response, whose draws then depend on that seed alone, not on the rest of the
+        batch (an episode's turns, the same whether its episode is sampled alone or in a batch)."""
         ...
 
     def load_weights(self, weights: torch.nn.Module | Mapping[str, torch.Tensor]) -> None:
         """Sample from now on with ``weights`` (the trainer's module, or its state dict)."""
         ...
+
+
+def check_seeds(seeds: torch.Tensor | None, rows: int) -> None:
+    """ValueError unless ``seeds`` is None or one long per response row."""
+    if seeds is not None and (seeds.dtype != torch.long or tuple(seeds.shape) != (rows,)):
+        raise ValueError(f"seeds must be a long tensor of one seed per response ({rows}), "
+                         f"got {seeds.dtype} of shape {tuple(seeds.shape)}")

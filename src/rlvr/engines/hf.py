@@ -21,10 +21,35 @@ from typing import Any
 
 import torch
 
-from rlvr.engines.base import Engine, Generation, SamplingParams
+from rlvr.engines.base import Engine, Generation, SamplingParams, check_seeds
 
-# (logits [n, V] of the next token, step) -> (tokens [n], log pi_tau of them [n])
-TokenPicker = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
+# (logits [n, V] of the next token, step, the running rows' indices [n]) -> (tokens [n], log pi_tau of them [n])
+TokenPicker = Callable[[torch.Tensor, int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+_MASK64 = (1 << 64) - 1
+
+
+def _int64(value: int) -> int:
+    """An unsigned 64-bit value as the signed int64 with the same bits."""
+    value &= _MASK64
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical (unsigned) right shift of int64 bits."""
+    return (z >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def keyed_uniforms(seeds: torch.Tensor, step: int) -> torch.Tensor:
+    """U(0, 1) float64 [n, 1], one per seed [n] long and step: SplitMix64 of seed + (step + 1)
+    * golden ratio, computed with int64 tensors (multiplication wraps). A row's draws
+    depend on its seed alone, not on which rows share the batch: an episode's turns are the
+    same sampled in a batch or one at a time."""
+    z = seeds + _int64((step + 1) * 0x9E3779B97F4A7C15)
+    z = (z ^ _shift_right(z, 30)) * _int64(0xBF58476D1CE4E5B9)
+    z = (z ^ _shift_right(z, 27)) * _int64(0x94D049BB133111EB)
+    z = z ^ _shift_right(z, 31)
+    return (_shift_right(z, 11).double() * 2.0**-53).unsqueeze(-1)
 
 
 def autocast_context(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
@@ -47,42 +72,47 @@ def truncate_logits(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Ten
     return scaled
 
 
-def draw_tokens(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+def draw_tokens(probs: torch.Tensor, generator: torch.Generator | None, uniforms: torch.Tensor | None = None
+                ) -> torch.Tensor:
     """One token per row of probs [n, V] (rows need not sum to 1): tokens [n] long.
 
-    Inverse CDF: u ~ U(0, 1) from ``generator`` on its own device, token = the first
-    index whose cumulative probability exceeds u * total. Only n numbers cross devices
-    (a CPU generator can drive sampling on a GPU), and zero-probability tokens are
-    never drawn.
+    Inverse CDF: u ~ U(0, 1) from ``generator`` on its own device (or the given
+    ``uniforms`` [n, 1] float64), token = the first index whose cumulative probability
+    exceeds u * total. Only n numbers cross devices (a CPU generator can drive sampling on
+    a GPU), and zero-probability tokens are never drawn.
     """
-    uniforms = torch.rand((probs.shape[0], 1), generator=generator, device=generator.device, dtype=torch.float64)
+    if uniforms is None:
+        uniforms = torch.rand((probs.shape[0], 1), generator=generator, device=generator.device, dtype=torch.float64)
     cdf = probs.double().cumsum(dim=-1)  # [n, V]; float64 so the tail of a large V keeps its mass
     tokens = torch.searchsorted(cdf, uniforms.to(probs.device) * cdf[:, -1:], right=True)
     return tokens.squeeze(-1).clamp(max=probs.shape[-1] - 1)
 
 
-def token_picker(sampling: SamplingParams, end_ids: torch.Tensor, generator: torch.Generator | None) -> TokenPicker:
+def token_picker(sampling: SamplingParams, end_ids: torch.Tensor, generator: torch.Generator | None,
+                 seeds: torch.Tensor | None = None) -> TokenPicker:
     """How each step chooses its tokens: argmax when ``sampling.greedy``, else a draw from
-    the truncated pi_tau. End tokens ([k] long) are at -inf before ``min_new_tokens``."""
+    the truncated pi_tau, with ``generator`` or, given ``seeds`` [N] long (one per row),
+    each row's ``keyed_uniforms``. End tokens ([k] long) are at -inf before ``min_new_tokens``."""
 
     def block_end(scaled: torch.Tensor, step: int) -> torch.Tensor:
         return scaled if step >= sampling.min_new_tokens else scaled.index_fill(-1, end_ids, -torch.inf)
 
-    def argmax(logits: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def argmax(logits: torch.Tensor, step: int, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         tokens = block_end(logits.float(), step).argmax(dim=-1)
         return tokens, torch.zeros(tokens.shape, device=tokens.device)  # no tau > 0 to score under
 
-    def draw(logits: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def draw(logits: torch.Tensor, step: int, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         scaled = logits.float() / sampling.temperature  # [n, V]
         log_probs = torch.log_softmax(scaled, dim=-1)
         probs = torch.softmax(truncate_logits(block_end(scaled, step), sampling.top_k, sampling.top_p), dim=-1)
-        tokens = draw_tokens(probs, generator)  # [n]
+        uniforms = None if seeds is None else keyed_uniforms(seeds[rows], step).to(probs.device)
+        tokens = draw_tokens(probs, generator, uniforms)  # [n]
         return tokens, log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
     if sampling.greedy:
         return argmax
-    if generator is None:
-        raise ValueError("sampling with temperature > 0 needs a torch.Generator")
+    if generator is None and seeds is None:
+        raise ValueError("sampling with temperature > 0 needs a torch.Generator (or a seed per row)")
     return draw
 
 
@@ -111,12 +141,14 @@ class HFEngine(Engine):
         self.weights_version += 1
 
     def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int,
-                 sampling: SamplingParams, generator: torch.Generator | None = None) -> Generation:
+                 sampling: SamplingParams, generator: torch.Generator | None = None,
+                 seeds: torch.Tensor | None = None) -> Generation:
         """G responses to each of B prompts [B, P]; see ``Engine.generate``."""
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
+        check_seeds(seeds, prompt_ids.shape[0] * group_size)
         end_ids = torch.tensor(sampling.end_token_ids, dtype=torch.long, device=self.device)  # [k]
-        pick = token_picker(sampling, end_ids, generator)
+        pick = token_picker(sampling, end_ids, generator, seeds)
         was_training = self.module.training
         self.module.eval()  # no dropout while sampling; checkpointing is off in eval mode
         try:
@@ -173,7 +205,7 @@ class HFEngine(Engine):
         log_probs = torch.zeros((n, width), device=self.device)
         lengths = torch.full((n,), width, dtype=torch.long, device=self.device)
         for step in range(width):
-            tokens, picked_log_probs = pick(logits, step)  # [n], [n]
+            tokens, picked_log_probs = pick(logits, step, rows)  # [n], [n]
             response_ids[rows, step] = tokens
             log_probs[rows, step] = picked_log_probs
             done = torch.isin(tokens, end_ids)

@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlvr.engines.base import Engine, Generation, SamplingParams
+from rlvr.engines.base import Engine, Generation, SamplingParams, check_seeds
 from rlvr.modeling import DTYPES
 from rlvr.settings import setting
 
@@ -240,21 +240,29 @@ class VLLMEngine(Engine):
         self.weights_version += 1
 
     def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int,
-                 sampling: SamplingParams, generator: torch.Generator | None = None) -> Generation:
-        """G responses to each of B prompts [B, P]; see ``Engine.generate``."""
+                 sampling: SamplingParams, generator: torch.Generator | None = None,
+                 seeds: torch.Tensor | None = None) -> Generation:
+        """G responses to each of B prompts [B, P]; see ``Engine.generate`` (``seeds``: one
+        per prompt, with G = 1, each its request's seed)."""
         from vllm.inputs import TokensPrompt
 
         self._check_usable()
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
-        if not sampling.greedy and generator is None:
+        check_seeds(seeds, prompt_ids.shape[0] * group_size)
+        if seeds is not None and group_size != 1:
+            raise ValueError("seeds (one per response) need group_size=1 with the vllm engine")
+        if not sampling.greedy and generator is None and seeds is None:
             raise ValueError("sampling with temperature > 0 needs a torch.Generator")
         prompts = [TokensPrompt(prompt_token_ids=ids[mask].tolist())
                    for ids, mask in zip(prompt_ids.cpu(), prompt_mask.cpu())]  # padding dropped
         if sampling.greedy:  # one argmax response per prompt, repeated G times (vLLM refuses n > 1 greedy)
             params = [request_params(sampling, 1, None)] * len(prompts)
         else:
-            seeds = torch.randint(SEED_RANGE, (len(prompts),), generator=generator, device=generator.device)
+            if seeds is None:
+                seeds = torch.randint(SEED_RANGE, (len(prompts),), generator=generator, device=generator.device)
+            else:
+                seeds = seeds % SEED_RANGE
             params = [request_params(sampling, group_size, seed) for seed in seeds.tolist()]
         # vLLM's CPU sampler also draws from the global torch generator (then overrides
         # the seeded rows): keep it as it was

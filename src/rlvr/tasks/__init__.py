@@ -16,6 +16,7 @@ from rlvr.rollout import Policy, Task
 from rlvr.rules import check_rules, coerce
 from rlvr.tasks.arithmetic import ArithmeticTask
 from rlvr.tasks.dataset import DatasetTask
+from rlvr.tasks.environment import EnvironmentTask
 from rlvr.tasks.grading import GradedTask, reward_runner
 from rlvr.tasks.gsm8k import Gsm8kTask
 from rlvr.tasks.reasoning_gym import ReasoningGymTask
@@ -23,7 +24,8 @@ from rlvr.tasks.sort_text import SortTextTask
 from rlvr.tasks.sorting import SortingTask
 
 TASKS: dict[str, type[GradedTask]] = {
-    cls.name: cls for cls in (SortingTask, SortTextTask, ArithmeticTask, Gsm8kTask, DatasetTask, ReasoningGymTask)
+    cls.name: cls for cls in (SortingTask, SortTextTask, ArithmeticTask, Gsm8kTask, DatasetTask, ReasoningGymTask,
+                              EnvironmentTask)
 }
 
 __all__ = ["TASKS", "GradedTask", "SortingTask", "check_prompts_fit", "check_task_options", "reward_runner",

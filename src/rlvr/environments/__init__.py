@@ -1,0 +1,12 @@
+"""Multi-turn episodes: environments, their tools, and running episodes token in, token out.
+
+``base``: the interface (``Environment``, ``Step``, ``Episode``). ``episodes``: running a
+batch of episodes with a causal LM. ``policy``: the LM acting in an environment, as a
+``Policy``. ``tools``: tool calls parsed and run in sandboxed workers. ``games``: ready
+environments. ``adapters``: TRL-style and ``verifiers`` environments. ``chat_check``: does a
+chat template render a conversation the same turn by turn as whole?
+"""
+
+from rlvr.environments.base import Environment, Episode, Observation, Step, ToolCall, ToolResult, Turn
+
+__all__ = ["Environment", "Episode", "Observation", "Step", "ToolCall", "ToolResult", "Turn"]

@@ -1,0 +1,149 @@
+"""Episodes in the project's own words: an environment, its steps, tool calls and the turns
+of an episode.
+
+An episode starts from a dataset row (a dict) or a seed (an int): ``Environment.reset``
+returns the first observation, the prompt. Then, turn by turn, the policy writes text; a
+turn that calls tools gets the tools' results back, any other turn goes to
+``Environment.step``, which answers with the next observation, a reward and whether the
+episode is done. An episode also ends at a turn limit or a total-token limit (truncated,
+like a response cut at its length limit). Its return is the sum of its step rewards; its
+``solved`` is the gold check, the last value a step gave.
+
+The policy's turns are the token ids it sampled; an observation is appended as token ids
+of its own (``rlvr.environments.episodes``); decoded text is never tokenized again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+Message = dict[str, Any]  # {"role": "user" | "assistant" | "tool" | "system", "content": str, ...}
+Observation = str | list[Message]  # text appended as it is, or chat messages rendered by the chat template
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A tool call parsed from a policy turn: the tool's name and its keyword arguments."""
+
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What a tool call gave: its output as text (what the policy reads), and whether it
+    failed (raised, timed out, ran out of memory, printed too much, no such tool, bad
+    arguments); a failure's ``content`` is the error message the policy sees."""
+
+    name: str
+    content: str
+    error: bool = False
+
+
+@dataclass(frozen=True)
+class Step:
+    """The environment's answer to one policy turn.
+
+    observation: what the policy sees next (None: nothing more; meant with ``done``)
+    reward:      this step's reward (an episode's return is the sum over its steps)
+    done:        the episode is over
+    solved:      the gold check, when this step knows it (None: unchanged)
+    """
+
+    observation: Observation | None = None
+    reward: float = 0.0
+    done: bool = False
+    solved: bool | None = None
+
+
+class Environment(Protocol):
+    """One episode's world (a new instance per episode: it may keep state).
+
+    ``reset(start)`` begins the episode from ``start`` (a dataset row or an int seed) and
+    returns the first observation. ``step(text)`` takes the policy's text of one turn that
+    called no tool. ``tools()`` names the callables bound to this episode (TRL's
+    environment methods): called in this process, unlike the task's sandboxed tools.
+    """
+
+    def reset(self, start: Any) -> Observation:
+        ...
+
+    def step(self, text: str) -> Step:
+        ...
+
+    def tools(self) -> dict[str, Callable[..., Any]]:
+        return {}
+
+
+EnvironmentFactory = Callable[[], Environment]
+
+
+@dataclass
+class Turn:
+    """One stretch of an episode's tokens after the prompt.
+
+    role:       "policy" (sampled, trained), or "environment" / "tool" (appended, never trained)
+    text:       the policy's decoded text, or the observation as rendered
+    ids:        its token ids: exactly those sampled (policy) or appended (the others)
+    log_probs:  the sampler's log-prob of each policy token (empty for the others)
+    tool_calls: the calls parsed from a policy turn; tool_results: what they gave (tool turns)
+    reward:     the step reward this turn earned (the environment's turn after a policy turn)
+    """
+
+    role: str
+    text: str
+    ids: list[int]
+    log_probs: list[float] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_results: list[ToolResult] = field(default_factory=list)
+    reward: float = 0.0
+
+    @property
+    def trained(self) -> bool:
+        return self.role == "policy"
+
+
+@dataclass
+class Episode:
+    """A whole episode: its start, the prompt's token ids, the turns after it, and how it ended.
+
+    truncated: ended by the turn limit or the token limit, not by the environment
+    error:     ended by its environment failing (a step that raised, hung or answered with
+               the wrong type): what failed, one line; its reward then abstains
+    """
+
+    start: Any
+    prompt: Observation
+    prompt_ids: list[int]
+    turns: list[Turn] = field(default_factory=list)
+    solved: bool = False
+    done: bool = False
+    truncated: bool = False
+    error: str | None = None
+
+    @property
+    def episode_return(self) -> float:
+        return sum(turn.reward for turn in self.turns)
+
+    @property
+    def policy_turns(self) -> int:
+        return sum(turn.role == "policy" for turn in self.turns)
+
+    @property
+    def tool_calls(self) -> int:
+        return sum(len(turn.tool_calls) for turn in self.turns)
+
+    @property
+    def tool_errors(self) -> int:
+        return sum(result.error for turn in self.turns for result in turn.tool_results)
+
+    @property
+    def response_ids(self) -> list[int]:
+        """Every token after the prompt, the policy's and the rest, in order."""
+        return [i for turn in self.turns for i in turn.ids]
+
+    @property
+    def length(self) -> int:
+        return sum(len(turn.ids) for turn in self.turns)

@@ -1,0 +1,175 @@
+"""Chat templates rendered turn by turn, and the check that this equals rendering whole.
+
+An episode with a chat template is built token in, token out: the prompt rendered with the
+generation prompt, then the policy's sampled turn (its text ends with the end-of-turn
+token it stopped at, ``<|im_end|>``), then the observation's messages as the text the
+template adds for them (the *delta*), ending with the generation prompt of the next
+policy turn, and so on. Trained on, this must be the text the template gives for the
+whole conversation, or the model learns from contexts it never sees at inference. Not every
+template is consistent: Qwen3's drops the ``<think>`` part of assistant turns before the
+last user message, so a conversation rendered whole differs from its turns rendered one
+by one (verl measured 783 of 10,726 conversations).
+
+The delta, precisely. For ``messages`` ending with an assistant turn and the observation's
+messages ``new``:
+
+    prefix = render(messages) up to and including the last end-of-turn text
+    whole  = render(messages + new, add_generation_prompt=True)
+    delta  = whole[len(prefix):]          (defined only when whole starts with prefix)
+
+Whatever the template writes after the end-of-turn token of the policy's turn (the "\\n"
+of ChatML) is not what the policy sampled, so it belongs to the delta, and prefix +
+delta == whole whenever the template is consistent. The end-of-turn text is the
+tokenizer's ``eos_token`` unless given (Qwen's instruct models, Llama 3's and Mistral's
+end their assistant turns with theirs).
+
+Without a chat template nothing is rendered (the episode appends observations as plain
+text), so there is nothing to check: ``check_chat_template`` returns [].
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlvr.environments.base import Message
+
+EXCERPT_WIDTH = 40  # characters of each side shown around a first difference
+
+
+class ChatTemplateMismatch(ValueError):
+    """The whole rendering of a conversation does not start with its turn-by-turn text.
+
+    position:   the character offset of the first difference
+    turn_by_turn, whole: about EXCERPT_WIDTH characters of each side around it
+    """
+
+    def __init__(self, message: str, position: int, turn_by_turn: str, whole: str) -> None:
+        super().__init__(message)
+        self.position = position
+        self.turn_by_turn = turn_by_turn
+        self.whole = whole
+
+
+def render_delta(tokenizer: Any, messages: list[Message], new: list[Message], end_of_turn: str | None = None,
+                 **template_kwargs: Any) -> str:
+    """The text the chat template adds when the messages ``new`` (user or tool observations)
+    follow ``messages`` (which end with an assistant turn), up to the generation prompt of
+    the next assistant turn: ``whole[len(prefix):]`` as the module docstring defines them.
+
+    end_of_turn: the text the policy's turn ends with (default: the tokenizer's eos_token)
+    template_kwargs: passed to ``apply_chat_template`` (``tools=...``, ``enable_thinking=...``)
+
+    Raises ChatTemplateMismatch when the whole rendering does not start with the prefix,
+    ValueError when ``messages`` does not end with an assistant turn, the tokenizer has no
+    chat template, or the rendering of ``messages`` holds no end-of-turn text after the
+    last assistant turn.
+    """
+    prefix = _rendered_through_turn(tokenizer, messages, end_of_turn, template_kwargs)
+    whole = _render(tokenizer, [*messages, *new], True, template_kwargs)
+    if not whole.startswith(prefix):
+        at = _first_difference(prefix, whole)
+        raise ChatTemplateMismatch(
+            f"the chat template renders the conversation whole differently from turn by turn, at character {at}: "
+            f"turn by turn {_excerpt(prefix, at)}, whole {_excerpt(whole, at)}",
+            at, _excerpt(prefix, at), _excerpt(whole, at),
+        )
+    return whole[len(prefix):]
+
+
+def check_chat_template(tokenizer: Any, conversations: list[list[Message]], limit: int = 5,
+                        end_of_turn: str | None = None, **template_kwargs: Any) -> list[str]:
+    """A description of each conversation whose turn-by-turn text differs from its whole
+    rendering (at most ``limit``, checking stops there); [] when all agree, or when the
+    tokenizer has no chat template (nothing is rendered then).
+
+    Each conversation is rebuilt as an episode builds it: the messages before the first
+    assistant turn with the generation prompt, then each assistant turn's content and the
+    end-of-turn text, then the delta of the messages after it (``render_delta``). After
+    each assistant turn the text so far must equal that conversation's prefix (a template
+    may render a last assistant turn other than as the generation prompt + content + end
+    of turn); each delta must exist (the whole rendering starts with the prefix). The
+    first failure names the conversation, the message, the character offset and about 40
+    characters of each side around it. ValueError (as ``render_delta``) when the template
+    writes no ``end_of_turn`` after an assistant turn: pass the text the policy stops at.
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        return []
+    end_of_turn = end_of_turn if end_of_turn is not None else tokenizer.eos_token
+    differences: list[str] = []
+    for index, conversation in enumerate(conversations):
+        if len(differences) >= limit:
+            break
+        difference = _first_conversation_difference(tokenizer, conversation, end_of_turn, template_kwargs)
+        if difference is not None:
+            differences.append(f"conversation {index}, {difference}")
+    return differences
+
+
+def _first_conversation_difference(tokenizer: Any, conversation: list[Message], end_of_turn: str,
+                                   template_kwargs: dict[str, Any]) -> str | None:
+    """Where the turn-by-turn text of one conversation first leaves its whole rendering
+    ("message i: at character n: ..."), or None."""
+    turns = [i for i, message in enumerate(conversation) if message.get("role") == "assistant"]
+    if not turns:
+        return None
+    text = _render(tokenizer, conversation[:turns[0]], True, template_kwargs)
+    for k, i in enumerate(turns):
+        text += str(conversation[i].get("content") or "") + end_of_turn
+        prefix = _rendered_through_turn(tokenizer, conversation[:i + 1], end_of_turn, template_kwargs)
+        if text != prefix:
+            at = _first_difference(text, prefix)
+            return (f"message {i} (assistant): at character {at}: turn by turn {_excerpt(text, at)}, "
+                    f"whole {_excerpt(prefix, at)}")
+        after = turns[k + 1] if k + 1 < len(turns) else len(conversation)
+        if after > i + 1:
+            try:
+                text += render_delta(tokenizer, conversation[:i + 1], conversation[i + 1:after], end_of_turn,
+                                     **template_kwargs)
+            except ChatTemplateMismatch as err:
+                return (f"message {i + 1} ({conversation[i + 1].get('role')}): at character {err.position}: "
+                        f"turn by turn {err.turn_by_turn}, whole {err.whole}")
+    return None
+
+
+def _rendered_through_turn(tokenizer: Any, messages: list[Message], end_of_turn: str | None,
+                           template_kwargs: dict[str, Any]) -> str:
+    """``messages`` (ending with an assistant turn) rendered, cut after the last end-of-turn
+    text: what the token stream holds once the policy has sampled that turn."""
+    if not messages or messages[-1].get("role") != "assistant":
+        raise ValueError("render_delta: the messages before an observation must end with an assistant turn, "
+                         f"not {messages[-1].get('role') if messages else 'nothing'!r}")
+    end_of_turn = end_of_turn if end_of_turn is not None else tokenizer.eos_token
+    rendered = _render(tokenizer, messages, False, template_kwargs)
+    end = rendered.rfind(end_of_turn) if end_of_turn else -1
+    content = str(messages[-1].get("content") or "")
+    start = rendered.rfind(content) if content else -1
+    if end < 0 or (start >= 0 and end < start + len(content)):
+        raise ValueError(
+            f"the chat template writes no end-of-turn text {end_of_turn!r} after the last assistant turn "
+            f"(it renders {_excerpt(rendered, len(rendered))}); pass end_of_turn=<the text the policy's turns end with>"
+        )
+    return rendered[:end + len(end_of_turn)]
+
+
+def _render(tokenizer: Any, messages: list[Message], add_generation_prompt: bool,
+            template_kwargs: dict[str, Any]) -> str:
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("the tokenizer has no chat template: observations are appended as plain text, "
+                         "there is no delta to render")
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                         **template_kwargs)
+
+
+def _first_difference(a: str, b: str) -> int:
+    """The first index where ``a`` and ``b`` differ (the shorter's length when one is a
+    prefix of the other)."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def _excerpt(text: str, at: int, width: int = EXCERPT_WIDTH) -> str:
+    """``text`` around index ``at`` as a repr of at most ``width`` characters, "..." where cut."""
+    start = max(0, min(at - width // 2, len(text) - width))
+    return ("..." if start else "") + repr(text[start:start + width]) + ("..." if start + width < len(text) else "")

@@ -1,0 +1,320 @@
+"""Running episodes: every active episode's next turn in one batch, until each ends.
+
+Shapes: B starts, G episodes per start (the group), N = B*G episodes (row ``b * G + g`` is
+episode g of start b), P prompt tokens (left-padded), T tokens after the prompt
+(right-padded), the policy's and the environment's.
+
+Each turn, the episodes still running are continued from their token prefixes in one call
+to the policy's engine (they finish at different turns); each episode's draws come from
+its own seed, so a batch gives the episodes that one-at-a-time sampling gives. A turn that
+calls tools gets their results (the task's tools in sandboxed worker processes, all
+episodes' calls of a turn at once; the environment's own tools in this process); any other
+turn goes to its environment's ``step``. An episode ends when its environment says done, at
+``max_turns`` policy turns, or at ``max_tokens`` tokens after the prompt (the last two:
+truncated, like a response cut at its length limit).
+
+``episodes_samples`` lays the episodes out as ``Samples``: the response is every token after
+the prompt, and ``policy_mask`` marks the policy's, the only ones trained.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import signal
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from rlvr.environments.base import Environment, Episode, Observation, Step, ToolCall, ToolResult, Turn
+from rlvr.policies import turns
+from rlvr.rollout import Samples
+
+if TYPE_CHECKING:
+    from rlvr.environments.tools import ToolBox
+    from rlvr.policies.causal_lm import CausalLMPolicy
+
+SEED_RANGE = 2**62
+
+
+@dataclass(frozen=True)
+class EpisodeLimits:
+    """When an episode ends if its environment has not ended it (truncated).
+
+    max_turns:    policy turns
+    max_tokens:   tokens after the prompt, the policy's and the environment's together
+    tool_style:   how tool calls are written (``rlvr.environments.tool_parsing``)
+    step_timeout: seconds one environment step may take (None: no limit)
+    """
+
+    max_turns: int = 4
+    max_tokens: int = 256
+    tool_style: str = "plain"
+    step_timeout: float | None = 30.0
+
+
+class EpisodeText(str):
+    """An episode as reward functions see it: the text of every turn after the prompt, in
+    order, with the episode itself as ``episode`` (its return, ``solved``, turns)."""
+
+    episode: Episode
+
+    def __new__(cls, episode: Episode) -> EpisodeText:
+        text = super().__new__(cls, "".join(turn.text for turn in episode.turns))
+        text.episode = episode
+        return text
+
+    def __reduce__(self) -> tuple:
+        return EpisodeText, (self.episode,)
+
+    def as_record(self) -> list[dict[str, Any]]:
+        """The turns as a samples table shows them: role, text, trained, tool calls and results, reward."""
+        rows = []
+        for turn in self.episode.turns:
+            row: dict[str, Any] = {"role": turn.role, "text": turn.text, "trained": turn.trained}
+            if turn.tool_calls:
+                row["tool_calls"] = [{"name": c.name, "arguments": c.arguments} for c in turn.tool_calls]
+            if turn.tool_results:
+                row["tool_results"] = [{"name": r.name, "content": r.content, "error": r.error}
+                                       for r in turn.tool_results]
+            if turn.reward:
+                row["reward"] = turn.reward
+            rows.append(row)
+        return rows
+
+
+class _Running:
+    """One episode while it runs: the episode, its environment, and for a chat its messages so far."""
+
+    def __init__(self, episode: Episode, env: Environment) -> None:
+        self.episode, self.env = episode, env
+        self.chat = not isinstance(episode.prompt, str)
+        self.history: list[dict[str, Any]] = [dict(m) for m in episode.prompt] if self.chat else []
+
+    def observation(self, observation: Observation) -> Observation:
+        """``observation`` in this episode's form: text for a text episode, messages for a chat."""
+        if self.chat:
+            return [{"role": "user", "content": observation}] if isinstance(observation, str) else observation
+        if not isinstance(observation, str):
+            raise TypeError(f"{type(self.env).__name__} answered a text episode with chat messages; "
+                            "an episode whose prompt is text takes text observations")
+        return observation
+
+
+def run_episodes(policy: CausalLMPolicy, make_env: Callable[[], Environment], starts: Sequence[Any],
+                 group_size: int, temperature: float, generator: torch.Generator | None, limits: EpisodeLimits,
+                 toolbox: ToolBox | None = None, seeds: torch.Tensor | None = None) -> list[Episode]:
+    """G episodes from each of B ``starts`` (rows or seeds), N in all (row ``b*G + g``).
+
+    ``temperature`` 0: greedy. Else each episode draws from its own seed: ``seeds`` [N] long,
+    or N drawn from ``generator``.
+    """
+    running = [_start(policy, make_env(), start, b) for b, start in enumerate(starts) for _ in range(group_size)]
+    episodes = [r.episode for r in running]
+    if temperature > 0 and seeds is None:
+        if generator is None:
+            raise ValueError("sampling episodes with temperature > 0 needs a torch.Generator")
+        seeds = torch.randint(SEED_RANGE, (len(running),), generator=generator)
+    active = list(range(len(running)))
+    for turn in range(limits.max_turns):
+        active = [i for i in active if not episodes[i].done]
+        if not active:
+            break
+        _policy_turns(policy, [running[i] for i in active], temperature, limits,
+                      None if seeds is None else _turn_seeds(seeds[active], turn))
+        _answer(policy, [running[i] for i in active if not episodes[i].done], limits, toolbox)
+    for episode in episodes:
+        if not episode.done:  # the turn limit
+            episode.done = episode.truncated = True
+    return episodes
+
+
+def _start(policy: CausalLMPolicy, env: Environment, start: Any, index: int) -> _Running:
+    prompt = env.reset(copy.deepcopy(start))
+    ids = turns.first_prompt_ids(policy, prompt, index)
+    return _Running(Episode(start=start, prompt=prompt, prompt_ids=ids), env)
+
+
+def _turn_seeds(seeds: torch.Tensor, turn: int) -> torch.Tensor:
+    """Each episode's seed for ``turn``: its seed and the turn mixed (SplitMix64)."""
+    from rlvr.engines.hf import keyed_uniforms
+
+    return (keyed_uniforms(seeds, turn * 1_000_003).squeeze(-1) * SEED_RANGE).long()
+
+
+def _policy_turns(policy: CausalLMPolicy, active: list[_Running], temperature: float, limits: EpisodeLimits,
+                  seeds: torch.Tensor | None) -> None:
+    """The next policy turn of every active episode, in one batch; an episode out of tokens ends truncated."""
+    room = [limits.max_tokens - r.episode.length for r in active]
+    max_new = max(1, min(policy.sampling.max_new_tokens, max(room)))
+    generation, texts = turns.next_turns(policy, [r.episode.prompt_ids + r.episode.response_ids for r in active],
+                                         temperature, max_new, seeds)
+    lengths, ids, log_probs = generation.lengths.tolist(), generation.response_ids.tolist(), \
+        generation.sample_log_probs.tolist()
+    for row, r in enumerate(active):
+        length = lengths[row]
+        text = texts[row]
+        if length > room[row]:  # past the episode's budget: cut there
+            length = room[row]
+            text = policy.tokenizer.decode(ids[row][:length], skip_special_tokens=True)
+        r.episode.turns.append(Turn("policy", text, ids[row][:length], log_probs[row][:length]))
+        if r.chat:
+            r.history.append({"role": "assistant", "content": text})
+        if r.episode.length >= limits.max_tokens:
+            r.episode.done = r.episode.truncated = True
+
+
+def _answer(policy: CausalLMPolicy, active: list[_Running], limits: EpisodeLimits, toolbox: ToolBox | None) -> None:
+    """Each episode's reply to its policy turn: tool results for a turn that calls tools, else
+    its environment's step; appended as token ids when the budget has room."""
+    from rlvr.environments.tool_parsing import format_tool_results, parse_tool_calls
+
+    boxed: list[tuple[int, ToolCall]] = []  # (row, call) for the task's sandboxed tools
+    results: list[list[ToolResult]] = [[] for _ in active]
+    calling = []
+    for row, r in enumerate(active):
+        own = _env_tools(r.env)
+        known = set(own) | (set(toolbox.names) if toolbox is not None else set())
+        turn = r.episode.turns[-1]
+        calls, errors = parse_tool_calls(turn.text, limits.tool_style, known) if known else ([], [])
+        if not calls and not errors:
+            continue
+        calling.append(row)
+        turn.tool_calls = list(calls)
+        results[row] = list(errors)
+        for call in calls:
+            if call.name in own:
+                results[row].append(_call_own(own[call.name], call))
+            else:
+                boxed.append((row, call))
+    if boxed:
+        for (row, _), result in zip(boxed, toolbox.run([call for _, call in boxed])):
+            results[row].append(result)
+    for row, r in enumerate(active):
+        if row not in calling:
+            _step(policy, r, limits)
+            continue
+        reply = Turn("tool", "", [], tool_results=results[row])
+        if r.chat:
+            _append(policy, r, reply, [{"role": "tool", "name": res.name, "content": res.content}
+                                       for res in results[row]], limits)
+        else:
+            _append(policy, r, reply, format_tool_results(results[row], limits.tool_style), limits)
+
+
+def _step(policy: CausalLMPolicy, r: _Running, limits: EpisodeLimits) -> None:
+    """The environment's answer to a turn without tool calls. A step that raises, runs past
+    ``limits.step_timeout`` or returns something other than a Step ends the episode with
+    its ``error`` (counted; its reward abstains): one broken episode does not stop a run."""
+    try:
+        with time_limit(limits.step_timeout):
+            step = r.env.step(r.episode.turns[-1].text)
+        if not isinstance(step, Step):
+            raise TypeError(f"step returned {type(step).__name__}, not an rlvr Step")
+        observation = None if step.done or step.observation is None else r.observation(step.observation)
+    except Exception as err:  # noqa: BLE001 - the environment's failure ends its episode, not the run
+        r.episode.error = f"{type(r.env).__name__}.step: {type(err).__name__}: {err}"[:500]
+        r.episode.done = True
+        return
+    if step.solved is not None:
+        r.episode.solved = bool(step.solved)
+    turn = Turn("environment", "", [], reward=float(step.reward))
+    r.episode.done = bool(step.done)
+    if observation is None:  # nothing (more) to read
+        r.episode.turns.append(turn)
+        return
+    _append(policy, r, turn, observation, limits)
+
+
+class StepTimeout(Exception):
+    """An environment's step ran past its time limit."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float | None) -> Iterator[None]:
+    """Raise StepTimeout in the code within after ``seconds`` (SIGALRM: in the main thread of
+    a POSIX process; elsewhere, or with None, no limit)."""
+    usable = (seconds is not None and hasattr(signal, "setitimer")
+              and threading.current_thread() is threading.main_thread())
+    if not usable:
+        yield
+        return
+
+    def expire(signum: int, frame: Any) -> None:
+        raise StepTimeout(f"no answer within {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _append(policy: CausalLMPolicy, r: _Running, turn: Turn, observation: Observation, limits: EpisodeLimits
+            ) -> None:
+    """Add the reply ``turn`` with ``observation``'s token ids; one past the token budget ends the
+    episode truncated (there would be no room for the policy to answer it)."""
+    text, ids = turns.observation_ids(policy, r.history, observation)
+    if r.episode.length + len(ids) >= limits.max_tokens:
+        r.episode.done = r.episode.truncated = True
+    else:
+        turn.text, turn.ids = text, ids
+    if r.chat:
+        r.history.extend(dict(m) for m in observation)
+    r.episode.turns.append(turn)
+
+
+def _env_tools(env: Environment) -> dict[str, Callable[..., Any]]:
+    tools = getattr(env, "tools", None)
+    return dict(tools()) if callable(tools) else {}
+
+
+def _call_own(fn: Callable[..., Any], call: ToolCall) -> ToolResult:
+    """An environment's own tool, called in this process; what it raises is the policy's to read."""
+    from rlvr.environments.tool_parsing import call_arguments
+
+    args, kwargs = call_arguments(call.arguments)
+    try:
+        return ToolResult(call.name, str(fn(*args, **kwargs)))
+    except Exception as err:  # noqa: BLE001 - any failure of the tool is an answer the policy sees
+        return ToolResult(call.name, f"{type(err).__name__}: {err}"[:500], error=True)
+
+
+def episodes_samples(episodes: Sequence[Episode], group_size: int, pad_id: int) -> Samples:
+    """The episodes as ``Samples``: prompts left-padded [N, P], every token after the prompt
+    right-padded [N, T], ``policy_mask`` on the policy's tokens (with their sampler
+    log-probs), ``truncated`` [N], and ``responses`` B lists of G ``EpisodeText``."""
+    n, width = len(episodes), max(1, max(e.length for e in episodes))
+    prompt_width = max(len(e.prompt_ids) for e in episodes)
+    prompt_ids = torch.full((n, prompt_width), pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros((n, prompt_width), dtype=torch.bool)
+    response_ids = torch.full((n, width), pad_id, dtype=torch.long)
+    response_mask = torch.zeros((n, width), dtype=torch.bool)
+    policy_mask = torch.zeros((n, width), dtype=torch.bool)
+    log_probs = torch.zeros((n, width))
+    for row, e in enumerate(episodes):
+        if e.prompt_ids:
+            prompt_ids[row, prompt_width - len(e.prompt_ids):] = torch.tensor(e.prompt_ids)
+            prompt_mask[row, prompt_width - len(e.prompt_ids):] = True
+        at = 0
+        for turn in e.turns:
+            end = at + len(turn.ids)
+            if turn.ids:
+                response_ids[row, at:end] = torch.tensor(turn.ids)
+            if turn.trained and turn.ids:
+                policy_mask[row, at:end] = True
+                log_probs[row, at:end] = torch.tensor(turn.log_probs)
+            at = end
+        response_mask[row, :at] = True
+    texts = [EpisodeText(e) for e in episodes]
+    return Samples(
+        responses=[texts[b:b + group_size] for b in range(0, n, group_size)],
+        response_ids=response_ids, response_mask=response_mask, prompt_ids=prompt_ids, prompt_mask=prompt_mask,
+        sample_log_probs=log_probs, policy_mask=policy_mask,
+        truncated=torch.tensor([e.truncated for e in episodes], dtype=torch.bool),
+    )

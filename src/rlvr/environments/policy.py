@@ -1,0 +1,96 @@
+"""A causal LM acting in an environment: the ``Policy`` whose samples are episodes.
+
+``sample`` runs G episodes from each of B starts (``rlvr.environments.episodes``) and lays
+them out as ``Samples`` whose response is every token after the prompt, with
+``policy_mask`` on the policy's; ``greedy`` runs one greedy episode per start. Scoring,
+the engine and its weights are the LM policy's: an episode is scored as one sequence, the
+environment's tokens as context, and only the policy's train.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from rlvr.environments.base import Environment
+from rlvr.environments.episodes import EpisodeLimits, EpisodeText, episodes_samples, run_episodes
+from rlvr.policies.turns import first_prompt_ids
+from rlvr.rollout import Policy, Samples
+
+CHECKED_STARTS = 8  # starts whose prompts are checked before any work
+
+if TYPE_CHECKING:
+    from rlvr.environments.tools import ToolBox
+    from rlvr.policies.causal_lm import CausalLMPolicy
+
+
+class EpisodePolicy(Policy):
+    """``lm`` acting in the environments ``make_env`` makes, within ``limits``, with the
+    sandboxed ``toolbox`` (None: only the environment's own tools). Everything else (the
+    tokenizer, checkpoints' attributes) is the LM policy's."""
+
+    def __init__(self, lm: CausalLMPolicy, make_env: Callable[[], Environment], limits: EpisodeLimits,
+                 toolbox: ToolBox | None = None) -> None:
+        self.lm, self.make_env, self.limits, self.toolbox = lm, make_env, limits, toolbox
+        self.module, self.engine = lm.module, lm.engine
+
+    def __getattr__(self, name: str) -> Any:  # the LM policy's own attributes (tokenizer, device, ...)
+        if name == "lm":
+            raise AttributeError(name)
+        return getattr(self.lm, name)
+
+    @property
+    def max_response_length(self) -> int:
+        """An episode's tokens after the prompt, the policy's and the environment's: at most ``max_tokens``."""
+        return self.limits.max_tokens
+
+    def sample(self, prompts: Sequence[Any], group_size: int, temperature: float,
+               generator: torch.Generator) -> Samples:
+        """G episodes from each of B starts (``prompts``: rows or seeds), drawn with ``generator``."""
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0 for sampling, got {temperature} (use greedy)")
+        episodes = run_episodes(self.lm, self.make_env, prompts, group_size, temperature, generator, self.limits,
+                                self.toolbox)
+        return episodes_samples(episodes, group_size, self.lm.pad_id)
+
+    def greedy(self, prompts: Sequence[Any]) -> list[list[EpisodeText]]:
+        """One greedy episode from each start, as B lists of one ``EpisodeText``."""
+        episodes = run_episodes(self.lm, self.make_env, prompts, 1, 0.0, None, self.limits, self.toolbox)
+        return [[EpisodeText(e)] for e in episodes]
+
+    def log_probs(self, samples: Samples, temperature: float, with_entropy: bool = False,
+                  module: torch.nn.Module | None = None, entropy_grad: bool = False,
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.lm.log_probs(samples, temperature, with_entropy, module, entropy_grad)
+
+    def sync_engine(self, version: int | None = None) -> dict[str, float]:
+        return self.lm.sync_engine(version)
+
+    def check_prompts(self, prompts: Sequence[Any], what: str = "start") -> None:
+        """Before any work: the first prompts of these starts encode (a PromptError names the
+        start), and with a chat template, conversations of those prompts render the same turn
+        by turn, as episodes are built, as whole (a ValueError shows the first difference)."""
+        chats = []
+        for index, start in enumerate(list(prompts)[:CHECKED_STARTS]):
+            prompt = self.make_env().reset(copy.deepcopy(start))
+            first_prompt_ids(self.lm, prompt, index)
+            if not isinstance(prompt, str):
+                chats.append([*prompt, {"role": "assistant", "content": "1"}, {"role": "user", "content": "2"},
+                              {"role": "assistant", "content": "3"}])
+        if chats:
+            from rlvr.environments.chat_check import check_chat_template
+
+            differences = check_chat_template(self.lm.tokenizer, chats, limit=1)
+            if differences:
+                raise ValueError(f"the chat template renders an episode differently turn by turn (as episodes are "
+                                 f"built, token in, token out) than whole: {differences[0]}; use a template that "
+                                 "renders earlier turns unchanged (policy.options.chat_template)")
+
+    def truncated(self, samples: Samples) -> torch.Tensor:
+        """[N] bool: the episodes ended by the turn or token limit (recorded when they ran)."""
+        if samples.truncated is None:
+            raise ValueError("these samples were not made by episodes: no record of which were truncated")
+        return samples.truncated

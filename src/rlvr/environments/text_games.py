@@ -1,0 +1,162 @@
+"""Single-player TextArena games (``pip install 'rlvr[textarena]'``) as rlvr Environments.
+
+TextArena (``textarena``) registers text games by id ("GuessTheNumber-v0",
+"Mastermind-v0", "TowerOfHanoi-v0", ...): ``ta.make(env_id)`` builds one with the
+id's wrappers, ``reset(num_players=1, seed=...)`` starts it, ``get_observation()`` hands
+over the messages the player has not read yet, ``step(action)`` answers ``(done, info)``
+and ``close()`` the rewards and how the game ended. ``TextArenaGame`` drives one episode
+of such a game, so that a config names it::
+
+    task:
+      name: environment
+      options:
+        environment_factory: rlvr.environments.text_games:TextArenaGame
+        environment_options: {env_id: GuessTheNumber-v0}
+
+and Python code builds the same with ``text_game("GuessTheNumber-v0")``.
+
+Some games fetch word lists at import or reset (Wordle, Hangman: NLTK downloads); without
+a network those fail, and the episode with them. The number, code and board games
+(GuessTheNumber, Mastermind, TowerOfHanoi, FrozenLake, Minesweeper, LightsOut, ...) need
+no data.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from rlvr.environments.base import EnvironmentFactory, Step
+from rlvr.errors import did_you_mean
+from rlvr.extras import require
+
+WIN_REWARD = 1.0  # a single-player game's reward for a win; a loss scores its progress, under 1
+
+
+class TextArenaGame:
+    """One episode of a single-player TextArena game as an rlvr Environment.
+
+    env_id:       the game's registered id ("GuessTheNumber-v0")
+    game_options: its constructor's keyword arguments, over the id's own
+                  (``max_turns=5``, ``max_number=100`` for GuessTheNumber)
+
+    reset(start): an int seed or a row ``{"seed": n}``; the game is reset with that seed and
+    its first messages (the rules, and the board where it has one) are the prompt, one
+    message a line.
+
+    step(text): the policy's text is the player's action, through the id's action
+    wrappers (most put an action without brackets in brackets: ``7`` -> ``[7]``). The
+    observation is the game's new messages, one a line (the rules' reply to the move, an
+    invalid move's warning, the board); the player's own move, which the episode already
+    holds, is left out. TextArena's observation wrappers, which repeat the whole history
+    on every turn for one-shot prompting, are passed by: an episode appends each
+    observation to what came before. Reward 0 until the game ends; then the game's
+    reward: 1 for a win, else the fraction of the puzzle done (TextArena's convention for
+    single-player games, invalid moves after the allowed one included), and ``solved``
+    is whether it won (reward 1 without an invalid move).
+
+    The games draw from Python's ``random`` module and seed it at reset. Each episode
+    keeps a generator state of its own, swapped in around every call into the game, so
+    that a seed gives the same game however episodes interleave, and the process's
+    ``random`` is left as it was. (Not for episodes stepped from several threads at once;
+    the episode runner steps them in turn. A game that draws from numpy, such as Sokoban,
+    is not made reproducible by this.)
+    """
+
+    def __init__(self, env_id: str, **game_options: Any) -> None:
+        ta = _textarena(f"TextArenaGame(env_id={env_id!r})")
+        registry = ta.envs.registration.ENV_REGISTRY
+        if env_id not in registry:
+            raise ValueError(f"env_id={env_id!r} is not a registered TextArena game; "
+                             f"{did_you_mean(env_id, sorted(registry))}")
+        self.env_id = env_id
+        self.env = ta.make(env_id, **game_options)
+        self.game = self.env  # the game under its wrappers: its observations are raw messages
+        while isinstance(self.game, ta.Wrapper):
+            self.game = self.game.env
+        self.done = False
+        self.started = False
+        self._random_state = random.Random().getstate()
+
+    def tools(self) -> dict[str, Callable[..., Any]]:
+        return {}
+
+    def reset(self, start: Any) -> str:
+        seed = _seed_of(start)
+        self._random_state = random.Random(seed).getstate()
+        with self._own_random():
+            try:
+                self.env.reset(num_players=1, seed=seed)
+            except AssertionError as err:  # TextArena's states assert their number of players
+                raise ValueError(f"{self.env_id} is not a single-player game: {err}") from err
+            text = self._new_messages()
+        self.started, self.done = True, False
+        if text is None:
+            raise ValueError(f"{self.env_id} gave no first observation after reset")
+        return text
+
+    def step(self, text: str) -> Step:
+        if not self.started or self.done:
+            raise RuntimeError("step() needs an episode in progress: call reset() first")
+        with self._own_random():
+            done, _ = self.env.step(text)
+            observation = self._new_messages()
+            if not done:
+                return Step(observation, 0.0, done=False, solved=None)
+            rewards, game_info = self.env.close()
+        self.done = True
+        if not rewards or 0 not in rewards:  # every single-player game sets its reward as it ends
+            raise RuntimeError(f"{self.env_id} ended without a reward for its player: {rewards!r}")
+        reward = float(rewards[0])
+        won = reward >= WIN_REWARD and not game_info[0].get("invalid_move", False)
+        return Step(observation, reward, done=True, solved=won)
+
+    def _new_messages(self) -> str | None:
+        """The messages the game has for the player since the last call, one a line, the
+        player's own moves left out; None when there are none."""
+        from textarena import ObservationType
+
+        _, messages = self.game.get_observation()
+        texts = [message for _, message, kind in messages if kind != ObservationType.PLAYER_ACTION]
+        return "\n".join(texts) if texts else None
+
+    @contextmanager
+    def _own_random(self) -> Iterator[None]:
+        """Python's ``random`` in this episode's state for the code within; the process's
+        state is put back after."""
+        outer = random.getstate()
+        random.setstate(self._random_state)
+        try:
+            yield
+        finally:
+            self._random_state = random.getstate()
+            random.setstate(outer)
+
+
+def text_game(env_id: str, **game_options: Any) -> EnvironmentFactory:
+    """A factory of ``TextArenaGame`` episodes of ``env_id`` (``game_options``: the game's
+    constructor arguments), for ``rlvr.train(..., environment_factory=...)``. The library
+    and the id are checked now, by building one game: a missing install or an unknown id
+    fails here, not in the first episode. A partial, so that it pickles for rollout
+    workers."""
+    TextArenaGame(env_id, **game_options)
+    return functools.partial(TextArenaGame, env_id, **game_options)
+
+
+def _seed_of(start: Any) -> int:
+    """The seed an episode starts from: an int, or a row's int "seed"."""
+    seed = start.get("seed") if isinstance(start, dict) else start
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        return seed
+    raise ValueError(f"a TextArena episode starts from an int seed or a row {{'seed': n}}, got {start!r:.80}")
+
+
+def _textarena(what: str) -> Any:
+    """The ``textarena`` module; ConfigError naming the extra that installs it when missing."""
+    require(what, ("textarena",))
+    import textarena
+
+    return textarena

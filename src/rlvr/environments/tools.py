@@ -1,0 +1,400 @@
+"""Tools a policy calls during an episode, and ``ToolBox``, which runs a turn's calls under limits.
+
+A tool (``TOOLS``: a calculator, a Python runner) is a function that returns text. It sees
+model output, so it may raise, hang, fork, allocate without end or print a gigabyte;
+``ToolBox`` makes each a failed ``ToolResult`` whose message the policy reads.
+
+``ToolBox.run`` runs the calls of one turn of all running episodes in parallel in the
+reward sandbox's worker processes (``rlvr.rewards.workers``), each call in a child
+process forked by its worker for it, so that its limits and leftovers are its own:
+  * time: the worker kills the child after ``timeout`` seconds; the pool kills a worker
+    stuck outside a call a few seconds later, with its process group.
+  * memory: ``RLIMIT_AS`` bounds what the call may add to the worker's address space
+    (Linux); an allocation past it raises MemoryError.
+  * output: printed text, then the returned value; over ``max_output_chars`` characters
+    is a failure that shows the first ``max_output_chars``.
+  * processes: the worker is the subreaper of what its children start (Linux): whatever
+    a call leaves, even in a session of its own, is re-parented to the worker, which
+    kills it when the call ends, however it ends (elsewhere only the call's own process).
+  * files: the call runs in a scratch folder (its working directory and tempfile's),
+    removed after the call; ``close()`` removes the box's folder.
+  * network: ``socket.socket``, ``create_connection`` and ``getaddrinfo`` raise: a guard
+    against reaching the network by accident, not a jail (``_socket`` is still there).
+A worker call's outcome is judged as a reward and carries only numbers, so the child
+writes its result as JSON to a file in the box's folder, which ``run`` reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import inspect
+import io
+import itertools
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from rlvr.environments.base import ToolCall, ToolResult
+from rlvr.environments.tool_parsing import calculator, call_arguments
+from rlvr.rewards.workers import WorkerPool
+
+_GRACE = 5.0  # seconds past a call's timeout before the pool kills a worker stuck outside the call
+_MESSAGE_CHARS = 300  # an exception's message is cut to this many characters
+_PR_SET_CHILD_SUBREAPER = 36  # from <linux/prctl.h>
+
+
+@dataclass(frozen=True)
+class _Limits:
+    timeout: float
+    memory_mb: int
+    max_output_chars: int
+
+
+class ToolBox:
+    """Runs tool calls in worker processes, each under limits (see the module docstring).
+
+    tools:            name -> function, called with ``call_arguments`` of a call
+    timeout:          seconds a call may run
+    memory_mb:        megabytes a call may add to its worker's address space
+    max_output_chars: characters of output (printed, then returned) a call may give
+    num_workers:      worker processes, started on first use; a batch's calls run in parallel
+    start_method:     how workers start: "fork" (default), "spawn" or "forkserver" (then the
+                      tools must be picklable; see ``rlvr.rewards.runner``)
+    A box owns its workers and a temp folder: ``close()`` it (or use ``with``). Not thread-safe.
+    """
+
+    def __init__(self, tools: Mapping[str, Callable[..., Any]], *, timeout: float = 10.0, memory_mb: int = 1024,
+                 max_output_chars: int = 4000, num_workers: int = 2, start_method: str = "fork") -> None:
+        if not (timeout > 0 and min(memory_mb, max_output_chars, num_workers) >= 1):
+            raise ValueError(f"timeout must be > 0, memory_mb, max_output_chars, num_workers >= 1; got "
+                             f"{timeout}, {memory_mb}, {max_output_chars}, {num_workers}")
+        self.tools = dict(tools)
+        self.names = tuple(self.tools)  # what parse_tool_calls takes as known
+        self.limits = _Limits(timeout, memory_mb, max_output_chars)
+        self.num_workers = num_workers
+        self.start_method = start_method
+        self._folder = tempfile.mkdtemp(prefix="rlvr-tools-")
+        self._serial = itertools.count()  # names each call's result file: a late write never reaches another call
+        self._pool: WorkerPool | None = None
+
+    def run(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
+        """The result of each call, in order; calls of unknown tools or with arguments the
+        tool does not take fail without running."""
+        results: list[ToolResult | None] = [self._refusal(call) for call in calls]
+        todo = [index for index, result in enumerate(results) if result is None]
+        paths = [os.path.join(self._folder, f"{next(self._serial)}.json") for _ in todo]
+        requests = [([""], [""], {"call": calls[i], "result_path": path}) for i, path in zip(todo, paths)]
+        outcomes = self._workers().run(0, requests, self.limits.timeout + _GRACE) if requests else []
+        for index, path, outcome in zip(todo, paths, outcomes):
+            results[index] = self._result(calls[index].name, path, outcome)
+        return [result for result in results if result is not None]
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+        shutil.rmtree(self._folder, ignore_errors=True)
+
+    def __enter__(self) -> ToolBox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _workers(self) -> WorkerPool:
+        if self._pool is None:
+            fn = functools.partial(_call_in_worker, tools=self.tools, limits=self.limits)
+            self._pool = WorkerPool([fn], self.num_workers, self.start_method)
+        return self._pool
+
+    def _refusal(self, call: ToolCall) -> ToolResult | None:
+        """A failed result for a call that must not run, else None."""
+        if call.name not in self.tools:
+            return ToolResult(call.name, f"unknown tool {call.name!r}; tools: {', '.join(sorted(self.names))}", True)
+        args, kwargs = call_arguments(call.arguments)
+        try:
+            inspect.signature(self.tools[call.name]).bind(*args, **kwargs)
+        except TypeError as err:
+            return ToolResult(call.name, f"bad arguments: {err}", True)
+        except ValueError:  # a callable without a signature: its call will tell
+            pass
+        return None
+
+    def _result(self, name: str, path: str, outcome: tuple | None) -> ToolResult:
+        """The result the child wrote, or the pool's account: ("timeout",), ("error", what, detail)."""
+        if outcome is None or outcome[0] != "ok":
+            timed_out = outcome is None or outcome[0] == "timeout"
+            return ToolResult(name, f"timed out after {self.limits.timeout:g}s" if timed_out
+                              else f"its worker failed: {outcome[1]}", True)
+        with open(path, encoding="utf-8") as file:
+            written = json.load(file)
+        os.remove(path)
+        return ToolResult(name, written["content"], written["error"])
+
+
+def _call_in_worker(prompts: Sequence, completions: Sequence, *, call: ToolCall, result_path: str,
+                    tools: Mapping[str, Callable[..., Any]], limits: _Limits) -> list[float]:
+    """One tool call in the shape of a reward function, which is what a WorkerPool runs:
+    the call runs in a child process, whose result (or the worker's account of how it
+    ended) is written to ``result_path``. Runs only in a worker: it kills the worker's
+    other child processes."""
+    _become_subreaper()
+    scratch = tempfile.mkdtemp(dir=os.path.dirname(result_path))
+    pid = os.fork()
+    if pid == 0:
+        _child(tools[call.name], call.arguments, limits, scratch, result_path)
+    try:
+        code = _wait(pid, limits.timeout)
+        if code is None:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    finally:
+        _kill_descendants()
+        shutil.rmtree(scratch, ignore_errors=True)
+    if code is None:
+        _write_result(result_path, f"timed out after {limits.timeout:g}s", True)
+    elif code < 0:
+        _write_result(result_path, f"its process was killed by {signal.Signals(-code).name}", True)
+    elif code > 0 or not os.path.exists(result_path):
+        _write_result(result_path, f"its process exited with code {code} and no result", True)
+    return [0.0]
+
+
+def _child(fn: Callable[..., Any], arguments: Mapping[str, Any], limits: _Limits, scratch: str, result_path: str
+           ) -> NoReturn:
+    """The forked process of one call: limits, then the call, then its result written."""
+    code = 1
+    try:
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):  # what it prints by any route but sys.stdout goes nowhere
+            os.dup2(null, fd)
+        os.chdir(scratch)
+        tempfile.tempdir = os.environ["TMPDIR"] = scratch
+        _limit_memory(limits.memory_mb)
+        _block_network()
+        content, error = _call(fn, arguments, limits.max_output_chars)
+        _write_result(result_path, content, error)
+        code = 0
+    finally:
+        os._exit(code)
+
+
+def _call(fn: Callable[..., Any], arguments: Mapping[str, Any], max_chars: int) -> tuple[str, bool]:
+    """(content, error) of one call: what it printed, then what it returned."""
+    printed = _BoundedText(max_chars + 1)
+    sys.stdout = printed
+    try:
+        args, kwargs = call_arguments(arguments)
+        returned = fn(*args, **kwargs)
+        shown = "" if returned is None else str(returned)
+        text, total = printed.text + shown[: max_chars + 1], printed.count + len(shown)
+    except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the call failed, the process ends anyway
+        return _describe(exc), True
+    finally:
+        sys.stdout = sys.__stdout__
+    if total > max_chars:
+        return f"{text[:max_chars]}\n[output cut: {total} characters, the limit is {max_chars}]", True
+    return text, False
+
+
+class _BoundedText(io.TextIOBase):
+    """A text stream that keeps the first ``limit`` characters written to it and counts all."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit, self.count, self._parts = limit, 0, []
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self._parts.append(text[: max(0, self.limit - self.count)])
+        self.count += len(text)
+        return len(text)
+
+    @property
+    def text(self) -> str:
+        return "".join(self._parts)
+
+
+def _describe(exc: BaseException) -> str:
+    """"<ExcType>: <message>", cut to a few hundred characters."""
+    try:
+        text = f"{type(exc).__name__}: {exc}".removesuffix(": ")
+    except BaseException:  # the exception's own __str__ failed
+        text = type(exc).__name__
+    return text if len(text) <= _MESSAGE_CHARS else text[:_MESSAGE_CHARS] + "..."
+
+
+def _write_result(path: str, content: str, error: bool) -> None:
+    with open(path + ".part", "w", encoding="utf-8") as file:
+        json.dump({"content": content, "error": error}, file)
+    os.replace(path + ".part", path)  # a process killed while writing leaves no half result
+
+
+def _limit_memory(memory_mb: int) -> None:
+    """Let this process's address space grow by ``memory_mb`` megabytes at most (Linux)."""
+    try:
+        with open("/proc/self/statm") as file:
+            used = int(file.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:  # no /proc: RLIMIT_AS is not enforced there either (macOS)
+        return
+    import resource
+
+    limit = used + memory_mb * 2**20
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    limit = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def _block_network() -> None:
+    import socket
+
+    def refuse(*args: Any, **kwargs: Any) -> NoReturn:
+        raise PermissionError("tools have no network access")
+
+    socket.socket = socket.create_connection = socket.getaddrinfo = refuse  # type: ignore[assignment, misc]
+
+
+@functools.cache
+def _become_subreaper() -> None:
+    """Linux: processes orphaned below this one are re-parented to it, not to init."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _wait(pid: int, timeout: float) -> int | None:
+    """Wait for child ``pid`` to end: its exit code (-N: killed by signal N), or None at the timeout."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # no pidfd (macOS, Linux before 5.3): poll
+        deadline = time.monotonic() + timeout
+        while (reaped := os.waitpid(pid, os.WNOHANG))[0] == 0:
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.005)
+        return os.waitstatus_to_exitcode(reaped[1])
+    try:
+        if not select.select([fd], [], [], timeout)[0]:
+            return None
+    finally:
+        os.close(fd)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def _kill_descendants() -> None:
+    """Kill and reap every process below this one, generation by generation: as their
+    subreaper it becomes the parent of each once the one above is gone."""
+    for _ in range(100):  # a bound, should a fork bomb outpace it; the pool's group kill is the last resort
+        children = _children()
+        if not children:
+            return
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in children:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+
+
+def _children() -> list[int]:
+    """The ids of this process's children, from /proc (empty where there is none)."""
+    me = str(os.getpid())
+    found = []
+    with contextlib.suppress(OSError):
+        for name in filter(str.isdigit, os.listdir("/proc")):
+            with contextlib.suppress(OSError, IndexError), open(f"/proc/{name}/stat") as file:
+                if file.read().rsplit(")", 1)[1].split()[1] == me:  # after "pid (command)": state, ppid, ...
+                    found.append(int(name))
+    return found
+
+
+# python: a program in a fresh interpreter, under limits of its own
+_PYTHON_PRELUDE = """
+import resource, socket, sys
+for kind, value in zip((resource.RLIMIT_CPU, resource.RLIMIT_AS, resource.RLIMIT_FSIZE), map(int, sys.argv[1:4])):
+    hard = resource.getrlimit(kind)[1]  # SIGXCPU ends it at the soft CPU limit, SIGKILL a second later
+    cap = lambda limit: limit if hard == resource.RLIM_INFINITY else min(limit, hard)
+    resource.setrlimit(kind, (cap(value), cap(value + (kind == resource.RLIMIT_CPU))))
+def refuse(*args, **kwargs):
+    raise PermissionError("no network access")
+socket.socket = socket.create_connection = socket.getaddrinfo = refuse
+sys.argv = sys.argv[4:]
+with open(sys.argv[0]) as file:
+    code = compile(file.read(), sys.argv[0], "exec")
+exec(code, {"__name__": "__main__", "__file__": sys.argv[0], "__builtins__": __builtins__})
+"""
+
+
+def run_python(
+    code: str, *, timeout: float = 10.0, cpu_seconds: int = 5, memory_mb: int = 512, max_output_chars: int = 4000
+) -> str:
+    """Run ``code`` as a program in a fresh ``python -I -S`` (no site packages, no
+    PYTHON* variables, an empty environment) with stdin closed, in a temp folder removed
+    afterwards, under a CPU-time, address-space and file-size limit, and kill it with its
+    process group after ``timeout`` seconds. Returns its stdout, cut at
+    ``max_output_chars``; if it failed, the tail of its stderr and why it ended too."""
+    # bytes a file (its stdout, its stderr) may grow to; a write past it raises OSError (Python ignores SIGXFSZ)
+    file_limit = max(8 * max_output_chars, 2**16)
+    limits = [str(cpu_seconds), str(memory_mb * 2**20), str(file_limit)]
+    with tempfile.TemporaryDirectory(prefix="rlvr-python-", ignore_cleanup_errors=True) as folder:
+        program, out, err = (os.path.join(folder, name) for name in ("main.py", "stdout", "stderr"))
+        with open(program, "w", encoding="utf-8") as file:
+            file.write(code)
+        with open(out, "wb") as stdout, open(err, "wb") as stderr:
+            process = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", _PYTHON_PRELUDE, *limits, program],
+                stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, cwd=folder,
+                env={"PATH": os.defpath, "HOME": folder, "TMPDIR": folder}, start_new_session=True,
+            )
+        try:
+            returncode: int | None = process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            returncode = None
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # it, and whatever it started and left
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        if returncode == 0:
+            return _head(out, max_output_chars)
+        why = (f"timed out after {timeout:g}s" if returncode is None else f"exit code {returncode}"
+               if returncode != -signal.SIGXCPU else f"stopped at its CPU time limit of {cpu_seconds}s")
+        parts = [_head(out, max_output_chars // 2), _tail(err, max_output_chars // 2), f"[{why}]"]
+        return "\n".join(part for part in parts if part)
+
+
+def _head(path: str, chars: int) -> str:
+    with open(path, "rb") as file:
+        text = file.read(4 * chars).decode("utf-8", errors="replace")  # a character is at most 4 bytes
+    size = os.path.getsize(path)
+    return text[:chars] + f"\n[output cut: {size} bytes in all]" if len(text) > chars or size > 4 * chars else text
+
+
+def _tail(path: str, chars: int) -> str:
+    with open(path, "rb") as file:
+        file.seek(max(0, os.path.getsize(path) - 4 * chars))
+        return file.read().decode("utf-8", errors="replace").rstrip()[-chars:]
+
+
+def python(code: str) -> str:
+    """Run a Python program and return what it printed (with the error, if it failed).
+
+    Args:
+        code: The program's source code; print what you want to see.
+    """
+    return run_python(code)
+
+
+TOOLS: dict[str, Callable[..., str]] = {"calculator": calculator, "python": python}

@@ -1,0 +1,66 @@
+"""A causal LM's part in an episode: its next turn from each episode's token prefix, and the
+token ids of what the environment says (``rlvr.environments.episodes`` runs the episodes).
+
+Token in, token out: a prefix is the prompt's ids, then every turn's ids as they were
+sampled or appended; the policy's text is decoded for the environment to read, never
+encoded again. An observation's ids are its text's, encoded on its own: plain text as it
+is (a tiny model's episodes), chat messages as the text the chat template adds for them
+after the conversation so far (``rlvr.environments.chat_check.render_delta``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from rlvr.engines import Generation
+from rlvr.policies.prompts import UnknownCharacters, left_pad, prompt_token_ids
+
+if TYPE_CHECKING:
+    from rlvr.policies.causal_lm import CausalLMPolicy
+
+
+def first_prompt_ids(policy: CausalLMPolicy, prompt: str | list[dict], index: int = 0) -> list[int]:
+    """An episode's first observation as the policy encodes prompts (a chat rendered with its
+    template, the generation prompt added); a PromptError names what cannot be encoded (as
+    the episode prompt of start ``index``)."""
+    return prompt_token_ids(policy.tokenizer, [prompt], policy.add_special_tokens, policy.sampling.max_new_tokens,
+                            policy.max_positions, "episode prompt of start", index)[0]
+
+
+def next_turns(policy: CausalLMPolicy, prefixes: list[list[int]], temperature: float, max_new_tokens: int,
+               seeds: torch.Tensor | None) -> tuple[Generation, list[str]]:
+    """One turn for each of n episodes from its prefix (the engine batches them): the
+    generation [n, T] and each turn's text. ``temperature`` 0 is greedy; else ``seeds``
+    [n] long make each episode's draws its own (``rlvr.engines.Engine.generate``)."""
+    prompt_ids, prompt_mask = left_pad(prefixes, policy.pad_id)
+    sampling = dataclasses.replace(policy.sampling, temperature=temperature, max_new_tokens=max_new_tokens,
+                                   min_new_tokens=min(policy.sampling.min_new_tokens, max_new_tokens))
+    generation = policy.engine.generate(prompt_ids.to(policy.device), prompt_mask.to(policy.device), 1, sampling,
+                                        None, None if temperature == 0 else seeds)
+    return generation, policy.decode(generation)
+
+
+def observation_ids(policy: CausalLMPolicy, history: list[dict[str, Any]], observation: str | list[dict]
+                    ) -> tuple[str, list[int]]:
+    """The text appended for ``observation`` and its token ids: plain text as it is; chat
+    messages as the chat template renders them after ``history`` (the conversation so far,
+    ending with the policy's turn), the next turn's generation prompt included. Characters
+    the tokenizer has no token for are left out (the text returned is what was encoded)."""
+    if isinstance(observation, str):
+        text = observation
+    else:
+        from rlvr.environments.chat_check import render_delta
+
+        text = render_delta(policy.tokenizer, history, list(observation))
+    try:
+        return text, _encoded(policy, text)
+    except UnknownCharacters as err:  # e.g. a tool's error message to a character model: what it can read of it
+        text = "".join(char for char in text if char not in err.characters)
+        return text, _encoded(policy, text)
+
+
+def _encoded(policy: CausalLMPolicy, text: str) -> list[int]:
+    return prompt_token_ids(policy.tokenizer, [text], False, 0, None, "environment observation")[0] if text else []

@@ -1,0 +1,210 @@
+"""Multi-turn episodes as a task: ``task.name: environment``.
+
+The environment is a ready one by name (``environment``: ``rlvr.environments.games``), or
+the user's class (``environment_factory: module:Class``, found in the working directory like
+reward modules, or a class from Python: ``rlvr.train(config, environment_factory=Class)``),
+an rlvr ``Environment`` or a TRL-style environment class (``rlvr.environments.adapters``);
+``environment_options`` are its constructor's keyword arguments.
+
+Episodes start from seeds (the ready games draw their puzzle from it; held-out starts are
+the first ``eval_size`` seeds, training draws the others) or from the rows of a JSON Lines
+file ``data`` (held out: the rows of ``eval_data``, or the last ``eval_size`` rows).
+An episode's reward is its return (the sum of its step rewards); the gold check is whether
+the environment said it was solved (reported, weight 0). The user's ``rewards.functions``
+get each episode's text (every turn after the prompt) as the completion, and the episode as
+its ``episode`` attribute. The task's ``tools`` run in sandboxed worker processes
+(``rlvr.environments.tools``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from rlvr.data import read_jsonl
+from rlvr.environments.base import Environment, Episode
+from rlvr.environments.episodes import EpisodeLimits
+from rlvr.rewards import RewardSpec
+from rlvr.rollout import Grades, Policy
+from rlvr.rules import option
+from rlvr.tasks.grading import GradedTask
+
+_TRAIN_SEEDS = 2**31  # training seeds are drawn from [eval_size, this)
+
+
+def _episode(completion: Any) -> Episode:
+    """The episode behind a completion (a chat's completion: one assistant message)."""
+    if isinstance(completion, list):
+        completion = completion[-1]["content"]
+    return completion.episode
+
+
+def episode_return(completions: Sequence[Any], **_: Any) -> list[float | None]:
+    """The episode's return: the sum of its step rewards; None (abstain) for an episode its
+    environment's failure ended (``Episode.error``)."""
+    return [None if _episode(c).error else _episode(c).episode_return for c in completions]
+
+
+def solved(completions: Sequence[Any], **_: Any) -> list[float]:
+    """1.0 when the environment said the episode was solved."""
+    return [float(_episode(c).solved) for c in completions]
+
+
+class EnvironmentTask(GradedTask):
+    """Episodes in an environment, graded by their return; see the module docstring."""
+
+    name = "environment"
+    gold_reward = "solved"
+    no_gold_hint = "the environment's steps never said whether an episode was solved"
+    options = {
+        "environment": option("a ready environment (rlvr.environments.games.ENVIRONMENTS)"),
+        "environment_factory": option("your environment class, 'module:Class' (an rlvr Environment or a "
+                                      "TRL-style environment_factory class); replaces 'environment'"),
+        "environment_options": option("keyword arguments of the environment's constructor"),
+        "data": option("a JSON Lines file of start rows (each row goes to the environment's reset); "
+                       "none: episodes start from seeds"),
+        "eval_data": option("a JSON Lines file of held-out start rows (none: the last eval_size rows of data)"),
+        "eval_size": option("held-out starts (seeds 0 .. eval_size - 1, or rows)", min=1, max=2**16),
+        "max_turns": option("policy turns at most per episode (then truncated)", min=1, max=1000),
+        "max_tokens": option("tokens after the prompt at most per episode, the policy's and the environment's "
+                             "(then truncated)", min=2, max=2**20),
+        "tools": option("sandboxed tools the policy may call, by name (rlvr.environments.tools.TOOLS)"),
+        "tool_style": option("how tool calls are written", choices=("plain", "json")),
+        "tool_timeout": option("seconds one tool call may take", above=0, max=3600),
+        "tool_memory_mb": option("memory one tool call may use, MiB", min=16, max=2**20),
+        "step_timeout": option("seconds one environment step may take; past it the episode ends with an error "
+                               "(counted; its reward abstains)", above=0, max=3600),
+    }
+
+    turn_end = ""  # the policy's end of turn as text (``policy_for``)
+
+    def __init__(self, environment: str = "guessing", environment_factory: Any = None,
+                 environment_options: dict | None = None, data: str | None = None, eval_data: str | None = None,
+                 eval_size: int = 64, max_turns: int = 4, max_tokens: int = 256, tools: list | None = None,
+                 tool_style: str = "plain", tool_timeout: float = 5.0, tool_memory_mb: int = 512,
+                 step_timeout: float = 30.0) -> None:
+        self.make_env = environment_factory_of(environment, environment_factory, environment_options or {})
+        self.make_env()  # bad environment_options fail here, before any work
+        self.limits = EpisodeLimits(max_turns=max_turns, max_tokens=max_tokens, tool_style=tool_style,
+                                    step_timeout=step_timeout)
+        self.tool_names = list(tools or [])
+        self.tool_settings = {"timeout": tool_timeout, "memory_mb": tool_memory_mb}
+        self._toolbox = None
+        if self.tool_names:
+            from rlvr.environments.tools import TOOLS
+
+            unknown = [name for name in self.tool_names if name not in TOOLS]
+            if unknown:
+                raise ValueError(f"tools: unknown tool {unknown[0]!r}; choose from: {', '.join(TOOLS)}")
+        self.train_rows, self.eval_rows = None, list(range(eval_size))
+        if data is not None:
+            rows = read_jsonl(data, {})
+            held_out = read_jsonl(eval_data, {}) if eval_data is not None else rows[-eval_size:]
+            self.train_rows = rows if eval_data is not None else rows[:-eval_size]
+            if not self.train_rows:
+                raise ValueError(f"data: {data} has {len(rows)} rows, none left for training beside "
+                                 f"eval_size={eval_size} held out")
+            self.eval_rows = held_out
+            self.data_files = tuple(p for p in (data, eval_data) if p is not None)
+
+    def policy_for(self, policy: Policy) -> Policy:
+        """``policy`` acting in this task's environment: its samples are episodes. Its end of
+        turn (the LM's EOS text) goes between the turns of SFT demonstrations, as an episode
+        holds the EOS id there."""
+        from rlvr.environments.policy import EpisodePolicy
+
+        self.turn_end = getattr(getattr(policy, "tokenizer", None), "eos_token", None) or ""
+        return EpisodePolicy(policy, self.make_env, self.limits, self.toolbox)
+
+    @property
+    def toolbox(self) -> Any:
+        """The sandboxed tools' worker pool, started on first use (None: no tools)."""
+        if self._toolbox is None and self.tool_names:
+            from rlvr.environments.tools import TOOLS, ToolBox
+
+            self._toolbox = ToolBox({name: TOOLS[name] for name in self.tool_names}, **self.tool_settings)
+        return self._toolbox
+
+    def reward_specs(self) -> list[RewardSpec]:
+        return [RewardSpec(episode_return, name="episode_return", required=True),
+                RewardSpec(solved, weight=0.0, name="solved")]
+
+    def sample_prompts(self, num_prompts: int, generator: torch.Generator) -> list[Any]:
+        """``num_prompts`` training starts: seeds past the held-out ones, or training rows."""
+        if self.train_rows is None:
+            return torch.randint(len(self.eval_rows), _TRAIN_SEEDS, (num_prompts,), generator=generator).tolist()
+        picks = torch.randint(len(self.train_rows), (num_prompts,), generator=generator).tolist()
+        return [self.train_rows[i] for i in picks]
+
+    def eval_prompts(self) -> list[Any]:
+        return list(self.eval_rows)
+
+    def fixed_prompts(self) -> dict[str, list[Any]]:
+        """The held-out starts, whose prompts the policy checks before any work."""
+        return {"eval start": self.eval_prompts()}
+
+    def grade(self, prompts: Any, responses: Any, *, completion_ids: Any = None, trainer_state: Any = None) -> Grades:
+        """The episodes' returns, solved, and episode metrics; the reward functions get each
+        group's prompt (its first episode's) and the start's columns."""
+        rows = [_prompt_row(start, group[0].episode) for start, group in zip(prompts, responses)]
+        grades = super().grade(rows, responses, completion_ids=completion_ids, trainer_state=trainer_state)
+        grades.metrics.update(episode_metrics([r.episode for group in responses for r in group]))
+        return grades
+
+    def sft_examples(self, num: int, generator: torch.Generator) -> list[tuple[str, str]]:
+        """Demonstrations of the ready environment (its ``sft_examples``): each policy turn of
+        demonstrated episodes a (transcript so far, turn) pair, turns ended by ``turn_end``."""
+        import random
+
+        env = self.make_env()
+        if not hasattr(env, "sft_examples"):
+            raise ValueError(f"{type(env).__name__} has no SFT demonstrations; set sft.data to a JSONL file")
+        rng = random.Random(int(torch.randint(2**31, (1,), generator=generator)))
+        return env.sft_examples(num, rng, turn_end=self.turn_end)
+
+    def close(self) -> None:
+        super().close()
+        if self._toolbox is not None:
+            self._toolbox.close()
+            self._toolbox = None
+
+
+def _prompt_row(start: Any, episode: Episode) -> dict[str, Any]:
+    """The reward functions' prompt dict: the episode's first observation and the start's columns."""
+    columns = {k: v for k, v in start.items() if k != "prompt"} if isinstance(start, dict) else {"seed": start}
+    return {"prompt": episode.prompt, **columns}
+
+
+def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
+    """Per-episode means: policy turns, tool calls, tool errors, tokens after the prompt (the
+    policy's alone too), and the share truncated."""
+    n = max(len(episodes), 1)
+    return {
+        "episode/turns": sum(e.policy_turns for e in episodes) / n,
+        "episode/tool_calls": sum(e.tool_calls for e in episodes) / n,
+        "episode/tool_errors": sum(e.tool_errors for e in episodes) / n,
+        "episode/tokens": sum(e.length for e in episodes) / n,
+        "episode/policy_tokens": sum(len(t.ids) for e in episodes for t in e.turns if t.trained) / n,
+        "episode/truncated": sum(e.truncated for e in episodes) / n,
+        "episode/env_errors": sum(e.error is not None for e in episodes) / n,
+    }
+
+
+def environment_factory_of(environment: str, factory: Any, options: dict[str, Any]) -> Callable[[], Environment]:
+    """What makes one episode's environment: the user's class (a spec or a class, adapted) or
+    the ready environment named ``environment``, built with ``options``."""
+    from rlvr.environments.adapters import environment_from_factory, load_environment_factory
+
+    if factory is not None:
+        cls = load_environment_factory(factory, "task.options.environment_factory") if isinstance(factory, str) \
+            else factory
+        return environment_from_factory(functools.partial(cls, **options) if options else cls)
+    from rlvr.environments.games import ENVIRONMENTS
+
+    if environment not in ENVIRONMENTS:
+        raise ValueError(f"environment={environment!r} is not a ready environment; choose from: "
+                         f"{', '.join(ENVIRONMENTS)}, or set environment_factory")
+    return functools.partial(ENVIRONMENTS[environment], **options)

@@ -1,0 +1,172 @@
+"""Episodes token in, token out: batching equals one episode at a time, the trained ids are
+the sampled ids, the environment's tokens get no gradient, limits truncate, and a failing
+environment ends its episode, counted, without stopping the batch."""
+
+import time
+
+import pytest
+import torch
+
+from rlvr.config import config_from_dict
+from rlvr.environments.base import Step
+from rlvr.environments.episodes import EpisodeLimits, episodes_samples, run_episodes
+
+pytest.importorskip("transformers")
+
+CHARS = "0123456789 >+-*=()"
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_model):
+    from rlvr.policies.causal_lm import CausalLMPolicy
+
+    return CausalLMPolicy.from_pretrained(str(tiny_model), max_new_tokens=5)
+
+
+class Countdown:
+    """Three steps of " +>" after the prompt "= <start>>", a reward of 0.5 each; solved at the third."""
+
+    def reset(self, start):
+        self.turns = 0
+        return f"={start}>"
+
+    def step(self, text):
+        self.turns += 1
+        done = self.turns >= 3
+        return Step(None if done else " +>", 0.5, done=done, solved=done)
+
+
+class Endless(Countdown):
+    """Never done: the runner's limits end it, after an observation."""
+
+    def step(self, text):
+        return Step(" ->", 0.0)
+
+
+LIMITS = EpisodeLimits(4, 40)
+
+
+def sample(policy, env=Countdown, starts=(1, 2, 3), group=2, limits=LIMITS, seed=0, **kwargs):
+    episodes = run_episodes(policy, env, list(starts), group, 1.0, torch.Generator().manual_seed(seed), limits,
+                            **kwargs)
+    return episodes, episodes_samples(episodes, group, policy.pad_id)
+
+
+def test_a_batch_of_episodes_equals_the_episodes_run_one_at_a_time(policy):
+    seeds = torch.randint(2**62, (6,), generator=torch.Generator().manual_seed(3))
+    limits = EpisodeLimits(4, 40)
+    batch = run_episodes(policy, Countdown, [1, 2, 3], 2, 1.0, None, limits, seeds=seeds)
+    alone = [run_episodes(policy, Countdown, [start], 1, 1.0, None, limits, seeds=seeds[i:i + 1])[0]
+             for i, start in enumerate([1, 1, 2, 2, 3, 3])]
+    assert [e.response_ids for e in batch] == [e.response_ids for e in alone]
+    assert len({tuple(e.response_ids) for e in batch}) > 1  # the seeds differ, and so do the episodes
+    greedy = run_episodes(policy, Countdown, [1, 2, 3], 1, 0.0, None, limits)
+    greedy_alone = [run_episodes(policy, Countdown, [s], 1, 0.0, None, limits)[0] for s in (1, 2, 3)]
+    assert [e.response_ids for e in greedy] == [e.response_ids for e in greedy_alone]
+
+
+def test_the_trained_ids_are_the_sampled_ids_and_only_the_policys_tokens_train(policy):
+    episodes, samples = sample(policy)
+    tokenizer = policy.tokenizer
+    for row, episode in enumerate(episodes):
+        length = episode.length
+        assert samples.response_ids[row, :length].tolist() == episode.response_ids
+        at = 0
+        for turn in episode.turns:
+            span = slice(at, at + len(turn.ids))
+            assert samples.policy_mask[row, span].all().item() == turn.trained or not turn.ids
+            assert samples.policy_mask[row, span].any().item() == (turn.trained and bool(turn.ids))
+            if not turn.trained and turn.ids:  # the observation's own ids, appended: never the decoded text re-encoded
+                assert turn.ids == tokenizer(turn.text, add_special_tokens=False)["input_ids"]
+            at += len(turn.ids)
+        assert not samples.response_mask[row, length:].any() and samples.response_mask[row, :length].all()
+    assert (samples.response_mask & ~samples.policy_mask).any()  # the environment's tokens are in the sequence
+    # the sampler's log-probs are the policy's own scores of the same ids
+    scored, _ = policy.log_probs(samples, 1.0)
+    gap = ((scored - samples.sample_log_probs).abs() * samples.policy_mask).max().item()
+    assert gap < 1e-5
+    assert torch.equal(samples.sample_log_probs * ~samples.policy_mask, torch.zeros_like(scored))
+
+
+def _gradient(policy, samples, deltas, config):
+    from rlvr.core import aggregation_weights
+    from rlvr.rollout import Rollout
+    from rlvr.step import accumulate_gradients
+
+    with torch.no_grad():
+        old, _ = policy.log_probs(samples, 1.0)
+    ref = old + 0.1 * torch.randn(old.shape, generator=torch.Generator().manual_seed(0))
+    weights = aggregation_weights(samples.policy_mask, config.algo.aggregation, 50)
+    rollout = Rollout(samples, deltas, old, ref, weights, {})
+    policy.module.zero_grad()
+    sums = accumulate_gradients(config, policy, rollout, 2)
+    grads = torch.cat([p.grad.flatten() for p in policy.module.parameters()])
+    return grads, {k: float(v) for k, v in sums.items()}
+
+
+def test_the_environments_tokens_get_no_gradient_and_count_in_no_metric(policy):
+    config = config_from_dict({"algo": {"loss": "clipped", "kl_coef": 0.1, "entropy_coef": 0.01, "group_size": 2,
+                                        "aggregation": "token_mean"}, "log": {"entropy": True}})
+    episodes, samples = sample(policy, env=Endless, limits=EpisodeLimits(2, 40))
+    env_tokens = samples.response_mask & ~samples.policy_mask
+    # every episode ends with the environment's last observation: tokens after every policy token
+    last_policy = torch.where(samples.policy_mask, torch.arange(samples.response_ids.shape[1]), -1).max(dim=1).values
+    trailing = env_tokens & (torch.arange(samples.response_ids.shape[1]) > last_policy[:, None])
+    assert trailing.any(dim=1).all()
+    deltas = torch.linspace(-1, 1, samples.num_responses)
+    grads, sums = _gradient(policy, samples, deltas, config)
+    # other ids for the trailing environment tokens, garbage sampler log-probs on every environment token
+    samples.response_ids = torch.where(trailing, (samples.response_ids + 3) % len(CHARS), samples.response_ids)
+    samples.sample_log_probs = torch.where(env_tokens, torch.full_like(samples.sample_log_probs, -7.0),
+                                           samples.sample_log_probs)
+    perturbed, perturbed_sums = _gradient(policy, samples, deltas, config)
+    assert grads.abs().sum() > 0
+    assert torch.allclose(grads, perturbed, atol=1e-7, rtol=1e-5)
+    assert sums == pytest.approx(perturbed_sums, rel=1e-5, abs=1e-7)
+
+
+def test_the_turn_limit_and_the_token_limit_truncate(policy):
+    episodes, samples = sample(policy, env=Endless, limits=EpisodeLimits(max_turns=2, max_tokens=200))
+    assert all(e.truncated and e.policy_turns == 2 for e in episodes)
+    assert samples.truncated.all()
+    episodes, samples = sample(policy, env=Endless, limits=EpisodeLimits(max_turns=50, max_tokens=12))
+    assert all(e.truncated and e.length <= 12 for e in episodes)
+    assert samples.response_mask.sum(dim=1).max() <= 12
+    episodes, _ = sample(policy, limits=EpisodeLimits(max_turns=5, max_tokens=200))
+    assert all(e.done and not e.truncated and e.solved and e.episode_return == 1.5 for e in episodes)
+
+
+class Raises(Countdown):
+    def step(self, text):
+        raise RuntimeError("the environment broke")
+
+
+class Hangs(Countdown):
+    def step(self, text):
+        while True:
+            time.sleep(0.01)
+
+
+class WrongType(Countdown):
+    def step(self, text):
+        return {"observation": "x"}
+
+
+class Allocates(Countdown):
+    def step(self, text):
+        raise MemoryError()
+
+
+@pytest.mark.parametrize("broken, message", [(Raises, "the environment broke"), (Hangs, "no answer within"),
+                                             (WrongType, "not an rlvr Step"), (Allocates, "MemoryError")])
+def test_a_failing_environment_ends_its_episode_counted_and_the_others_go_on(policy, broken, message):
+    made = iter([broken if i % 2 else Countdown for i in range(6)])
+    limits = EpisodeLimits(4, 40, step_timeout=0.2)
+    episodes, samples = sample(policy, env=lambda: next(made)(), limits=limits)
+    failed = [e for i, e in enumerate(episodes) if i % 2]
+    assert all(e.error and message in e.error and e.done and not e.solved for e in failed)
+    assert all(e.error is None and e.solved for i, e in enumerate(episodes) if not i % 2)
+    from rlvr.tasks.environment import episode_metrics, episode_return
+
+    assert episode_metrics(episodes)["episode/env_errors"] == 0.5
+    assert episode_return(samples.responses[0]) == [1.5, None]  # a broken episode's reward abstains
