@@ -125,6 +125,36 @@ def test_greedy_responses_equal_the_hf_engines(started, policy, settings):
     assert (got.sample_log_probs == 0).all()  # greedy: no tau > 0 to score under
 
 
+class _Hops:
+    """An episode of three turns: the prompt, then " +>" after each of the policy's turns."""
+
+    def reset(self, start):
+        self.turns = 0
+        return f"{start}>"
+
+    def step(self, text):
+        from rlvr.environments import Step
+
+        self.turns += 1
+        return Step(None if self.turns >= 3 else " +>", 0.0, done=self.turns >= 3)
+
+
+def test_greedy_episodes_equal_the_hf_engines_and_seeded_episodes_do_not_depend_on_the_batch(started, policy):
+    from rlvr.environments.episodes import EpisodeLimits, run_episodes
+
+    limits = EpisodeLimits(max_turns=3, max_tokens=60)  # room for three 12-token turns and their replies
+    starts = [12, 345, 6]
+    vllm = run_episodes(policy, _Hops, starts, 2, 0.0, None, limits)
+    hf = run_episodes(started.hf, _Hops, starts, 2, 0.0, None, limits)
+    assert [e.response_ids for e in vllm] == [e.response_ids for e in hf]
+    assert all(len(e.turns) == 6 for e in vllm)  # three policy turns and three replies each
+    seeds = torch.randint(2**62, (6,), generator=gen(7))
+    batch = run_episodes(policy, _Hops, starts, 2, 1.0, None, limits, seeds=seeds)
+    alone = [run_episodes(policy, _Hops, [s], 1, 1.0, None, limits, seeds=seeds[i:i + 1])[0]
+             for i, s in enumerate(s for s in starts for _ in range(2))]
+    assert [e.response_ids for e in batch] == [e.response_ids for e in alone]
+
+
 def test_stop_strings_end_sampled_responses_with_the_token_that_completes_them(policy):
     stops = ("3", "=")
     sampling = dataclasses.replace(policy.sampling, temperature=1.0, stop_strings=stops)
@@ -211,32 +241,3 @@ def test_sampling_params_reach_vllm():
     assert (params.max_tokens, params.min_tokens, params.stop, params.logprobs) == (9, 2, ["="], 0)
     assert sorted(params.stop_token_ids) == [2, 7] and params.ignore_eos and params.detokenize
 
-
-class _Hops:
-    """An episode of three turns: the prompt, then " +>" after each of the policy's turns."""
-
-    def reset(self, start):
-        self.turns = 0
-        return f"{start}>"
-
-    def step(self, text):
-        from rlvr.environments import Step
-
-        self.turns += 1
-        return Step(None if self.turns >= 3 else " +>", 0.0, done=self.turns >= 3)
-
-
-def test_greedy_episodes_equal_the_hf_engines_and_seeded_episodes_do_not_depend_on_the_batch(started, policy):
-    from rlvr.environments.episodes import EpisodeLimits, run_episodes
-
-    limits = EpisodeLimits(max_turns=3, max_tokens=30)
-    starts = [12, 345, 6]
-    vllm = run_episodes(policy, _Hops, starts, 2, 0.0, None, limits)
-    hf = run_episodes(started.hf, _Hops, starts, 2, 0.0, None, limits)
-    assert [e.response_ids for e in vllm] == [e.response_ids for e in hf]
-    assert all(len(e.turns) == 6 for e in vllm)  # three policy turns and three replies each
-    seeds = torch.randint(2**62, (6,), generator=gen(7))
-    batch = run_episodes(policy, _Hops, starts, 2, 1.0, None, limits, seeds=seeds)
-    alone = [run_episodes(policy, _Hops, [s], 1, 1.0, None, limits, seeds=seeds[i:i + 1])[0]
-             for i, s in enumerate(s for s in starts for _ in range(2))]
-    assert [e.response_ids for e in batch] == [e.response_ids for e in alone]
