@@ -134,11 +134,11 @@ def test_every_algo_field_is_batched_or_refused():
     assert {f.name for f in dataclasses.fields(AlgoConfig)} == set(BATCHED_ALGO)
     base = configs(seeds=(0,))[0]
     assert batching_refusal([base]) is None
-    others = {"loss": "clipped", "kl_coef": 0.1, "tis_cap": 2.0, "entropy_coef": 0.01, "dynamic_sampling": True,
-              "overlong": "mask", "top_entropy_q": 0.2}  # a value other than the one batched, per refused field
+    others = {"loss": "clipped", "kl_coef": 0.1, "tis_cap": 2.0, "is_correction": "token_mis", "entropy_coef": 0.01,
+              "dynamic_sampling": True, "overlong": "mask", "top_entropy_q": 0.2}  # a value not batched, per field
     assert set(others) == {name for name, value in BATCHED_ALGO.items() if value != ANY_VALUE}
-    wants = {"loss": "naive", "kl_coef": "0", "tis_cap": "null", "entropy_coef": "0", "dynamic_sampling": "false",
-             "overlong": "none", "top_entropy_q": "null"}
+    wants = {"loss": "naive", "kl_coef": "0", "tis_cap": "null", "is_correction": "null", "entropy_coef": "0",
+             "dynamic_sampling": "false", "overlong": "none", "top_entropy_q": "null"}
     for name, value in others.items():
         config = dataclasses.replace(base, algo=dataclasses.replace(base.algo, **{name: value}))
         assert batching_refusal([config]) == f"batched runs need algo.{name}={wants[name]}"

@@ -92,7 +92,7 @@ BATCHED_ALGO: dict[str, Any] = {
     "kl_estimator": ANY_VALUE,  # the KL's (kl_coef > 0)
     "ref_update_every": ANY_VALUE,
     "kl_in": ANY_VALUE,
-    "tis_cap": None,
+    "tis_cap": None, "is_correction": None, "is_low": ANY_VALUE, "is_high": ANY_VALUE,  # no sampler mismatch here
     "entropy_coef": 0.0,
     "dynamic_sampling": False,
     "max_sampling_tries": ANY_VALUE,  # dynamic sampling's

@@ -40,7 +40,8 @@ if TYPE_CHECKING:
 PREFIX = "step-"
 PAYLOAD_KEYS = frozenset((
     "policy", "optimizer", "scheduler", "reference", "generator", "rng",
-    "epoch", "step", "bad_steps", "inner_step", "rollout", "num_records"))
+    "epoch", "step", "bad_steps", "inner_step", "rollout", "num_records", "source"))
+OPTIONAL_KEYS = frozenset(("source",))  # checkpoints written before it load without it
 
 
 class CheckpointError(RuntimeError):
@@ -77,9 +78,11 @@ def set_rng_state(state: dict[str, Any]) -> None:
                          "has_gauss": numpy["has_gauss"], "gauss": numpy["gauss"]})
 
 
-def state_payload(st: TrainState) -> dict[str, Any]:
+def state_payload(st: TrainState, source: dict[str, Any] | None = None) -> dict[str, Any]:
     """A run's state (``rlvr.state.TrainState``) as tensors and plain data only, so that
-    it loads with ``torch.load(weights_only=True)``; keys PAYLOAD_KEYS."""
+    it loads with ``torch.load(weights_only=True)``; keys PAYLOAD_KEYS. ``source``: the
+    rollout source's ``state()`` (batches sampled ahead of the trainer), handed back to
+    the resumed source."""
     return {
         "policy": st.policy.module.state_dict(),
         "optimizer": st.optimizer.state_dict(),
@@ -93,6 +96,7 @@ def state_payload(st: TrainState) -> dict[str, Any]:
         "inner_step": st.inner_step,
         "rollout": None if st.rollout is None else st.rollout.to_dict(),
         "num_records": len(st.records),
+        "source": source,
     }
 
 
@@ -189,7 +193,7 @@ def verify(checkpoint: Path) -> str | None:
 
 def load_payload(path: Path, keys: frozenset[str] | None = None) -> dict[str, Any]:
     """``trainer.pt`` loaded as tensors and plain data only; with ``keys``, exactly those
-    keys. Raises CheckpointError saying what is wrong."""
+    keys (those of OPTIONAL_KEYS may be missing). Raises CheckpointError saying what is wrong."""
     try:
         payload = torch.load(path, weights_only=True)
     except pickle.UnpicklingError as err:
@@ -202,8 +206,8 @@ def load_payload(path: Path, keys: frozenset[str] | None = None) -> dict[str, An
         raise CheckpointError(f"{path.name} does not load ({type(err).__name__}: {err})") from err
     if keys is not None:
         found = set(payload) if isinstance(payload, dict) else set()
-        if found != keys:
-            missing, extra = sorted(keys - found), sorted(found - keys)
+        if not keys - OPTIONAL_KEYS <= found <= keys:
+            missing, extra = sorted(keys - OPTIONAL_KEYS - found), sorted(found - keys)
             raise CheckpointError(f"{path.name} is not an rlvr trainer checkpoint "
                                   f"(missing keys: {missing or 'none'}; unexpected keys: {extra or 'none'})")
     return payload

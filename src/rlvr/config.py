@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from rlvr.config_rules import MAX_RESPONSES, OPTION_OWNERS, check_options, validate
-from rlvr.core import AGGREGATIONS, DELTA_MODES, KL_ESTIMATORS, LOSS_MODES
+from rlvr.core import AGGREGATIONS, DELTA_MODES, IS_CORRECTIONS, KL_ESTIMATORS, LOSS_MODES
 from rlvr.core.logprobs import DEFAULT_CHUNK_ELEMENTS
 from rlvr.engines import ENGINES
 from rlvr.engines.vllm import VLLMOptions
@@ -165,10 +165,21 @@ class AlgoConfig:
     old_log_probs: str = setting("auto", (
         "the old policy's log-probs (ratio/clipped losses, TIS): sampler (recorded while sampling), recompute "
         "(the trainer's scorer after sampling, one more forward pass; logs mismatch/*), auto (recompute when "
-        "the engine's log-probs are not the trainer's, or with tis_cap)"), choices=OLD_LOG_PROBS)
+        "the engine's log-probs are not the trainer's, or with an off-policy correction)"), choices=OLD_LOG_PROBS)
     tis_cap: float | None = setting(None, (
         "truncated importance sampling: each token's policy-gradient term times min(pi_old / pi_sampler, C), "
-        "this C (null: off; needs recompute)"), min=1)
+        "this C (null: off; needs recompute); also seq_tis's cap, and beside token_mis, seq_mis or geo_mask "
+        "the kept tokens' weight min(r, C)"), min=1)
+    is_correction: str | None = setting(None, (
+        "off-policy correction of each token's policy-gradient term, r = pi_old / pi_sampler (README): token_tis, "
+        "seq_tis (truncated at tis_cap); token_mis, seq_mis, geo_mask (tokens, responses by prod r, responses by "
+        "the geometric mean of r outside [is_low, is_high] dropped); icepop (r outside dropped, the rest weighted "
+        "by r); null: token_tis when tis_cap is set, else none"), choices=IS_CORRECTIONS)
+    is_low: float | None = setting(None, "masking corrections: the lowest ratio kept (null: 1 / is_high)",
+                                   above=0, below=1)
+    is_high: float | None = setting(None, (
+        "masking corrections (token_mis, seq_mis, geo_mask, icepop): the highest ratio kept, e.g. 2 per token, "
+        "1.001 for geo_mask, 5 for icepop (IcePop's beta)"), above=1)
     clip_ratio_c: float = setting(3.0, "dual_clip loss: for negative deltas the objective is bounded below by "
                                        "c * delta (c > 1)", above=1)
     kl_in: str = setting("loss", (
@@ -201,10 +212,16 @@ class AlgoConfig:
         return self.uses_reference and self.kl_in == "reward"
 
     @property
+    def off_policy_method(self) -> str | None:
+        """The off-policy correction of the policy-gradient term: is_correction, else
+        token_tis when only tis_cap is set; None: none."""
+        return self.is_correction or ("token_tis" if self.tis_cap is not None else None)
+
+    @property
     def needs_old_log_probs(self) -> bool:
-        """The old policy's log-probs are used: by a ratio loss, by TIS or by the reward's KL
-        (the naive loss alone needs none)."""
-        return self.loss != "naive" or self.tis_cap is not None or self.kl_in_reward
+        """The old policy's log-probs are used: by a ratio loss, by an off-policy correction
+        or by the reward's KL (the naive loss alone needs none)."""
+        return self.loss != "naive" or self.off_policy_method is not None or self.kl_in_reward
 
 
 @dataclass
@@ -270,7 +287,8 @@ class ClusterConfig:
         "optimizer state sharded over the learners; causal_lm)"), choices=("ddp", "fsdp"))
     max_staleness: int = setting(0, (
         "k: rollout workers sample up to k epochs ahead, with weights up to k versions old, while the "
-        "trainer trains (0: synchronous; >= 1 needs rollout workers and algo.tis_cap)"), min=0, max=64)
+        "trainer trains (0: synchronous; >= 1 needs rollout workers and an off-policy correction: algo.tis_cap "
+        "or algo.is_correction)"), min=0, max=64)
     address: str | None = setting(None, "Ray cluster address (null: start a local Ray with the CPUs needed)")
     split_batch: bool = setting(False, (
         "split each epoch's batch over the rollout workers (its prompts drawn here, each part sampled with its own "
@@ -280,6 +298,10 @@ class ClusterConfig:
         "how the rollout workers get new weights: object_store (through Ray's object store; survives worker "
         "restarts) or collective (one torch.distributed broadcast per dtype from this process: gloo on CPU, "
         "NCCL on GPU; a restarted worker ends the run)"), choices=("object_store", "collective"))
+    call_timeout: float = setting(1800.0, (
+        "seconds one call to a rollout worker or learner (a batch, an optimizer step, a weights broadcast, a "
+        "collective) may take before the run stops with one line naming the actor and what it was doing"),
+        above=0)
 
 
 

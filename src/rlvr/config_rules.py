@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from rlvr.core import KL_LOSS_ESTIMATORS
+from rlvr.core import KL_LOSS_ESTIMATORS, MASKING_CORRECTIONS, TRUNCATING_CORRECTIONS
 from rlvr.errors import ConfigError
 from rlvr.rules import finite
 from rlvr.settings import check_fields, unknown_keys, unknown_message
@@ -136,9 +136,7 @@ def validate(config: Any) -> None:
     if a.dynamic_sampling and config.cluster.rollout_workers > 0:
         raise ConfigError("algo.dynamic_sampling samples more batches in this process; it does not work with "
                           f"cluster.rollout_workers={config.cluster.rollout_workers} yet")
-    if a.tis_cap is not None and a.old_log_probs == "sampler":
-        raise ConfigError(f"algo.tis_cap={a.tis_cap} with algo.old_log_probs='sampler': the TIS weights "
-                          "pi_old / pi_sampler need the trainer's own old log-probs; use recompute or auto")
+    _check_off_policy(a)
     if len(o.betas) != 2 or not all(finite(b) and 0 <= b < 1 for b in o.betas):
         raise ConfigError(f"optim.betas={o.betas!r} must be two numbers in [0, 1)")
     _check_reward_functions(config.rewards.functions)
@@ -146,11 +144,39 @@ def validate(config: Any) -> None:
     _check_cluster(config)
     _check_algo_combinations(config)
     if a.old_log_probs == "recompute" and not a.needs_old_log_probs:
-        warnings.warn("algo.old_log_probs='recompute' with algo.loss='naive' and no algo.tis_cap: the naive loss "
-                      "uses no old log-probs, so none are recomputed (and no mismatch/* is logged)", stacklevel=2)
+        warnings.warn("algo.old_log_probs='recompute' with algo.loss='naive' and no off-policy correction: the "
+                      "naive loss uses no old log-probs, so none are recomputed (and no mismatch/* is logged)",
+                      stacklevel=2)
     if a.loss != "naive" and a.inner_steps == 1:
         warnings.warn(f"algo.loss={a.loss!r} with algo.inner_steps=1: the ratio pi/pi_old is always 1 at the only "
                       "step, so the loss equals the naive one", stacklevel=2)
+
+
+def _check_off_policy(a: Any) -> None:
+    """The off-policy correction's settings: each method's cap or bounds, and the trainer's own old log-probs."""
+    method = a.is_correction
+    if a.off_policy_method is not None and a.old_log_probs == "sampler":
+        named = f"algo.is_correction={method!r}" if method else f"algo.tis_cap={a.tis_cap}"
+        raise ConfigError(f"{named} with algo.old_log_probs='sampler': the weights pi_old / pi_sampler need the "
+                          "trainer's own old log-probs; use recompute or auto")
+    if method in TRUNCATING_CORRECTIONS and a.tis_cap is None:
+        weight = "min(r_t, C) per token" if method == "token_tis" else "min(prod_t r_t, C) per response"
+        raise ConfigError(f"algo.is_correction={method!r} weighs {weight}, C = algo.tis_cap; set it (e.g. 2.0)")
+    bounds = {name: value for name, value in (("is_low", a.is_low), ("is_high", a.is_high)) if value is not None}
+    if method not in MASKING_CORRECTIONS:
+        if bounds:
+            given = ", ".join(f"algo.{name}={value}" for name, value in bounds.items())
+            chosen = "null" if method is None else repr(method)
+            raise ConfigError(f"{given}: the bounds of a masking correction, and algo.is_correction={chosen} masks "
+                              f"nothing; choose one of {', '.join(MASKING_CORRECTIONS)}, or drop the bounds")
+        return
+    if a.is_high is None:
+        raise ConfigError(f"algo.is_correction={method!r} drops ratios outside [algo.is_low, algo.is_high]; set "
+                          "algo.is_high (e.g. 2 per token, 1.001 for geo_mask, 5 for icepop; is_low defaults to "
+                          "1 / is_high)")
+    if method == "icepop" and a.tis_cap is not None:
+        raise ConfigError(f"algo.tis_cap={a.tis_cap} with algo.is_correction='icepop': IcePop weighs each kept token "
+                          "by its own ratio, at most algo.is_high, and takes no cap; drop algo.tis_cap")
 
 
 def _check_algo_combinations(config: Any) -> None:
@@ -205,10 +231,11 @@ def _check_cluster(config: Any) -> None:
         if c.rollout_workers == 0:
             raise ConfigError(f"cluster.max_staleness={c.max_staleness} needs rollout workers to sample ahead "
                               "(cluster.rollout_workers >= 1)")
-        if a.tis_cap is None:
+        if a.off_policy_method is None:
             raise ConfigError(
                 f"cluster.max_staleness={c.max_staleness}: stale batches need the off-policy correction; set "
-                "algo.tis_cap (e.g. 2.0: each token's term times min(pi_old / pi_behaviour, 2))")
+                "algo.tis_cap (e.g. 2.0: each token's term times min(pi_old / pi_behaviour, 2)) or "
+                "algo.is_correction")
 
 
 

@@ -22,7 +22,7 @@ from rlvr.run_dir import DATA_FILES, write_atomically
 RESUMABLE = ("algo.epochs", "name", "threads", "rewards.timeout", "rewards.num_workers",
              # where the work runs, not what it computes (cluster.max_staleness does change it)
              "cluster.rollout_workers", "cluster.learners", "cluster.address", "cluster.weight_sync",
-             "cluster.learner_strategy",
+             "cluster.learner_strategy", "cluster.call_timeout",
              *(f"log.{f.name}" for f in dataclasses.fields(LogConfig)))
 
 

@@ -322,8 +322,8 @@ class Rollout:
     ref_log_probs: [N, T] log-probs under the frozen reference, or None (no KL penalty)
     weights:       [N, T] per-token aggregation weights (sum(w * loss) is the loss)
     stats:         epoch-level numbers: rewards, solve rate, reward metrics, timings
-    importance_weights: [N, T] truncated importance weights min(pi_old / pi_sampler, C)
-                   of the policy-gradient term, or None (``algo.tis_cap`` unset)
+    importance_weights: [N, T] the off-policy correction's weights of the policy-gradient
+                   term (TIS: min(pi_old / pi_sampler, C); 0 on masked tokens), or None (none set)
     prompt_solved: each prompt's share of responses that pass the gold check (the
                    per-prompt learning curves), or None (prompts not kept)
     pg_token_mask: [N, T] bool, the tokens whose policy-gradient term trains (the

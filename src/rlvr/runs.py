@@ -26,6 +26,7 @@ from rlvr.checkpoint import (
     save_checkpoint,
     state_payload,
 )
+from rlvr.cluster.session import loop_parts
 from rlvr.config import Config, load_config
 from rlvr.errors import ConfigError, RunError, os_reason
 from rlvr.evaluation import eval_prompts_label
@@ -40,6 +41,7 @@ from rlvr.metrics import (
 )
 from rlvr.resume import data_file_changes, record_data_files, records_at_checkpoint, resume_changes
 from rlvr.run_dir import discard_partial_outputs, locked_run_dir, new_run_dir, write_atomically
+from rlvr.seams import RolloutSource
 from rlvr.state import TrainState
 from rlvr.trainer import setup, train
 
@@ -112,8 +114,9 @@ def stop_on_signals(st: TrainState, run_dir: Path) -> Iterator[list[int]]:
             signal.signal(signum, old)
 
 
-def _checkpointer(config: Config, run_dir: Path, metrics: JsonlSink):
-    """Checkpoint every k epochs, at the end, and where a stop was requested (mid-epoch too)."""
+def _checkpointer(config: Config, run_dir: Path, metrics: JsonlSink, source: RolloutSource | None = None):
+    """Checkpoint every k epochs, at the end, and where a stop was requested (mid-epoch too);
+    with the rollout ``source``'s state (batches it sampled ahead of the trainer)."""
     every = config.log.checkpoint_every
 
     def on_epoch_end(st: TrainState) -> None:
@@ -123,8 +126,8 @@ def _checkpointer(config: Config, run_dir: Path, metrics: JsonlSink):
             return
         try:
             metrics.sync()  # the records the checkpoint counts reach the disk before it
-            save_checkpoint(run_dir, f"{PREFIX}{st.step:09d}", state_payload(st), st.policy,
-                            config.log.keep_checkpoints)
+            payload = state_payload(st, None if source is None else source.state())
+            save_checkpoint(run_dir, f"{PREFIX}{st.step:09d}", payload, st.policy, config.log.keep_checkpoints)
         except OSError as err:
             raise RunError(f"cannot write a checkpoint in {run_dir / 'checkpoints'}: {os_reason(err)}; the previous "
                            f"one is intact (rlvr train resume={run_dir} continues from it)") from err
@@ -155,15 +158,16 @@ def _check_unfinished(stored: Config, config: Config, run_dir: Path, epoch: int)
 
 
 def _resume(config: Config, run_dir: Path, stack: ExitStack, accept_data_change: bool = False
-            ) -> tuple[Any, TrainState]:
-    """The state to continue ``run_dir`` from, after checking what ``config`` changes
+            ) -> tuple[tuple[Any, TrainState], dict[str, Any] | None]:
+    """The state to continue ``run_dir`` from, and the rollout source's state the checkpoint
+    kept (None: none), after checking what ``config`` changes
     and that the data files it read are unchanged (``accept_data_change``: go on with
     changed ones); a run killed before its first checkpoint starts again from the
     beginning (any change allowed: nothing of it is kept). A finished run is a
     RunFinished. The accepted changes go into ``config.yaml`` (and the data files'
     fingerprints) and a line of ``resumes.jsonl``."""
     stored = load_config(run_dir / "config.yaml")
-    checkpoint, data_changes = None, {}
+    checkpoint, data_changes, source_state = None, {}, None
     if not list_checkpoints(run_dir):
         changes = resume_changes(stored, config, restart=True)
         discard_partial_outputs(run_dir)
@@ -178,6 +182,7 @@ def _resume(config: Config, run_dir: Path, stack: ExitStack, accept_data_change:
         records = records_at_checkpoint(run_dir / "metrics.jsonl", payload["num_records"], checkpoint)
         task, st = state = _setup(config, stack)
         restore_state(st, payload, records)
+        source_state = payload.get("source")
         if data_changes:
             record_data_files(run_dir, task.data_files)
     entry = {"time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -189,7 +194,7 @@ def _resume(config: Config, run_dir: Path, stack: ExitStack, accept_data_change:
     if changes:
         config.out_dir = str(run_dir)
         write_atomically(run_dir / "config.yaml", config.to_yaml())
-    return state
+    return state, source_state
 
 
 # ---------------------------------------------------------------- running
@@ -273,19 +278,21 @@ def train_in_run_dir(
     run with a RunError naming it.
     """
     with ExitStack() as stack:
+        source_state = None
         if resume is None:
             run_dir, state = _start(config, stack)
         else:
             if not (Path(resume) / "config.yaml").is_file():
                 raise ConfigError(f"resume={resume}: no config.yaml there (not a run directory)")
             run_dir = stack.enter_context(locked_run_dir(Path(resume)))
-            state = _resume(config, run_dir, stack, accept_data_change)
+            state, source_state = _resume(config, run_dir, stack, accept_data_change)
         st = state[1]
         metrics = JsonlSink(run_dir / "metrics.jsonl")
         on_record = stack.enter_context(_writer(config, run_dir, metrics, initial_epoch=st.epoch))
-        with stop_on_signals(st, run_dir) as received:
-            records = train(config, on_record=on_record, state=state,
-                            on_epoch_end=_checkpointer(config, run_dir, metrics))
+        with stop_on_signals(st, run_dir) as received, loop_parts(config, st) as (source, learner):
+            source.restore(source_state)  # the batches sampled ahead before the checkpoint: trained on as they are
+            records = train(config, on_record=on_record, state=state, source=source, learner=learner,
+                            on_epoch_end=_checkpointer(config, run_dir, metrics, source))
     if st.stop_requested:
         signum = received[0] if received else signal.SIGINT
         raise Stopped(f"stopped by {signal.Signals(signum).name} at epoch {st.epoch} (step {st.step}), checkpoint "

@@ -32,6 +32,16 @@ class RolloutSource(Protocol):
         """The samples, their grades and the sampler's numbers (``time/*``, ``engine/*``, ...)."""
         ...
 
+    def state(self) -> dict[str, Any] | None:
+        """What a checkpoint must keep of the source for a resumed run to go on as the run
+        would have (the batches sampled ahead of the trainer), as tensors and plain data;
+        None: nothing."""
+        ...
+
+    def restore(self, state: dict[str, Any] | None) -> None:
+        """Go on from ``state()`` as the run's last checkpoint kept it (None: nothing kept)."""
+        ...
+
 
 class Learner(Protocol):
     """Takes the optimizer steps on an epoch's rollout."""
@@ -63,6 +73,13 @@ class LocalRolloutSource:
         else:
             samples, grades, timings = sample()
         return samples, grades, {**timings, **engine_stats}
+
+    def state(self) -> None:
+        return None  # it samples each batch when the loop asks: none is ever ahead
+
+    def restore(self, state: dict[str, Any] | None) -> None:
+        if state is not None:
+            raise ValueError("a source that samples in this process holds no batches sampled ahead to restore")
 
 
 class LocalLearner:

@@ -102,7 +102,9 @@ def accumulate_gradients(config: Config, policy: Policy, rollout: Rollout, num_m
         pg, stats = core.policy_loss(log_probs, mb.deltas, a.loss, mb.old_log_probs, a.clip_eps, a.clip_eps_high,
                                      clip_ratio_c=a.clip_ratio_c, response_mask=policy_mask)
         if mb.importance_weights is not None:
-            # TIS: the tokens came from the sampler, not pi_old; w = min(pi_old / pi_sampler, C), a constant
+            # The off-policy correction (algo.is_correction, tis_cap): the tokens came from the sampler, not
+            # pi_old; w is a constant (min(pi_old / pi_sampler, C) for TIS, 0 on masked tokens) of the
+            # policy-gradient term only: the KL term and the aggregation's normaliser keep every token.
             pg = pg * mb.importance_weights
         if mb.pg_token_mask is not None:
             # The top-entropy selection removes the other tokens' policy-gradient terms; the weights keep

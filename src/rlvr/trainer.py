@@ -133,13 +133,12 @@ def build_rollout(config: Config, st: TrainState, samples: Samples, grades: Grad
     log-probs [N, T] (constants), aggregation weights [N, T] and the epoch's stats."""
     a, policy, temp = config.algo, st.policy, config.policy.temperature
     clock = time.perf_counter()
-    kl_in_reward = a.kl_coef > 0 and a.kl_in == "reward"
     # no_grad: old and reference log-probs are constants. If they carried gradient,
     # pi/pi_old would be identically 1 and its gradient silently 0.
     old_log_probs = ref_log_probs = importance_weights = None
     mismatch: dict[str, torch.Tensor] = {}
     with torch.no_grad():
-        if a.loss != "naive" or a.tis_cap is not None or kl_in_reward:  # the naive loss alone needs none
+        if a.needs_old_log_probs:  # the naive loss alone needs none
             old_log_probs, importance_weights, mismatch = old_policy_log_probs(a, policy, samples, temp)
         if a.kl_coef > 0:
             ref_log_probs, _ = reference_log_probs(policy, st.ref_module, samples, temp)
@@ -181,33 +180,46 @@ def build_rollout(config: Config, st: TrainState, samples: Samples, grades: Grad
 def old_policy_log_probs(
     a: AlgoConfig, policy: Policy, samples: Samples, temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]:
-    """The old policy's log-probs [N, T], the TIS weights [N, T] (None unless ``a.tis_cap``)
-    and the sampler-trainer mismatch (scalar tensors, only when recomputed); call under no_grad.
+    """The old policy's log-probs [N, T], the off-policy correction's weights [N, T] of the
+    policy-gradient term (None without one: ``a.off_policy_method``) and the sampler-trainer
+    mismatch with what the correction truncated or masked (scalar tensors, only when
+    recomputed); call under no_grad.
 
     sampler: the log-probs recorded while sampling (no extra pass). recompute: the
     trainer's scorer on the sampled tokens, so pi / pi_old compares the trainer with
-    itself, and the recorded ones measure (and, with TIS, correct) the sampler's gap.
-    auto: recompute when TIS is on or the sampler's numbers are not the trainer's.
+    itself, and the recorded ones measure (and, with a correction, correct) the sampler's
+    gap. auto: recompute with a correction or when the sampler's numbers are not the trainer's.
     """
     recorded = samples.sample_log_probs  # [N, T], or None: the policy records none
+    method = a.off_policy_method
     recompute = a.old_log_probs == "recompute" or (
-        a.old_log_probs == "auto" and (a.tis_cap is not None or not sampler_log_probs_exact(policy)))
+        a.old_log_probs == "auto" and (method is not None or not sampler_log_probs_exact(policy)))
     if recorded is not None and not recompute:
         return recorded, None, {}
     old_log_probs, _ = policy.log_probs(samples, temperature)  # [N, T]
     if recorded is None:
-        if a.tis_cap is not None:
-            raise TrainingError(f"algo.tis_cap={a.tis_cap}: the weights pi_old / pi_sampler need the sampler's "
-                                "log-probs, and this policy records none (sample_log_probs is None)")
+        if method is not None:
+            named = f"algo.is_correction={method}" if a.is_correction else f"algo.tis_cap={a.tis_cap}"
+            raise TrainingError(f"{named}: the weights pi_old / pi_sampler need the sampler's log-probs, and this "
+                                "policy records none (sample_log_probs is None)")
         return old_log_probs, None, {}
-    mask, cap = samples.policy_mask, math.inf if a.tis_cap is None else a.tis_cap  # [N, T]
+    mask, dtype = samples.policy_mask, old_log_probs.dtype  # [N, T]: only the policy's tokens are weighted
     mismatch = {
         "mismatch/k3": core.mismatch_k3(old_log_probs, recorded, mask),
         "mismatch/max_abs_gap": core.max_abs_log_prob_gap(old_log_probs, recorded, mask),
-        "mismatch/tis_truncated_frac": core.tis_truncated_frac(old_log_probs, recorded, cap, mask),
     }
-    weights = None if a.tis_cap is None else core.tis_weights(old_log_probs, recorded, a.tis_cap)
-    return old_log_probs, weights, mismatch
+    if method is None:
+        mismatch["mismatch/tis_truncated_frac"] = core.tis_truncated_frac(old_log_probs, recorded, math.inf, mask)
+        return old_log_probs, None, mismatch
+    correction = core.off_policy_correction(method, old_log_probs, recorded, mask, cap=a.tis_cap, low=a.is_low,
+                                            high=a.is_high)
+    mismatch["mismatch/tis_truncated_frac"] = core.token_fraction(correction.truncated, mask, dtype)
+    if method == "seq_tis":
+        mismatch["mismatch/seq_truncated_frac"] = core.response_fraction(correction.truncated, mask, dtype)
+    if method in core.MASKING_CORRECTIONS:
+        mismatch["mismatch/masked_token_frac"] = core.token_fraction(correction.masked, mask, dtype)
+        mismatch["mismatch/masked_seq_frac"] = core.response_fraction(correction.masked, mask, dtype)
+    return old_log_probs, correction.weights, mismatch
 
 
 def reference_log_probs(

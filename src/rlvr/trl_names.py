@@ -182,6 +182,17 @@ VERL_NAMES: dict[str, ForeignName] = {
     "actor_rollout_ref.actor.strategy": ForeignName("cluster.learner_strategy", "fsdp2 and fsdp: fsdp (FSDP2)", {
         "fsdp": "cluster.learner_strategy=fsdp", "fsdp2": "cluster.learner_strategy=fsdp"}),
     "actor_rollout_ref.actor.tis_imp_ratio_cap": ForeignName("algo.tis_cap", "C in min(pi_old / pi_sampler, C)"),
+    "algorithm.rollout_correction.rollout_is": ForeignName("algo.is_correction", (
+        "importance weights against the sampler: token or sequence TIS, capped at algo.tis_cap"),
+        {"token": "algo.is_correction=token_tis", "sequence": "algo.is_correction=seq_tis"}),
+    "algorithm.rollout_correction.rollout_is_threshold": ForeignName("algo.tis_cap", "C in min(ratio, C)"),
+    "algorithm.rollout_correction.rollout_rs": ForeignName("algo.is_correction", (
+        "rejection (masking) of tokens or sequences whose ratio is outside [algo.is_low, algo.is_high]"),
+        {"token": "algo.is_correction=token_mis", "sequence": "algo.is_correction=seq_mis",
+         "geometric": "algo.is_correction=geo_mask"}),
+    "algorithm.rollout_correction.rollout_rs_threshold": ForeignName("algo.is_high", "the masking's upper bound"),
+    "algorithm.rollout_correction.rollout_rs_threshold_lower": ForeignName("algo.is_low", (
+        "the masking's lower bound (default 1 / algo.is_high)")),
     "actor_rollout_ref.rollout.n": ForeignName("algo.group_size", "G, responses sampled per prompt"),
     "actor_rollout_ref.rollout.temperature": ForeignName("policy.temperature"),
     "actor_rollout_ref.rollout.top_p": ForeignName("policy.options.top_p"),

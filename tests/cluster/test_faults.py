@@ -18,12 +18,12 @@ from types import SimpleNamespace
 import pytest
 from ray_actors import record_actors
 
-from conftest import QUIET
+from conftest import QUIET, sigkill_mid_run
 from rlvr.checkpoint import list_checkpoints, verify
 from rlvr.cli import main
 from rlvr.config import load_config
 from rlvr.errors import RunError
-from rlvr.metrics import read_records
+from rlvr.metrics import read_records, without_timings
 from rlvr.resume import resume_config
 from rlvr.runs import run_training
 from rlvr.state import TrainingError
@@ -127,7 +127,8 @@ def test_a_learner_killed_after_its_last_step_of_an_epoch_stops_the_run_by_name(
 
     monkeypatch.setattr(LearnerGroup, "optimizer_step", step_then_kill)
     config = load_config(None, [*QUIET, "algo.epochs=3", "algo.inner_steps=1", "cluster.learners=2"])
-    with pytest.raises(TrainingError, match=r"^a learner died at epoch 0, step 1 \(") as caught:
+    message = r"^epoch 0, step 1: learner rank 1 died while handing its state over, after \d+\.\d s \("
+    with pytest.raises(TrainingError, match=message) as caught:
         train(config)
     assert "\n" not in str(caught.value) and "checkpoints written before are intact" in str(caught.value)
 
@@ -155,9 +156,10 @@ def test_ray_failing_under_the_rollout_workers_is_one_line(monkeypatch):
 
 
 def test_an_asynchronous_run_resumes_with_the_staleness_it_used_and_needs_its_workers(ray_local, tmp_path, capsys):
-    """max_staleness=1: a resumed run samples its first batch with the weights it resumed
-    with (staleness 0, not the straight run's 1), so its records differ from the straight
-    run's from there on; it records what it used. Without workers it is refused in one line."""
+    """max_staleness=1: a finished run has no batch in flight (none is sampled past its last
+    epoch), so extended it samples its next batch with the weights it resumed with (staleness
+    0, where a longer straight run had 1) and records what it used. Without workers it is
+    refused in one line."""
     async_run = [*SORTING, "log.checkpoint_every=2", "cluster.rollout_workers=1", "cluster.max_staleness=1",
                  "algo.tis_cap=2", f"out_dir={tmp_path / 'run'}"]
     first, run_dir = run_training(load_config(None, [*async_run, "algo.epochs=2"]))
@@ -173,3 +175,25 @@ def test_an_asynchronous_run_resumes_with_the_staleness_it_used_and_needs_its_wo
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "cluster.max_staleness" in err, err
     assert len(read_records(run_dir)) == len(records)  # nothing ran
+
+
+def test_an_asynchronous_run_killed_mid_run_resumes_to_the_straight_runs_records(ray_local, tmp_path, monkeypatch):
+    """max_staleness=1: every checkpoint but the last falls where the next epoch's batch is in
+    flight, sampled with the weights one version old. The checkpoint keeps that batch, so the
+    resumed run trains on it (not on one resampled with the newer weights) and its records,
+    cluster/staleness and cluster/weights_version included, are the straight run's."""
+    ray_tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # the killed run's private Ray: its folder goes here
+    monkeypatch.setenv("RAY_TMPDIR", ray_tmp)
+    args = [*QUIET, "algo.inner_steps=2", "log.eval_every=10", "algo.epochs=60", "log.checkpoint_every=1",
+            "cluster.rollout_workers=1", "cluster.max_staleness=1", "algo.tis_cap=2"]
+    killed = tmp_path / "killed"
+    try:
+        sigkill_mid_run([f"out_dir={killed}", *args], killed)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    resumed_from = list_checkpoints(killed)[-1].name
+    assert main(["train", f"resume={killed}"]) == 0  # here, on the test's Ray
+    straight = train(load_config(None, args))
+    assert without_timings(read_records(killed)) == without_timings(straight), resumed_from
+    firsts = [r for r in straight if r["kind"] == "train" and r["step"] % 2 == 0]
+    assert [r["cluster/staleness"] for r in firsts[:3]] == [0.0, 1.0, 1.0]  # the batches were in flight

@@ -6,11 +6,36 @@ each epoch's batch with the trainer's current weights (``rollout.RayRolloutSourc
 (``learners.LearnerGroup``, each running ``rlvr.step``). ``session.loop_parts`` builds the
 pair the loop receives. Nothing here imports the loop (``rlvr.trainer``). Ray is optional:
 ``pip install 'rlvr[ray]'``; nothing here imports it until a run asks for actors.
+
+Watchdogs: every wait on an actor is bounded. ``cluster.call_timeout`` bounds each call
+that does the run's work (a batch, an optimizer step, a weights broadcast) and each
+``torch.distributed`` collective (the process groups' ``timeout``); ``READY_TIMEOUT`` bounds
+an actor's start (building its policy) and a restarted worker's return; ``PROBE_TIMEOUT``
+bounds the question put to a learner that did not answer in time (what is it doing?). A
+wait that runs out, or an actor that dies, stops the run with one line naming the actor
+(rollout worker i, learner rank r), what it was doing and for how long.
 """
 
 from rlvr.errors import RunError
+
+READY_TIMEOUT = 300.0  # seconds an actor may take to start (build its policy), or to come back after a restart
+PROBE_TIMEOUT = 5.0  # seconds a learner that missed its deadline may take to say what it is doing
 
 
 class ClusterError(RunError):
     """The rollout workers cannot go on (restarts used up, a call timed out, Ray itself
     failed): the run stops with one line (``rlvr: error: ...``, exit 2)."""
+
+
+def first_line(err: BaseException) -> str:
+    """An error's first line, or its type's name if it has no text (Ray's errors run to pages)."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def stopped(where: str, err: BaseException) -> ClusterError:
+    """The one line that stops the run: where, and the cause (Ray's own errors named as such:
+    a node or raylet that died)."""
+    cause = first_line(err) if isinstance(err, ClusterError) else f"Ray failed: {type(err).__name__}: {first_line(err)}"
+    return ClusterError(f"{where}: {cause}. The run stops; the checkpoints written before are intact "
+                        "(resume=RUN_DIR continues from the last one)")

@@ -14,8 +14,13 @@ learner (``rlvr.seams.Learner``): it starts from
 the driver's state (weights, optimizer, scheduler), takes every optimizer step, and hands its
 state back to the driver at the end of each epoch (``pull``): the driver samples, evaluates
 and checkpoints with it as a single-process run does, so a checkpoint is the same file and a
-run resumes with any number of learners. A learner that dies stops the run with a
-``TrainingError``; the checkpoints written before are untouched.
+run resumes with any number of learners. A learner that dies, fails or hangs stops the run
+with a one-line ``TrainingError`` naming its rank, what it was doing and for how long
+(``rlvr.cluster.watch``); the checkpoints written before are untouched. Every wait is
+bounded: a group call by ``cluster.call_timeout`` (the actors' start by ``READY_TIMEOUT``),
+each collective by the process group's ``timeout``: ``cluster.call_timeout``, or READY_TIMEOUT
+if longer (the same timeout bounds the rendezvous, which waits for the slowest peer's start).
+The driver's wait on a step starts first and fires first; the group's is the peers' backstop.
 
 Transport: gloo on the CPU. On GPUs the same code runs with the ``nccl`` backend (each actor
 asks Ray for ``num_gpus=1`` and all-reduces CUDA gradients); that path is written but has
@@ -36,6 +41,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from rlvr.cluster import READY_TIMEOUT, first_line
+from rlvr.cluster.watch import IDLE, WATCH, Activity, diagnose
 from rlvr.compose import build_policy
 from rlvr.config import Config
 from rlvr.diagnostics import GradientNoiseMeter, flat_grad
@@ -61,7 +68,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class LearnerRank:
+class LearnerRank(Activity):
     """One learner (run as a Ray actor by ``LearnerGroup``): the policy, its optimizer and
     scheduler, and rank ``rank`` of a gloo (NCCL) group of ``world_size``.
 
@@ -74,15 +81,17 @@ class LearnerRank:
     """
 
     def __init__(self, config: Config, rank: int, world_size: int, init_method: str,
-                 state: dict[str, Any] | None = None, timeout_s: float = 120.0) -> None:
+                 state: dict[str, Any] | None = None, timeout_s: float = 1800.0) -> None:
         torch.set_num_threads(config.torch_threads or 1)  # one thread per actor: oversubscription is slow
         self.config, self.rank, self.world_size = config, rank, world_size
         generator = seed_everything(config.seed)  # as the driver's setup: seeded replicas start equal
         policy = build_policy(config)
         if state is not None:  # before any sharding: every learner loads the whole weights
             policy.module.load_state_dict(state["model"])
+        # the rendezvous waits for the slowest peer's start (READY_TIMEOUT); each collective for the slowest share
+        timeout = datetime.timedelta(seconds=max(timeout_s, READY_TIMEOUT))
         dist.init_process_group(backend_for(policy.module), init_method=init_method, rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=timeout_s))
+                                timeout=timeout)
         self.fsdp = config.cluster.learner_strategy == "fsdp"
         if self.fsdp:
             from torch.distributed.device_mesh import init_device_mesh
@@ -95,6 +104,7 @@ class LearnerRank:
         self.st = TrainState(policy, optimizer, generator, build_scheduler(config.optim, optimizer, total))
         if state is not None:
             self.load_train_state(state)
+        self._doing(IDLE)
 
     def _share(self, rollout: Rollout) -> Rollout:
         start, stop = share_bounds(rollout.samples.num_responses, self.world_size)[self.rank]
@@ -105,9 +115,11 @@ class LearnerRank:
         """Backpropagate this learner's share, then sum gradients and step sums over the group:
         afterwards every learner holds the full batch's gradient and sums. ``meter``: the
         share's parts measured here, every learner's gathered into it after the sum."""
+        self._doing("computing its share's gradients")
         self.st.optimizer.zero_grad(set_to_none=True)
         sums = accumulate_gradients(self.config, self.st.policy, self._share(rollout), self.config.optim.micro_batches,
                                     meter, batch=rollout)
+        self._doing("the all-reduce of the gradients", waiting=True)
         if self.fsdp:  # FSDP2 reduce-scattered the mean over the group (gloo has no pre-scaled sum): the sum
             for p in self.params:
                 if p.grad is not None:
@@ -116,13 +128,16 @@ class LearnerRank:
             self._all_reduce_gradients()
         keys = sorted(sums)  # the same keys, in the same order, on every learner (same config)
         values = torch.stack([torch.as_tensor(sums[k]).detach().to(torch.float64) for k in keys])
+        self._doing("the all-reduce of the step sums", waiting=True)
         dist.all_reduce(values, op=dist.ReduceOp.SUM)
         if meter is not None:  # every learner's parts; their sum is the reduced gradient (before clipping)
             parts: list[Any] = [None] * self.world_size
+            self._doing("the all-gather of the noise meter's parts", waiting=True)
             dist.all_gather_object(parts, (meter.norms_sq, meter.sizes))
             meter.reset()
             for norms_sq, sizes in parts:
                 meter.add_parts(norms_sq, sizes, flat_grad(self.st.policy.module))
+        self._doing("taking the optimizer step")
         return {k: v.to(torch.as_tensor(sums[k]).dtype) for k, v in zip(keys, values)}
 
     def _all_reduce_gradients(self) -> None:
@@ -146,7 +161,10 @@ class LearnerRank:
 
     def gradients(self, rollout: Rollout) -> dict[str, torch.Tensor]:
         """The full batch's gradient (summed over the group), by parameter name; no step."""
-        self._reduced_gradients(rollout)
+        try:
+            self._reduced_gradients(rollout)
+        finally:
+            self._doing(IDLE)
         grads = {name: whole(p.grad).detach().clone() for name, p in self.st.policy.module.named_parameters()
                  if p.grad is not None}
         self.st.optimizer.zero_grad(set_to_none=True)
@@ -160,8 +178,11 @@ class LearnerRank:
         self.st.epoch = epoch
         if step is not None:
             self.st.step = step
-        return optimizer_step(self.config, self.st, rollout, measure_noise,
-                              gradients=lambda meter: self._reduced_gradients(rollout, meter))
+        try:
+            return optimizer_step(self.config, self.st, rollout, measure_noise,
+                                  gradients=lambda meter: self._reduced_gradients(rollout, meter))
+        finally:
+            self._doing(IDLE)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The policy's weights, whole (copies, on the CPU)."""
@@ -223,11 +244,16 @@ def train_state(st: TrainState) -> dict[str, Any]:
             "bad_steps": st.bad_steps}
 
 
-def learner_died(st: TrainState, err: Exception) -> TrainingError:
-    """The one-line error that stops a run whose learner died (or whose node did)."""
-    cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__  # Ray's is long
-    return TrainingError(f"a learner died at epoch {st.epoch}, step {st.step} ({cause}). The run stops; the "
-                         "checkpoints written before are intact (resume=RUN_DIR continues from the last one)")
+class LearnerFault(TrainingError):
+    """A learner died, failed or hung (one line naming its rank, ``rlvr.cluster.watch``)."""
+
+
+def learners_stopped(st: TrainState, err: Exception) -> TrainingError:
+    """The one-line error that stops a run whose learner died, failed or hung (or whose node
+    or Ray did): at the driver's epoch and step."""
+    cause = str(err) if isinstance(err, LearnerFault) else f"Ray failed: {type(err).__name__}: {first_line(err)}"
+    return TrainingError(f"epoch {st.epoch}, step {st.step}: {cause}. The run stops; the checkpoints written before "
+                         "are intact (resume=RUN_DIR continues from the last one)")
 
 
 class LearnerGroup:
@@ -238,35 +264,56 @@ class LearnerGroup:
     ``rlvr.trainer.setup`` does), or takes ``state`` (a driver's ``TrainState``: its weights,
     optimizer and scheduler) when given. ``num_cpus`` is each actor's Ray CPU request
     (explicit: a default request can leave actors pending forever on a small machine); on a
-    GPU each actor also asks for one GPU. ``timeout_s`` bounds every wait.
+    GPU each actor also asks for one GPU. ``cluster.call_timeout`` bounds every call and
+    collective, READY_TIMEOUT the actors' start.
     """
 
     def __init__(self, config: Config, num_learners: int, *, state: TrainState | None = None,
-                 num_cpus: float = 0.5, timeout_s: float = 300.0) -> None:
+                 num_cpus: float = 0.5) -> None:
         import ray
 
         self.config = config
         if num_learners < 1:
             raise ValueError(f"num_learners must be at least 1, got {num_learners}")
-        self._ray, self.timeout_s, self.num_learners = ray, timeout_s, num_learners
+        self._ray, self.call_timeout, self.num_learners = ray, config.cluster.call_timeout, num_learners
         gpus = 1 if state is not None and policy_device(state.policy).type == "cuda" else 0
-        actor = ray.remote(num_cpus=num_cpus, num_gpus=gpus)(LearnerRank)
+        actor = ray.remote(num_cpus=num_cpus, num_gpus=gpus, concurrency_groups={WATCH: 1})(LearnerRank)
         init_method = f"tcp://{ray.util.get_node_ip_address()}:{free_port()}"
         state_ref = None if state is None else ray.put(train_state(state))
-        self.learners = [actor.remote(config, rank, num_learners, init_method, state_ref, timeout_s)
+        self.learners = [actor.remote(config, rank, num_learners, init_method, state_ref, self.call_timeout)
                          for rank in range(num_learners)]
         # init_process_group returns only once all ranks joined: an answer from each proves the group is up
-        self._get([learner.pid.remote() for learner in self.learners])
+        try:
+            self._get([learner.pid.remote() for learner in self.learners], "starting (building the policy, "
+                      "joining the process group)", READY_TIMEOUT)
+        except BaseException:
+            self.close()
+            raise
 
-    def _get(self, refs: list) -> list:
-        """The results of ``refs``, raising the first failure as soon as it is known: a dead
-        learner's error comes at once, not after its peers time out waiting for it."""
-        pending, deadline = list(refs), time.monotonic() + self.timeout_s
+    def _get(self, refs: list, doing: str, timeout: float | None = None) -> list:
+        """The results of ``refs`` (learner r's call at index r), within ``timeout`` seconds
+        (default ``cluster.call_timeout``). The first failure is raised as soon as it is known (a
+        dead learner's at once, not after its peers time out waiting for it): a learner's own
+        TrainingError as it is, else a LearnerFault naming the rank, ``doing`` and how long."""
+        from ray.exceptions import RayActorError, RayTaskError
+
+        start = time.monotonic()
+        pending, deadline = list(refs), start + (self.call_timeout if timeout is None else timeout)
         while pending:
             ready, pending = self._ray.wait(pending, num_returns=1, timeout=max(deadline - time.monotonic(), 0))
             if not ready:
-                raise TrainingError(f"the learners gave no answer within {self.timeout_s:.0f} s")
-            self._ray.get(ready)
+                raise LearnerFault(diagnose(self._ray, self.learners, doing, time.monotonic() - start))
+            try:
+                self._ray.get(ready)
+            except RayActorError as err:
+                raise LearnerFault(f"learner rank {refs.index(ready[0])} died while {doing}, after "
+                                   f"{time.monotonic() - start:.1f} s ({first_line(err)})") from err
+            except RayTaskError as err:
+                if isinstance(err.cause, TrainingError):  # its own (too many non-finite steps), as one process says
+                    raise TrainingError(str(err.cause)) from err
+                failed = (refs.index(ready[0]), err)
+                raise LearnerFault(diagnose(self._ray, self.learners, doing, time.monotonic() - start, failed)
+                                   ) from err
         return self._ray.get(refs)
 
     def step(self, rollout: Rollout, epoch: int = 0, step: int | None = None, measure_noise: bool = False) -> Record:
@@ -274,24 +321,23 @@ class LearnerGroup:
         (every learner computes the same metrics from the same summed numbers)."""
         share_bounds(rollout.samples.num_responses, self.num_learners)  # fail here, not inside the actors
         ref = self._ray.put(rollout)  # serialised once, read by every learner
-        return self._get([learner.step.remote(ref, epoch, step, measure_noise) for learner in self.learners])[0]
+        return self._get([learner.step.remote(ref, epoch, step, measure_noise) for learner in self.learners],
+                         "taking its optimizer step")[0]
 
     def pids(self) -> list[int]:
-        return self._get([learner.pid.remote() for learner in self.learners])
+        return self._get([learner.pid.remote() for learner in self.learners], "telling its process id")
 
     def optimizer_step(self, st: TrainState, rollout: Rollout) -> Record:
         """The group's step at the driver's epoch and step count (measuring the gradient's
-        noise where ``rlvr.step.noise_due`` says). A learner that died stops the run (a
-        ``TrainingError``), whichever error arrives first: its own, or a surviving peer's
-        failed all-reduce."""
+        noise where ``rlvr.step.noise_due`` says). A learner that died, failed or hung stops
+        the run with one line naming it (a ``TrainingError``); a learner's own TrainingError
+        (too many non-finite steps) stops it as a single process does."""
         from ray.exceptions import RayError
 
         try:
             record = self.step(rollout, st.epoch, st.step, noise_due(self.config, st))
-        except TrainingError:  # a learner's own (too many non-finite steps), as a single process raises it
-            raise
-        except RayError as err:  # the dead one's RayActorError, or a peer's all-reduce cut off by it
-            raise learner_died(st, err) from err
+        except (LearnerFault, RayError) as err:  # a learner's, or Ray's own (a node that died)
+            raise learners_stopped(st, err) from err
         st.step += 1
         return record
 
@@ -301,21 +347,22 @@ class LearnerGroup:
         from ray.exceptions import RayError
 
         try:  # every learner is asked: gathering FSDP's shards whole is a collective
-            state = self._get([learner.train_state.remote() for learner in self.learners])[0]
-        except RayError as err:  # killed after its last step of the epoch
-            raise learner_died(st, err) from err
+            state = self._get([learner.train_state.remote() for learner in self.learners], "handing its state over")[0]
+        except (LearnerFault, RayError) as err:  # e.g. killed after its last step of the epoch
+            raise learners_stopped(st, err) from err
         load_train_state(st, state)
 
     def gradients(self, rollout: Rollout) -> dict[str, torch.Tensor]:
         """The full batch's gradient as the group computes it (rank 0's copy); no step."""
         share_bounds(rollout.samples.num_responses, self.num_learners)
         ref = self._ray.put(rollout)
-        return self._get([learner.gradients.remote(ref) for learner in self.learners])[0]
+        return self._get([learner.gradients.remote(ref) for learner in self.learners], "computing the gradient")[0]
 
     def state_dict(self, rank: int = 0) -> dict[str, torch.Tensor]:
         """The policy's weights from learner ``rank`` (all are equal): for rollout workers and
         checkpoints."""
-        return self._get([learner.state_dict.remote() for learner in self.learners])[rank]  # a collective
+        return self._get([learner.state_dict.remote() for learner in self.learners], "handing its weights over"
+                         )[rank]  # a collective
 
     def close(self) -> None:
         """End the actors (their process group ends with them; a survivor of a dead peer may be

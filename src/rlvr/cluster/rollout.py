@@ -20,11 +20,18 @@ Staleness (``cluster.max_staleness = k``):
   recomputed log-probs as pi_old and truncated importance weights min(pi_old / pi_behaviour, C)
   (``algo.tis_cap``), the behaviour policy's log-probs travelling with each sample.
 
+Checkpoints: ``state`` waits for the batches in flight and hands them to the checkpoint
+(``rlvr.cluster.inflight``); ``restore`` takes them back on resume, so a resumed run trains
+on the batches the straight run trained on (sampled with the same, older, weights).
+
 Faults: an actor restarts (Ray's ``max_restarts``) with fresh state; a call that fails with
 ``RayActorError`` is sent again to the restarted actor with the same weights reference and
 generator state, so the batch is the same one. ``cluster/worker_restarts`` counts restarts:
 a new process behind a worker, seen when it answers (however many queued calls it failed; a
-worker killed after its last batch was delivered lost nothing and is not counted).
+worker killed after its last batch was delivered lost nothing and is not counted). A worker
+silent for ``cluster.call_timeout`` seconds once the driver waits for its batch stops the
+run, naming it and the batch, without a restart: a hang (a wedged device, a deadlock) is no
+crash Ray sees, one that repeats would cost a timeout per try, and the checkpoints stay.
 
 Placement: with ``cluster.address`` set (a cluster of one or more nodes), the workers go into
 a placement group of one ``{"CPU": WORKER_CPUS}`` bundle each with strategy ``SPREAD``: Ray
@@ -43,15 +50,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlvr.cluster import ClusterError
+from rlvr.cluster import READY_TIMEOUT, ClusterError, first_line, stopped
+from rlvr.cluster.inflight import batch_from_dict, batch_to_dict
 from rlvr.config import Config
 from rlvr.rollout import Grades, Samples, Task, contiguous_bounds
 from rlvr.seams import sample_and_grade, trainer_state_at
 from rlvr.state import TrainState
 
 MAX_RESTARTS = 100  # per worker, over a run
-CALL_TIMEOUT = 3600.0  # seconds a batch may take before the run gives up
-READY_TIMEOUT = 300.0  # seconds a restarting worker may take to answer again
 WORKER_CPUS = 0.5  # Ray CPUs each rollout worker holds (explicit: a default request can pend forever)
 
 
@@ -112,11 +118,11 @@ class RolloutWorker:
         self.version = version
         return version
 
-    def join_weights_group(self, init_method: str, rank: int, world_size: int, backend: str) -> None:
+    def join_weights_group(self, init_method: str, rank: int, world_size: int, backend: str, timeout_s: float) -> None:
         """Join the driver's weights group (``rlvr.cluster.weight_sync``)."""
         from rlvr.cluster.weight_sync import join
 
-        join(init_method, rank, world_size, backend)
+        join(init_method, rank, world_size, backend, timeout_s)
 
     def receive_weights(self, version: int) -> int:
         """The driver's broadcast of the weights of ``version``, straight into the policy."""
@@ -158,9 +164,11 @@ class Job:
     version: int  # the optimizer step of the weights it samples with
     weights_epoch: int  # the epoch at whose start the driver held those weights
     weights: Any  # their ObjectRef
-    generator_state: torch.Tensor
+    generator_state: torch.Tensor | None
     prompts: Any = None  # this job's part of the epoch's prompts (cluster.split_batch), or None: the worker draws
     ref: Any = None  # the call's ObjectRef
+    result: tuple[Samples, Grades, dict[str, float]] | None = None  # once answered (or restored from a checkpoint)
+    new_state: torch.Tensor | None = None  # the worker's generator after the batch
 
 
 class RayRolloutSource:
@@ -173,6 +181,7 @@ class RayRolloutSource:
         self.ray = ray
         self.max_staleness, self.epochs, self.seed = c.max_staleness, config.algo.epochs, config.seed
         self.split, self.num_prompts = c.split_batch, config.task.prompts_per_epoch
+        self.call_timeout = c.call_timeout
         actor = ray.remote(num_cpus=WORKER_CPUS, max_restarts=MAX_RESTARTS, max_task_retries=0)(RolloutWorker)
         self.placement_group = None
         self.workers: list[Any] = []
@@ -193,7 +202,7 @@ class RayRolloutSource:
             self.workers = [actor.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
                 self.placement_group, placement_group_bundle_index=i)).remote(config)
                 for i in range(c.rollout_workers)]
-        self.pids = self.worker_pids()  # also waits until every worker is up
+        self.pids = self._started()
         self.restarts = 0
         self.jobs: dict[int, list[Job]] = {}  # submitted batches (or their parts) by epoch
         self._weights: tuple[int, Any] | None = None  # (version, ObjectRef): put once per version
@@ -211,11 +220,29 @@ class RayRolloutSource:
         try:
             return self._sample_and_grade(st, task)
         except (ClusterError, RayError) as err:
-            cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__  # Ray's is long
-            if isinstance(err, RayError):
-                cause = f"Ray failed: {type(err).__name__}: {cause}"
-            raise ClusterError(f"epoch {st.epoch}, step {st.step}: {cause}. The run stops; the checkpoints written "
-                               "before are intact (resume=RUN_DIR continues from the last one)") from err
+            raise stopped(f"epoch {st.epoch}, step {st.step}", err) from err
+
+    def state(self) -> dict[str, Any] | None:
+        """The batches submitted ahead of the trainer, waited for, as checkpoint data
+        (``rlvr.cluster.inflight``); None when none is in flight (``max_staleness`` 0, or the
+        run's last epoch)."""
+        from ray.exceptions import RayError
+
+        held = [job for epoch in sorted(self.jobs) for job in self.jobs[epoch]]
+        try:
+            for job in held:
+                self._wait(job)
+        except (ClusterError, RayError) as err:
+            raise stopped("checkpoint: waiting for the batches in flight", err) from err
+        return {"batches": [batch_to_dict(job) for job in held]} if held else None
+
+    def restore(self, state: dict[str, Any] | None) -> None:
+        """Take back the batches ``state()`` kept: the resumed run trains on them, not on
+        batches sampled anew with its newer weights."""
+        for batch in [] if state is None else state["batches"]:
+            fields, result = batch_from_dict(batch)
+            job = Job(**fields, weights=None, generator_state=None, result=result)
+            self.jobs.setdefault(job.epoch, []).append(job)
 
     def _sample_and_grade(self, st: TrainState, task: Task) -> tuple[Samples, Grades, dict[str, float]]:
         clock = time.perf_counter()
@@ -226,13 +253,11 @@ class RayRolloutSource:
                 self.jobs[epoch] = [self._submit(job) for job in self._jobs(epoch, st, task, weights)]
         sync = time.perf_counter() - clock
         jobs = self.jobs.pop(st.epoch)
-        parts = []
         for job in jobs:
-            samples, grades, stats, new_state, pid = self._result(job)
-            self._seen(job.worker, pid)
-            parts.append((samples, grades, stats))
+            self._wait(job)
+        parts = [job.result for job in jobs]
         if self.max_staleness == 0 and not self.split:
-            st.generator.set_state(new_state)
+            st.generator.set_state(jobs[0].new_state)
         samples, grades = Samples.cat([p[0] for p in parts]), Grades.cat([p[1] for p in parts])
         # the parts ran at once: the batch took as long as the slowest
         stats = {key: max(p[2].get(key, 0.0) for p in parts) for key in parts[0][2]}
@@ -264,14 +289,16 @@ class RayRolloutSource:
                                                                    job.prompts, job.epoch)
         return job
 
-    def _result(self, job: Job) -> tuple[Samples, Grades, dict[str, float], torch.Tensor, int]:
-        """The job's result; a worker that died meanwhile is waited for (restarted by Ray) and
-        the job sent again."""
+    def _wait(self, job: Job) -> None:
+        """The job's result into ``job.result`` (once); a worker that died meanwhile is waited
+        for (restarted by Ray) and the job sent again."""
         from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError
 
-        while True:
+        while job.result is None:
             try:
-                return self.ray.get(job.ref, timeout=CALL_TIMEOUT)
+                samples, grades, stats, job.new_state, pid = self.ray.get(job.ref, timeout=self.call_timeout)
+                job.result = samples, grades, stats
+                self._seen(job.worker, pid)
             except ActorDiedError as err:
                 raise ClusterError(f"rollout worker {job.worker} is dead (restarts used up): {err}") from err
             except RayActorError as err:  # killed or lost: it restarts with fresh state; send the job again
@@ -282,7 +309,9 @@ class RayRolloutSource:
                 self._wait_ready(job.worker)
                 self._submit(job)
             except GetTimeoutError as err:
-                raise ClusterError(f"rollout worker {job.worker}: no answer within {CALL_TIMEOUT:.0f} s") from err
+                raise ClusterError(f"rollout worker {job.worker} gave no answer within {self.call_timeout:g} s "
+                                   f"(cluster.call_timeout) while sampling and grading the batch of epoch "
+                                   f"{job.epoch} (weights version {job.version})") from err
 
     def _send_weights(self, module: torch.nn.Module, version: int) -> Any:
         """The weights of ``version`` to the workers: broadcast now (None: nothing to pass
@@ -292,7 +321,8 @@ class RayRolloutSource:
         if self._group is None:
             from rlvr.cluster.weight_sync import CollectiveWeights
 
-            self._group = CollectiveWeights(self.ray, self.workers, module)
+            wait = (1 + self.max_staleness) * self.call_timeout  # a broadcast waits for up to k + 1 queued batches
+            self._group = CollectiveWeights(self.ray, self.workers, module, wait)
         self._group.send(module, version)
         return None
 
@@ -326,6 +356,28 @@ class RayRolloutSource:
             self.pids[index] = pid
             self.restarts += 1
 
+    def _started(self) -> list[int]:
+        """Each worker's process id, once every one is up (its task and policy built); a worker
+        that fails to start, or takes longer than READY_TIMEOUT, ends them all (ClusterError)."""
+        from ray.exceptions import RayActorError
+
+        refs = [w.pid.remote() for w in self.workers]
+        _, pending = self.ray.wait(refs, num_returns=len(refs), timeout=READY_TIMEOUT)  # a failed start is ready too
+        pids, problems = [], []
+        for i, ref in enumerate(refs):
+            try:
+                if ref in pending:
+                    problems.append(f"rollout worker {i} did not start within {READY_TIMEOUT:g} s (building its "
+                                    "task and policy)")
+                else:
+                    pids.append(self.ray.get(ref))
+            except RayActorError as err:
+                problems.append(f"rollout worker {i} failed to start: {first_line(err)}")
+        if problems:
+            self.close()
+            raise ClusterError(problems[0])
+        return pids
+
     def worker_pids(self) -> list[int]:
         return self.ray.get([w.pid.remote() for w in self.workers], timeout=READY_TIMEOUT)
 
@@ -345,3 +397,4 @@ class RayRolloutSource:
 
             remove_placement_group(self.placement_group)
             self.placement_group = None
+

@@ -11,7 +11,10 @@ run on this machine.
 
 The group cannot take a restarted worker back (its membership is fixed when it forms), so
 a worker that restarts ends the run with a ``ClusterError``; ``weight_sync=object_store``
-(the default) survives restarts.
+(the default) survives restarts. Every wait is bounded by ``timeout_s`` (the group's
+``timeout``, which bounds each broadcast, and the driver's waits on the workers): the
+source passes (k + 1) x ``cluster.call_timeout``, since a worker takes a broadcast only
+after the up to k + 1 batches queued before it.
 
     driver                                   worker r
     CollectiveWeights(workers, module) ----> join(init_method, r, W + 1, backend)
@@ -25,8 +28,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
-GROUP_TIMEOUT_S = 600.0  # a worker busy with a batch answers a broadcast when it is done
 
 
 def flat_buffers(state: dict[str, torch.Tensor]) -> dict[torch.dtype, list[str]]:
@@ -55,46 +56,73 @@ def broadcast_state(state: dict[str, torch.Tensor], source: bool) -> None:
                     offset += n
 
 
-def join(init_method: str, rank: int, world_size: int, backend: str) -> None:
-    """Join the weights group (a worker's side; blocks until every rank has joined)."""
+def join(init_method: str, rank: int, world_size: int, backend: str, timeout_s: float) -> None:
+    """Join the weights group (blocks until every rank has joined); each collective of the
+    group then waits at most ``timeout_s`` (the workers are up when the group forms: the
+    rendezvous waits for no start)."""
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
+                            timeout=datetime.timedelta(seconds=timeout_s))
 
 
 class CollectiveWeights:
     """The driver's side: forms the group with ``workers`` (Ray actor handles with
     ``join_weights_group`` and ``receive_weights``) and broadcasts each version once."""
 
-    def __init__(self, ray: Any, workers: list[Any], module: torch.nn.Module) -> None:
+    def __init__(self, ray: Any, workers: list[Any], module: torch.nn.Module, timeout_s: float) -> None:
+        from ray.exceptions import RayError
+
+        from rlvr.cluster import ClusterError, first_line
         from rlvr.cluster.learners import backend_for, free_port
 
-        self.ray, self.workers = ray, workers
+        self.ray, self.workers, self.timeout_s = ray, workers, timeout_s
         init_method = f"tcp://{ray.util.get_node_ip_address()}:{free_port()}"
         world, backend = len(workers) + 1, backend_for(module)
-        joined = [w.join_weights_group.remote(init_method, rank, world, backend)
+        joined = [w.join_weights_group.remote(init_method, rank, world, backend, timeout_s)
                   for rank, w in enumerate(workers, start=1)]
-        join(init_method, 0, world, backend)
-        ray.get(joined, timeout=GROUP_TIMEOUT_S)
+        try:
+            join(init_method, 0, world, backend, timeout_s)
+            ray.get(joined, timeout=timeout_s)
+        except (RuntimeError, RayError) as err:  # a worker that never joined: the rendezvous timed out
+            raise ClusterError(f"forming the weights group (weight_sync=collective) within {timeout_s:g} s: "
+                               f"{culprits(ray, joined, 'did not join')} ({first_line(err)})") from err
         self.version: int | None = None
 
     def send(self, module: torch.nn.Module, version: int) -> None:
         """Every worker's weights become ``module``'s, named ``version`` (once per version)."""
         from ray.exceptions import RayError
 
-        from rlvr.cluster import ClusterError
+        from rlvr.cluster import ClusterError, first_line
 
         if version == self.version:
             return
         received = [w.receive_weights.remote(version) for w in self.workers]
         try:
             broadcast_state(module.state_dict(), source=True)
-            self.ray.get(received, timeout=GROUP_TIMEOUT_S)
-        except (RuntimeError, RayError) as err:  # a member died: gloo's reset connection, or Ray's error
-            raise ClusterError(f"the weights broadcast of version {version} failed ({str(err).splitlines()[0]}): a "
-                               "rollout worker died, and weight_sync=collective cannot take a restarted worker back "
-                               "into its group (weight_sync=object_store survives restarts)") from err
+            self.ray.get(received, timeout=self.timeout_s)
+        except (RuntimeError, RayError) as err:  # a member died (gloo's reset connection, Ray's error) or hung
+            raise ClusterError(f"the weights broadcast of version {version} failed within {self.timeout_s:g} s: "
+                               f"{culprits(self.ray, received, 'did not take it')} ({first_line(err)}); "
+                               "weight_sync=collective cannot take a restarted worker back into its group "
+                               "(weight_sync=object_store survives restarts)") from err
         self.version = version
 
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def culprits(ray: Any, refs: list[Any], silent: str) -> str:
+    """Which workers a group's failure comes down to, given their calls ``refs`` (worker i's
+    at index i): those whose call failed (died), else those that have not answered."""
+    done = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0])
+    dead = []
+    for i, ref in enumerate(refs):
+        try:
+            if ref in done:
+                ray.get(ref, timeout=0)
+        except Exception:  # noqa: BLE001 - any failure of the call: the worker is the one named
+            dead.append(i)
+    late = [i for i, ref in enumerate(refs) if ref not in done]
+    if dead:
+        return f"rollout worker {', '.join(map(str, dead))} died"
+    return f"rollout worker {', '.join(map(str, late))} {silent}" if late else "the group failed"

@@ -1,27 +1,59 @@
-"""Sampler-trainer mismatch: truncated importance sampling (TIS) and how far apart they are.
+"""Sampler-trainer mismatch: the off-policy corrections of the policy gradient, and how far apart they are.
 
 An engine that samples with its own numbers (vLLM's kernels, another precision) draws
-tokens from pi_sampler, which is not quite the trainer's old policy pi_old. The policy
-gradient wants samples of pi_old, so each token's term is reweighted by
-pi_old / pi_sampler, truncated at C to bound the variance (Yao et al. 2025, "Your
-efficient RL framework secretly brings you off-policy RL training"):
+tokens from pi_sampler, which is not quite the trainer's old policy pi_old; a stale
+rollout worker samples with older weights. The policy gradient wants samples of pi_old,
+so each token's policy-gradient term is reweighted by a function of its ratio
+r_t = pi_old / pi_sampler (Yao et al. 2025, "Your efficient RL framework secretly brings
+you off-policy RL training"). ``IS_CORRECTIONS``, named as verl's rollout correction
+(``rollout_is`` / ``rollout_rs``) and slime name them; a response's ratio is over its
+policy tokens s, log-ratios summed (the product of the ratios) or averaged (their
+geometric mean):
 
-    w = min(pi_old / pi_sampler, C) = exp(min(old_log_probs - sample_log_probs, log C))
+    token_tis  w_t = min(r_t, C)                            verl rollout_is=token
+    seq_tis    w_t = min(prod_s r_s, C)                     verl rollout_is=sequence
+    token_mis  w_t = 1[low <= r_t <= high]                  verl rollout_rs=token
+    seq_mis    w_t = 1[low <= prod_s r_s <= high]           verl rollout_rs=sequence
+    geo_mask   w_t = 1[low <= exp(mean_s log r_s) <= high]  verl rollout_rs=geometric
+    icepop     w_t = r_t 1[low <= r_t <= high]              IcePop; slime's MIS (tis_mode=mask)
+
+As in verl, the masking methods (``MASKING_CORRECTIONS``) keep weight 1, or, given a cap
+C beside them (verl's rollout_is=token with a rollout_rs), the token's min(r_t, C); low
+defaults to 1 / high. Every min and every bound is taken on the log-ratio, so a huge
+ratio never overflows. Unlike verl, a masked token stays in the aggregation's
+normaliser: the weight multiplies the policy-gradient term only, as TIS does.
 
 Shapes: N responses, T response tokens. ``old_log_probs`` [N, T] are the trainer's
 log-probs of the sampled tokens (recomputed by its own scorer), ``sample_log_probs``
-[N, T] the sampler's; both 0 off the response mask, where w is therefore 1.
-``response_mask`` [N, T] bool is True on real response tokens.
+[N, T] the sampler's. ``mask`` [N, T] bool is True on the policy's tokens (padding and an
+environment's tokens are False): the only ones weighted, summed and counted; the weight
+is 1 elsewhere.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
 from rlvr.core.kl import k3
-from rlvr.core.masked import masked_mean
+from rlvr.core.masked import masked_mean, masked_sum
+from rlvr.core.registry import lookup
+
+
+class Correction(NamedTuple):
+    """An off-policy correction of one batch, all [N, T] and detached.
+
+    weights:   each token's factor of its policy-gradient term (0 where masked, 1 off the mask)
+    truncated: bool, the policy tokens whose weight the cap C lowered
+    masked:    bool, the policy tokens dropped (weight 0)
+    """
+
+    weights: torch.Tensor
+    truncated: torch.Tensor
+    masked: torch.Tensor
 
 
 def _log_ratio(old_log_probs: torch.Tensor, sample_log_probs: torch.Tensor) -> torch.Tensor:
@@ -42,6 +74,141 @@ def tis_weights(old_log_probs: torch.Tensor, sample_log_probs: torch.Tensor, cap
     if not cap >= 1.0:
         raise ValueError(f"the TIS cap must be >= 1, got {cap}")
     return torch.exp(_log_ratio(old_log_probs, sample_log_probs).clamp(max=math.log(cap)))
+
+
+def _finish(weights: torch.Tensor, truncated: torch.Tensor, masked: torch.Tensor, mask: torch.Tensor) -> Correction:
+    """Weight 1 off the mask (those tokens carry no loss weight: a neutral factor), flags on it only; all [N, T]."""
+    return Correction(torch.where(mask, weights, 1.0), truncated & mask, masked & mask)
+
+
+def _capped(log_ratio: torch.Tensor, cap: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(exp(min(log r, log C)), log r > log C): the truncated ratio and where the cap lowered it."""
+    return torch.exp(log_ratio.clamp(max=math.log(cap))), log_ratio > math.log(cap)
+
+
+def _within(log_ratio: torch.Tensor, low: float, high: float) -> torch.Tensor:
+    """low <= r <= high, compared as log-ratios (bool, the shape of ``log_ratio``)."""
+    return (log_ratio >= math.log(low)) & (log_ratio <= math.log(high))
+
+
+def _seq_log_ratio(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """log prod_s r_s = sum over the response's policy tokens of log r_s; [N, T] -> [N, 1] (0: no tokens)."""
+    return masked_sum(log_ratio, mask, dim=-1).unsqueeze(-1)
+
+
+def _geo_log_ratio(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """log of the geometric mean of the ratios, mean_s log r_s; [N, T] -> [N, 1] (0: no tokens)."""
+    return masked_mean(log_ratio, mask, dim=-1).unsqueeze(-1)
+
+
+def _keep(keep: torch.Tensor, log_ratio: torch.Tensor, mask: torch.Tensor, cap: float | None) -> Correction:
+    """A masking method's correction: ``keep`` [N, T] or [N, 1] (a whole response) bool;
+    kept tokens weigh 1, or min(r_t, C) with a cap, the others 0."""
+    keep = keep.expand_as(log_ratio)
+    if cap is None:
+        weights, over = torch.ones_like(log_ratio), torch.zeros_like(keep)
+    else:
+        weights, over = _capped(log_ratio, cap)
+    return _finish(torch.where(keep, weights, 0.0), over & keep, ~keep, mask)
+
+
+def token_tis(log_ratio: torch.Tensor, mask: torch.Tensor, cap: float | None, low: float | None,
+              high: float | None) -> Correction:
+    """w_t = min(r_t, C) (``tis_weights``): each token's ratio, truncated at C."""
+    weights, over = _capped(log_ratio, cap)
+    return _finish(weights, over, torch.zeros_like(over), mask)
+
+
+def seq_tis(log_ratio: torch.Tensor, mask: torch.Tensor, cap: float | None, low: float | None,
+            high: float | None) -> Correction:
+    """w_t = min(prod_s r_s, C) = exp(min(sum_s log r_s, log C)), one weight for all of
+    a response's tokens: the sequence's own importance weight, truncated at C."""
+    weights, over = _capped(_seq_log_ratio(log_ratio, mask), cap)  # [N, 1]
+    return _finish(weights.expand_as(log_ratio), over.expand_as(mask), torch.zeros_like(mask), mask)
+
+
+def token_mis(log_ratio: torch.Tensor, mask: torch.Tensor, cap: float | None, low: float | None,
+              high: float | None) -> Correction:
+    """Masked importance sampling per token: w_t = 1[low <= r_t <= high] (times min(r_t, C) with a cap)."""
+    return _keep(_within(log_ratio, low, high), log_ratio, mask, cap)
+
+
+def seq_mis(log_ratio: torch.Tensor, mask: torch.Tensor, cap: float | None, low: float | None,
+            high: float | None) -> Correction:
+    """Masked importance sampling per response: all its tokens dropped when its ratio
+    prod_s r_s is outside [low, high]; w_t = 1 (or min(r_t, C)) otherwise."""
+    return _keep(_within(_seq_log_ratio(log_ratio, mask), low, high), log_ratio, mask, cap)
+
+
+def geo_mask(log_ratio: torch.Tensor, mask: torch.Tensor, cap: float | None, low: float | None,
+             high: float | None) -> Correction:
+    """Geometric-mean sequence masking: a response is dropped when exp(mean_s log r_s),
+    its per-token ratio on average, is outside [low, high]. The mean, unlike the product,
+    does not grow with the length, so one pair of bounds fits short and long responses
+    (verl's rollout_rs=geometric; "When Speed Kills Stability", Liu, Li et al. 2025)."""
+    return _keep(_within(_geo_log_ratio(log_ratio, mask), low, high), log_ratio, mask, cap)
+
+
+def icepop(log_ratio: torch.Tensor, mask: torch.Tensor, cap: float | None, low: float | None,
+           high: float | None) -> Correction:
+    """IcePop (Ring team 2025, "Every Step Evolves: Scaling Reinforcement Learning for
+    Trillion-Scale Thinking Model"): double-sided masking with calibration,
+    w_t = M(r_t) with M(k) = k for k in [alpha, beta] = [low, high], 0 otherwise. The kept
+    tokens carry their own ratio, which is at most ``high``: verl's token IS with cap
+    ``high`` beside token rejection, slime's MIS."""
+    return _keep(_within(log_ratio, low, high), log_ratio, mask, high)  # min(r_t, high) = r_t where kept
+
+
+# name -> fn(log_ratio [N, T], mask [N, T] bool, cap, low, high) -> Correction
+IS_CORRECTIONS: dict[str, Callable[..., Correction]] = {
+    "token_tis": token_tis,
+    "seq_tis": seq_tis,
+    "token_mis": token_mis,
+    "seq_mis": seq_mis,
+    "icepop": icepop,
+    "geo_mask": geo_mask,
+}
+TRUNCATING_CORRECTIONS = ("token_tis", "seq_tis")  # need the cap C
+MASKING_CORRECTIONS = ("token_mis", "seq_mis", "icepop", "geo_mask")  # need the bounds [low, high]
+
+
+def off_policy_correction(method: str, old_log_probs: torch.Tensor, sample_log_probs: torch.Tensor,
+                          mask: torch.Tensor, *, cap: float | None = None, low: float | None = None,
+                          high: float | None = None) -> Correction:
+    """``IS_CORRECTIONS[method]`` of r = pi_old / pi_sampler; old_log_probs, sample_log_probs,
+    mask [N, T] -> Correction (weights, truncated, masked [N, T], detached).
+
+    ``cap`` C >= 1: token_tis and seq_tis need it; beside token_mis, seq_mis or geo_mask the
+    kept tokens weigh min(r_t, C); icepop takes none (its kept ratios are bounded by high).
+    ``low`` < 1 < ``high``: the masking methods' bounds, low defaulting to 1 / high.
+    """
+    fn = lookup(IS_CORRECTIONS, method, "off-policy correction")
+    if cap is not None and not cap >= 1.0:
+        raise ValueError(f"the TIS cap must be >= 1, got {cap}")
+    if method in TRUNCATING_CORRECTIONS and cap is None:
+        raise ValueError(f"{method} needs the cap C")
+    if method == "icepop" and cap is not None:
+        raise ValueError("icepop weighs the kept tokens by their own ratio, at most high; it takes no cap")
+    if method in MASKING_CORRECTIONS:
+        if high is None:
+            raise ValueError(f"{method} needs the upper bound high")
+        low = 1.0 / high if low is None else low
+        if not 0 < low < 1 < high:
+            raise ValueError(f"{method} needs 0 < low < 1 < high, got low={low}, high={high}")
+    return fn(_log_ratio(old_log_probs, sample_log_probs), mask.bool(), cap, low, high)
+
+
+def token_fraction(flags: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Share of the policy tokens flagged; flags, mask [N, T] bool -> scalar of ``dtype`` (0 if no tokens)."""
+    return masked_mean(flags.to(dtype), mask)
+
+
+def response_fraction(flags: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Share of the responses with a flagged policy token, over those with any policy
+    token (a response-level method flags all of a response's tokens, a token-level one
+    some); flags, mask [N, T] bool -> scalar of ``dtype`` (0 if no tokens)."""
+    mask = mask.bool()
+    return masked_mean((flags & mask).any(dim=-1).to(dtype), mask.any(dim=-1))
 
 
 def tis_truncated_frac(

@@ -1,0 +1,60 @@
+"""Batches sampled ahead of the trainer, in the form a checkpoint holds them.
+
+With ``cluster.max_staleness = k >= 1`` every checkpoint but the run's last falls while the
+batches of the next epochs are in flight, sampled with weights the checkpoint no longer
+holds (those the driver had at the start of an earlier epoch). ``RayRolloutSource.state``
+waits for them and keeps each batch (or part of one, ``cluster.split_batch``) here as tensors
+and plain data (``torch.load(weights_only=True)`` takes them) with its epoch, the weights
+version it was sampled with and the epoch at whose start the driver held those weights. A
+resumed source trains on them as they are: a run killed and resumed gives the straight
+run's records.
+
+What leaves the batch: the responses' task-specific objects (an episode becomes its text, as
+in a checkpoint's ``Rollout``) and the graded prompts, kept as their record keys
+(``rlvr.diagnostics.prompt_key``), all the loop reads of them after grading.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from rlvr.diagnostics import prompt_key
+from rlvr.rollout import Grades, Samples
+
+
+def plain(value: Any) -> Any:
+    """``value`` as tensors and plain data: containers as lists and dicts, a string (an
+    episode's text included) as a ``str``, anything else that is no number as its text."""
+    if isinstance(value, torch.Tensor) or value is None or isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    return str(value)
+
+
+JOB_FIELDS = ("epoch", "worker", "version", "weights_epoch")  # a batch's place, and the weights it was sampled with
+
+
+def batch_to_dict(job: Any) -> dict[str, Any]:
+    """A graded batch (a ``rollout.Job`` with its result) as checkpoint data."""
+    samples, grades, stats = job.result
+    out_samples = {f.name: getattr(samples, f.name) for f in dataclasses.fields(samples)}
+    out_samples["responses"] = plain(samples.responses)
+    out_grades = {f.name: getattr(grades, f.name) for f in dataclasses.fields(grades)}
+    out_grades["prompts"] = None if grades.prompts is None else [prompt_key(p) for p in grades.prompts]
+    out_grades["metrics"], out_grades["failures"] = plain(grades.metrics), plain(grades.failures)
+    return {**{key: getattr(job, key) for key in JOB_FIELDS}, "samples": out_samples, "grades": out_grades,
+            "stats": plain(stats)}
+
+
+def batch_from_dict(data: dict[str, Any]) -> tuple[dict[str, int], tuple[Samples, Grades, dict[str, float]]]:
+    """``batch_to_dict``'s data back: the job's fields, and its result (samples, grades, stats)."""
+    return ({key: data[key] for key in JOB_FIELDS},
+            (Samples(**data["samples"]), Grades(**data["grades"]), dict(data["stats"])))
