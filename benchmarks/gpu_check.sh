@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GPU check of the hf engine and rlvr's GRPO step on a lent GPU machine (benchmarks/gpu_check.py):
+# GPU check of the hf engine and rlvr's GRPO step on a lent GPU machine (benchmarks/gpu_check.py),
+# then of the cluster parts (benchmarks/gpu_cluster_check.py):
 # random-init Qwen2.5-0.5B shape in bfloat16, 8 prompts x 8 responses x 256 new tokens, rlvr's
 # step against a hand-written one (HF generate + forward + backward + AdamW) in the same run.
 #
@@ -21,3 +22,9 @@ if [[ " $* " != *" --smoke "* ]] && command -v nvidia-smi > /dev/null; then
     nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
 fi
 timeout 450 python benchmarks/gpu_check.py --out "$out_dir/gpu_check" "$@" 2>&1 | tee "$out_dir/gpu_check.log"
+# The cluster parts: learners over NCCL (one per GPU), a sharded checkpoint, vLLM in a Ray rollout
+# worker (skipped, and said so, without ray or vllm). --smoke: 2 gloo learners on the CPU.
+smoke=""
+[[ " $* " == *" --smoke "* ]] && smoke="--smoke"
+timeout 240 python benchmarks/gpu_cluster_check.py $smoke --out "$out_dir/gpu_cluster_check" 2>&1 \
+    | tee "$out_dir/gpu_cluster_check.log"

@@ -10,6 +10,12 @@ checkpoint whole; a write that fails (a full disk) removes its temporary folder.
 checkpoint whose files do not match their manifest is skipped with a warning and the
 one before it is used.
 
+With data-parallel learners (``cluster.learners > 1``) the policy's weights and optimizer
+state are not in ``trainer.pt`` (its ``policy`` and ``optimizer`` are None) nor in a
+``model/`` folder: the learners write them into ``sharded/`` with DCP
+(``rlvr.cluster.sharded``), inside the temporary folder before the rename, and the
+manifest names that folder (``SHARDED_KEY``) beside the checksums of its files.
+
 ``trainer.pt`` holds only tensors and plain data (dicts, lists, numbers, strings) and
 is loaded with ``weights_only=True``: a run directory from someone else cannot run
 code on ``resume=`` (a checksum only says the file is the one the manifest names).
@@ -24,6 +30,7 @@ import random
 import re
 import shutil
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +49,8 @@ PAYLOAD_KEYS = frozenset((
     "policy", "optimizer", "scheduler", "reference", "generator", "rng",
     "epoch", "step", "bad_steps", "inner_step", "rollout", "num_records", "source"))
 OPTIONAL_KEYS = frozenset(("source",))  # checkpoints written before it load without it
+SHARDED_DIR = "sharded"  # the learners' DCP folder in a checkpoint
+SHARDED_KEY = "@sharded"  # the manifest's entry naming it (no file: an rlvr without sharded checkpoints refuses it)
 
 
 class CheckpointError(RuntimeError):
@@ -78,14 +87,14 @@ def set_rng_state(state: dict[str, Any]) -> None:
                          "has_gauss": numpy["has_gauss"], "gauss": numpy["gauss"]})
 
 
-def state_payload(st: TrainState, source: dict[str, Any] | None = None) -> dict[str, Any]:
+def state_payload(st: TrainState, source: dict[str, Any] | None = None, sharded: bool = False) -> dict[str, Any]:
     """A run's state (``rlvr.state.TrainState``) as tensors and plain data only, so that
     it loads with ``torch.load(weights_only=True)``; keys PAYLOAD_KEYS. ``source``: the
     rollout source's ``state()`` (batches sampled ahead of the trainer), handed back to
-    the resumed source."""
+    the resumed source. ``sharded``: the learners write the policy and optimizer (None here)."""
     return {
-        "policy": st.policy.module.state_dict(),
-        "optimizer": st.optimizer.state_dict(),
+        "policy": None if sharded else st.policy.module.state_dict(),
+        "optimizer": None if sharded else st.optimizer.state_dict(),
         "scheduler": st.scheduler.state_dict(),
         "reference": None if st.ref_module is None else st.ref_module.state_dict(),
         "generator": st.generator.get_state(),
@@ -101,9 +110,11 @@ def state_payload(st: TrainState, source: dict[str, Any] | None = None) -> dict[
 
 
 def restore_state(st: TrainState, payload: dict[str, Any], records: list[dict[str, Any]]) -> None:
-    """Continue ``st`` from ``payload``; ``records`` are the run's records so far."""
-    st.policy.module.load_state_dict(payload["policy"])
-    st.optimizer.load_state_dict(payload["optimizer"])
+    """Continue ``st`` from ``payload``; ``records`` are the run's records so far. A sharded
+    checkpoint's policy and optimizer (None in ``payload``) are loaded from its folder apart."""
+    if payload["policy"] is not None:
+        st.policy.module.load_state_dict(payload["policy"])
+        st.optimizer.load_state_dict(payload["optimizer"])
     st.scheduler.load_state_dict(payload["scheduler"])
     if payload["reference"] is not None:
         st.ref_module = frozen_copy(st.policy.module)
@@ -134,11 +145,14 @@ def save_pretrained(policy: Any, path: Path) -> bool:
     return True
 
 
-def save_checkpoint(run_dir: Path, name: str, payload: dict[str, Any], policy: Any = None, keep: int = 2) -> Path:
+def save_checkpoint(run_dir: Path, name: str, payload: dict[str, Any], policy: Any = None, keep: int = 2,
+                    write_sharded: Callable[[Path], None] | None = None) -> Path:
     """Write ``payload`` (tensors and plain data) and the policy's pretrained folder atomically.
 
-    Keeps the newest ``keep`` checkpoints. Returns the checkpoint directory. A write
-    that fails leaves no temporary folder behind (the error propagates).
+    ``write_sharded``: writes the weights and optimizer state into the folder it is given
+    (``SHARDED_DIR`` of the temporary folder), before the manifest and the rename. Keeps
+    the newest ``keep`` checkpoints. Returns the checkpoint directory. A write that fails
+    leaves no temporary folder behind (the error propagates).
     """
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
@@ -150,8 +164,12 @@ def save_checkpoint(run_dir: Path, name: str, payload: dict[str, Any], policy: A
         torch.save(payload, tmp / "trainer.pt")
         if policy is not None:
             save_pretrained(policy, tmp / "model")
+        if write_sharded is not None:
+            write_sharded(tmp / SHARDED_DIR)
         files = sorted(p for p in tmp.rglob("*") if p.is_file())
         manifest = {str(p.relative_to(tmp)): hash_file(p).hexdigest() for p in files}
+        if write_sharded is not None:
+            manifest[SHARDED_KEY] = SHARDED_DIR
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
         _fsync_tree(tmp)
     except BaseException:  # a full disk, or a second Ctrl-C: no half-written folder stays
@@ -183,12 +201,23 @@ def verify(checkpoint: Path) -> str | None:
     except json.JSONDecodeError:
         return "manifest.json is not valid JSON"
     for rel, digest in manifest.items():
+        if rel == SHARDED_KEY:
+            if not (checkpoint / digest).is_dir():
+                return f"its sharded folder {digest} is missing"
+            continue
         path = checkpoint / rel
         if not path.is_file():
             return f"{rel} is missing"
         if hash_file(path).hexdigest() != digest:
             return f"{rel} does not match its checksum"
     return None
+
+
+def sharded_folder(checkpoint: Path) -> Path | None:
+    """The folder of a verified checkpoint's sharded weights and optimizer state; None for
+    a checkpoint that holds them in ``trainer.pt``."""
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    return checkpoint / manifest[SHARDED_KEY] if SHARDED_KEY in manifest else None
 
 
 def load_payload(path: Path, keys: frozenset[str] | None = None) -> dict[str, Any]:

@@ -289,6 +289,10 @@ class ClusterConfig:
         "k: rollout workers sample up to k epochs ahead, with weights up to k versions old, while the "
         "trainer trains (0: synchronous; >= 1 needs rollout workers and an off-policy correction: algo.tis_cap "
         "or algo.is_correction)"), min=0, max=64)
+    max_staleness_steps: int | None = setting(None, (
+        "the oldest, in optimizer steps, the weights that sampled a batch may be when its training starts; an "
+        "older batch (or part of a split batch) is dropped, counted (cluster/dropped_stale) and sampled again with "
+        "the current weights (null: max_staleness x algo.inner_steps, which no batch exceeds)"), min=0, max=2**31)
     address: str | None = setting(None, "Ray cluster address (null: start a local Ray with the CPUs needed)")
     split_batch: bool = setting(False, (
         "split each epoch's batch over the rollout workers (its prompts drawn here, each part sampled with its own "

@@ -227,6 +227,10 @@ def _check_cluster(config: Any) -> None:
     if c.learner_strategy == "fsdp" and config.policy.name != "causal_lm":
         raise ConfigError(f"cluster.learner_strategy='fsdp' with policy.name={config.policy.name!r}: the positional "
                           "toy's fused scorer reads its parameters directly, past FSDP's gathering; use ddp")
+    if c.max_staleness_steps is not None and c.max_staleness == 0:
+        raise ConfigError(f"cluster.max_staleness_steps={c.max_staleness_steps} bounds batches sampled ahead, and "
+                          "cluster.max_staleness=0 samples none ahead (every batch is 0 steps old); set "
+                          "cluster.max_staleness >= 1")
     if c.max_staleness > 0:
         if c.rollout_workers == 0:
             raise ConfigError(f"cluster.max_staleness={c.max_staleness} needs rollout workers to sample ahead "

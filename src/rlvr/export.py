@@ -10,6 +10,9 @@ For the positional toy (not a transformers model) the folder holds ``policy.pt``
 ``state_dict``, loadable with ``torch.load(..., weights_only=True)``) and the run's
 ``config.yaml``, from which ``rlvr.policies.build_policy`` builds the module to load it into.
 
+A checkpoint of data-parallel learners holds its weights as DCP shards (``sharded/``): they
+are merged whole into the policy the run's config builds, and written as above.
+
 The weights are those of the newest checkpoint whose files match their checksums (the
 final one, for a run that finished), or of ``checkpoint=`` when named. The folder is
 written in a new temporary folder beside ``out`` and renamed, so a failed export leaves
@@ -24,10 +27,12 @@ import shutil
 import tempfile
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from rlvr.checkpoint import CheckpointError, list_checkpoints, load_payload, verify
+from rlvr.checkpoint import CheckpointError, list_checkpoints, load_payload, save_pretrained, sharded_folder, verify
+from rlvr.cluster.sharded import load_sharded_weights
 from rlvr.config import Config, load_config
 from rlvr.errors import ConfigError, RunError
 from rlvr.extras import LM_MODULES, require
@@ -61,12 +66,18 @@ def export_model(run_dir: str | Path, out: str | Path, checkpoint: str | None = 
     holder = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))
     tmp = holder / out.name
     tmp.mkdir()
+    sharded = sharded_folder(source)
     try:
         if config.policy.name == "causal_lm":
-            _export_causal_lm(config, source / "model", tmp, base)
+            model_dir = source / "model"
+            if sharded is not None:  # the shards merged into the run's model, saved as a checkpoint's model/ is
+                model_dir = holder / "merged"
+                save_pretrained(_merged_policy(config, sharded), model_dir)
+            _export_causal_lm(config, model_dir, tmp, base)
         else:
-            payload = load_payload(source / "trainer.pt")
-            torch.save(payload["policy"], tmp / "policy.pt")
+            weights = (load_payload(source / "trainer.pt")["policy"] if sharded is None
+                       else _merged_policy(config, sharded).module.state_dict())
+            torch.save(weights, tmp / "policy.pt")
             shutil.copyfile(run_dir / "config.yaml", tmp / "config.yaml")
         if out.exists():
             out.rmdir()  # empty, checked above
@@ -74,6 +85,15 @@ def export_model(run_dir: str | Path, out: str | Path, checkpoint: str | None = 
     finally:
         shutil.rmtree(holder, ignore_errors=True)
     return out
+
+
+def _merged_policy(config: Config, folder: Path) -> Any:
+    """The run's policy, built from its config, holding the weights of the sharded ``folder`` whole."""
+    from rlvr.compose import build_policy
+
+    policy = build_policy(config)
+    load_sharded_weights(policy.module, folder)
+    return policy
 
 
 def _checkpoint(run_dir: Path, name: str | None) -> Path:

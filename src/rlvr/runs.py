@@ -24,9 +24,12 @@ from rlvr.checkpoint import (
     load_latest,
     restore_state,
     save_checkpoint,
+    sharded_folder,
     state_payload,
 )
+from rlvr.cluster.learners import LearnerGroup
 from rlvr.cluster.session import loop_parts
+from rlvr.cluster.sharded import load_sharded
 from rlvr.config import Config, load_config
 from rlvr.errors import ConfigError, RunError, os_reason
 from rlvr.evaluation import eval_prompts_label
@@ -41,7 +44,7 @@ from rlvr.metrics import (
 )
 from rlvr.resume import data_file_changes, record_data_files, records_at_checkpoint, resume_changes
 from rlvr.run_dir import discard_partial_outputs, locked_run_dir, new_run_dir, write_atomically
-from rlvr.seams import RolloutSource
+from rlvr.seams import Learner, RolloutSource
 from rlvr.state import TrainState
 from rlvr.trainer import setup, train
 
@@ -114,10 +117,13 @@ def stop_on_signals(st: TrainState, run_dir: Path) -> Iterator[list[int]]:
             signal.signal(signum, old)
 
 
-def _checkpointer(config: Config, run_dir: Path, metrics: JsonlSink, source: RolloutSource | None = None):
+def _checkpointer(config: Config, run_dir: Path, metrics: JsonlSink, source: RolloutSource | None = None,
+                  learner: Learner | None = None):
     """Checkpoint every k epochs, at the end, and where a stop was requested (mid-epoch too);
-    with the rollout ``source``'s state (batches it sampled ahead of the trainer)."""
+    with the rollout ``source``'s state (batches it sampled ahead of the trainer). Data-parallel
+    learners write the weights and optimizer state themselves, sharded; the driver the rest."""
     every = config.log.checkpoint_every
+    group = learner if isinstance(learner, LearnerGroup) else None
 
     def on_epoch_end(st: TrainState) -> None:
         boundary = st.inner_step == 0
@@ -126,8 +132,9 @@ def _checkpointer(config: Config, run_dir: Path, metrics: JsonlSink, source: Rol
             return
         try:
             metrics.sync()  # the records the checkpoint counts reach the disk before it
-            payload = state_payload(st, None if source is None else source.state())
-            save_checkpoint(run_dir, f"{PREFIX}{st.step:09d}", payload, st.policy, config.log.keep_checkpoints)
+            payload = state_payload(st, None if source is None else source.state(), sharded=group is not None)
+            save_checkpoint(run_dir, f"{PREFIX}{st.step:09d}", payload, None if group else st.policy,
+                            config.log.keep_checkpoints, None if group is None else group.save_sharded)
         except OSError as err:
             raise RunError(f"cannot write a checkpoint in {run_dir / 'checkpoints'}: {os_reason(err)}; the previous "
                            f"one is intact (rlvr train resume={run_dir} continues from it)") from err
@@ -158,16 +165,17 @@ def _check_unfinished(stored: Config, config: Config, run_dir: Path, epoch: int)
 
 
 def _resume(config: Config, run_dir: Path, stack: ExitStack, accept_data_change: bool = False
-            ) -> tuple[tuple[Any, TrainState], dict[str, Any] | None]:
-    """The state to continue ``run_dir`` from, and the rollout source's state the checkpoint
-    kept (None: none), after checking what ``config`` changes
+            ) -> tuple[tuple[Any, TrainState], dict[str, Any] | None, Path | None]:
+    """The state to continue ``run_dir`` from, the rollout source's state the checkpoint
+    kept (None: none) and the folder of its sharded weights and optimizer state (None: they
+    are in the state, ``_load_sharded`` loads them), after checking what ``config`` changes
     and that the data files it read are unchanged (``accept_data_change``: go on with
     changed ones); a run killed before its first checkpoint starts again from the
     beginning (any change allowed: nothing of it is kept). A finished run is a
     RunFinished. The accepted changes go into ``config.yaml`` (and the data files'
     fingerprints) and a line of ``resumes.jsonl``."""
     stored = load_config(run_dir / "config.yaml")
-    checkpoint, data_changes, source_state = None, {}, None
+    checkpoint, data_changes, source_state, sharded = None, {}, None, None
     if not list_checkpoints(run_dir):
         changes = resume_changes(stored, config, restart=True)
         discard_partial_outputs(run_dir)
@@ -182,7 +190,7 @@ def _resume(config: Config, run_dir: Path, stack: ExitStack, accept_data_change:
         records = records_at_checkpoint(run_dir / "metrics.jsonl", payload["num_records"], checkpoint)
         task, st = state = _setup(config, stack)
         restore_state(st, payload, records)
-        source_state = payload.get("source")
+        source_state, sharded = payload.get("source"), sharded_folder(checkpoint)
         if data_changes:
             record_data_files(run_dir, task.data_files)
     entry = {"time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -194,7 +202,19 @@ def _resume(config: Config, run_dir: Path, stack: ExitStack, accept_data_change:
     if changes:
         config.out_dir = str(run_dir)
         write_atomically(run_dir / "config.yaml", config.to_yaml())
-    return state, source_state
+    return state, source_state, sharded
+
+
+def _load_sharded(learner: Learner, st: TrainState, folder: Path | None) -> None:
+    """A sharded checkpoint's weights and optimizer state (in ``folder``; None: none): each
+    data-parallel learner reads its part, resharded to their number, and hands the state to
+    the driver; without learners this process reads it whole."""
+    if folder is None:
+        return
+    if isinstance(learner, LearnerGroup):
+        learner.load_sharded(st, folder)
+    else:
+        load_sharded(st.policy.module, st.optimizer, folder)
 
 
 # ---------------------------------------------------------------- running
@@ -278,21 +298,22 @@ def train_in_run_dir(
     run with a RunError naming it.
     """
     with ExitStack() as stack:
-        source_state = None
+        source_state = sharded = None
         if resume is None:
             run_dir, state = _start(config, stack)
         else:
             if not (Path(resume) / "config.yaml").is_file():
                 raise ConfigError(f"resume={resume}: no config.yaml there (not a run directory)")
             run_dir = stack.enter_context(locked_run_dir(Path(resume)))
-            state, source_state = _resume(config, run_dir, stack, accept_data_change)
+            state, source_state, sharded = _resume(config, run_dir, stack, accept_data_change)
         st = state[1]
         metrics = JsonlSink(run_dir / "metrics.jsonl")
         on_record = stack.enter_context(_writer(config, run_dir, metrics, initial_epoch=st.epoch))
         with stop_on_signals(st, run_dir) as received, loop_parts(config, st) as (source, learner):
+            _load_sharded(learner, st, sharded)
             source.restore(source_state)  # the batches sampled ahead before the checkpoint: trained on as they are
             records = train(config, on_record=on_record, state=state, source=source, learner=learner,
-                            on_epoch_end=_checkpointer(config, run_dir, metrics, source))
+                            on_epoch_end=_checkpointer(config, run_dir, metrics, source, learner))
     if st.stop_requested:
         signum = received[0] if received else signal.SIGINT
         raise Stopped(f"stopped by {signal.Signals(signum).name} at epoch {st.epoch} (step {st.step}), checkpoint "

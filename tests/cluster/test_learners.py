@@ -108,8 +108,9 @@ def test_a_dead_learner_stops_the_run_with_a_clear_message(ray_local, monkeypatc
 
 
 def test_a_two_learner_run_checkpoints_and_resumes_in_one_process(ray_local, tmp_path):
-    """The driver holds the learners' state at each epoch's end, so its checkpoint is the usual
-    one: resumed without the cluster, the run goes on as the single-process run does."""
+    """The learners write the checkpoint's weights and optimizer state as shards; resumed
+    without the cluster (one process reads the shards whole), the run goes on as the
+    single-process run does."""
     from rlvr.cli import main
     from rlvr.metrics import read_records
 

@@ -107,6 +107,10 @@ def test_asynchronous_batches_are_at_most_k_versions_old_and_corrected(ray_local
     assert [r["cluster/staleness"] for r in firsts] == [0.0, 1.0, 1.0, 1.0]
     # epoch e >= 1 sampled with the weights at the start of epoch e-1: after 2 (e-1) optimizer steps
     assert [r["cluster/weights_version"] for r in firsts] == [0.0, 0.0, 2.0, 4.0]
+    # in optimizer steps: each first step minus the version, at most the bound 1 x inner_steps; none dropped
+    assert [r["cluster/staleness_steps_max"] for r in firsts] == [0.0, 2.0, 2.0, 2.0]
+    assert all(r["cluster/staleness_steps"] == r["cluster/staleness_steps_max"] for r in firsts)
+    assert all(r["cluster/dropped_stale_total"] == 0 for r in records if r["kind"] == "train")
     stale, fresh = firsts[1:], firsts[:1]
     assert all(r["mismatch/max_abs_gap"] > 0 for r in stale)  # the sampler's weights are not the trainer's
     assert all(r["mismatch/max_abs_gap"] == 0 for r in fresh)

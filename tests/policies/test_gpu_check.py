@@ -29,3 +29,10 @@ def test_gpu_check_smoke_writes_its_results(tmp_path):
     assert result["rlvr_sample_vs_scored_log_probs"]["max_abs"] < 1e-3
     assert "hand-written / rlvr step time" in (tmp_path / "gpu_check.md").read_text()
     assert (tmp_path / "gpu_check.log").read_text().startswith("GPU check")
+    cluster = json.loads((tmp_path / "gpu_cluster_check.json").read_text())
+    learners = cluster["learners_and_sharded_checkpoint"]
+    assert learners["status"] == "passed" and learners["world_size"] == 2 and learners["backend"] == "gloo"
+    assert learners["ranks_agree"] and learners["checkpoint_round_trip"]
+    shares = [r["parameter_bytes"] for r in learners["ranks"]]
+    assert all(0.4 < s / sum(shares) < 0.6 for s in shares)  # FSDP: each rank holds about half
+    assert cluster["vllm_rollout_worker"]["status"] == "skipped"

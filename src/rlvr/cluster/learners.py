@@ -10,11 +10,11 @@ with SUM (the gradients as one flat buffer per dtype), then every learner clips,
 equal without ever exchanging weights.
 
 In a run (``cluster.learners = M > 1``, see ``rlvr.cluster.session``) the group is the loop's
-learner (``rlvr.seams.Learner``): it starts from
-the driver's state (weights, optimizer, scheduler), takes every optimizer step, and hands its
-state back to the driver at the end of each epoch (``pull``): the driver samples, evaluates
-and checkpoints with it as a single-process run does, so a checkpoint is the same file and a
-run resumes with any number of learners. A learner that dies, fails or hangs stops the run
+learner (``rlvr.seams.Learner``): it starts from the driver's state (weights, optimizer,
+scheduler), takes every optimizer step, and hands its state back to the driver at the end of
+each epoch (``pull``) to sample and evaluate with. A checkpoint's weights and optimizer state
+are written by the learners themselves (DCP, ``rlvr.cluster.sharded``), and read back resharded
+by any number of learners, or by one process. A learner that dies, fails or hangs stops the run
 with a one-line ``TrainingError`` naming its rank, what it was doing and for how long
 (``rlvr.cluster.watch``); the checkpoints written before are untouched. Every wait is
 bounded: a group call by ``cluster.call_timeout`` (the actors' start by ``READY_TIMEOUT``),
@@ -22,9 +22,8 @@ each collective by the process group's ``timeout``: ``cluster.call_timeout``, or
 if longer (the same timeout bounds the rendezvous, which waits for the slowest peer's start).
 The driver's wait on a step starts first and fires first; the group's is the peers' backstop.
 
-Transport: gloo on the CPU. On GPUs the same code runs with the ``nccl`` backend (each actor
-asks Ray for ``num_gpus=1`` and all-reduces CUDA gradients); that path is written but has
-not run here (no GPU on the machine that tests it).
+Transport: gloo on the CPU. On GPUs the same code runs with ``nccl`` (each actor asks Ray for
+``num_gpus=1``); that path is written but has not run here (no GPU on the machine that tests it).
 
 Ray is imported lazily: ``import rlvr.cluster.learners`` works without it. The caller starts
 Ray (``ray.init``) before building a ``LearnerGroup`` and shuts it down after ``close()``.
@@ -36,12 +35,14 @@ import datetime
 import os
 import socket
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from rlvr.cluster import READY_TIMEOUT, first_line
+from rlvr.cluster.sharded import load_sharded, save_sharded
 from rlvr.cluster.watch import IDLE, WATCH, Activity, diagnose
 from rlvr.compose import build_policy
 from rlvr.config import Config
@@ -76,8 +77,8 @@ class LearnerRank(Activity):
     all-reduced; ``fsdp``, the policy's parameters, gradients and Adam state sharded over the
     group by FSDP2's ``fully_shard`` (one unit: the whole module), its reduce-scatter
     averaging turned back into the sum the shares' losses need. Either way the weights and
-    optimizer state leave and enter a learner whole (``train_state``), so the driver's
-    checkpoint is the same file.
+    optimizer state go to the driver whole (``train_state``), and to a checkpoint as DCP
+    shards (``save_sharded``).
     """
 
     def __init__(self, config: Config, rank: int, world_size: int, init_method: str,
@@ -190,6 +191,18 @@ class LearnerRank(Activity):
 
     def pid(self) -> int:
         return os.getpid()
+
+    def save_sharded(self, folder: str) -> None:
+        """This learner's part of the weights and optimizer state into ``folder`` (with every learner)."""
+        self._doing("writing its checkpoint shards", waiting=True)
+        save_sharded(self.st.policy.module, self.st.optimizer, Path(folder))
+        self._doing(IDLE)
+
+    def load_sharded(self, folder: str) -> None:
+        """This learner's part of a sharded checkpoint, however many learners wrote it."""
+        self._doing("reading its checkpoint shards", waiting=True)
+        load_sharded(self.st.policy.module, self.st.optimizer, Path(folder))
+        self._doing(IDLE)
 
     def train_state(self) -> dict[str, Any]:
         """What the driver takes over at the end of an epoch: weights, optimizer and
@@ -351,6 +364,15 @@ class LearnerGroup:
         except (LearnerFault, RayError) as err:  # e.g. killed after its last step of the epoch
             raise learners_stopped(st, err) from err
         load_train_state(st, state)
+
+    def save_sharded(self, folder: Path) -> None:
+        """Every learner writes its part of the weights and optimizer state into ``folder`` (DCP)."""
+        self._get([rank.save_sharded.remote(str(folder)) for rank in self.learners], "writing its checkpoint shards")
+
+    def load_sharded(self, st: TrainState, folder: Path) -> None:
+        """A sharded checkpoint's weights and optimizer state into the learners (resharded), then into ``st``."""
+        self._get([rank.load_sharded.remote(str(folder)) for rank in self.learners], "reading its checkpoint shards")
+        self.pull(st)
 
     def gradients(self, rollout: Rollout) -> dict[str, torch.Tensor]:
         """The full batch's gradient as the group computes it (rank 0's copy); no step."""

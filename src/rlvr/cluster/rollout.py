@@ -44,7 +44,6 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -52,6 +51,8 @@ import torch
 
 from rlvr.cluster import READY_TIMEOUT, ClusterError, first_line, stopped
 from rlvr.cluster.inflight import batch_from_dict, batch_to_dict
+from rlvr.cluster.jobs import Job, epoch_generator_state
+from rlvr.cluster.staleness import sample_versions, staleness_stats, step_bound, too_old
 from rlvr.config import Config
 from rlvr.rollout import Grades, Samples, Task, contiguous_bounds
 from rlvr.seams import sample_and_grade, trainer_state_at
@@ -69,13 +70,6 @@ def weights_payload(module: torch.nn.Module) -> dict[str, Any]:
         value = value.detach().cpu()
         out[key] = value if value.dtype == torch.bfloat16 else value.numpy()
     return out
-
-
-def epoch_generator_state(seed: int, epoch: int) -> torch.Tensor:
-    """The state of the generator an asynchronously sampled batch of ``epoch`` starts from:
-    seeded from (seed, epoch), so the batch does not depend on when it was sampled."""
-    (derived,) = np.random.SeedSequence([seed, epoch]).generate_state(1, dtype=np.uint64)
-    return torch.Generator().manual_seed(int(derived) & (2**63 - 1)).get_state()
 
 
 class RolloutWorker:
@@ -155,22 +149,6 @@ class RolloutWorker:
         return samples, grades, {**timings, **self.engine_stats}, generator.get_state(), os.getpid()
 
 
-@dataclass
-class Job:
-    """One epoch's batch, submitted to a worker: all it takes to send it again."""
-
-    epoch: int
-    worker: int
-    version: int  # the optimizer step of the weights it samples with
-    weights_epoch: int  # the epoch at whose start the driver held those weights
-    weights: Any  # their ObjectRef
-    generator_state: torch.Tensor | None
-    prompts: Any = None  # this job's part of the epoch's prompts (cluster.split_batch), or None: the worker draws
-    ref: Any = None  # the call's ObjectRef
-    result: tuple[Samples, Grades, dict[str, float]] | None = None  # once answered (or restored from a checkpoint)
-    new_state: torch.Tensor | None = None  # the worker's generator after the batch
-
-
 class RayRolloutSource:
     """The rollout source on Ray (``rlvr.seams.RolloutSource``), the driver's side:
     ``cluster.rollout_workers`` actors, the batches submitted to them (up to ``max_staleness``
@@ -182,6 +160,7 @@ class RayRolloutSource:
         self.max_staleness, self.epochs, self.seed = c.max_staleness, config.algo.epochs, config.seed
         self.split, self.num_prompts = c.split_batch, config.task.prompts_per_epoch
         self.call_timeout = c.call_timeout
+        self.bound, self.dropped_total = step_bound(config), 0  # staleness in optimizer steps (rlvr.cluster.staleness)
         actor = ray.remote(num_cpus=WORKER_CPUS, max_restarts=MAX_RESTARTS, max_task_retries=0)(RolloutWorker)
         self.placement_group = None
         self.workers: list[Any] = []
@@ -224,8 +203,8 @@ class RayRolloutSource:
 
     def state(self) -> dict[str, Any] | None:
         """The batches submitted ahead of the trainer, waited for, as checkpoint data
-        (``rlvr.cluster.inflight``); None when none is in flight (``max_staleness`` 0, or the
-        run's last epoch)."""
+        (``rlvr.cluster.inflight``), and the count of batches dropped as too old; None when
+        none is in flight (``max_staleness`` 0, or the run's last epoch) and none was dropped."""
         from ray.exceptions import RayError
 
         held = [job for epoch in sorted(self.jobs) for job in self.jobs[epoch]]
@@ -234,11 +213,14 @@ class RayRolloutSource:
                 self._wait(job)
         except (ClusterError, RayError) as err:
             raise stopped("checkpoint: waiting for the batches in flight", err) from err
-        return {"batches": [batch_to_dict(job) for job in held]} if held else None
+        if not held and not self.dropped_total:
+            return None
+        return {"batches": [batch_to_dict(job) for job in held], "dropped_stale": self.dropped_total}
 
     def restore(self, state: dict[str, Any] | None) -> None:
         """Take back the batches ``state()`` kept: the resumed run trains on them, not on
         batches sampled anew with its newer weights."""
+        self.dropped_total = 0 if state is None else state.get("dropped_stale", 0)
         for batch in [] if state is None else state["batches"]:
             fields, result = batch_from_dict(batch)
             job = Job(**fields, weights=None, generator_state=None, result=result)
@@ -255,16 +237,34 @@ class RayRolloutSource:
         jobs = self.jobs.pop(st.epoch)
         for job in jobs:
             self._wait(job)
+        jobs, dropped = self._replace_too_old(jobs, st, task)
         parts = [job.result for job in jobs]
         if self.max_staleness == 0 and not self.split:
             st.generator.set_state(jobs[0].new_state)
         samples, grades = Samples.cat([p[0] for p in parts]), Grades.cat([p[1] for p in parts])
         # the parts ran at once: the batch took as long as the slowest
         stats = {key: max(p[2].get(key, 0.0) for p in parts) for key in parts[0][2]}
-        stats = {**stats, "time/sync": sync, "cluster/weights_version": float(jobs[0].version),
-                 "cluster/staleness": float(st.epoch - jobs[0].weights_epoch),
+        stats = {**stats, "time/sync": sync, "cluster/weights_version": float(min(job.version for job in jobs)),
+                 "cluster/staleness": float(st.epoch - min(job.weights_epoch for job in jobs)),
                  "cluster/worker_restarts": float(self.restarts)}
+        if self.max_staleness > 0:  # with k = 0 every batch is 0 steps old: nothing to log
+            stats.update(staleness_stats(st.step, sample_versions(jobs), dropped, self.dropped_total))
         return samples, grades, stats
+
+    def _replace_too_old(self, jobs: list[Job], st: TrainState, task: Task) -> tuple[list[Job], int]:
+        """``jobs`` (answered) with each whose weights are more than ``cluster.max_staleness_steps``
+        optimizer steps old at ``st.step`` dropped and replaced by the same batch (its generator
+        and prompts, from (seed, epoch)) sampled with the current weights; and how many were."""
+        old = too_old(jobs, st.step, self.bound)
+        if not old:
+            return jobs, 0
+        self.dropped_total += len(old)
+        weights = self._send_weights(st.policy.module, st.step)
+        fresh = {job.worker: job for job in self._jobs(st.epoch, st, task, weights)}
+        again = {id(job): self._submit(fresh[job.worker]) for job in old}
+        for job in again.values():
+            self._wait(job)
+        return [again.get(id(job), job) for job in jobs], len(old)
 
     def _jobs(self, epoch: int, st: TrainState, task: Task, weights: Any) -> list[Job]:
         """The jobs of ``epoch``'s batch: the whole batch on worker epoch mod W, or
