@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,12 +33,10 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-from rlvr.modeling import init_model, quiet_libraries
-
-
-def local_bytes(tensor: torch.Tensor) -> int:
-    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-    return local.numel() * local.element_size()
+sys.path.insert(0, str(Path(__file__).parent))
+from learner_memory import held_bytes  # noqa: E402
+from rlvr.cluster.learners import free_port  # noqa: E402
+from rlvr.modeling import init_model, quiet_libraries  # noqa: E402
 
 
 def batch(policy: object) -> object:
@@ -82,10 +79,9 @@ def learner_rank(rank: int, world_size: int, port: int, model: str, device: str,
         deltas = torch.linspace(-1, 1, samples.num_responses, device=samples.response_ids.device)
         weights = aggregation_weights(samples.policy_mask, "token_mean", policy.max_response_length)
         record = learner.step(Rollout(samples, deltas, None, None, weights, {}), epoch=0)
-        states = [v for s in learner.st.optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
-        result.update(loss=record["loss"], grad_norm=record["grad_norm"],
-                      parameter_bytes=sum(local_bytes(p) for p in learner.params),
-                      adam_bytes=sum(local_bytes(v) for v in states))
+        parameter_bytes, adam_bytes = held_bytes(learner)
+        result.update(loss=record["loss"], grad_norm=record["grad_norm"], parameter_bytes=parameter_bytes,
+                      adam_bytes=adam_bytes)
         full = {k: v.cpu() for k, v in learner.state_dict().items()}  # gathered whole (a collective)
         model_state, optim_state = get_state_dict(policy.module, learner.st.optimizer)
         dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=folder)
@@ -107,9 +103,7 @@ def learner_rank(rank: int, world_size: int, port: int, model: str, device: str,
 
 
 def check_learners(model: Path, device: str, world_size: int) -> dict:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     out = mp.Manager().dict()
     with tempfile.TemporaryDirectory() as folder:
         mp.spawn(learner_rank, args=(world_size, port, str(model), device, folder, out), nprocs=world_size,

@@ -15,14 +15,13 @@ itself: its local shards of the parameters and of the Adam state.
 from __future__ import annotations
 
 import argparse
-import socket
 import tempfile
 from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
 
-from rlvr.cluster.learners import LearnerRank
+from rlvr.cluster.learners import LearnerRank, free_port
 from rlvr.config import load_config
 from rlvr.modeling import init_model, quiet_libraries
 
@@ -33,22 +32,24 @@ def local_bytes(tensor: torch.Tensor) -> int:
     return local.numel() * local.element_size()
 
 
+def held_bytes(learner: LearnerRank) -> tuple[int, int]:
+    """The bytes ``learner`` holds itself: its parameters' and its Adam state's (local shards)."""
+    states = [v for s in learner.st.optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    return sum(local_bytes(p) for p in learner.params), sum(local_bytes(v) for v in states)
+
+
 def held(rank: int, world_size: int, port: int, overrides: list[str], out: dict) -> None:
     with quiet_libraries():
         learner = LearnerRank(load_config(None, overrides), rank, world_size, f"tcp://127.0.0.1:{port}")
-    params = learner.params
-    for p in params:
+    for p in learner.params:
         p.grad = torch.zeros_like(p)
     learner.st.optimizer.step()  # Adam's moments now exist, sharded as their parameters
-    states = [v for s in learner.st.optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
-    out[rank] = (sum(local_bytes(p) for p in params), sum(local_bytes(v) for v in states))
+    out[rank] = held_bytes(learner)
     learner.close()
 
 
 def measure(world_size: int, strategy: str, model: Path) -> list[tuple[int, int]]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     overrides = ["policy.name=causal_lm", f"policy.options.model={model}", "task.name=sort_text",
                  f"cluster.learner_strategy={strategy}", "optim.name=adam", "threads=1"]
     out = mp.Manager().dict()
