@@ -1,12 +1,14 @@
 """Does the driver's memory grow with the model? Peak RSS of the driver process of a run with
-2 data-parallel learners (``cluster.learners=2``), for two random tiny Llamas whose parameter
-counts differ about 10x, in the same run.
+2 data-parallel learners and a rollout worker (``cluster.learners=2``,
+``cluster.rollout_workers=1``), for two random tiny Llamas whose parameter counts differ
+about 10x, in the same run.
 
 Each run is ``rlvr train`` in a child process (2 epochs of ``sort_text`` from the random
-model, FSDP learners unless ``--strategy ddp``); its peak RSS is the child's ``ru_maxrss``
-(the learners are Ray actors, not its children, so they are not counted; the reward worker
-processes it forks are smaller than it). A driver that holds no weights and no optimizer
-state stays the same size; one that takes the learners' state back every epoch grows by the
+model with a KL term, FSDP learners unless ``--strategy ddp``, evaluated at the start and the
+end, a checkpoint at the end); its peak RSS is the child's ``ru_maxrss`` (the learners and the
+worker are Ray actors, not its children, so they are not counted; the reward worker processes
+it forks are smaller than it). A driver that holds no weights, optimizer state or reference
+stays the same size; one that takes the learners' state back every epoch grows by the
 model's parameters and Adam state.
 
     python benchmarks/driver_memory.py
@@ -36,8 +38,9 @@ def driver_peak_rss(model: Path, out: Path, strategy: str) -> float:
     args = [sys.executable, "-m", "rlvr.cli", "train", "task.name=sort_text", "task.options={num_digits: 3}",
             "task.prompts_per_epoch=4", "policy.name=causal_lm",
             f"policy.options={{model: '{model}', max_new_tokens: 6}}", "algo.epochs=2", "algo.group_size=2",
-            "cluster.learners=2", f"cluster.learner_strategy={strategy}", "log.progress=false", "log.plot=false",
-            "log.eval_every=100", "log.checkpoint_every=0", f"out_dir={out}", "threads=1"]
+            "algo.kl_coef=0.01", "cluster.learners=2", "cluster.rollout_workers=1",
+            f"cluster.learner_strategy={strategy}", "log.progress=false", "log.plot=false", "log.eval_every=100",
+            "log.eval_at_start=true", "log.checkpoint_every=0", f"out_dir={out}", "threads=1"]
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     done = subprocess.run(args, capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
     if done.returncode != 0:
@@ -64,7 +67,7 @@ def main() -> None:
             results[name] = (parameters(hidden, layers), driver_peak_rss(model, Path(tmp) / f"run-{name}",
                                                                          args.strategy))
     (small_params, small_rss), (large_params, large_rss) = results["small"], results["large"]
-    print(f"2 learners ({args.strategy}); driver peak RSS")
+    print(f"2 learners ({args.strategy}), 1 rollout worker; driver peak RSS")
     print(f"  small model {small_params / 1e6:6.2f} M parameters   {small_rss:8.1f} MiB")
     print(f"  large model {large_params / 1e6:6.2f} M parameters   {large_rss:8.1f} MiB")
     print(f"parameters x{large_params / small_params:.1f}, driver peak RSS x{large_rss / small_rss:.2f} "

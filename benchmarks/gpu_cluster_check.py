@@ -2,7 +2,7 @@
 vLLM engine inside a Ray rollout worker, each reported as passed, failed or skipped (with why).
 
 1. **Learners over NCCL.** One process per GPU (all of them; one GPU is a group of one), each
-   rlvr's ``LearnerRank`` (``rlvr.cluster.learners``, as a Ray learner runs it) with
+   rlvr's ``LearnerRank`` (``rlvr.cluster.learner_rank``, as a Ray learner runs it) with
    ``learner_strategy=fsdp`` on its GPU: a random tiny Llama, one optimizer step on its share
    of a batch of random tokens, the gradients reduced over NCCL. Reported: each
    rank's parameter + Adam bytes, the step's loss, and whether the ranks' weights agree.
@@ -35,7 +35,7 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).parent))
 from learner_memory import held_bytes  # noqa: E402
-from rlvr.cluster.learners import free_port  # noqa: E402
+from rlvr.cluster.learner_rank import free_port  # noqa: E402
 from rlvr.modeling import init_model, quiet_libraries  # noqa: E402
 
 
@@ -58,7 +58,7 @@ def learner_rank(rank: int, world_size: int, port: int, model: str, device: str,
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    from rlvr.cluster.learners import LearnerRank
+    from rlvr.cluster.learner_rank import LearnerRank
     from rlvr.config import load_config
     from rlvr.core import aggregation_weights
     from rlvr.rollout import Rollout

@@ -1,7 +1,7 @@
 """What one learner holds: parameter and Adam-state bytes per learner, FSDP over 2 learners
 against one process, in the same run.
 
-rlvr's own learner (``rlvr.cluster.learners.LearnerRank``, as a Ray learner runs it, here in
+rlvr's own learner (``rlvr.cluster.learner_rank.LearnerRank``, as a Ray learner runs it, here in
 plain processes joined in a gloo group) builds a random tiny Llama (``rlvr init-model``
 shapes), shards it with ``cluster.learner_strategy=fsdp`` (FSDP2 ``fully_shard``) or keeps a
 full replica (one process), then takes an Adam step on zero gradients so that the optimizer
@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-from rlvr.cluster.learners import LearnerRank, free_port
+from rlvr.cluster.learner_rank import LearnerRank, free_port
 from rlvr.config import load_config
 from rlvr.modeling import init_model, quiet_libraries
 

@@ -7,6 +7,7 @@ import torch
 from conftest import QUIET
 from rlvr.config import load_config
 from rlvr.metrics import without_timings
+from rlvr.seams import LocalLearner
 from rlvr.step import accumulate_gradients, optimizer_step
 from rlvr.trainer import collect_rollout, rollout_stats, setup, train
 
@@ -214,24 +215,31 @@ def test_shares_of_a_rollout_add_up_to_the_full_batch_loss_and_gradient():
 
 class StubSource:
     """A rollout source that samples one batch in this process and hands the same one back
-    every epoch, counting the epochs it was asked for."""
+    every epoch, counting the epochs it was asked for and those it evaluated."""
 
     def __init__(self, config, st, task):
         from rlvr.seams import LocalRolloutSource
 
-        self.batch = LocalRolloutSource(config).sample_and_grade(st, task)
-        self.epochs = []
+        self.local = LocalRolloutSource(config)
+        self.batch = self.local.sample_and_grade(st, task)
+        self.epochs, self.evaluated = [], []
 
     def sample_and_grade(self, st, task):
         self.epochs.append(st.epoch)
         samples, grades, stats = self.batch
         return samples, grades, dict(stats)
 
+    def evaluate(self, st, task):
+        self.evaluated.append(st.epoch)
+        return self.local.evaluate(st, task)
 
-class StubLearner:
-    """A learner that takes no step: a record per call, the step count advanced, pulls counted."""
 
-    def __init__(self):
+class StubLearner(LocalLearner):
+    """A learner that takes no step (it scores in this process): a record per call, the step
+    count advanced, pulls counted."""
+
+    def __init__(self, config):
+        super().__init__(config)
         self.pulls = []
 
     def optimizer_step(self, st, rollout):
@@ -250,13 +258,13 @@ def test_train_runs_with_the_rollout_source_and_learner_it_is_given():
                                         "cluster.learners=2"])
     task, st = setup(config)
     start = {k: v.clone() for k, v in st.policy.module.state_dict().items()}
-    source, learner = StubSource(config, st, task), StubLearner()
+    source, learner = StubSource(config, st, task), StubLearner(config)
     records = train(config, state=(task, st), source=source, learner=learner)
     steps = [r for r in records if r["kind"] == "train"]
     assert [(r["epoch"], r["step"]) for r in steps] == [(e, 2 * e + i) for e in range(3) for i in range(2)]
     assert all(r["stub"] for r in steps) and len({r["reward_mean"] for r in steps}) == 1
     assert source.epochs == [0, 1, 2] and learner.pulls == [2, 4, 6]  # one batch and one pull an epoch
-    assert [r["epoch"] for r in records if r["kind"] == "eval"] == [0, 3]
+    assert [r["epoch"] for r in records if r["kind"] == "eval"] == [0, 3] == source.evaluated
     for key, value in st.policy.module.state_dict().items():  # no step was taken but the learner's
         assert torch.equal(value, start[key]), key
     with pytest.raises(ValueError, match="both a rollout source and a learner"):

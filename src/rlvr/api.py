@@ -136,15 +136,18 @@ def train(config: Config | dict | str | Path | None = None, overrides: Sequence[
 
 
 def _train_in_memory(config: Config, on_record: Callable[[Record], None] | None) -> TrainResult:
+    from rlvr.cluster.session import loop_parts, trained_policy
     from rlvr.trainer import setup
     from rlvr.trainer import train as train_loop
 
     task, st = setup(config)
     try:
-        records = train_loop(config, on_record=on_record, state=(task, st))
+        with loop_parts(config, st) as (source, learner):
+            records = train_loop(config, on_record=on_record, state=(task, st), source=source, learner=learner)
+            policy = trained_policy(config, task, st, learner)
     finally:
         task.close()  # its reward workers
-    return TrainResult(records, None, st.policy, config)
+    return TrainResult(records, None, policy, config)
 
 
 def _check_callables(reward_funcs: Sequence[Callable]) -> None:

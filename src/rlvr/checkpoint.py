@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from rlvr.data import hash_file
-from rlvr.policies import frozen_copy
+from rlvr.policies import frozen_copy, holds_weights
 from rlvr.rollout import Rollout
 
 if TYPE_CHECKING:
@@ -111,14 +111,21 @@ def state_payload(st: TrainState, source: dict[str, Any] | None = None, sharded:
 
 def restore_state(st: TrainState, payload: dict[str, Any], records: list[dict[str, Any]]) -> None:
     """Continue ``st`` from ``payload``; ``records`` are the run's records so far. A sharded
-    checkpoint's policy and optimizer (None in ``payload``) are loaded from its folder apart."""
-    if payload["policy"] is not None:
-        st.policy.module.load_state_dict(payload["policy"])
-        st.optimizer.load_state_dict(payload["optimizer"])
+    checkpoint's policy, optimizer and reference (None in ``payload``) are loaded from its
+    folder apart; a driver that holds no weights keeps a one-process checkpoint's for the
+    learners (``st.handover``)."""
+    if not holds_weights(st.policy.module):  # the data-parallel learners take them (``st.handover``)
+        if payload["policy"] is not None:
+            st.handover = {"model": payload["policy"], "optimizer": payload["optimizer"],
+                           "reference": payload["reference"]}
+    else:
+        if payload["policy"] is not None:
+            st.policy.module.load_state_dict(payload["policy"])
+            st.optimizer.load_state_dict(payload["optimizer"])
+        if payload["reference"] is not None:
+            st.ref_module = frozen_copy(st.policy.module)
+            st.ref_module.load_state_dict(payload["reference"])
     st.scheduler.load_state_dict(payload["scheduler"])
-    if payload["reference"] is not None:
-        st.ref_module = frozen_copy(st.policy.module)
-        st.ref_module.load_state_dict(payload["reference"])
     st.generator.set_state(payload["generator"])
     set_rng_state(payload["rng"])
     st.epoch, st.step, st.bad_steps = payload["epoch"], payload["step"], payload["bad_steps"]

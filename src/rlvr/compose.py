@@ -7,7 +7,10 @@ config needs (``check_extras``), checked before anything is built.
 from __future__ import annotations
 
 import inspect
+from contextlib import nullcontext
 from typing import TYPE_CHECKING
+
+import torch
 
 from rlvr.errors import ConfigError
 from rlvr.extras import LM_MODULES, require
@@ -50,33 +53,38 @@ def build_task(config: Config) -> GradedTask:
     return task
 
 
-def build_policy(config: Config, task: Task | None = None) -> Policy:
+def build_policy(config: Config, task: Task | None = None, weights: bool = True) -> Policy:
     """The policy of ``config.policy`` (the positional model sized by ``config.task``); given
     the ``task`` it samples for, as that task samples it (``Task.policy_for``: an
-    environment's episodes)."""
+    environment's episodes). Without ``weights``: its parameters on the meta device (no
+    memory), the tokenizer and limits real, no generation engine started: for a driver
+    whose learners and rollout workers hold the weights."""
     p = config.policy
     if p.name == "positional":
-        policy: Policy = PositionalPolicy(config.task.vocab_size, p.embedding_dim, config.task.num_numbers,
-                                          p.embedding_std)
+        with torch.device("meta") if not weights else nullcontext():
+            policy: Policy = PositionalPolicy(config.task.vocab_size, p.embedding_dim, config.task.num_numbers,
+                                              p.embedding_std)
     else:
         try:
-            policy = build_causal_lm_policy(p)
+            policy = build_causal_lm_policy(p, weights)
         except (ValueError, TypeError, OSError) as err:  # bad options or a model that is not there
             raise ConfigError(f"policy.options: {err}") from err
     return policy if task is None else task.policy_for(policy)
 
 
-def build_causal_lm_policy(config: PolicyConfig) -> CausalLMPolicy:
+def build_causal_lm_policy(config: PolicyConfig, weights: bool = True) -> CausalLMPolicy:
     """The policy of a ``PolicyConfig`` named "causal_lm": its typed ``options``
     (``rlvr.config.CausalLMOptions``, already checked) as plain arguments. The policy's
-    ``temperature`` picks the vLLM engine's log-prob mode."""
+    ``temperature`` picks the vLLM engine's log-prob mode. Without ``weights``: on the
+    meta device, with the in-process engine (which never samples)."""
     from rlvr.policies.causal_lm import CausalLMPolicy  # transformers: an optional extra
 
     o = config.options
     if o.model is None:
         raise ValueError("policy.options.model is required: a model folder (rlvr init-model) or a hub name")
     return CausalLMPolicy.from_pretrained(
-        o.model, dtype=o.dtype, device=o.device, lora=o.lora, engine=o.engine, engine_options=o.engine_options,
+        o.model, dtype=o.dtype, device=o.device if weights else "meta", lora=o.lora,
+        engine=o.engine if weights else "hf", engine_options=o.engine_options,
         temperature=config.temperature, chat_template=o.chat_template, max_new_tokens=o.max_new_tokens,
         min_new_tokens=o.min_new_tokens, top_k=o.top_k, top_p=o.top_p, stop_strings=o.stop_strings,
         gradient_checkpointing=o.gradient_checkpointing, add_special_tokens=o.add_special_tokens,

@@ -227,6 +227,10 @@ def _check_cluster(config: Any) -> None:
     if c.learner_strategy == "fsdp" and config.policy.name != "causal_lm":
         raise ConfigError(f"cluster.learner_strategy='fsdp' with policy.name={config.policy.name!r}: the positional "
                           "toy's fused scorer reads its parameters directly, past FSDP's gathering; use ddp")
+    if c.weight_sync == "collective" and c.learners > 1 and c.rollout_workers > 0:
+        raise ConfigError(f"cluster.weight_sync='collective' with cluster.learners={c.learners} and rollout workers: "
+                          "the broadcast goes from the driver, which holds no weights when the learners do (they "
+                          "publish them to the workers through the object store); use weight_sync=object_store")
     if c.max_staleness_steps is not None and c.max_staleness == 0:
         raise ConfigError(f"cluster.max_staleness_steps={c.max_staleness_steps} bounds batches sampled ahead, and "
                           "cluster.max_staleness=0 samples none ahead (every batch is 0 steps old); set "

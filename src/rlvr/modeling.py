@@ -15,7 +15,7 @@ import string
 import sys
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -254,7 +254,8 @@ def load_model_and_tokenizer(
     """Load ``(model, tokenizer)`` with ``from_pretrained`` from a folder or a hub name.
 
     dtype: "float32", "bfloat16" or "float16". lora: None, or ``peft.LoraConfig``
-    fields (see ``add_lora``). The model is put in train mode on ``device``; the
+    fields (see ``add_lora``). The model is put in train mode on ``device`` ("meta": built
+    from its config without weights, for a process that never runs it); the
     tokenizer pads on the left (prompts for generation). Raises FileNotFoundError
     naming ``name_or_path`` when it is neither a local folder nor fetchable.
     """
@@ -264,7 +265,13 @@ def load_model_and_tokenizer(
     source = str(name_or_path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype)
+        if torch.device(device).type == "meta":  # the architecture alone: no weights read, no memory
+            from transformers import AutoConfig
+
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source), dtype=torch_dtype)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype)
     except (OSError, ValueError) as err:
         if Path(source).exists():
             raise
@@ -278,5 +285,6 @@ def load_model_and_tokenizer(
     model.to(device)
     model.train()
     if lora is not None:
-        model = add_lora(model, lora)
+        with torch.device("meta") if torch.device(device).type == "meta" else nullcontext():
+            model = add_lora(model, lora)
     return model, tokenizer

@@ -28,7 +28,7 @@ from rlvr.checkpoint import (
     state_payload,
 )
 from rlvr.cluster.learners import LearnerGroup
-from rlvr.cluster.session import loop_parts
+from rlvr.cluster.session import loop_parts, trained_policy
 from rlvr.cluster.sharded import load_sharded
 from rlvr.config import Config, load_config
 from rlvr.errors import ConfigError, RunError, os_reason
@@ -42,6 +42,7 @@ from rlvr.metrics import (
     read_records,
     write_samples_markdown,
 )
+from rlvr.policies import frozen_copy
 from rlvr.resume import data_file_changes, record_data_files, records_at_checkpoint, resume_changes
 from rlvr.run_dir import discard_partial_outputs, locked_run_dir, new_run_dir, write_atomically
 from rlvr.seams import Learner, RolloutSource
@@ -206,7 +207,7 @@ def _resume(config: Config, run_dir: Path, stack: ExitStack, accept_data_change:
 
 
 def _load_sharded(learner: Learner, st: TrainState, folder: Path | None) -> None:
-    """A sharded checkpoint's weights and optimizer state (in ``folder``; None: none): each
+    """A sharded checkpoint's weights, optimizer state and reference (in ``folder``; None: none): each
     data-parallel learner reads its part, resharded to their number, and hands the state to
     the driver; without learners this process reads it whole."""
     if folder is None:
@@ -214,7 +215,8 @@ def _load_sharded(learner: Learner, st: TrainState, folder: Path | None) -> None
     if isinstance(learner, LearnerGroup):
         learner.load_sharded(st, folder)
     else:
-        load_sharded(st.policy.module, st.optimizer, folder)
+        reference = load_sharded(st.policy.module, st.optimizer, folder, partial(frozen_copy, st.policy.module))
+        st.ref_module = reference or st.ref_module
 
 
 # ---------------------------------------------------------------- running
@@ -279,15 +281,16 @@ def run_training(
     config: Config, plot: bool | None = None, resume: str | Path | None = None, accept_data_change: bool = False
 ) -> tuple[list[Record], Path]:
     """``train_in_run_dir`` without the trained policy: (records, run_dir)."""
-    records, run_dir, _ = train_in_run_dir(config, plot, resume, accept_data_change)
+    records, run_dir, _ = train_in_run_dir(config, plot, resume, accept_data_change, with_policy=False)
     return records, run_dir
 
 
 def train_in_run_dir(
-    config: Config, plot: bool | None = None, resume: str | Path | None = None, accept_data_change: bool = False
+    config: Config, plot: bool | None = None, resume: str | Path | None = None, accept_data_change: bool = False,
+    with_policy: bool = True,
 ) -> tuple[list[Record], Path, Any]:
     """Train with everything written to the run directory; returns (records, run_dir, the
-    trained policy).
+    trained policy: ``trained_policy``, or None without ``with_policy``).
 
     The directory is locked while the run lasts: a second run or resume of it is
     refused. With ``resume`` the run continues from the newest usable checkpoint of that
@@ -314,6 +317,7 @@ def train_in_run_dir(
             source.restore(source_state)  # the batches sampled ahead before the checkpoint: trained on as they are
             records = train(config, on_record=on_record, state=state, source=source, learner=learner,
                             on_epoch_end=_checkpointer(config, run_dir, metrics, source, learner))
+            policy = trained_policy(config, state[0], st, learner) if with_policy else None
     if st.stop_requested:
         signum = received[0] if received else signal.SIGINT
         raise Stopped(f"stopped by {signal.Signals(signum).name} at epoch {st.epoch} (step {st.step}), checkpoint "
@@ -321,7 +325,7 @@ def train_in_run_dir(
     if config.log.plot if plot is None else plot:
         plot_runs({config.name: records}, run_dir / "plot.png", f"{run_dir.name} (seed {config.seed})",
                   eval_prompts_label(config))
-    return records, run_dir, st.policy
+    return records, run_dir, policy
 
 
 def run_batched(configs: list[Config]) -> list[tuple[list[Record], Path]]:

@@ -18,7 +18,9 @@ import torch
 from rlvr.config import Config
 from rlvr.dynamic_sampling import fill_with_learning_groups
 from rlvr.engines import WeightSyncError
+from rlvr.evaluation import evaluate
 from rlvr.metrics import Record
+from rlvr.policies import frozen_copy
 from rlvr.rewards import TrainerState
 from rlvr.rollout import Grades, Policy, Rollout, Samples, Task
 from rlvr.state import TrainingError, TrainState
@@ -26,10 +28,15 @@ from rlvr.step import optimizer_step
 
 
 class RolloutSource(Protocol):
-    """Samples and grades the batch of epoch ``st.epoch`` with the weights of ``st``."""
+    """Samples and grades the batch of epoch ``st.epoch`` with the trained weights of step
+    ``st.step``, and evaluates them."""
 
     def sample_and_grade(self, st: TrainState, task: Task) -> tuple[Samples, Grades, dict[str, float]]:
         """The samples, their grades and the sampler's numbers (``time/*``, ``engine/*``, ...)."""
+        ...
+
+    def evaluate(self, st: TrainState, task: Task) -> list[Record]:
+        """``rlvr.evaluation.evaluate`` at ``st``'s epoch and step, with its weights."""
         ...
 
     def state(self) -> dict[str, Any] | None:
@@ -44,15 +51,27 @@ class RolloutSource(Protocol):
 
 
 class Learner(Protocol):
-    """Takes the optimizer steps on an epoch's rollout."""
+    """Holds the trained policy (and the KL reference): scores an epoch's samples and takes
+    the optimizer steps on its rollout."""
+
+    def log_probs(self, st: TrainState, samples: Samples, temperature: float, reference: bool = False,
+                  with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``Policy.log_probs`` of ``samples`` [N, T] (and entropy) under the trained
+        weights, or the reference's; constants (no gradient)."""
+        ...
+
+    def refresh_reference(self, st: TrainState) -> None:
+        """The KL reference a frozen copy of the trained weights, when ``reference_due``."""
+        ...
 
     def optimizer_step(self, st: TrainState, rollout: Rollout) -> Record:
         """One optimizer step at ``st``'s epoch and step count (which it advances): the step's record."""
         ...
 
     def pull(self, st: TrainState) -> None:
-        """The trained state into ``st``, so that the driver samples, evaluates and
-        checkpoints with it (called at the end of each epoch's steps)."""
+        """The trained state into ``st`` at the end of each epoch's steps: the scheduler and
+        the count of skipped steps, and the weights and optimizer state where the driver
+        holds them (it samples, evaluates or checkpoints with them)."""
         ...
 
 
@@ -74,6 +93,10 @@ class LocalRolloutSource:
             samples, grades, timings = sample()
         return samples, grades, {**timings, **engine_stats}
 
+    def evaluate(self, st: TrainState, task: Task) -> list[Record]:
+        sync_engine(st)  # evaluation samples with the weights of the steps just taken
+        return evaluate(self.config, task, st.policy, st.epoch, st.step)
+
     def state(self) -> None:
         return None  # it samples each batch when the loop asks: none is ever ahead
 
@@ -89,11 +112,27 @@ class LocalLearner:
     def __init__(self, config: Config) -> None:
         self.config = config
 
+    def log_probs(self, st: TrainState, samples: Samples, temperature: float, reference: bool = False,
+                  with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        with torch.no_grad():
+            return st.policy.log_probs(samples, temperature, with_entropy=with_entropy,
+                                       module=st.ref_module if reference else None)
+
+    def refresh_reference(self, st: TrainState) -> None:
+        if reference_due(self.config, st.epoch, st.ref_module is not None):
+            st.ref_module = frozen_copy(st.policy.module)
+
     def optimizer_step(self, st: TrainState, rollout: Rollout) -> Record:
         return optimizer_step(self.config, st, rollout)
 
     def pull(self, st: TrainState) -> None:
         pass
+
+
+def reference_due(config: Config, epoch: int, held: bool) -> bool:
+    """Whether the KL reference is (re)made at the start of ``epoch``: with a KL term, when
+    none is ``held`` or every ``algo.ref_update_every`` epochs."""
+    return config.algo.kl_coef > 0 and (not held or epoch % config.algo.ref_update_every == 0)
 
 
 def trainer_state_at(config: Config, epoch: int, step: int) -> TrainerState:

@@ -15,27 +15,28 @@ import math
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
+from functools import partial
 
 import torch
 
 from rlvr import core
+from rlvr.cluster import driver_holds_weights
 from rlvr.cluster.session import loop_parts
 from rlvr.compose import build_policy, build_task, check_extras
 from rlvr.config import AlgoConfig, Config
 from rlvr.diagnostics import max_reward_stats, prompt_solve_shares
-from rlvr.evaluation import evaluate
 from rlvr.metrics import Record
 from rlvr.optim import build_optimizer, build_scheduler
-from rlvr.policies import frozen_copy
 from rlvr.rollout import Grades, Policy, Rollout, Samples, Task, sampler_log_probs_exact
-from rlvr.seams import Learner, LocalRolloutSource, RolloutSource, sync_engine
+from rlvr.seams import Learner, LocalLearner, LocalRolloutSource, RolloutSource
 from rlvr.shaping import shaped_rewards
 from rlvr.state import TrainingError, TrainState, seed_everything
 from rlvr.tasks import check_prompts_fit
 
 
 def setup(config: Config) -> tuple[Task, TrainState]:
-    """Build the task, the policy (seeded) and the optimizer."""
+    """Build the task, the policy (seeded; without weights where the learners and rollout
+    workers hold them: ``driver_holds_weights``) and the optimizer."""
     check_extras(config)  # a missing optional package: one line, before anything is built
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
@@ -44,7 +45,7 @@ def setup(config: Config) -> tuple[Task, TrainState]:
     task = build_task(config)
     try:
         generator = seed_everything(config.seed)
-        policy = build_policy(config, task)
+        policy = build_policy(config, task, weights=driver_holds_weights(config))  # none: the learners hold them
         check_prompts_fit(task, policy)  # fixed prompts the model cannot take: an error before any work
     except BaseException:
         task.close()  # its reward workers
@@ -83,15 +84,14 @@ def train(
             st.records.append(r)
             emit(r)
 
-    if config.log.eval_at_start and st.step == 0 and not st.records:
-        sync_engine(st)
-        record(*evaluate(config, task, st.policy, 0, 0))  # the starting point
     with ExitStack() as stack:
         if source is None:
             source, learner = stack.enter_context(loop_parts(config, st))
+        if config.log.eval_at_start and st.step == 0 and not st.records:
+            record(*source.evaluate(st, task))  # the starting point
         while st.epoch < a.epochs:
             if st.rollout is None:
-                st.rollout = collect_rollout(config, task, st, source)
+                st.rollout = collect_rollout(config, task, st, source, learner)
                 if config.log.prompt_records and st.rollout.prompt_solved is not None:
                     record({"kind": "prompts", "epoch": st.epoch, "step": st.step, "solved": st.rollout.prompt_solved})
             while st.inner_step < a.inner_steps:
@@ -99,13 +99,12 @@ def train(
                 st.inner_step += 1
                 if st.stop_requested and st.inner_step < a.inner_steps:
                     break
-            learner.pull(st)  # the driver samples, evaluates and checkpoints with the learner's weights
+            learner.pull(st)  # the scheduler (and the weights, where the driver samples or checkpoints with them)
             if st.inner_step == a.inner_steps:  # the epoch is complete
                 st.rollout, st.inner_step = None, 0
                 st.epoch += 1
                 if st.epoch % config.log.eval_every == 0 or st.epoch == a.epochs:
-                    sync_engine(st)  # evaluation samples with the weights of the steps just taken
-                    record(*evaluate(config, task, st.policy, st.epoch, st.step))
+                    record(*source.evaluate(st, task))  # with the weights of the steps just taken
             if on_epoch_end is not None:
                 on_epoch_end(st)
             if st.stop_requested:
@@ -113,25 +112,28 @@ def train(
     return st.records
 
 
-def collect_rollout(config: Config, task: Task, st: TrainState, source: RolloutSource | None = None) -> Rollout:
-    """The epoch's batch: G responses per prompt sampled and graded by ``source`` (default:
-    in this process), then deltas, old and reference log-probs and loss weights."""
-    a = config.algo
-    if a.kl_coef > 0 and (st.ref_module is None or st.epoch % a.ref_update_every == 0):
-        st.ref_module = frozen_copy(st.policy.module)  # the reference: a frozen copy, refreshed every K epochs
+def collect_rollout(config: Config, task: Task, st: TrainState, source: RolloutSource | None = None,
+                    learner: Learner | None = None) -> Rollout:
+    """The epoch's batch: G responses per prompt sampled and graded by ``source``, then
+    deltas, and the old and reference log-probs scored by ``learner`` (default: both in
+    this process), and loss weights."""
     source = LocalRolloutSource(config) if source is None else source
+    learner = LocalLearner(config) if learner is None else learner
+    learner.refresh_reference(st)  # the reference: a frozen copy, refreshed every K epochs
     samples, grades, stats = source.sample_and_grade(st, task)
     # the hacking monitor: top-reward responses that fail the gold check
     stats.update(max_reward_stats(grades.rewards[None], grades.correct[None], task.max_reward,
                                   reward_is_gold=task.reward_is_gold)[0])
-    return build_rollout(config, st, samples, grades, stats)
+    return build_rollout(config, st, samples, grades, stats, learner)
 
 
-def build_rollout(config: Config, st: TrainState, samples: Samples, grades: Grades, stats: dict[str, float]
-                  ) -> Rollout:
+def build_rollout(config: Config, st: TrainState, samples: Samples, grades: Grades, stats: dict[str, float],
+                  learner: Learner) -> Rollout:
     """Graded samples -> the batch the inner steps train on: deltas [N], old and reference
-    log-probs [N, T] (constants), aggregation weights [N, T] and the epoch's stats."""
+    log-probs [N, T] (constants, scored by ``learner``), aggregation weights [N, T] and the
+    epoch's stats."""
     a, policy, temp = config.algo, st.policy, config.policy.temperature
+    score = partial(learner.log_probs, st)
     clock = time.perf_counter()
     # no_grad: old and reference log-probs are constants. If they carried gradient,
     # pi/pi_old would be identically 1 and its gradient silently 0.
@@ -139,17 +141,16 @@ def build_rollout(config: Config, st: TrainState, samples: Samples, grades: Grad
     mismatch: dict[str, torch.Tensor] = {}
     with torch.no_grad():
         if a.needs_old_log_probs:  # the naive loss alone needs none
-            old_log_probs, importance_weights, mismatch = old_policy_log_probs(a, policy, samples, temp)
+            old_log_probs, importance_weights, mismatch = old_policy_log_probs(a, policy, score, samples, temp)
         if a.kl_coef > 0:
-            ref_log_probs, _ = reference_log_probs(policy, st.ref_module, samples, temp)
+            ref_log_probs, _ = score(samples, temp, reference=True)
     rewards, mask, shaping = shaped_rewards(config, policy, samples, grades.rewards, old_log_probs, ref_log_probs)
     # kl_in=reward keeps the reference log-probs: the steps log the policy's KL, and add no term to the loss
     lengths = mask.sum(dim=-1).reshape(rewards.shape)  # [B, G]: reinforce_pp whitens over these tokens
     deltas = core.compute_deltas(rewards, a.deltas, eps=a.adv_eps, lengths=lengths).reshape(-1)  # [N]; 0: abstained
     pg_token_mask = None
     if a.top_entropy_q is not None:  # the policy gradient of the batch's highest-entropy tokens only
-        with torch.no_grad():
-            _, entropy = policy.log_probs(samples, temp, with_entropy=True)  # [N, T]
+        _, entropy = score(samples, temp, with_entropy=True)  # [N, T]
         pg_token_mask = core.top_entropy_mask(entropy, mask, a.top_entropy_q)
     score_seconds = time.perf_counter() - clock
     tokens = samples.response_mask.sum().item()  # the responses' extent, not only the policy's tokens
@@ -178,7 +179,8 @@ def build_rollout(config: Config, st: TrainState, samples: Samples, grades: Grad
 
 
 def old_policy_log_probs(
-    a: AlgoConfig, policy: Policy, samples: Samples, temperature: float
+    a: AlgoConfig, policy: Policy, score: Callable[..., tuple[torch.Tensor, torch.Tensor | None]], samples: Samples,
+    temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]:
     """The old policy's log-probs [N, T], the off-policy correction's weights [N, T] of the
     policy-gradient term (None without one: ``a.off_policy_method``) and the sampler-trainer
@@ -186,9 +188,10 @@ def old_policy_log_probs(
     recomputed); call under no_grad.
 
     sampler: the log-probs recorded while sampling (no extra pass). recompute: the
-    trainer's scorer on the sampled tokens, so pi / pi_old compares the trainer with
-    itself, and the recorded ones measure (and, with a correction, correct) the sampler's
-    gap. auto: recompute with a correction or when the sampler's numbers are not the trainer's.
+    trainer's scorer (``score``: ``Learner.log_probs`` at this state) on the sampled tokens,
+    so pi / pi_old compares the trainer with itself, and the recorded ones measure (and,
+    with a correction, correct) the sampler's gap. auto: recompute with a correction or
+    when the sampler's numbers are not the trainer's.
     """
     recorded = samples.sample_log_probs  # [N, T], or None: the policy records none
     method = a.off_policy_method
@@ -196,7 +199,7 @@ def old_policy_log_probs(
         a.old_log_probs == "auto" and (method is not None or not sampler_log_probs_exact(policy)))
     if recorded is not None and not recompute:
         return recorded, None, {}
-    old_log_probs, _ = policy.log_probs(samples, temperature)  # [N, T]
+    old_log_probs, _ = score(samples, temperature)  # [N, T]
     if recorded is None:
         if method is not None:
             named = f"algo.is_correction={method}" if a.is_correction else f"algo.tis_cap={a.tis_cap}"
@@ -220,13 +223,6 @@ def old_policy_log_probs(
         mismatch["mismatch/masked_token_frac"] = core.token_fraction(correction.masked, mask, dtype)
         mismatch["mismatch/masked_seq_frac"] = core.response_fraction(correction.masked, mask, dtype)
     return old_log_probs, correction.weights, mismatch
-
-
-def reference_log_probs(
-    policy: Policy, ref_module: torch.nn.Module, samples: Samples, temperature: float
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs under the frozen reference: the policy's scorer with the reference weights."""
-    return policy.log_probs(samples, temperature, module=ref_module)
 
 
 def rollout_stats(rewards: torch.Tensor, correct: torch.Tensor, deltas: torch.Tensor, group_size: int

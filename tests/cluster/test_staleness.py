@@ -44,20 +44,14 @@ def test_the_bound_defaults_to_k_epochs_of_inner_steps_and_is_checked():
         load_config(None, ["cluster.max_staleness_steps=2"])
 
 
-class ExtraStepLearner:
+class ExtraStepLearner(LocalLearner):
     """Takes an unrecorded optimizer step before each recorded one: the weights move twice as
     far per epoch, so a batch sampled one epoch ahead is 2 x inner_steps steps old, past the
     default bound of inner_steps."""
 
-    def __init__(self, config):
-        self.inner = LocalLearner(config)
-
     def optimizer_step(self, st, rollout):
-        self.inner.optimizer_step(st, rollout)
-        return self.inner.optimizer_step(st, rollout)
-
-    def pull(self, st):
-        pass
+        super().optimizer_step(st, rollout)
+        return super().optimizer_step(st, rollout)
 
 
 def train_records(records):

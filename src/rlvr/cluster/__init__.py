@@ -1,11 +1,12 @@
 """The same loop, other seams: the rollout source and the learner as Ray actors.
 
-``cluster.rollout_workers > 0`` has Ray actors (``rollout.RolloutWorker``) sample and grade
+``cluster.rollout_workers > 0`` has Ray actors (``worker.RolloutWorker``) sample and grade
 each epoch's batch with the trainer's current weights (``rollout.RayRolloutSource``);
 ``cluster.learners > 1`` has data-parallel learners take the optimizer steps
-(``learners.LearnerGroup``, each running ``rlvr.step``). ``session.loop_parts`` builds the
-pair the loop receives. Nothing here imports the loop (``rlvr.trainer``). Ray is optional:
-``pip install 'rlvr[ray]'``; nothing here imports it until a run asks for actors.
+(``learners.LearnerGroup``, each running ``rlvr.step``); with both, the driver holds no
+weights (``driver_holds_weights``). ``session.loop_parts`` builds the pair the loop
+receives. Nothing here imports the loop (``rlvr.trainer``). Ray is optional: ``pip install
+'rlvr[ray]'``; nothing here imports it until a run asks for actors.
 
 Watchdogs: every wait on an actor is bounded. ``cluster.call_timeout`` bounds each call
 that does the run's work (a batch, an optimizer step, a weights broadcast) and each
@@ -16,10 +17,25 @@ wait that runs out, or an actor that dies, stops the run with one line naming th
 (rollout worker i, learner rank r), what it was doing and for how long.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from rlvr.errors import RunError
+
+if TYPE_CHECKING:
+    from rlvr.config import Config
 
 READY_TIMEOUT = 300.0  # seconds an actor may take to start (build its policy), or to come back after a restart
 PROBE_TIMEOUT = 5.0  # seconds a learner that missed its deadline may take to say what it is doing
+
+
+def driver_holds_weights(config: Config) -> bool:
+    """Whether the driver process holds the policy's weights: not when data-parallel
+    learners hold them and rollout workers sample (``cluster.learners > 1`` and
+    ``cluster.rollout_workers > 0``); then its policy is built without weights (on the meta
+    device: the tokenizer and the limits only), and its memory does not grow with the model."""
+    return not (config.cluster.learners > 1 and config.cluster.rollout_workers > 0)
 
 
 class ClusterError(RunError):

@@ -1,11 +1,14 @@
-"""Rollout workers on Ray: each epoch's batch sampled and graded by an actor.
+"""Rollout workers on Ray: each epoch's batch sampled and graded by an actor
+(``rlvr.cluster.worker.RolloutWorker``), and each evaluation run by worker 0.
 
 The driver (``RayRolloutSource``) hands a worker, with each call, a reference to the weights
 it must sample with (a state dict of numpy arrays, put into Ray's object store once per
-version; the version is the optimizer step count) and the state of a ``torch.Generator``;
-the worker loads the weights if it does not hold that version yet, runs the local source's
-``sample_and_grade`` (``rlvr.seams``) with a generator in that state and returns the samples, the grades, the
-timings and the generator's new state. Epoch e's batch goes to worker e mod W.
+version, the version being the optimizer step count: by the driver from its own policy, or,
+where the driver holds no weights, by the data-parallel learners' rank 0) and the state of a
+``torch.Generator``; the worker loads the weights if it does not hold that version yet, runs
+the local source's ``sample_and_grade`` (``rlvr.seams``) with a generator in that state and
+returns the samples, the grades, the timings and the generator's new state. Epoch e's batch
+goes to worker e mod W.
 
 Staleness (``cluster.max_staleness = k``):
 
@@ -41,121 +44,37 @@ removed by ``close``. Without an address (a private local Ray) there is no group
 
 from __future__ import annotations
 
-import os
 import time
-import warnings
+from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 
 from rlvr.cluster import READY_TIMEOUT, ClusterError, first_line, stopped
 from rlvr.cluster.inflight import batch_from_dict, batch_to_dict
 from rlvr.cluster.jobs import Job, epoch_generator_state
 from rlvr.cluster.staleness import sample_versions, staleness_stats, step_bound, too_old
+from rlvr.cluster.weight_sync import weights_payload
+from rlvr.cluster.worker import RolloutWorker
 from rlvr.config import Config
+from rlvr.metrics import Record
 from rlvr.rollout import Grades, Samples, Task, contiguous_bounds
-from rlvr.seams import sample_and_grade, trainer_state_at
 from rlvr.state import TrainState
 
 MAX_RESTARTS = 100  # per worker, over a run
 WORKER_CPUS = 0.5  # Ray CPUs each rollout worker holds (explicit: a default request can pend forever)
 
 
-def weights_payload(module: torch.nn.Module) -> dict[str, Any]:
-    """A module's state dict as numpy arrays (Ray shares those zero-copy); a dtype numpy
-    lacks (bfloat16) stays a tensor."""
-    out: dict[str, Any] = {}
-    for key, value in module.state_dict().items():
-        value = value.detach().cpu()
-        out[key] = value if value.dtype == torch.bfloat16 else value.numpy()
-    return out
-
-
-class RolloutWorker:
-    """One rollout worker (a Ray actor once wrapped by ``ray.remote``): the task and the
-    policy built from the config, in one torch thread."""
-
-    def __init__(self, config: Config) -> None:
-        torch.set_num_threads(1)
-        from rlvr.compose import build_policy, build_task
-
-        try:
-            from transformers.utils import logging as hf_logging
-
-            hf_logging.disable_progress_bar()
-        except ImportError:
-            pass
-        self.config = config
-        self.task = build_task(config)
-        self.policy = build_policy(config, self.task)
-        self.version: int | None = None
-        self.engine_stats: dict[str, float] = {}
-
-    def pid(self) -> int:
-        return os.getpid()
-
-    def node_id(self) -> str:
-        """The Ray node this worker runs on."""
-        import ray
-
-        return ray.get_runtime_context().get_node_id()
-
-    def set_weights(self, weights: dict[str, Any], version: int) -> int:
-        """Load the trainer's weights, named by ``version``; the policy's engine, if it has
-        one, gets them too."""
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-            state = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in weights.items()}
-            self.policy.module.load_state_dict(state)  # copies out of the object store
-        self.engine_stats = self.policy.sync_engine(version)
-        self.version = version
-        return version
-
-    def join_weights_group(self, init_method: str, rank: int, world_size: int, backend: str, timeout_s: float) -> None:
-        """Join the driver's weights group (``rlvr.cluster.weight_sync``)."""
-        from rlvr.cluster.weight_sync import join
-
-        join(init_method, rank, world_size, backend, timeout_s)
-
-    def receive_weights(self, version: int) -> int:
-        """The driver's broadcast of the weights of ``version``, straight into the policy."""
-        from rlvr.cluster.weight_sync import broadcast_state
-
-        broadcast_state(self.policy.module.state_dict(), source=False)
-        self.engine_stats = self.policy.sync_engine(version)
-        self.version = version
-        return version
-
-    def sample_and_grade(self, weights: list[Any], version: int, generator_state: torch.Tensor, prompts: Any = None,
-                         epoch: int = 0) -> tuple[Samples, Grades, dict[str, float], torch.Tensor, int]:
-        """``rlvr.seams.sample_and_grade`` with the weights of ``version`` (``weights``: a
-        one-item list holding their ObjectRef, fetched only when this worker holds another
-        version; None: they came by broadcast) and a generator in ``generator_state``: the
-        samples, the grades, the timings (and engine numbers), the generator's new state and
-        this process's id. ``epoch``: the batch's, for the reward functions' ``trainer_state``."""
-        import ray
-
-        if version != self.version:  # a new version, or restarted since the last call
-            if weights[0] is None:  # weights come by broadcast (weight_sync=collective)
-                raise ClusterError(f"worker holds weights version {self.version}, asked for {version}: restarted "
-                                   "since the broadcast? weight_sync=collective cannot take a restarted worker "
-                                   "back; weight_sync=object_store survives restarts")
-            self.set_weights(ray.get(weights[0]), version)
-        generator = torch.Generator()
-        generator.set_state(generator_state)
-        state = trainer_state_at(self.config, epoch, version)
-        samples, grades, timings = sample_and_grade(self.config, self.task, self.policy, generator, prompts, state)
-        return samples, grades, {**timings, **self.engine_stats}, generator.get_state(), os.getpid()
-
-
 class RayRolloutSource:
     """The rollout source on Ray (``rlvr.seams.RolloutSource``), the driver's side:
     ``cluster.rollout_workers`` actors, the batches submitted to them (up to ``max_staleness``
-    epochs ahead) and the restarts seen; ``close`` ends the actors."""
+    epochs ahead) and the restarts seen; ``close`` ends the actors. ``publish``: puts the
+    weights of a state's step into the object store and returns the reference (the learners'
+    ``publish_weights``, where the driver holds no weights); default: the driver's own."""
 
-    def __init__(self, config: Config, ray: Any) -> None:
+    def __init__(self, config: Config, ray: Any, publish: Callable[[TrainState], Any] | None = None) -> None:
         c = config.cluster
+        self.publish = publish or (lambda st: ray.put(weights_payload(st.policy.module.state_dict().items())))
         self.ray = ray
         self.max_staleness, self.epochs, self.seed = c.max_staleness, config.algo.epochs, config.seed
         self.split, self.num_prompts = c.split_batch, config.task.prompts_per_epoch
@@ -201,6 +120,29 @@ class RayRolloutSource:
         except (ClusterError, RayError) as err:
             raise stopped(f"epoch {st.epoch}, step {st.step}", err) from err
 
+    def evaluate(self, st: TrainState, task: Task) -> list[Record]:
+        """``rlvr.evaluation.evaluate`` on worker 0 with the weights of ``st.step``; a worker
+        that dies meanwhile is waited for (restarted by Ray) and asked again; a failure stops
+        the run with one line, as a batch's does."""
+        from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError, RayError
+
+        where = f"epoch {st.epoch}, step {st.step}: evaluating"
+        try:
+            weights = self._send_weights(st)
+            while True:
+                try:
+                    return self.ray.get(self.workers[0].evaluate.remote([weights], st.step, st.epoch),
+                                        timeout=self.call_timeout)
+                except ActorDiedError as err:
+                    raise ClusterError(f"rollout worker 0 is dead (restarts used up): {first_line(err)}") from err
+                except RayActorError:  # killed or lost: it restarts with fresh state and loads the weights again
+                    self._wait_ready(0)
+        except GetTimeoutError as err:
+            raise stopped(where, ClusterError(f"rollout worker 0 gave no answer within {self.call_timeout:g} s "
+                                              "(cluster.call_timeout)")) from err
+        except (ClusterError, RayError) as err:
+            raise stopped(where, err) from err
+
     def state(self) -> dict[str, Any] | None:
         """The batches submitted ahead of the trainer, waited for, as checkpoint data
         (``rlvr.cluster.inflight``), and the count of batches dropped as too old; None when
@@ -231,7 +173,7 @@ class RayRolloutSource:
         last = min(st.epoch + self.max_staleness, self.epochs - 1)
         for epoch in range(st.epoch, last + 1):
             if epoch not in self.jobs:
-                weights = self._send_weights(st.policy.module, st.step)
+                weights = self._send_weights(st)
                 self.jobs[epoch] = [self._submit(job) for job in self._jobs(epoch, st, task, weights)]
         sync = time.perf_counter() - clock
         jobs = self.jobs.pop(st.epoch)
@@ -259,7 +201,7 @@ class RayRolloutSource:
         if not old:
             return jobs, 0
         self.dropped_total += len(old)
-        weights = self._send_weights(st.policy.module, st.step)
+        weights = self._send_weights(st)
         fresh = {job.worker: job for job in self._jobs(st.epoch, st, task, weights)}
         again = {id(job): self._submit(fresh[job.worker]) for job in old}
         for job in again.values():
@@ -313,22 +255,23 @@ class RayRolloutSource:
                                    f"(cluster.call_timeout) while sampling and grading the batch of epoch "
                                    f"{job.epoch} (weights version {job.version})") from err
 
-    def _send_weights(self, module: torch.nn.Module, version: int) -> Any:
-        """The weights of ``version`` to the workers: broadcast now (None: nothing to pass
-        with the call), or the object store reference each call passes."""
-        if not self.collective:
-            return self._weights_ref(module, version)
-        if self._group is None:
-            from rlvr.cluster.weight_sync import CollectiveWeights
+    def _send_weights(self, st: TrainState) -> Any:
+        """The weights of ``st.step`` to the workers: broadcast now from the driver's policy
+        (None: nothing to pass with the call), or the object store reference each call passes
+        (published once per version)."""
+        version = st.step
+        if self.collective:
+            if self._group is None:
+                from rlvr.cluster.weight_sync import CollectiveWeights
 
-            wait = (1 + self.max_staleness) * self.call_timeout  # a broadcast waits for up to k + 1 queued batches
-            self._group = CollectiveWeights(self.ray, self.workers, module, wait)
-        self._group.send(module, version)
-        return None
-
-    def _weights_ref(self, module: torch.nn.Module, version: int) -> Any:
+                wait = (1 + self.max_staleness) * self.call_timeout  # a broadcast waits for up to k + 1 queued batches
+                self._group = CollectiveWeights(self.ray, self.workers, st.policy.module, wait)
+            if self._weights is None or self._weights[0] != version:
+                self._group.send(st.policy.module, version)
+                self._weights = (version, None)
+            return None
         if self._weights is None or self._weights[0] != version:
-            self._weights = (version, self.ray.put(weights_payload(module)))  # queued jobs keep the old one alive
+            self._weights = (version, self.publish(st))  # queued jobs keep the old one alive
         return self._weights[1]
 
     def _wait_ready(self, index: int) -> None:

@@ -28,7 +28,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from rlvr.cluster import driver_holds_weights
 from rlvr.config import Config
+from rlvr.policies import holds_weights
 from rlvr.seams import Learner, LocalLearner, LocalRolloutSource, RolloutSource
 from rlvr.state import TrainState
 
@@ -71,10 +73,24 @@ def loop_parts(config: Config, st: TrainState) -> Iterator[tuple[RolloutSource, 
         cluster.close()
 
 
+def trained_policy(config: Config, task: Any, st: TrainState, learner: Learner) -> Any:
+    """The trained policy, with weights, for a caller of ``rlvr.train``: the driver's own, or,
+    where it holds none (``driver_holds_weights``), built anew and given the learners' (call
+    it inside ``loop_parts``, while they run)."""
+    if holds_weights(st.policy.module):
+        return st.policy
+    from rlvr.compose import build_policy
+
+    policy = build_policy(config, task)
+    policy.module.load_state_dict(learner.state_dict())  # a LearnerGroup: the weights gathered whole
+    return policy
+
+
 class Cluster:
     """The run's Ray actors: ``rollouts`` (a ``RayRolloutSource``, or None: the driver samples)
     and ``learners`` (a ``LearnerGroup`` started from the driver's state, or None: the driver
-    steps). ``close`` ends them, and Ray if this run started it."""
+    steps); with both, the rollout workers take their weights from the learners and the
+    driver holds none. ``close`` ends them, and Ray if this run started it."""
 
     def __init__(self, config: Config, st: TrainState) -> None:
         from rlvr.cluster.learners import LearnerGroup
@@ -97,10 +113,11 @@ class Cluster:
             _restore_handlers(handlers)
         self.rollouts = self.learners = None
         try:
-            if c.rollout_workers > 0:
-                self.rollouts = RayRolloutSource(config, ray)
             if c.learners > 1:
                 self.learners = LearnerGroup(config, c.learners, state=st, num_cpus=LEARNER_CPUS)
+            if c.rollout_workers > 0:  # the weights from the learners where the driver holds none
+                publish = None if driver_holds_weights(config) else self.learners.publish_weights
+                self.rollouts = RayRolloutSource(config, ray, publish)
         except BaseException:
             self.close()
             raise

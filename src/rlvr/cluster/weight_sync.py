@@ -1,4 +1,7 @@
-"""Weights from the trainer to the rollout workers by a collective broadcast.
+"""Weights from the trainer to the rollout workers: as a payload in Ray's object store
+(``weights_payload``: ``cluster.weight_sync=object_store``, the default), or by a
+collective broadcast; and the process groups' plumbing (``free_port``, ``backend_for``)
+the learners share.
 
 ``cluster.weight_sync=collective``: the driver (rank 0) and the W workers (ranks 1..W) form
 one ``torch.distributed`` group, gloo when the policy is on the CPU and NCCL when it is on a
@@ -24,11 +27,34 @@ after the up to k + 1 batches queued before it.
 from __future__ import annotations
 
 import datetime
+import socket
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+
+def weights_payload(state: Iterable[tuple[str, torch.Tensor]]) -> dict[str, Any]:
+    """A state dict's (name, tensor) pairs as numpy arrays (Ray shares those zero-copy),
+    taken one at a time; a dtype numpy lacks (bfloat16) stays a tensor."""
+    out: dict[str, Any] = {}
+    for key, value in state:
+        value = value.detach().cpu()
+        out[key] = value if value.dtype == torch.bfloat16 else value.numpy()
+    return out
+
+
+def free_port() -> int:
+    """A TCP port free on this host now (for the process group's rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def backend_for(module: torch.nn.Module) -> str:
+    """The torch.distributed backend for ``module``'s device: NCCL on a GPU, gloo on the CPU."""
+    return "nccl" if next(module.parameters()).device.type == "cuda" else "gloo"
 
 def flat_buffers(state: dict[str, torch.Tensor]) -> dict[torch.dtype, list[str]]:
     """The state dict's keys by dtype, in the state dict's order: one buffer per dtype."""
@@ -72,7 +98,6 @@ class CollectiveWeights:
         from ray.exceptions import RayError
 
         from rlvr.cluster import ClusterError, first_line
-        from rlvr.cluster.learners import backend_for, free_port
 
         self.ray, self.workers, self.timeout_s = ray, workers, timeout_s
         init_method = f"tcp://{ray.util.get_node_ip_address()}:{free_port()}"

@@ -17,3 +17,8 @@ def frozen_copy(module: torch.nn.Module) -> torch.nn.Module:
     ref = copy.deepcopy(module)
     ref.requires_grad_(False)
     return ref.eval()
+
+
+def holds_weights(module: torch.nn.Module) -> bool:
+    """False for a module built without weights (its parameters on the meta device)."""
+    return not any(p.is_meta for p in module.parameters())

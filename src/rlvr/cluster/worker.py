@@ -1,0 +1,110 @@
+"""A rollout worker (``RolloutWorker``, a Ray actor of ``rlvr.cluster.rollout.RayRolloutSource``):
+the task and the policy built from the config, sampling and grading an epoch's batch, or
+evaluating, with the weights of the version it is asked for (loaded from the object store,
+or received by broadcast, ``rlvr.cluster.weight_sync``).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlvr.cluster import ClusterError
+from rlvr.config import Config
+from rlvr.evaluation import evaluate
+from rlvr.metrics import Record
+from rlvr.rollout import Grades, Samples
+from rlvr.seams import sample_and_grade, trainer_state_at
+
+
+class RolloutWorker:
+    """One rollout worker (a Ray actor once wrapped by ``ray.remote``): the task and the
+    policy built from the config, in one torch thread."""
+
+    def __init__(self, config: Config) -> None:
+        torch.set_num_threads(1)
+        from rlvr.compose import build_policy, build_task
+
+        try:
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
+        except ImportError:
+            pass
+        self.config = config
+        self.task = build_task(config)
+        self.policy = build_policy(config, self.task)
+        self.version: int | None = None
+        self.engine_stats: dict[str, float] = {}
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def node_id(self) -> str:
+        """The Ray node this worker runs on."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def set_weights(self, weights: dict[str, Any], version: int) -> int:
+        """Load the trainer's weights, named by ``version``; the policy's engine, if it has
+        one, gets them too."""
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            state = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in weights.items()}
+            self.policy.module.load_state_dict(state)  # copies out of the object store
+        self.engine_stats = self.policy.sync_engine(version)
+        self.version = version
+        return version
+
+    def join_weights_group(self, init_method: str, rank: int, world_size: int, backend: str, timeout_s: float) -> None:
+        """Join the driver's weights group (``rlvr.cluster.weight_sync``)."""
+        from rlvr.cluster.weight_sync import join
+
+        join(init_method, rank, world_size, backend, timeout_s)
+
+    def receive_weights(self, version: int) -> int:
+        """The driver's broadcast of the weights of ``version``, straight into the policy."""
+        from rlvr.cluster.weight_sync import broadcast_state
+
+        broadcast_state(self.policy.module.state_dict(), source=False)
+        self.engine_stats = self.policy.sync_engine(version)
+        self.version = version
+        return version
+
+    def sample_and_grade(self, weights: list[Any], version: int, generator_state: torch.Tensor, prompts: Any = None,
+                         epoch: int = 0) -> tuple[Samples, Grades, dict[str, float], torch.Tensor, int]:
+        """``rlvr.seams.sample_and_grade`` with the weights of ``version`` (``weights``: a
+        one-item list holding their ObjectRef, fetched only when this worker holds another
+        version; None: they came by broadcast) and a generator in ``generator_state``: the
+        samples, the grades, the timings (and engine numbers), the generator's new state and
+        this process's id. ``epoch``: the batch's, for the reward functions' ``trainer_state``."""
+        self._hold(weights, version)
+        generator = torch.Generator()
+        generator.set_state(generator_state)
+        state = trainer_state_at(self.config, epoch, version)
+        samples, grades, timings = sample_and_grade(self.config, self.task, self.policy, generator, prompts, state)
+        return samples, grades, {**timings, **self.engine_stats}, generator.get_state(), os.getpid()
+
+    def evaluate(self, weights: list[Any], version: int, epoch: int) -> list[Record]:
+        """``rlvr.evaluation.evaluate`` with the weights of ``version`` (the optimizer step
+        count; ``weights`` as for ``sample_and_grade``) at ``epoch``."""
+        self._hold(weights, version)
+        return evaluate(self.config, self.task, self.policy, epoch, version)
+
+    def _hold(self, weights: list[Any], version: int) -> None:
+        """The weights of ``version`` loaded, if this worker holds another version (a new one,
+        or it restarted since the last call)."""
+        import ray
+
+        if version == self.version:
+            return
+        if weights[0] is None:  # weights come by broadcast (weight_sync=collective)
+            raise ClusterError(f"worker holds weights version {self.version}, asked for {version}: restarted "
+                               "since the broadcast? weight_sync=collective cannot take a restarted worker "
+                               "back; weight_sync=object_store survives restarts")
+        self.set_weights(ray.get(weights[0]), version)
