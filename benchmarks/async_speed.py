@@ -8,7 +8,9 @@ whole ``train`` call in wall-clock seconds:
 - ``single t1``: one process, one torch thread (generation and training take turns);
 - ``single t2``: one process, two torch threads;
 - ``async k=1``: one Ray rollout worker (one thread) generating epoch e+1's batch with the
-  weights of the start of epoch e while this process (one thread) trains on epoch e; TIS cap 2.
+  weights of the start of epoch e while this process (one thread) trains on epoch e; TIS cap 2;
+- ``in flight k=2``: the same worker up to two batches ahead, each started with the newest
+  weights, published after every optimizer step (``cluster.weights_in_flight``); TIS cap 2.
 
 It prints samples per second of each, the ratio of async to each single-process run, and
 the held-out greedy exact match at the end (200 held-out prompts) per seed, so a speed-up is
@@ -38,6 +40,8 @@ WAYS = {
     "single t1": ["threads=1"],
     "single t2": ["threads=2"],
     "async k=1": ["threads=1", "cluster.rollout_workers=1", "cluster.max_staleness=1", "algo.tis_cap=2"],
+    "in flight k=2": ["threads=1", "cluster.rollout_workers=1", "cluster.max_staleness=2",
+                      "cluster.weights_in_flight=true", "algo.tis_cap=2"],
 }
 
 
@@ -72,9 +76,9 @@ def run(way: str, seed: int, epochs: int, model: Path) -> dict:
     first_epoch_end = starts[steps_per_epoch - 1]
     steady = (epochs - 1) * config.task.prompts_per_epoch * config.algo.group_size / (starts[-1] - first_epoch_end)
     end = [r for r in records if r["kind"] == "eval"][-1]
-    staleness = [r.get("cluster/staleness", 0.0) for r in records if r["kind"] == "train"]
+    ages = [r.get("cluster/staleness_steps", 0.0) for r in records if r["kind"] == "train"]
     return {"samples_per_s": samples / seconds, "steady": steady, "seconds": seconds,
-            "greedy": end["greedy_solve_rate"], "staleness": max(staleness)}
+            "greedy": end["greedy_solve_rate"], "age": statistics.mean(ages)}
 
 
 def main() -> None:
@@ -88,21 +92,22 @@ def main() -> None:
         for way in WAYS:  # interleaved, so a slow spell of the machine hits every way alike
             results[way].append(run(way, seed, args.epochs, model))
             r = results[way][-1]
-            print(f"seed {seed} {way:<10} {r['seconds']:7.1f} s  {r['samples_per_s']:7.1f} samples/s  "
-                  f"steady {r['steady']:7.1f}  held-out greedy {r['greedy']:.3f}  max staleness {r['staleness']:.0f}",
-                  flush=True)
+            print(f"seed {seed} {way:<13} {r['seconds']:7.1f} s  {r['samples_per_s']:7.1f} samples/s  "
+                  f"steady {r['steady']:7.1f}  held-out greedy {r['greedy']:.3f}  "
+                  f"mean sample age {r['age']:.2f} steps", flush=True)
     print(f"\n{args.epochs} epochs x 256 samples per run, seeds {args.seeds}, wall clock, 2-core machine")
-    print(f"{'way':<10} {'samples/s':>10} {'steady':>8} {'greedy mean':>12}  greedy per seed")
+    print(f"{'way':<13} {'samples/s':>10} {'steady':>8} {'age':>6} {'greedy mean':>12}  greedy per seed")
     for way, rs in results.items():
-        print(f"{way:<10} {statistics.mean(r['samples_per_s'] for r in rs):10.1f} "
-              f"{statistics.mean(r['steady'] for r in rs):8.1f} {statistics.mean(r['greedy'] for r in rs):12.3f}  "
-              + " ".join(f"{r['greedy']:.3f}" for r in rs))
-    a = results["async k=1"]
-    for base in ("single t1", "single t2"):
-        b = results[base]
-        ratio = statistics.mean(x["samples_per_s"] / y["samples_per_s"] for x, y in zip(a, b))
-        steady = statistics.mean(x["steady"] / y["steady"] for x, y in zip(a, b))
-        print(f"async k=1 / {base}: {ratio:.2f}x samples/s ({steady:.2f}x steady)  (goal 1.5x)")
+        print(f"{way:<13} {statistics.mean(r['samples_per_s'] for r in rs):10.1f} "
+              f"{statistics.mean(r['steady'] for r in rs):8.1f} {statistics.mean(r['age'] for r in rs):6.2f} "
+              f"{statistics.mean(r['greedy'] for r in rs):12.3f}  " + " ".join(f"{r['greedy']:.3f}" for r in rs))
+    for way in ("async k=1", "in flight k=2"):
+        a = results[way]
+        for base in ("single t1", "single t2"):
+            b = results[base]
+            ratio = statistics.mean(x["samples_per_s"] / y["samples_per_s"] for x, y in zip(a, b))
+            steady = statistics.mean(x["steady"] / y["steady"] for x, y in zip(a, b))
+            print(f"{way} / {base}: {ratio:.2f}x samples/s ({steady:.2f}x steady)  (goal 1.5x)")
 
 
 if __name__ == "__main__":

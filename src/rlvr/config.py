@@ -293,6 +293,10 @@ class ClusterConfig:
         "the oldest, in optimizer steps, the weights that sampled a batch may be when its training starts; an "
         "older batch (or part of a split batch) is dropped, counted (cluster/dropped_stale) and sampled again with "
         "the current weights (null: max_staleness x algo.inner_steps, which no batch exceeds)"), min=0, max=2**31)
+    weights_in_flight: bool = setting(False, (
+        "max_staleness >= 1: the rollout workers start each batch with the newest weights, published after every "
+        "optimizer step, not those held when the batch was submitted (fresher samples; which weights a batch gets "
+        "then depends on timing, so such a run is not reproduced exactly from its seed)"))
     address: str | None = setting(None, "Ray cluster address (null: start a local Ray with the CPUs needed)")
     split_batch: bool = setting(False, (
         "split each epoch's batch over the rollout workers (its prompts drawn here, each part sampled with its own "

@@ -231,6 +231,10 @@ def _check_cluster(config: Any) -> None:
         raise ConfigError(f"cluster.weight_sync='collective' with cluster.learners={c.learners} and rollout workers: "
                           "the broadcast goes from the driver, which holds no weights when the learners do (they "
                           "publish them to the workers through the object store); use weight_sync=object_store")
+    if c.weights_in_flight and (c.max_staleness == 0 or c.weight_sync == "collective"):
+        raise ConfigError("cluster.weights_in_flight=true needs batches sampled ahead (cluster.max_staleness >= 1) "
+                          "and weights in the object store (cluster.weight_sync=object_store), where a worker "
+                          f"finds the newest; got max_staleness={c.max_staleness}, weight_sync={c.weight_sync!r}")
     if c.max_staleness_steps is not None and c.max_staleness == 0:
         raise ConfigError(f"cluster.max_staleness_steps={c.max_staleness_steps} bounds batches sampled ahead, and "
                           "cluster.max_staleness=0 samples none ahead (every batch is 0 steps old); set "

@@ -39,6 +39,11 @@ class RolloutSource(Protocol):
         """``rlvr.evaluation.evaluate`` at ``st``'s epoch and step, with its weights."""
         ...
 
+    def offer_weights(self, st: TrainState) -> None:
+        """The weights of the optimizer step just taken, for samplers that take new weights
+        between batches (``cluster.weights_in_flight``); else nothing."""
+        ...
+
     def state(self) -> dict[str, Any] | None:
         """What a checkpoint must keep of the source for a resumed run to go on as the run
         would have (the batches sampled ahead of the trainer), as tensors and plain data;
@@ -96,6 +101,9 @@ class LocalRolloutSource:
     def evaluate(self, st: TrainState, task: Task) -> list[Record]:
         sync_engine(st)  # evaluation samples with the weights of the steps just taken
         return evaluate(self.config, task, st.policy, st.epoch, st.step)
+
+    def offer_weights(self, st: TrainState) -> None:
+        pass  # it samples with the weights of st when the loop asks
 
     def state(self) -> None:
         return None  # it samples each batch when the loop asks: none is ever ahead

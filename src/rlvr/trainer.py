@@ -96,6 +96,7 @@ def train(
                     record({"kind": "prompts", "epoch": st.epoch, "step": st.step, "solved": st.rollout.prompt_solved})
             while st.inner_step < a.inner_steps:
                 record(learner.optimizer_step(st, st.rollout))
+                source.offer_weights(st)  # for rollout workers that take new weights between batches
                 st.inner_step += 1
                 if st.stop_requested and st.inner_step < a.inner_steps:
                     break

@@ -105,6 +105,12 @@ class RayRolloutSource:
         self.jobs: dict[int, list[Job]] = {}  # submitted batches (or their parts) by epoch
         self._weights: tuple[int, Any] | None = None  # (version, ObjectRef): put once per version
         self.collective = c.weight_sync == "collective"  # broadcast instead of the object store
+        self.inner_steps = config.algo.inner_steps
+        self._board = None  # a WeightsBoard: workers take the newest weights between batches
+        if c.weights_in_flight:
+            from rlvr.cluster.weight_sync import WeightsBoard
+
+            self._board = ray.remote(num_cpus=0)(WeightsBoard).remote()
         self._group: Any = None  # its CollectiveWeights, formed at the first batch
 
     def sample_and_grade(self, st: TrainState, task: Task) -> tuple[Samples, Grades, dict[str, float]]:
@@ -142,6 +148,17 @@ class RayRolloutSource:
                                               "(cluster.call_timeout)")) from err
         except (ClusterError, RayError) as err:
             raise stopped(where, err) from err
+
+    def offer_weights(self, st: TrainState) -> None:
+        """With ``cluster.weights_in_flight``: the weights of ``st.step`` published and posted
+        on the board, where each worker looks before its next batch."""
+        if self._board is not None:
+            from ray.exceptions import RayError
+
+            try:
+                self._board.post.remote(st.step, [self._send_weights(st)])
+            except (ClusterError, RayError) as err:
+                raise stopped(f"epoch {st.epoch}, step {st.step}: publishing the weights", err) from err
 
     def state(self) -> dict[str, Any] | None:
         """The batches submitted ahead of the trainer, waited for, as checkpoint data
@@ -228,7 +245,7 @@ class RayRolloutSource:
 
     def _submit(self, job: Job) -> Job:
         job.ref = self.workers[job.worker].sample_and_grade.remote([job.weights], job.version, job.generator_state,
-                                                                   job.prompts, job.epoch)
+                                                                   job.prompts, job.epoch, self._board)
         return job
 
     def _wait(self, job: Job) -> None:
@@ -238,8 +255,10 @@ class RayRolloutSource:
 
         while job.result is None:
             try:
-                samples, grades, stats, job.new_state, pid = self.ray.get(job.ref, timeout=self.call_timeout)
+                samples, grades, stats, job.new_state, pid, version = self.ray.get(job.ref, timeout=self.call_timeout)
                 job.result = samples, grades, stats
+                if version != job.version:  # newer weights, taken in flight: made during epoch version // inner_steps
+                    job.version, job.weights_epoch = version, version // self.inner_steps
                 self._seen(job.worker, pid)
             except ActorDiedError as err:
                 raise ClusterError(f"rollout worker {job.worker} is dead (restarts used up): {err}") from err
@@ -329,6 +348,9 @@ class RayRolloutSource:
 
     def close(self) -> None:
         self.jobs, self._weights = {}, None
+        if self._board is not None:
+            self.ray.kill(self._board)
+            self._board = None
         if self._group is not None:
             self._group.close()
             self._group = None

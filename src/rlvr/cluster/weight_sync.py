@@ -1,7 +1,9 @@
 """Weights from the trainer to the rollout workers: as a payload in Ray's object store
-(``weights_payload``: ``cluster.weight_sync=object_store``, the default), or by a
-collective broadcast; and the process groups' plumbing (``free_port``, ``backend_for``)
-the learners share.
+(``weights_payload``: ``cluster.weight_sync=object_store``, the default; with
+``cluster.weights_in_flight`` the newest version is posted on a ``WeightsBoard`` after
+every optimizer step, where workers look before each batch), or by a collective
+broadcast; and the process groups' plumbing (``free_port``, ``backend_for``) the learners
+share.
 
 ``cluster.weight_sync=collective``: the driver (rank 0) and the W workers (ranks 1..W) form
 one ``torch.distributed`` group, gloo when the policy is on the CPU and NCCL when it is on a
@@ -44,6 +46,22 @@ def weights_payload(state: Iterable[tuple[str, torch.Tensor]]) -> dict[str, Any]
         out[key] = value if value.dtype == torch.bfloat16 else value.numpy()
     return out
 
+
+
+class WeightsBoard:
+    """The newest weights published (a Ray actor): their version (the optimizer step count)
+    and ``[ObjectRef]`` (in a list, so Ray hands over the reference, not the weights). The
+    board holds the reference, which keeps the newest weights alive in the object store."""
+
+    def __init__(self) -> None:
+        self.version, self.weights = -1, [None]
+
+    def post(self, version: int, weights: list[Any]) -> None:
+        if version > self.version:
+            self.version, self.weights = version, weights
+
+    def latest(self) -> tuple[int, list[Any]]:
+        return self.version, self.weights
 
 def free_port() -> int:
     """A TCP port free on this host now (for the process group's rendezvous)."""

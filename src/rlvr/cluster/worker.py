@@ -77,18 +77,27 @@ class RolloutWorker:
         return version
 
     def sample_and_grade(self, weights: list[Any], version: int, generator_state: torch.Tensor, prompts: Any = None,
-                         epoch: int = 0) -> tuple[Samples, Grades, dict[str, float], torch.Tensor, int]:
+                         epoch: int = 0, board: Any = None
+                         ) -> tuple[Samples, Grades, dict[str, float], torch.Tensor, int, int]:
         """``rlvr.seams.sample_and_grade`` with the weights of ``version`` (``weights``: a
         one-item list holding their ObjectRef, fetched only when this worker holds another
-        version; None: they came by broadcast) and a generator in ``generator_state``: the
-        samples, the grades, the timings (and engine numbers), the generator's new state and
-        this process's id. ``epoch``: the batch's, for the reward functions' ``trainer_state``."""
+        version; None: they came by broadcast), or the newer ones posted on ``board`` (a
+        ``WeightsBoard``: ``cluster.weights_in_flight``), and a generator in
+        ``generator_state``: the samples, the grades, the timings (and engine numbers), the
+        generator's new state, this process's id and the version sampled with. ``epoch``: the
+        batch's, for the reward functions' ``trainer_state``."""
+        import ray
+
+        if board is not None:
+            newest, posted = ray.get(board.latest.remote())
+            if newest > version:
+                version, weights = newest, posted
         self._hold(weights, version)
         generator = torch.Generator()
         generator.set_state(generator_state)
         state = trainer_state_at(self.config, epoch, version)
         samples, grades, timings = sample_and_grade(self.config, self.task, self.policy, generator, prompts, state)
-        return samples, grades, {**timings, **self.engine_stats}, generator.get_state(), os.getpid()
+        return samples, grades, {**timings, **self.engine_stats}, generator.get_state(), os.getpid(), version
 
     def evaluate(self, weights: list[Any], version: int, epoch: int) -> list[Record]:
         """``rlvr.evaluation.evaluate`` with the weights of ``version`` (the optimizer step
