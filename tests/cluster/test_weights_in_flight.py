@@ -58,7 +58,8 @@ def test_a_run_with_weights_in_flight_keeps_every_batch_within_the_bound(ray_loc
     assert [r["epoch"] for r in records if r["kind"] == "eval"] == [0, 2, 4, 5]
 
 
-@pytest.mark.parametrize("extra", [["cluster.max_staleness=0", "algo.tis_cap=null"], ["cluster.weight_sync=collective"]])
+@pytest.mark.parametrize("extra", [["cluster.max_staleness=0", "algo.tis_cap=null"],
+                                   ["cluster.weight_sync=collective"]])
 def test_weights_in_flight_needs_batches_ahead_in_the_object_store(extra):
     with pytest.raises(ConfigError, match="cluster.weights_in_flight=true needs batches sampled ahead"):
         load_config(None, IN_FLIGHT + extra)
