@@ -233,6 +233,9 @@ class StubSource:
         self.evaluated.append(st.epoch)
         return self.local.evaluate(st, task)
 
+    def offer_weights(self, st):
+        self.local.offer_weights(st)
+
 
 class StubLearner(LocalLearner):
     """A learner that takes no step (it scores in this process): a record per call, the step
