@@ -88,7 +88,7 @@ def build_causal_lm_policy(config: PolicyConfig, weights: bool = True) -> Causal
         temperature=config.temperature, chat_template=o.chat_template, max_new_tokens=o.max_new_tokens,
         min_new_tokens=o.min_new_tokens, top_k=o.top_k, top_p=o.top_p, stop_strings=o.stop_strings,
         gradient_checkpointing=o.gradient_checkpointing, add_special_tokens=o.add_special_tokens,
-        autocast=o.autocast, chunk_elements=o.chunk_elements, share_prompts=o.share_prompts,
+        autocast=o.autocast, chunk_elements=o.chunk_elements, share_prompts=o.share_prompts, compile=o.compile,
         disable_dropout=o.disable_dropout)
 
 

@@ -91,6 +91,9 @@ class CausalLMOptions:
     chunk_elements: int = setting(DEFAULT_CHUNK_ELEMENTS, "float32 logits per chunk when turning logits into "
                                                           "log-probs", above=0)
     share_prompts: bool = setting(True, "scoring encodes each prompt once for its G responses")
+    compile: bool = setting(False, "score with a torch.compile'd forward of the trained module (inductor; "
+                                   "the first scoring of each new shape compiles, seconds to minutes; "
+                                   "python benchmarks/lm_update_levers.py measures it)")
     engine: str = setting("hf", "what generates: hf (in this process, sharing the trainer's module) or vllm (its "
                                 "own copy of the weights)", choices=ENGINES)
     engine_options: VLLMOptions = setting(VLLMOptions(), "the engine's settings (vllm)")

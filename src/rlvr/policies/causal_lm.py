@@ -102,6 +102,9 @@ class CausalLMPolicy(Policy):
     disable_dropout:  set every dropout probability to 0 (default): sampling runs in eval
                       mode, so with dropout on in training the recorded log-probs would
                       not be those of the policy that is scored and trained.
+    compile:          score the trained module through ``torch.compile`` (inductor): the
+                      same numbers within float rounding (a test), each new shape compiled
+                      on first use; generation and the reference stay eager.
     share_prompts:    when scoring, encode a prompt once for all its rows (see
                       ``rlvr.policies.scoring.response_logits``); False: one forward over every full row.
     engine:           what generates (``rlvr.engines.Engine``), handed the model's weights
@@ -129,6 +132,7 @@ class CausalLMPolicy(Policy):
         share_prompts: bool = True,
         disable_dropout: bool = True,
         engine: Engine | None = None,
+        compile: bool = False,
     ):
         # temperature is each call's; the rest of the sampling settings are the policy's
         self.sampling = SamplingParams(top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens,
@@ -145,6 +149,7 @@ class CausalLMPolicy(Policy):
         self.tokenizer, self.add_special_tokens = tokenizer, add_special_tokens
         self.autocast = _AUTOCAST[autocast]
         self.chunk_elements, self.share_prompts = chunk_elements, share_prompts
+        self.compiled = torch.compile(self.module) if compile else None  # shares the module's parameters
         self.device = next(model.parameters()).device
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.engine = engine if engine is not None else HFEngine(model, tokenizer, self.pad_id, self.autocast)
@@ -202,8 +207,10 @@ class CausalLMPolicy(Policy):
     def _forward(self, module: torch.nn.Module | None = None, **inputs: Any) -> Any:
         """A forward pass of ``module`` (None: the policy's), under autocast when the
         ``autocast`` setting asks."""
+        if module is None:
+            module = self.module if self.compiled is None else self.compiled
         with autocast_context(self.device, self.autocast):
-            return (self.module if module is None else module)(**inputs)
+            return module(**inputs)
 
     # ---- prompts ------------------------------------------------------------------
 
@@ -347,10 +354,10 @@ class CausalLMPolicy(Policy):
         """
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
-        module = self.module if module is None else module
-        forward = functools.partial(self._forward, module)
+        forward = functools.partial(self._forward, module)  # None: the policy's (compiled, if so set)
         # gradient checkpointing drops the caches that sharing a prompt's encoding needs
-        logits = response_logits(forward, samples, self.share_prompts and not checkpointing_active(module))  # [n, T, V]
+        share = self.share_prompts and not checkpointing_active(self.module if module is None else module)
+        logits = response_logits(forward, samples, share)  # [n, T, V]
         log_probs = token_log_probs(logits, samples.response_ids, temperature, self.chunk_elements)
         log_probs = log_probs.masked_fill(~samples.response_mask, 0.0)
         entropy = None
