@@ -35,7 +35,7 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).parent))
 from learner_memory import held_bytes  # noqa: E402
-from rlvr.cluster.learner_rank import free_port  # noqa: E402
+from rlvr.cluster.weight_sync import free_port  # noqa: E402
 from rlvr.modeling import init_model, quiet_libraries  # noqa: E402
 
 

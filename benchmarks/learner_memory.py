@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-from rlvr.cluster.learner_rank import LearnerRank, free_port
+from rlvr.cluster.learner_rank import LearnerRank
+from rlvr.cluster.weight_sync import free_port
 from rlvr.config import load_config
 from rlvr.modeling import init_model, quiet_libraries
 

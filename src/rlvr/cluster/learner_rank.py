@@ -21,7 +21,7 @@ import torch.distributed as dist
 from rlvr.cluster import READY_TIMEOUT
 from rlvr.cluster.sharded import load_sharded, save_sharded
 from rlvr.cluster.watch import IDLE, Activity
-from rlvr.cluster.weight_sync import backend_for, free_port, weights_payload  # noqa: F401 (free_port: for callers)
+from rlvr.cluster.weight_sync import backend_for, weights_payload
 from rlvr.compose import build_policy
 from rlvr.config import Config
 from rlvr.diagnostics import GradientNoiseMeter, flat_grad

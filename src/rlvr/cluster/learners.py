@@ -36,15 +36,18 @@ Ray (``ray.init``) before building a ``LearnerGroup`` and shuts it down after ``
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from rlvr.cluster import READY_TIMEOUT, driver_holds_weights, first_line
-from rlvr.cluster.learner_rank import LearnerRank, free_port, load_train_state, policy_device, share_bounds
+from rlvr.cluster.learner_rank import LearnerRank, load_train_state, policy_device, share_bounds
 from rlvr.cluster.sharded import has_reference
 from rlvr.cluster.watch import WATCH, diagnose
+from rlvr.cluster.weight_sync import free_port
 from rlvr.config import Config
 from rlvr.metrics import Record
 from rlvr.policies import holds_weights
@@ -163,9 +166,8 @@ class LearnerGroup:
         noise where ``rlvr.step.noise_due`` says). A learner that died, failed or hung stops
         the run with one line naming it (a ``TrainingError``); a learner's own TrainingError
         (too many non-finite steps) stops it as a single process does."""
-        share_bounds(rollout.samples.num_responses, self.num_learners)
-        record = self._call(st, "taking its optimizer step", "step", self._ray.put(rollout), st.epoch, st.step,
-                            noise_due(self.config, st))
+        with self._stops_run(st):
+            record = self.step(rollout, st.epoch, st.step, noise_due(self.config, st))
         st.step += 1
         return record
 
@@ -199,13 +201,19 @@ class LearnerGroup:
     def _call(self, st: TrainState, doing: str, method: str, *args: Any, every: bool = False) -> Any:
         """``method(*args)`` on every learner: rank 0's answer (``every``: all, in rank order);
         a learner that died, failed or hung stops the run at ``st``'s epoch and step."""
+        with self._stops_run(st):
+            answers = self._get([getattr(learner, method).remote(*args) for learner in self.learners], doing)
+        return answers if every else answers[0]
+
+    @contextmanager
+    def _stops_run(self, st: TrainState) -> Iterator[None]:
+        """A learner's fault, or Ray's own (a node that died), as the one line that stops the run."""
         from ray.exceptions import RayError
 
         try:
-            answers = self._get([getattr(learner, method).remote(*args) for learner in self.learners], doing)
-        except (LearnerFault, RayError) as err:  # a learner's, or Ray's own (a node that died)
+            yield
+        except (LearnerFault, RayError) as err:
             raise learners_stopped(st, err) from err
-        return answers if every else answers[0]
 
     def save_sharded(self, folder: Path) -> None:
         """Every learner writes its part of the weights and optimizer state into ``folder`` (DCP)."""

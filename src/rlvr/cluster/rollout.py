@@ -130,24 +130,14 @@ class RayRolloutSource:
         """``rlvr.evaluation.evaluate`` on worker 0 with the weights of ``st.step``; a worker
         that dies meanwhile is waited for (restarted by Ray) and asked again; a failure stops
         the run with one line, as a batch's does."""
-        from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError, RayError
+        from ray.exceptions import RayError
 
-        where = f"epoch {st.epoch}, step {st.step}: evaluating"
         try:
             weights = self._send_weights(st)
-            while True:
-                try:
-                    return self.ray.get(self.workers[0].evaluate.remote([weights], st.step, st.epoch),
-                                        timeout=self.call_timeout)
-                except ActorDiedError as err:
-                    raise ClusterError(f"rollout worker 0 is dead (restarts used up): {first_line(err)}") from err
-                except RayActorError:  # killed or lost: it restarts with fresh state and loads the weights again
-                    self._wait_ready(0)
-        except GetTimeoutError as err:
-            raise stopped(where, ClusterError(f"rollout worker 0 gave no answer within {self.call_timeout:g} s "
-                                              "(cluster.call_timeout)")) from err
+            ask = lambda: self.workers[0].evaluate.remote([weights], st.step, st.epoch)  # noqa: E731
+            return self._answer(0, ask(), ask, f"evaluating the weights of step {st.step}")
         except (ClusterError, RayError) as err:
-            raise stopped(where, err) from err
+            raise stopped(f"epoch {st.epoch}, step {st.step}: evaluating", err) from err
 
     def offer_weights(self, st: TrainState) -> None:
         """With ``cluster.weights_in_flight``: the weights of ``st.step`` published and posted
@@ -251,28 +241,37 @@ class RayRolloutSource:
     def _wait(self, job: Job) -> None:
         """The job's result into ``job.result`` (once); a worker that died meanwhile is waited
         for (restarted by Ray) and the job sent again."""
+        if job.result is not None:
+            return
+        what = f"sampling and grading the batch of epoch {job.epoch} (weights version {job.version})"
+        samples, grades, stats, job.new_state, pid, version = self._answer(
+            job.worker, job.ref, lambda: self._submit(job).ref, what)
+        job.result = samples, grades, stats
+        if version != job.version:  # newer weights, taken in flight: made during epoch version // inner_steps
+            job.version, job.weights_epoch = version, version // self.inner_steps
+        self._seen(job.worker, pid)
+
+    def _answer(self, worker: int, ref: Any, again: Callable[[], Any], what: str) -> Any:
+        """The answer of worker ``worker``'s call ``ref``, within ``cluster.call_timeout``; if the
+        worker died meanwhile, once Ray restarted it, of the call made again (``again()``: its
+        new ref). ``what``: the call, for the one-line error."""
         from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError
 
-        while job.result is None:
+        while True:
             try:
-                samples, grades, stats, job.new_state, pid, version = self.ray.get(job.ref, timeout=self.call_timeout)
-                job.result = samples, grades, stats
-                if version != job.version:  # newer weights, taken in flight: made during epoch version // inner_steps
-                    job.version, job.weights_epoch = version, version // self.inner_steps
-                self._seen(job.worker, pid)
+                return self.ray.get(ref, timeout=self.call_timeout)
             except ActorDiedError as err:
-                raise ClusterError(f"rollout worker {job.worker} is dead (restarts used up): {err}") from err
-            except RayActorError as err:  # killed or lost: it restarts with fresh state; send the job again
+                raise ClusterError(f"rollout worker {worker} is dead (restarts used up): {err}") from err
+            except RayActorError as err:  # killed or lost: it restarts with fresh state; ask again
                 if self.collective:
-                    raise ClusterError(f"rollout worker {job.worker} died: weight_sync=collective cannot take a "
+                    raise ClusterError(f"rollout worker {worker} died: weight_sync=collective cannot take a "
                                        "restarted worker back into its group (weight_sync=object_store survives "
                                        "restarts)") from err
-                self._wait_ready(job.worker)
-                self._submit(job)
+                self._wait_ready(worker)
+                ref = again()
             except GetTimeoutError as err:
-                raise ClusterError(f"rollout worker {job.worker} gave no answer within {self.call_timeout:g} s "
-                                   f"(cluster.call_timeout) while sampling and grading the batch of epoch "
-                                   f"{job.epoch} (weights version {job.version})") from err
+                raise ClusterError(f"rollout worker {worker} gave no answer within {self.call_timeout:g} s "
+                                   f"(cluster.call_timeout) while {what}") from err
 
     def _send_weights(self, st: TrainState) -> Any:
         """The weights of ``st.step`` to the workers: broadcast now from the driver's policy
