@@ -47,21 +47,20 @@ from rlvr.diagnostics import max_reward_stats, prompt_solve_shares
 from rlvr.errors import ConfigError
 from rlvr.evaluation import evaluate_runs
 from rlvr.metrics import Record
-from rlvr.optim import build_optimizer, build_scheduler
+from rlvr.optim import build_optimizer, build_scheduler, optimizer_update
 from rlvr.policies.positional import (
     Activations,
     aligned_copy,
     aligned_empty,
-    backward_pass,
-    chosen_index,
     consecutive_groups,
     forward_pass,
     inexact_matmul,
-    log_softmax_backward,
     sample_tokens,
     tempered_log_softmax,
 )
+from rlvr.policies.positional_step import NaiveBatch, naive_batch, naive_gradients
 from rlvr.rollout import Task
+from rlvr.seams import TOY_STEP_ALGO, as_override, toy_step_needs
 from rlvr.state import TrainState
 from rlvr.step import skip_step, step_metrics
 from rlvr.trainer import rollout_stats, setup
@@ -72,8 +71,8 @@ TIMING_KEYS = ("time/generate", "time/reward", "time/score", "time/step", "token
 ANY_VALUE = "any value"
 # Every algo.* field, and what the batched path does with it: ANY_VALUE, it trains as the
 # trainer does (or the field is read only by options refused here); any other value is
-# the only one batched, other values are refused. A new field fails tests/test_batched.py
-# until it is declared here.
+# the only one batched (the fused step's, ``TOY_STEP_ALGO``, and the collection's), other
+# values are refused. A new field fails tests/test_batched.py until it is declared here.
 BATCHED_ALGO: dict[str, Any] = {
     "preset": ANY_VALUE,  # resolved into the fields below when the config loads
     "epochs": ANY_VALUE,
@@ -83,45 +82,41 @@ BATCHED_ALGO: dict[str, Any] = {
     "aggregation": ANY_VALUE,
     "normalizer": ANY_VALUE,
     "adv_eps": ANY_VALUE,
-    "loss": "naive",
     "clip_eps": ANY_VALUE,  # the clipped losses'
     "clip_eps_high": ANY_VALUE,
     "clip_ratio_c": ANY_VALUE,
     "old_log_probs": ANY_VALUE,  # the naive loss has no ratio
-    "kl_coef": 0.0,
     "kl_estimator": ANY_VALUE,  # the KL's (kl_coef > 0)
     "ref_update_every": ANY_VALUE,
     "kl_in": ANY_VALUE,
-    "tis_cap": None, "is_correction": None, "is_low": ANY_VALUE, "is_high": ANY_VALUE,  # no sampler mismatch here
-    "entropy_coef": 0.0,
+    "is_low": ANY_VALUE, "is_high": ANY_VALUE,  # the sampler-mismatch correction's (none here)
     "dynamic_sampling": False,
     "max_sampling_tries": ANY_VALUE,  # dynamic sampling's
     "overlong": "none",
     "overlong_cache": ANY_VALUE,  # overlong's
     "overlong_factor": ANY_VALUE,
-    "top_entropy_q": None,
+    **TOY_STEP_ALGO,
 }
+COLLECTION_ALGO = {name: value for name, value in BATCHED_ALGO.items()
+                   if value != ANY_VALUE and name not in TOY_STEP_ALGO}
 
 
 def batching_refusal(configs: Sequence[Config]) -> str | None:
-    """Why ``configs`` cannot train as one batch (None: they can): the positional policy
-    on the sorting task with fixed prompts, ``BATCHED_ALGO``'s values, no micro-batches,
-    user rewards, Ray workers or gradient-noise measurement, all equal but in DIFFERING_FIELDS."""
+    """Why ``configs`` cannot train as one batch (None: they can): what ``ToyLearner`` needs
+    (``toy_step_needs``), the sorting task with fixed prompts, ``BATCHED_ALGO``'s values, no
+    user rewards or Ray workers, all equal but in DIFFERING_FIELDS."""
     if not configs:
         return "no runs"
     c = configs[0]
-    missing = [f"algo.{name}={_override(value)}" for name, value in BATCHED_ALGO.items()
-               if value != ANY_VALUE and getattr(c.algo, name) != value]
     needs = {
-        "policy.name=positional": c.policy.name == "positional",
         "task.name=sorting": c.task.name == "sorting",
         "fixed task.prompts (not null)": c.task.prompts is not None,
-        "optim.micro_batches=1": c.optim.micro_batches == 1,
         "rewards.functions=[]": not c.rewards.functions,
         "cluster.rollout_workers=0": c.cluster.rollout_workers == 0,
-        "log.grad_noise_every=0": c.log.grad_noise_every == 0,
     }
-    missing = [need for need, ok in needs.items() if not ok] + missing
+    missing = toy_step_needs(c) + [need for need, ok in needs.items() if not ok] + [
+        f"algo.{name}={as_override(value)}" for name, value in COLLECTION_ALGO.items()
+        if getattr(c.algo, name) != value]
     if missing:
         return f"batched runs need {', '.join(missing)}"
 
@@ -141,15 +136,6 @@ def batching_refusal(configs: Sequence[Config]) -> str | None:
             return (f"run {i} ({other.name}) differs from run 0 ({c.name}) in more than "
                     f"{', '.join(DIFFERING_FIELDS)}")
     return None
-
-
-def _override(value: Any) -> str:
-    """A value as a ``key=value`` override writes it."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 # ---------------------------------------------------------------- the runs' weights
@@ -218,13 +204,10 @@ class BatchedPositional:
 
 @dataclass
 class BatchedRollout:
-    """One epoch's batch of every run: deltas [R, N], each response's distinct prompt [N]
-    (the same for every run), the flat index of each chosen log-prob [R, N, n] into
-    [R*U*n*V], each run's stats record and its per-prompt solved shares."""
+    """One epoch's batch of every run: what its inner steps share (``NaiveBatch`` with a run
+    axis), each run's stats record and its per-prompt solved shares."""
 
-    deltas: torch.Tensor
-    row_prompt: torch.Tensor
-    chosen: torch.Tensor
+    batch: NaiveBatch
     stats: list[Record]
     solved: list[dict[str, float]]
 
@@ -255,7 +238,7 @@ def train_batched(
     a = config.algo
     model = BatchedPositional([st.policy.module for st in sts])
     prompts = task.sample_prompts(config.task.prompts_per_epoch, sts[0].generator)  # fixed: [B, n]
-    distinct, row_prompt = consecutive_groups(prompts.repeat_interleave(a.group_size, dim=0))  # [U, n], [N]
+    distinct, _ = consecutive_groups(prompts.repeat_interleave(a.group_size, dim=0))  # [U, n]
     # the M of every batched forward: the step's prompts, the distinct ones, each evaluation chunk
     eval_size, num_eval = config.log.eval_batch_size, len(task.eval_prompts())
     rows = [prompts.shape[0], distinct.shape[0]] + [min(eval_size, num_eval - s) for s in range(0, num_eval, eval_size)]
@@ -281,15 +264,13 @@ def train_batched(
         for r, recs in enumerate(evaluate_runs(configs, task, model, 0, 0)):
             record(r, *recs)
     while epoch < a.epochs:
-        rollout = collect_batched(configs, task, model, prompts, distinct, [st.generator for st in sts])
+        rollout = collect_batched(configs, task, model, prompts, [st.generator for st in sts])
         if config.log.prompt_records:
             for r in range(runs):
                 record(r, {"kind": "prompts", "epoch": epoch, "step": step, "solved": rollout.solved[r]})
-        weights = core.aggregation_weights(torch.ones(row_prompt.shape[0], model.length, dtype=torch.bool),
-                                           a.aggregation, model.length if a.normalizer is None else a.normalizer)
         for inner in range(a.inner_steps):
             clock = time.perf_counter()
-            metrics = step_batched(config, model, distinct, rollout, weights)
+            metrics = step_batched(config, model, rollout)
             skipped = [not all(math.isfinite(v) for v in m.values()) for m in metrics]
             for st, m, skip in zip(sts, metrics, skipped):
                 st.epoch, st.step, st.inner_step = epoch, step, inner
@@ -297,7 +278,7 @@ def train_batched(
                     skip_step(st, st.policy.module, m, config.optim.max_bad_steps)
                 else:
                     st.bad_steps = 0
-            optimizer.step()
+            optimizer_update(optimizer)
             model.restore_grads([r for r, skip in enumerate(skipped) if skip])
             lr = scheduler.get_last_lr()[0]
             scheduler.step()
@@ -331,9 +312,9 @@ def sync_state(st: TrainState, params: list[nn.Parameter], optimizer: torch.opti
 
 
 def collect_batched(configs: Sequence[Config], task: Task, model: BatchedPositional, prompts: torch.Tensor,
-                    distinct: torch.Tensor, generators: Sequence[torch.Generator]) -> BatchedRollout:
+                    generators: Sequence[torch.Generator]) -> BatchedRollout:
     """Every run's epoch batch, as ``collect_rollout`` makes it: G responses per prompt
-    drawn with the run's generator, graded, its deltas and stats."""
+    drawn with the run's generator, graded, its deltas, loss weights and stats."""
     config, runs = configs[0], model.runs
     g, (b, n) = config.algo.group_size, prompts.shape
     clock = time.perf_counter()
@@ -350,8 +331,11 @@ def collect_batched(configs: Sequence[Config], task: Task, model: BatchedPositio
         grouped = rewards[idx].reshape(-1, g)  # every response n tokens (reinforce_pp whitens over tokens)
         deltas[idx] = core.compute_deltas(grouped, mode, eps=config.algo.adv_eps, lengths=torch.full_like(grouped, n)
                                           ).view(len(idx), b * g)
-    _, row_prompt = consecutive_groups(prompts.repeat_interleave(g, dim=0))
-    chosen = chosen_index(row_prompt, responses.reshape(runs, b * g, n), distinct.shape[0], model.vocab)
+    mask = torch.ones(b * g, n, dtype=torch.bool)  # every response n tokens, all the policy's
+    weights = core.aggregation_weights(mask, config.algo.aggregation,
+                                       n if config.algo.normalizer is None else config.algo.normalizer)  # [N, n]
+    batch = naive_batch(prompts.repeat_interleave(g, dim=0), responses.reshape(runs, b * g, n), deltas, weights,
+                        mask, model.vocab)
     score = time.perf_counter() - clock
     tokens = b * g * n
     common = {"time/generate": generate / runs, "time/reward": reward / runs, "time/score": score / runs,
@@ -361,39 +345,20 @@ def collect_batched(configs: Sequence[Config], task: Task, model: BatchedPositio
              zip(rollout_stats(rewards, correct, deltas, g),
                  max_reward_stats(rewards, correct, task.max_reward, reward_is_gold=task.reward_is_gold))]
     solved = prompt_solve_shares(prompts, correct)
-    return BatchedRollout(deltas, row_prompt, chosen, stats, solved)
+    return BatchedRollout(batch, stats, solved)
 
 
-def step_batched(config: Config, model: BatchedPositional, distinct: torch.Tensor, rollout: BatchedRollout,
-                 weights: torch.Tensor) -> list[dict[str, float]]:
-    """Every run's gradient of the naive loss sum(w * -delta * log pi) in ``model.grads``,
-    clipped when configured; returns each run's ``step_metrics``. weights [N, n], the same
-    for every run."""
-    runs, temperature = model.runs, config.policy.temperature
-    activations = model.forward(distinct)
-    all_log_probs = tempered_log_softmax(activations.logits, temperature)  # [R, U*n, V]
-    probs = all_log_probs.exp()
-    log_probs = all_log_probs.take(rollout.chosen)  # [R, N, n]
-    deltas = rollout.deltas.unsqueeze(-1)  # [R, N, 1]
-    pg = -deltas * log_probs  # [R, N, n]
-    loss = torch.where(weights > 0, pg * weights, 0.0).sum(dim=(1, 2))  # [R]: core.weighted_sum per run
-    # d loss / d log pi of each token, summed per (distinct prompt, position, token)
-    grad_log_probs = torch.zeros(all_log_probs.numel())
-    grad_log_probs.scatter_add_(0, rollout.chosen.reshape(-1), (weights * -deltas).reshape(-1))
-    grad_logits = log_softmax_backward(grad_log_probs.view_as(probs), probs, temperature)
-    backward_pass(activations, model.embedding, distinct, grad_logits, grads=model.grads)
+def step_batched(config: Config, model: BatchedPositional, rollout: BatchedRollout) -> list[dict[str, float]]:
+    """Every run's gradient of the naive loss in ``model.grads`` (``naive_gradients`` over the
+    run axis), clipped when configured; returns each run's ``step_metrics``."""
+    runs = model.runs
+    _, sums = naive_gradients(model.embedding, model.encode, model.decode, rollout.batch,
+                              config.policy.temperature, config.log.entropy, grads=model.grads)
     norm = model.grad_norms()  # [R]
     max_norm = config.optim.max_grad_norm
     if max_norm is not None:
         clip = torch.clamp(max_norm / (norm + 1e-6), max=1.0).view(runs, 1, 1)
         for g in model.grads.values():
             g.view(runs, -1, g.shape[-1]).mul_(clip)
-    u, n = distinct.shape
-    tokens = torch.tensor(rollout.chosen.shape[1] * n)
-    # the naive loss: its pg_loss is the loss; no KL, no clipping
-    sums = {"loss": loss, "pg_loss": loss, "kl": torch.zeros(runs), "clip_frac": torch.zeros(runs), "tokens": tokens}
-    if config.log.entropy:
-        entropy = -(probs * all_log_probs).sum(dim=-1).reshape(runs, u, n)  # [R, U, n]
-        sums["entropy"] = entropy[:, rollout.row_prompt].sum(dim=(1, 2))
     by_name = step_metrics(sums, norm)  # each name: R numbers
     return [{name: values[r] for name, values in by_name.items()} for r in range(runs)]

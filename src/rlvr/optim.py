@@ -41,3 +41,53 @@ def build_scheduler(
         return 1.0
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+_KERNELS = {False: torch._fused_adam_, True: torch._fused_adamw_}  # by decoupled weight decay
+
+
+def optimizer_update(optimizer: torch.optim.Optimizer) -> None:
+    """``optimizer.step()``: for the fused Adam and AdamW that ``build_optimizer`` makes,
+    their kernel called directly on the same lists with the same arguments (the same
+    arithmetic, bit for bit: ``tests/test_optim.py``). The toy's step is per-call overhead,
+    and ``step()``'s own Python (grouping, checks, the profiler label) costs about five
+    times the kernel there. Whatever the direct call does not cover goes through ``step()``:
+    state not made yet (the first step), hooks, several groups, amsgrad, maximize, a
+    tensor learning rate, gradient scaling, a scheduler that has not seen a step."""
+    direct = _direct_adam(optimizer)
+    if direct is None:
+        optimizer.step()
+        return
+    group, params = direct
+    state = optimizer.state
+    steps = [state[p]["step"] for p in params]
+    torch._foreach_add_(steps, 1)
+    beta1, beta2 = group["betas"]
+    _KERNELS[bool(group["decoupled_weight_decay"])](
+        params, [p.grad for p in params], [state[p]["exp_avg"] for p in params],
+        [state[p]["exp_avg_sq"] for p in params], [], steps, amsgrad=False, lr=group["lr"], beta1=beta1,
+        beta2=beta2, weight_decay=group["weight_decay"], eps=group["eps"], maximize=False, grad_scale=None,
+        found_inf=None)
+
+
+def _direct_adam(optimizer: torch.optim.Optimizer) -> tuple[dict, list[torch.Tensor]] | None:
+    """The group and its parameters with a gradient, where ``optimizer_update`` may call
+    the kernel itself; None where it must call ``step()``."""
+    from torch.optim import optimizer as base
+
+    if type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW) or len(optimizer.param_groups) != 1:
+        return None
+    group = optimizer.param_groups[0]
+    if (not group.get("fused") or group["amsgrad"] or group["maximize"] or group["capturable"]
+            or group["differentiable"] or isinstance(group["lr"], torch.Tensor)
+            or any(isinstance(b, torch.Tensor) for b in group["betas"])):
+        return None
+    if (optimizer._optimizer_step_pre_hooks or optimizer._optimizer_step_post_hooks
+            or base._global_optimizer_pre_hooks or base._global_optimizer_post_hooks
+            or getattr(optimizer, "grad_scale", None) is not None or getattr(optimizer, "found_inf", None) is not None
+            or not getattr(optimizer, "_opt_called", True)):  # a scheduler counts the first step() it sees
+        return None
+    params = [p for p in group["params"] if p.grad is not None]
+    if not params or any("step" not in optimizer.state.get(p, ()) for p in params):
+        return None  # nothing to do, or state to make: step() does both
+    return group, params

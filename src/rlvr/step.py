@@ -22,6 +22,7 @@ from rlvr import core
 from rlvr.config import Config
 from rlvr.diagnostics import GradientNoiseMeter, flat_grad
 from rlvr.metrics import Record
+from rlvr.optim import optimizer_update
 from rlvr.rollout import Policy, Rollout, contiguous_bounds
 from rlvr.state import TrainingError, TrainState
 
@@ -52,7 +53,7 @@ def optimizer_step(config: Config, st: TrainState, rollout: Rollout, measure_noi
     if skipped:
         skip_step(st, st.policy.module, metrics, config.optim.max_bad_steps)
     else:
-        st.optimizer.step()
+        optimizer_update(st.optimizer)
         st.bad_steps = 0
     if meter is not None:  # after the check: a zero gradient has an undefined (NaN) noise scale
         metrics.update(noise_metrics(meter, st.step))

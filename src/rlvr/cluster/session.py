@@ -31,7 +31,7 @@ from typing import Any
 from rlvr.cluster import driver_holds_weights
 from rlvr.config import Config
 from rlvr.policies import holds_weights
-from rlvr.seams import Learner, LocalLearner, LocalRolloutSource, RolloutSource
+from rlvr.seams import Learner, LocalRolloutSource, RolloutSource, local_learner
 from rlvr.state import TrainState
 
 logger = logging.getLogger(__name__)
@@ -63,12 +63,12 @@ def loop_parts(config: Config, st: TrainState) -> Iterator[tuple[RolloutSource, 
     """The rollout source and the learner ``config`` asks for, the learners starting from
     ``st``; Ray's actors (and Ray, if this starts it) end with the block."""
     if not wanted(config):
-        yield LocalRolloutSource(config), LocalLearner(config)
+        yield LocalRolloutSource(config), local_learner(config)
         return
     cluster = Cluster(config, st)
     try:
         yield (LocalRolloutSource(config) if cluster.rollouts is None else cluster.rollouts,
-               LocalLearner(config) if cluster.learners is None else cluster.learners)
+               local_learner(config) if cluster.learners is None else cluster.learners)
     finally:
         cluster.close()
 

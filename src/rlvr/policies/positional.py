@@ -158,12 +158,16 @@ def tempered_log_softmax(logits: torch.Tensor, temperature: float) -> torch.Tens
 
 def log_softmax_backward(grad_log_probs: torch.Tensor, probs: torch.Tensor, temperature: float,
                          grad_entropy: torch.Tensor | None = None, all_log_probs: torch.Tensor | None = None,
-                         entropy: torch.Tensor | None = None) -> torch.Tensor:
+                         entropy: torch.Tensor | None = None, grad_sums: torch.Tensor | None = None
+                         ) -> torch.Tensor:
     """The gradient on the logits [*R, M*n, V] from the gradient on every log-prob [*R, M*n, V]
     (and on each position's entropy [*R, M*n, 1]): g - softmax * sum(g), minus
-    dH/dz = -p (log p + H) times the entropy's gradient, then 1 / tau. Aligned for R runs."""
+    dH/dz = -p (log p + H) times the entropy's gradient, then 1 / tau. Aligned for R runs.
+    ``grad_sums``: sum(g) over the vocabulary [*R, M*n, 1], where the caller holds it."""
     out = aligned_empty(*probs.shape, dtype=probs.dtype) if probs.dim() == 3 else None
-    grad_logits = torch.sub(grad_log_probs, probs * grad_log_probs.sum(dim=-1, keepdim=True), out=out)
+    if grad_sums is None:
+        grad_sums = grad_log_probs.sum(dim=-1, keepdim=True)
+    grad_logits = torch.sub(grad_log_probs, probs * grad_sums, out=out)
     if grad_entropy is not None:
         grad_logits = grad_logits - grad_entropy * probs * (all_log_probs + entropy)
     if temperature != 1.0:

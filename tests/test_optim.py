@@ -1,0 +1,76 @@
+"""``rlvr.optim.optimizer_update``: fused Adam's kernel called directly takes the same steps
+as ``optimizer.step()``, bit for bit, and leaves to ``step()`` what it does not cover."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlvr.config import OptimConfig
+from rlvr.optim import _direct_adam, build_optimizer, build_scheduler, optimizer_update
+
+
+def _params(seed: int) -> list[torch.nn.Parameter]:
+    g = torch.Generator().manual_seed(seed)
+    # sizes with and without a tail past a multiple of 16, and a parameter that gets no gradient
+    return [torch.nn.Parameter(torch.randn(*shape, generator=g)) for shape in ((3, 10, 10), (5, 10), (7,), (4,))]
+
+
+def _run(update, name: str, weight_decay: float, steps: int = 6) -> tuple[list[torch.Tensor], dict]:
+    params = _params(0)
+    optim = OptimConfig(name=name, lr=0.05, weight_decay=weight_decay, warmup_steps=3, schedule="cosine")
+    optimizer = build_optimizer(optim, params)
+    scheduler = build_scheduler(optim, optimizer, steps)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        for p in params[:-1]:  # the last never gets a gradient: skipped, no state
+            p.grad = torch.randn(p.shape, generator=g)
+        update(optimizer)
+        scheduler.step()
+    return [p.detach().clone() for p in params], optimizer.state_dict()
+
+
+@pytest.mark.parametrize("name,weight_decay", [("adam", 0.0), ("adam", 0.1), ("adamw", 0.1)])
+def test_direct_update_equals_step(name, weight_decay):
+    direct, direct_state = _run(optimizer_update, name, weight_decay)
+    stepped, step_state = _run(lambda o: o.step(), name, weight_decay)
+    for a, b in zip(direct, stepped):
+        assert torch.equal(a, b)
+    assert direct_state["state"].keys() == step_state["state"].keys() == {0, 1, 2}
+    for key, s in step_state["state"].items():
+        for field, value in s.items():
+            assert torch.equal(direct_state["state"][key][field], value), (key, field)
+
+
+def test_direct_update_takes_the_kernel_once_state_exists():
+    params = _params(0)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    optimizer = build_optimizer(OptimConfig(lr=0.1), params)
+    assert _direct_adam(optimizer) is None  # no state yet: step() makes it
+    optimizer_update(optimizer)
+    assert _direct_adam(optimizer) is not None
+    before = params[0].detach().clone()
+    optimizer_update(optimizer)
+    assert not torch.equal(params[0], before)
+    assert optimizer.state[params[0]]["step"].item() == 2
+
+
+def test_hooks_and_other_optimizers_go_through_step():
+    params = _params(0)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    optimizer = build_optimizer(OptimConfig(lr=0.1), params)
+    optimizer.step()
+    calls = []
+    handle = optimizer.register_step_pre_hook(lambda *args: calls.append(1))
+    optimizer_update(optimizer)
+    assert calls == [1]  # the hook ran: step() took it
+    handle.remove()
+    optimizer_update(optimizer)
+    assert calls == [1]
+    sgd = torch.optim.SGD(params, lr=0.1)
+    assert _direct_adam(sgd) is None
+    unfused = torch.optim.Adam(params, lr=0.1, foreach=True)
+    unfused.step()
+    assert _direct_adam(unfused) is None
