@@ -3,6 +3,8 @@ as ``optimizer.step()``, bit for bit, and leaves to ``step()`` what it does not 
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -22,9 +24,13 @@ def _run(update, name: str, weight_decay: float, steps: int = 6) -> tuple[list[t
     optimizer = build_optimizer(optim, params)
     scheduler = build_scheduler(optim, optimizer, steps)
     g = torch.Generator().manual_seed(1)
-    for _ in range(steps):
+    for step in range(steps):
         for p in params[:-1]:  # the last never gets a gradient: skipped, no state
             p.grad = torch.randn(p.shape, generator=g)
+        if step == 3:  # a parameter without a gradient for one step keeps its state and count
+            params[1].grad = None
+        if step == 4:  # state loaded from a copy: the entries are looked up again
+            optimizer.load_state_dict(copy.deepcopy(optimizer.state_dict()))
         update(optimizer)
         scheduler.step()
     return [p.detach().clone() for p in params], optimizer.state_dict()
@@ -54,6 +60,9 @@ def test_direct_update_takes_the_kernel_once_state_exists():
     optimizer_update(optimizer)
     assert not torch.equal(params[0], before)
     assert optimizer.state[params[0]]["step"].item() == 2
+    params[1].grad = None
+    optimizer_update(optimizer)
+    assert [optimizer.state[p]["step"].item() for p in params] == [3, 2, 3, 3]
 
 
 def test_hooks_and_other_optimizers_go_through_step():

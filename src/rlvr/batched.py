@@ -271,7 +271,7 @@ def train_batched(
         for inner in range(a.inner_steps):
             clock = time.perf_counter()
             metrics = step_batched(config, model, rollout)
-            skipped = [not all(math.isfinite(v) for v in m.values()) for m in metrics]
+            skipped = [not all(map(math.isfinite, m.values())) for m in metrics]
             for st, m, skip in zip(sts, metrics, skipped):
                 st.epoch, st.step, st.inner_step = epoch, step, inner
                 if skip:  # the run's parameters lose their gradient: the shared optimizer leaves them alone
@@ -361,4 +361,4 @@ def step_batched(config: Config, model: BatchedPositional, rollout: BatchedRollo
         for g in model.grads.values():
             g.view(runs, -1, g.shape[-1]).mul_(clip)
     by_name = step_metrics(sums, norm)  # each name: R numbers
-    return [{name: values[r] for name, values in by_name.items()} for r in range(runs)]
+    return [dict(zip(by_name, row)) for row in zip(*by_name.values())]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import weakref
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -43,35 +45,61 @@ def build_scheduler(
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+def clear_grads(optimizer: torch.optim.Optimizer) -> None:
+    """``optimizer.zero_grad(set_to_none=True)`` without its wrappers (the profiler label, the
+    dynamo guard), which cost the toy's step more than its Adam kernel: every parameter's
+    ``.grad`` None."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            p.grad = None
+
+
 _KERNELS = {False: torch._fused_adam_, True: torch._fused_adamw_}  # by decoupled weight decay
+
+
+@dataclass
+class _Direct:
+    """What ``optimizer_update`` keeps of an optimizer between steps: its state mapping and
+    parameters with a gradient when this was made (for the check that they are the same),
+    their state entries, and their step counts as views of one tensor (one add for all)."""
+
+    state: dict
+    params: list[torch.Tensor]
+    entries: list[dict]
+    steps: torch.Tensor
+
+
+_DIRECT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> _Direct
 
 
 def optimizer_update(optimizer: torch.optim.Optimizer) -> None:
     """``optimizer.step()``: for the fused Adam and AdamW that ``build_optimizer`` makes,
     their kernel called directly on the same lists with the same arguments (the same
     arithmetic, bit for bit: ``tests/test_optim.py``). The toy's step is per-call overhead,
-    and ``step()``'s own Python (grouping, checks, the profiler label) costs about five
-    times the kernel there. Whatever the direct call does not cover goes through ``step()``:
-    state not made yet (the first step), hooks, several groups, amsgrad, maximize, a
-    tensor learning rate, gradient scaling, a scheduler that has not seen a step."""
+    and ``step()``'s own Python (grouping, checks, state lookups by tensor, the profiler
+    label, one add per step count) costs several times the kernel there. Whatever the
+    direct call does not cover goes through ``step()``: state not made yet (the first
+    step), hooks, several groups, amsgrad, maximize, a tensor learning rate, gradient
+    scaling, a scheduler that has not seen a step.
+
+    The parameters' step counts become 0-dim views of one tensor, so that one ``add_``
+    counts the step for all of them (a parameter without a gradient keeps its count)."""
     direct = _direct_adam(optimizer)
     if direct is None:
         optimizer.step()
         return
-    group, params = direct
-    state = optimizer.state
-    steps = [state[p]["step"] for p in params]
-    torch._foreach_add_(steps, 1)
+    group = optimizer.param_groups[0]
+    direct.steps.add_(1)
     beta1, beta2 = group["betas"]
     _KERNELS[bool(group["decoupled_weight_decay"])](
-        params, [p.grad for p in params], [state[p]["exp_avg"] for p in params],
-        [state[p]["exp_avg_sq"] for p in params], [], steps, amsgrad=False, lr=group["lr"], beta1=beta1,
-        beta2=beta2, weight_decay=group["weight_decay"], eps=group["eps"], maximize=False, grad_scale=None,
-        found_inf=None)
+        direct.params, [p.grad for p in direct.params], [e["exp_avg"] for e in direct.entries],
+        [e["exp_avg_sq"] for e in direct.entries], [], [e["step"] for e in direct.entries], amsgrad=False,
+        lr=group["lr"], beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"], eps=group["eps"],
+        maximize=False, grad_scale=None, found_inf=None)
 
 
-def _direct_adam(optimizer: torch.optim.Optimizer) -> tuple[dict, list[torch.Tensor]] | None:
-    """The group and its parameters with a gradient, where ``optimizer_update`` may call
+def _direct_adam(optimizer: torch.optim.Optimizer) -> _Direct | None:
+    """The parameters with a gradient and their state, where ``optimizer_update`` may call
     the kernel itself; None where it must call ``step()``."""
     from torch.optim import optimizer as base
 
@@ -88,6 +116,16 @@ def _direct_adam(optimizer: torch.optim.Optimizer) -> tuple[dict, list[torch.Ten
             or not getattr(optimizer, "_opt_called", True)):  # a scheduler counts the first step() it sees
         return None
     params = [p for p in group["params"] if p.grad is not None]
-    if not params or any("step" not in optimizer.state.get(p, ()) for p in params):
+    direct = _DIRECT.get(optimizer)
+    if (direct is not None and direct.state is optimizer.state and len(direct.params) == len(params)
+            and all(a is b for a, b in zip(direct.params, params))):
+        return direct
+    # new parameters with a gradient, or new state (loaded): look the entries up again
+    entries = [optimizer.state.get(p) for p in params]
+    if not params or any(e is None or "step" not in e for e in entries):
         return None  # nothing to do, or state to make: step() does both
-    return group, params
+    steps = torch.stack([e["step"] for e in entries])
+    for i, e in enumerate(entries):
+        e["step"] = steps[i]
+    _DIRECT[optimizer] = direct = _Direct(optimizer.state, params, entries, steps)
+    return direct

@@ -20,7 +20,7 @@ from rlvr.compose import build_policy, build_task
 from rlvr.config import Config, ConfigError
 from rlvr.data import read_jsonl
 from rlvr.metrics import JsonlSink, Record
-from rlvr.optim import build_optimizer
+from rlvr.optim import build_optimizer, clear_grads
 from rlvr.rollout import Samples
 from rlvr.state import seed_everything
 from rlvr.tasks import check_prompts_fit
@@ -75,7 +75,7 @@ def run_sft(config: Config, run_dir: Path, on_record=None) -> Path:
             batch = encode_batch(policy, [pairs[i] for i in index])
             log_probs, _ = policy.log_probs(batch, 1.0)  # [n, T]
             loss = -core.masked_mean(log_probs, batch.policy_mask)  # mean NLL per completion token
-            optimizer.zero_grad(set_to_none=True)
+            clear_grads(optimizer)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.module.parameters(), s.max_grad_norm)
             optimizer.step()

@@ -22,7 +22,7 @@ from rlvr import core
 from rlvr.config import Config
 from rlvr.diagnostics import GradientNoiseMeter, flat_grad
 from rlvr.metrics import Record
-from rlvr.optim import optimizer_update
+from rlvr.optim import clear_grads, optimizer_update
 from rlvr.rollout import Policy, Rollout, contiguous_bounds
 from rlvr.state import TrainingError, TrainState
 
@@ -42,7 +42,7 @@ def optimizer_step(config: Config, st: TrainState, rollout: Rollout, measure_noi
     ``rollout``; a data-parallel learner's: its share's, summed over the group).
     """
     clock = time.perf_counter()
-    st.optimizer.zero_grad(set_to_none=True)
+    clear_grads(st.optimizer)
     meter = GradientNoiseMeter() if (noise_due(config, st) if measure_noise is None else measure_noise) else None
     if gradients is None:
         sums = accumulate_gradients(config, st.policy, rollout, config.optim.micro_batches, meter)
@@ -194,7 +194,7 @@ def skip_step(st: TrainState, module: torch.nn.Module, metrics: dict[str, float]
     bad = [key for key, v in metrics.items() if not math.isfinite(v)]
     bad += [f"grad of {name}" for name, p in module.named_parameters()
             if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
-    st.optimizer.zero_grad(set_to_none=True)
+    clear_grads(st.optimizer)
     st.bad_steps += 1
     logger.warning("step %d: non-finite %s; optimizer step skipped (%d in a row)",
                    st.step, ", ".join(bad), st.bad_steps)

@@ -26,7 +26,7 @@ from rlvr.compose import build_policy
 from rlvr.config import Config
 from rlvr.diagnostics import GradientNoiseMeter, flat_grad
 from rlvr.metrics import Record
-from rlvr.optim import build_optimizer, build_scheduler
+from rlvr.optim import build_optimizer, build_scheduler, clear_grads
 from rlvr.policies import frozen_copy
 from rlvr.rollout import Rollout, Samples, contiguous_bounds
 from rlvr.seams import reference_due
@@ -155,7 +155,7 @@ class LearnerRank(Activity):
         afterwards every learner holds the full batch's gradient and sums. ``meter``: the
         share's parts measured here, every learner's gathered into it after the sum."""
         self._doing("computing its share's gradients")
-        self.st.optimizer.zero_grad(set_to_none=True)
+        clear_grads(self.st.optimizer)
         sums = accumulate_gradients(self.config, self.st.policy, self._share(rollout), self.config.optim.micro_batches,
                                     meter, batch=rollout)
         self._doing("the all-reduce of the gradients", waiting=True)
@@ -206,7 +206,7 @@ class LearnerRank(Activity):
             self._doing(IDLE)
         grads = {name: whole(p.grad).detach().clone() for name, p in self.st.policy.module.named_parameters()
                  if p.grad is not None}
-        self.st.optimizer.zero_grad(set_to_none=True)
+        clear_grads(self.st.optimizer)
         return grads
 
     def step(self, rollout: Rollout, epoch: int, step: int | None = None, measure_noise: bool = False) -> Record:
