@@ -36,6 +36,11 @@ the script prints TRL / ours, or "TRL not installed".
     python benchmarks/grpo_step.py --threads 1 --repeats 30
     python benchmarks/grpo_step.py --trl --trl-python /tmp/trl-venv/bin/python
     python benchmarks/grpo_step.py --no-share-prompts     # ours without prompt sharing
+    python benchmarks/grpo_step.py --memory               # also ours' peak RSS, in a process of its own
+
+``--memory`` runs ours alone (1 thread, the same steps) in a fresh interpreter and prints its
+peak resident memory (``ru_maxrss``) after building the model and after the steps; with
+``PYTHONPATH=<a checkout of another revision>/src`` it measures that revision's step.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import resource
 import statistics
 import subprocess
 import sys
@@ -52,11 +58,15 @@ from pathlib import Path
 
 import torch
 
-from rlvr import core
+from rlvr import core, optim
 from rlvr.config import Config, OptimConfig, PolicyConfig
 from rlvr.modeling import build_char_tokenizer, build_model
 from rlvr.optim import build_optimizer
 from rlvr.policies.causal_lm import CausalLMPolicy
+
+# the trainer's update; revisions without optimizer_update (--memory of an older checkout) step()
+optimizer_update = getattr(optim, "optimizer_update", lambda optimizer: optimizer.step())
+clear_grads = getattr(optim, "clear_grads", lambda optimizer: optimizer.zero_grad(set_to_none=True))
 
 PHASES = ("generate", "score", "update")
 CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
@@ -81,6 +91,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--share-prompts", action=argparse.BooleanOptionalAction, default=True,
                         help="ours: score each prompt once for its group (CausalLMPolicy.share_prompts)")
     parser.add_argument("--seed", type=int, default=0, help="model, prompt and sampling seed")
+    parser.add_argument("--memory", action="store_true", help="also ours' peak RSS, in a process of its own")
+    parser.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args()
 
 
@@ -122,8 +134,8 @@ class Ours:
         start = self.clock()
         log_probs, _ = self.policy.log_probs(samples, 1.0, with_entropy=True)
         grpo_loss(log_probs, old_log_probs, rewards, samples.response_mask).backward()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        optimizer_update(self.optimizer)  # as the trainer steps (rlvr.step.optimizer_step)
+        clear_grads(self.optimizer)
         times.append(self.clock() - start + times[-1])
         self.last_tokens = int(samples.response_mask.sum())  # response tokens of this step
         return {phase: b - a for phase, a, b in zip(PHASES, times, times[1:])}
@@ -166,8 +178,8 @@ class Baseline:
         start = self.clock()
         log_probs = self.sequence_log_probs(sequences, attention, prompt_len)
         grpo_loss(log_probs, old_log_probs, rewards, mask).backward()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        optimizer_update(self.optimizer)  # as the trainer steps (rlvr.step.optimizer_step)
+        clear_grads(self.optimizer)
         times.append(self.clock() - start + times[-1])
         self.last_tokens = int(mask.sum())
         return {phase: b - a for phase, a, b in zip(PHASES, times, times[1:])}
@@ -234,6 +246,36 @@ def trl_step_times(args, model, tokenizer, prompts: list[list[str]], threads: in
     return result["steps"][args.warmup:]
 
 
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def memory_child(args, model, tokenizer, prompts: list[list[str]]) -> None:
+    """Ours' steps alone at 1 thread; prints {"built": MiB, "peak": MiB} as the last line."""
+    torch.set_num_threads(1)
+    ours = Ours(model, tokenizer, args)
+    built = peak_rss_mib()
+    generator = torch.Generator().manual_seed(args.seed + 1)
+    for step_prompts in prompts:
+        ours.step(step_prompts, generator)
+    print(json.dumps({"built": built, "peak": peak_rss_mib()}))
+
+
+def report_memory(args) -> None:
+    """Ours' peak RSS from ``memory_child`` in a fresh interpreter."""
+    command = [sys.executable, __file__, "--memory-child", "--prompts", str(args.prompts), "--group-size",
+               str(args.group_size), "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats),
+               "--warmup", str(args.warmup), "--seed", str(args.seed),
+               *([] if args.share_prompts else ["--no-share-prompts"])]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"memory run failed:\n{done.stderr[-3000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    steps = result["peak"] - result["built"]
+    print(f"\nours alone (1 thread, {args.warmup + args.repeats} steps): peak RSS {result['peak']:.0f} MiB, "
+          f"{result['built']:.0f} MiB after building the model ({steps:.0f} MiB for the steps)")
+
+
 def main() -> None:
     args = parse_args()
     counts = sorted({int(t) for t in args.threads.split(",")})
@@ -242,6 +284,11 @@ def main() -> None:
                         num_layers=4, num_heads=4, tie_embeddings=True, seed=args.seed)
     prompt_generator = torch.Generator().manual_seed(args.seed)
     prompts = [digit_prompts(args.prompts, prompt_generator) for _ in range(args.warmup + args.repeats)]
+    if args.memory_child:
+        memory_child(args, model, tokenizer, prompts)
+        return
+    if args.memory:
+        report_memory(args)
     print(f"{args.repeats} steps after {args.warmup} warm-up per setting; V={len(tokenizer)} B={args.prompts} "
           f"G={args.group_size} new tokens={args.new_tokens}; defaults: rlvr {RLVR_DEFAULT_THREADS} thread(s), "
           f"baseline and TRL {TORCH_DEFAULT_THREADS} (torch's)")
