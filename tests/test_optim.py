@@ -4,6 +4,7 @@ as ``optimizer.step()``, bit for bit, and leaves to ``step()`` what it does not 
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -18,7 +19,7 @@ def _params(seed: int) -> list[torch.nn.Parameter]:
     return [torch.nn.Parameter(torch.randn(*shape, generator=g)) for shape in ((3, 10, 10), (5, 10), (7,), (4,))]
 
 
-def _run(update, name: str, weight_decay: float, steps: int = 6) -> tuple[list[torch.Tensor], dict]:
+def _run(update, name: str, weight_decay: float, steps: int = 6, edit=None) -> tuple[list[torch.Tensor], dict]:
     params = _params(0)
     optim = OptimConfig(name=name, lr=0.05, weight_decay=weight_decay, warmup_steps=3, schedule="cosine")
     optimizer = build_optimizer(optim, params)
@@ -31,6 +32,8 @@ def _run(update, name: str, weight_decay: float, steps: int = 6) -> tuple[list[t
             params[1].grad = None
         if step == 4:  # state loaded from a copy: the entries are looked up again
             optimizer.load_state_dict(copy.deepcopy(optimizer.state_dict()))
+        if step == 2 and edit is not None:
+            edit(optimizer, params)
         update(optimizer)
         scheduler.step()
     return [p.detach().clone() for p in params], optimizer.state_dict()
@@ -83,3 +86,39 @@ def test_hooks_and_other_optimizers_go_through_step():
     unfused = torch.optim.Adam(params, lr=0.1, foreach=True)
     unfused.step()
     assert _direct_adam(unfused) is None
+
+
+@pytest.mark.parametrize("edit", [
+    lambda optimizer, params: optimizer.state.clear(),  # a reset: step() makes the state again
+    lambda optimizer, params: optimizer.state.pop(params[0]),
+    lambda optimizer, params: optimizer.state.__setitem__(params[0], copy.deepcopy(optimizer.state[params[0]])),
+    lambda optimizer, params: optimizer.state[params[1]].__setitem__("step", torch.tensor(0.0)),
+])
+def test_state_changed_in_place_is_seen(edit):
+    # the direct update looks every entry up each step: state cleared, replaced or edited
+    # between steps gives step()'s numbers, and step()'s state
+    direct, direct_state = _run(optimizer_update, "adamw", 0.1, edit=edit)
+    stepped, step_state = _run(lambda o: o.step(), "adamw", 0.1, edit=edit)
+    for a, b in zip(direct, stepped):
+        assert torch.equal(a, b)
+    for key, s in step_state["state"].items():
+        for field, value in s.items():
+            assert torch.equal(direct_state["state"][key][field], value), (key, field)
+
+
+def test_a_new_scheduler_sees_step_run_first():
+    # a scheduler made over an optimizer with state (a resumed run) checks at its first step
+    # that step() has run: the first update goes through step(), and no warning is given
+    params = _params(0)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    optim = OptimConfig(lr=0.1)
+    optimizer = build_optimizer(optim, params)
+    optimizer.step()
+    scheduler = build_scheduler(optim, optimizer, 10)
+    assert _direct_adam(optimizer) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        optimizer_update(optimizer)
+        scheduler.step()
+    assert _direct_adam(optimizer) is not None

@@ -59,14 +59,12 @@ _KERNELS = {False: torch._fused_adam_, True: torch._fused_adamw_}  # by decouple
 
 @dataclass
 class _Direct:
-    """What ``optimizer_update`` keeps of an optimizer between steps: its state mapping and
-    parameters with a gradient when this was made (for the check that they are the same),
-    their state entries, and their step counts as views of one tensor (one add for all)."""
+    """What ``optimizer_update`` keeps of an optimizer between steps: the step counts of its
+    parameters with a gradient as 0-dim views of one tensor (one add counts them all), and
+    those views, to check that each entry still holds its own."""
 
-    state: dict
-    params: list[torch.Tensor]
-    entries: list[dict]
     steps: torch.Tensor
+    views: list[torch.Tensor]
 
 
 _DIRECT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> _Direct
@@ -76,8 +74,8 @@ def optimizer_update(optimizer: torch.optim.Optimizer) -> None:
     """``optimizer.step()``: for the fused Adam and AdamW that ``build_optimizer`` makes,
     their kernel called directly on the same lists with the same arguments (the same
     arithmetic, bit for bit: ``tests/test_optim.py``). The toy's step is per-call overhead,
-    and ``step()``'s own Python (grouping, checks, state lookups by tensor, the profiler
-    label, one add per step count) costs several times the kernel there. Whatever the
+    and ``step()``'s own Python (grouping, checks, the profiler label, one add per step
+    count) costs several times the kernel there. Whatever the
     direct call does not cover goes through ``step()``: state not made yet (the first
     step), hooks, several groups, amsgrad, maximize, a tensor learning rate, gradient
     scaling, a scheduler that has not seen a step.
@@ -88,19 +86,21 @@ def optimizer_update(optimizer: torch.optim.Optimizer) -> None:
     if direct is None:
         optimizer.step()
         return
+    params, entries, steps = direct
     group = optimizer.param_groups[0]
-    direct.steps.add_(1)
+    steps.add_(1)
     beta1, beta2 = group["betas"]
     _KERNELS[bool(group["decoupled_weight_decay"])](
-        direct.params, [p.grad for p in direct.params], [e["exp_avg"] for e in direct.entries],
-        [e["exp_avg_sq"] for e in direct.entries], [], [e["step"] for e in direct.entries], amsgrad=False,
-        lr=group["lr"], beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"], eps=group["eps"],
-        maximize=False, grad_scale=None, found_inf=None)
+        params, [p.grad for p in params], [e["exp_avg"] for e in entries], [e["exp_avg_sq"] for e in entries], [],
+        [e["step"] for e in entries], amsgrad=False, lr=group["lr"], beta1=beta1, beta2=beta2,
+        weight_decay=group["weight_decay"], eps=group["eps"], maximize=False, grad_scale=None, found_inf=None)
 
 
-def _direct_adam(optimizer: torch.optim.Optimizer) -> _Direct | None:
-    """The parameters with a gradient and their state, where ``optimizer_update`` may call
-    the kernel itself; None where it must call ``step()``."""
+def _direct_adam(optimizer: torch.optim.Optimizer
+                 ) -> tuple[list[torch.Tensor], list[dict], torch.Tensor] | None:
+    """The parameters with a gradient, their state entries and their step counts as one
+    tensor, where ``optimizer_update`` may call the kernel itself; None where it must call
+    ``step()``. Each entry is looked up every step (state cleared, replaced or loaded is seen)."""
     from torch.optim import optimizer as base
 
     if type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW) or len(optimizer.param_groups) != 1:
@@ -113,19 +113,21 @@ def _direct_adam(optimizer: torch.optim.Optimizer) -> _Direct | None:
     if (optimizer._optimizer_step_pre_hooks or optimizer._optimizer_step_post_hooks
             or base._global_optimizer_pre_hooks or base._global_optimizer_post_hooks
             or getattr(optimizer, "grad_scale", None) is not None or getattr(optimizer, "found_inf", None) is not None
-            or not getattr(optimizer, "_opt_called", True)):  # a scheduler counts the first step() it sees
+            or (hasattr(optimizer.step, "_wrapped_by_lr_sched") and not getattr(optimizer, "_opt_called", False))):
+        # a scheduler made since checks at its first step that step() has run
         return None
     params = [p for p in group["params"] if p.grad is not None]
-    direct = _DIRECT.get(optimizer)
-    if (direct is not None and direct.state is optimizer.state and len(direct.params) == len(params)
-            and all(a is b for a, b in zip(direct.params, params))):
-        return direct
-    # new parameters with a gradient, or new state (loaded): look the entries up again
     entries = [optimizer.state.get(p) for p in params]
     if not params or any(e is None or "step" not in e for e in entries):
         return None  # nothing to do, or state to make: step() does both
-    steps = torch.stack([e["step"] for e in entries])
-    for i, e in enumerate(entries):
-        e["step"] = steps[i]
-    _DIRECT[optimizer] = direct = _Direct(optimizer.state, params, entries, steps)
-    return direct
+    direct = _DIRECT.get(optimizer)
+    if direct is None or len(direct.views) != len(entries) or any(
+            e["step"] is not view for e, view in zip(entries, direct.views)):
+        # other parameters with a gradient, or state made or loaded since: count their steps anew
+        if len({(p.device, p.dtype) for p in params}) > 1:
+            return None  # step() groups the tensors by device and dtype; one kernel call takes one
+        steps = torch.stack([e["step"] for e in entries])
+        for i, e in enumerate(entries):
+            e["step"] = steps[i]
+        _DIRECT[optimizer] = direct = _Direct(steps, [e["step"] for e in entries])
+    return params, entries, direct.steps
