@@ -39,16 +39,21 @@ def _run(update, name: str, weight_decay: float, steps: int = 6, edit=None) -> t
     return [p.detach().clone() for p in params], optimizer.state_dict()
 
 
-@pytest.mark.parametrize("name,weight_decay", [("adam", 0.0), ("adam", 0.1), ("adamw", 0.1)])
-def test_direct_update_equals_step(name, weight_decay):
-    direct, direct_state = _run(optimizer_update, name, weight_decay)
-    stepped, step_state = _run(lambda o: o.step(), name, weight_decay)
+def assert_same_as_step(name: str, weight_decay: float, edit=None) -> None:
+    """The parameters and the optimizer state of ``_run`` equal, direct update against step()."""
+    direct, direct_state = _run(optimizer_update, name, weight_decay, edit=edit)
+    stepped, step_state = _run(lambda o: o.step(), name, weight_decay, edit=edit)
     for a, b in zip(direct, stepped):
         assert torch.equal(a, b)
     assert direct_state["state"].keys() == step_state["state"].keys() == {0, 1, 2}
     for key, s in step_state["state"].items():
         for field, value in s.items():
             assert torch.equal(direct_state["state"][key][field], value), (key, field)
+
+
+@pytest.mark.parametrize("name,weight_decay", [("adam", 0.0), ("adam", 0.1), ("adamw", 0.1)])
+def test_direct_update_equals_step(name, weight_decay):
+    assert_same_as_step(name, weight_decay)
 
 
 def test_direct_update_takes_the_kernel_once_state_exists():
@@ -97,13 +102,7 @@ def test_hooks_and_other_optimizers_go_through_step():
 def test_state_changed_in_place_is_seen(edit):
     # the direct update looks every entry up each step: state cleared, replaced or edited
     # between steps gives step()'s numbers, and step()'s state
-    direct, direct_state = _run(optimizer_update, "adamw", 0.1, edit=edit)
-    stepped, step_state = _run(lambda o: o.step(), "adamw", 0.1, edit=edit)
-    for a, b in zip(direct, stepped):
-        assert torch.equal(a, b)
-    for key, s in step_state["state"].items():
-        for field, value in s.items():
-            assert torch.equal(direct_state["state"][key][field], value), (key, field)
+    assert_same_as_step("adamw", 0.1, edit=edit)
 
 
 def test_a_new_scheduler_sees_step_run_first():
