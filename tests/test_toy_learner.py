@@ -13,7 +13,7 @@ import rlvr
 from rlvr.batched import TIMING_KEYS
 from rlvr.config import AlgoConfig
 from rlvr.policies.positional_step import naive_batch, naive_gradients
-from rlvr.seams import TOY_STEP_ALGO, LocalLearner, ToyLearner, local_learner, toy_step_needs
+from rlvr.seams import TOY_STEP_ALGO, LocalLearner, LocalRolloutSource, ToyLearner, local_learner, toy_step_needs
 from rlvr.trainer import setup, train
 
 
@@ -21,8 +21,6 @@ def run(overrides, learner_cls):
     config = rlvr.load_config(None, ["log.progress=false", "algo.epochs=3", "algo.inner_steps=3",
                                      "log.eval_every=2", *overrides])
     state = setup(config)
-    from rlvr.seams import LocalRolloutSource
-
     records = train(config, state=state, source=LocalRolloutSource(config), learner=learner_cls(config))
     return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in records], state[1]
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
+from torch.optim import optimizer as base
 
 if TYPE_CHECKING:
     from rlvr.config import OptimConfig
@@ -101,8 +102,6 @@ def _direct_adam(optimizer: torch.optim.Optimizer
     """The parameters with a gradient, their state entries and their step counts as one
     tensor, where ``optimizer_update`` may call the kernel itself; None where it must call
     ``step()``. Each entry is looked up every step (state cleared, replaced or loaded is seen)."""
-    from torch.optim import optimizer as base
-
     if type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW) or len(optimizer.param_groups) != 1:
         return None
     group = optimizer.param_groups[0]
