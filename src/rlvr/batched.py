@@ -50,6 +50,7 @@ from rlvr.metrics import Record
 from rlvr.optim import build_optimizer, build_scheduler, optimizer_update
 from rlvr.policies.positional import (
     Activations,
+    Workspace,
     aligned_copy,
     aligned_empty,
     consecutive_groups,
@@ -160,6 +161,7 @@ class BatchedPositional:
             m.embedding.weight = nn.Parameter(self.embedding[r])
             self.params.append(list(m.parameters()))
         self.restore_grads(range(len(modules)))
+        self.workspace = Workspace()  # the inner steps' tensors (``naive_gradients``), reused
         self.runs, self.length, self.vocab, self.dim = len(modules), self.encode.shape[1], *self.embedding.shape[1:]
 
     def restore_grads(self, runs: Sequence[int] | range) -> None:
@@ -353,7 +355,8 @@ def step_batched(config: Config, model: BatchedPositional, rollout: BatchedRollo
     run axis), clipped when configured; returns each run's ``step_metrics``."""
     runs = model.runs
     _, sums = naive_gradients(model.embedding, model.encode, model.decode, rollout.batch,
-                              config.policy.temperature, config.log.entropy, grads=model.grads)
+                              config.policy.temperature, config.log.entropy, grads=model.grads,
+                              buffers=model.workspace)
     norm = model.grad_norms()  # [R]
     max_norm = config.optim.max_grad_norm
     if max_norm is not None:

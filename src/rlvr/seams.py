@@ -22,6 +22,7 @@ from rlvr.engines import WeightSyncError
 from rlvr.evaluation import evaluate
 from rlvr.metrics import Record
 from rlvr.policies import frozen_copy
+from rlvr.policies.positional import Workspace
 from rlvr.policies.positional_step import NaiveBatch, naive_batch, naive_gradients
 from rlvr.rewards import TrainerState
 from rlvr.rollout import Grades, Policy, Rollout, Samples, Task
@@ -149,7 +150,8 @@ class ToyLearner(LocalLearner):
     def __init__(self, config: Config) -> None:
         super().__init__(config)
         self._batch: tuple[Rollout, NaiveBatch] | None = None  # the rollout whose constants these are
-        self._grads: tuple[torch.nn.Module, dict[str, torch.Tensor]] | None = None  # the module's .grad, reused
+        # the module's .grad and the passes' tensors, reused from step to step: no allocation
+        self._grads: tuple[torch.nn.Module, dict[str, torch.Tensor], Workspace] | None = None
 
     def optimizer_step(self, st: TrainState, rollout: Rollout) -> Record:
         return optimizer_step(self.config, st, rollout, gradients=lambda meter: self._gradients(st, rollout))
@@ -161,11 +163,12 @@ class ToyLearner(LocalLearner):
             s = rollout.samples
             self._batch = rollout, naive_batch(s.prompt_ids, s.response_ids, rollout.deltas, rollout.weights,
                                                s.policy_mask, m.embedding.weight.shape[0])
-        if self._grads is None or self._grads[0] is not m:  # written in place each step: no allocation
+        if self._grads is None or self._grads[0] is not m:
             self._grads = m, {"embedding": torch.empty_like(m.embedding.weight), "encode": torch.empty_like(m.encode),
-                              "decode": torch.empty_like(m.decode)}
+                              "decode": torch.empty_like(m.decode)}, Workspace()
         grads, sums = naive_gradients(m.embedding.weight, m.encode, m.decode, self._batch[1],
-                                      self.config.policy.temperature, self.config.log.entropy, grads=self._grads[1])
+                                      self.config.policy.temperature, self.config.log.entropy, grads=self._grads[1],
+                                      buffers=self._grads[2])
         m.embedding.weight.grad, m.encode.grad, m.decode.grad = grads["embedding"], grads["encode"], grads["decode"]
         return sums
 

@@ -118,6 +118,79 @@ def inexact_matmul(runs: int, rows: Sequence[int], n: int, d: int, v: int) -> tu
     return None
 
 
+class Buffers:
+    """Where a pass's intermediate tensors live: new ones each pass (this class; autograd can
+    follow them), or ``Workspace``'s. Each is named by its call site."""
+
+    def mm(self, name: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``run_mm(a, b, out)``."""
+        return run_mm(a, b, out)
+
+    def rows(self, name: str, table: torch.Tensor, index: torch.Tensor, runs: tuple[int, ...], *shape: int
+             ) -> torch.Tensor:
+        """table [*R, V, D]'s rows at index [M, n], laid out as [*R, *shape] for a matmul."""
+        return laid_out(table[:, index] if runs else table[index], runs, *shape)
+
+    def laid_out(self, name: str, x: torch.Tensor, runs: tuple[int, ...], *shape: int) -> torch.Tensor:
+        """``laid_out(x, runs, *shape)``."""
+        return laid_out(x, runs, *shape)
+
+    def like(self, name: str, x: torch.Tensor) -> torch.Tensor | None:
+        """An aligned tensor shaped as x [*R, ...] for a matmul operand; None for one run (the
+        operation allocates its own)."""
+        return aligned_empty(*x.shape, dtype=x.dtype) if x.dim() == 3 else None
+
+
+FRESH = Buffers()
+
+
+class Workspace(Buffers):
+    """Buffers reused from pass to pass by one caller (``naive_gradients``' every inner step):
+    each call site's tensor allocated once per shape, aligned as ``aligned_empty`` lays it out
+    (so each run's matmul keeps its bits), with its matmul's way (``matmul_strategy``) found
+    once. With 15 runs a new aligned tensor and the strategy's lookup cost about half a
+    20 us batched matmul; one run's matmul outputs stay new tensors (cheaper than the lookup).
+    What a pass returns is overwritten by the next pass. Not for autograd (``out=`` writes)."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple, torch.Tensor] = {}
+        self._strategies: dict[tuple, str | None] = {}
+
+    def _buffer(self, key: tuple, runs: tuple[int, ...], shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        out = self._buffers.get(key)
+        if out is None:  # one run's is a run block too: aligned as a new tensor is
+            out = aligned_empty(*(runs or (1,)), *shape, dtype=dtype)
+            out = self._buffers[key] = out if runs else out[0]
+        return out
+
+    def mm(self, name: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        if a.dim() == 2:  # one run: a new tensor costs less than finding the buffer
+            return torch.mm(a, b, out=out)
+        key = (name, a.shape, a.stride(), b.shape, b.stride())
+        runs = a.shape[:-2]
+        if key not in self._strategies:
+            self._strategies[key] = matmul_strategy(runs[0], a.shape[1], a.shape[2], b.shape[2], _transposed(a),
+                                                    _transposed(b))
+        if out is None:
+            out = self._buffer(key, runs, (a.shape[-2], b.shape[-1]), a.dtype)
+        return run_mm(a, b, out, self._strategies[key])
+
+    def rows(self, name: str, table: torch.Tensor, index: torch.Tensor, runs: tuple[int, ...], *shape: int
+             ) -> torch.Tensor:
+        out = self._buffer((name, runs, shape), runs, shape, table.dtype)
+        torch.index_select(table, -2, index.reshape(-1), out=out.view(*runs, index.numel(), table.shape[-1]))
+        return out
+
+    def laid_out(self, name: str, x: torch.Tensor, runs: tuple[int, ...], *shape: int) -> torch.Tensor:
+        out = self._buffer((name, runs, shape), runs, shape, x.dtype)
+        out.view(x.shape).copy_(x)
+        return out
+
+    def like(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        runs = x.shape[:1] if x.dim() == 3 else ()
+        return self._buffer((name, x.shape), runs, x.shape[len(runs):], x.dtype)
+
+
 @dataclass
 class Activations:
     """One forward pass, kept for ``backward_pass`` (a leading run axis [R] when the weights
@@ -132,22 +205,23 @@ class Activations:
     logits: torch.Tensor
 
 
-def forward_pass(embedding: torch.Tensor, encode: torch.Tensor, decode: torch.Tensor, prompts: torch.Tensor
-                 ) -> Activations:
+def forward_pass(embedding: torch.Tensor, encode: torch.Tensor, decode: torch.Tensor, prompts: torch.Tensor,
+                 buffers: Buffers | None = None) -> Activations:
     """Weights embedding [*R, V, D], encode and decode [*R, n, D, D] (one run, or R runs)
     on prompts [M, n] (the same for every run) -> Activations with logits [*R, M*n, V].
+    ``buffers``: where its tensors live (default: new ones, which autograd can follow).
 
     Encoding each position with its own matrix and summing over positions is one matmul
     over the flattened (position, dim) axis, the same as einsum("bpd,pde->be"); decoding one
     vector per position, einsum("be,pef->bpf"), is another."""
+    buffers = buffers or FRESH
     runs, (m, n), d = embedding.shape[:-2], prompts.shape, embedding.shape[-1]
-    embedded = embedding[:, prompts] if runs else embedding[prompts]  # [*R, M, n, D]
-    x = laid_out(embedded, runs, m, n * d)  # [*R, M, n*D]
+    x = buffers.rows("x", embedding, prompts, runs, m, n * d)  # [*R, M, n*D]: the embedded prompts
     encode_flat = encode.reshape(*runs, n * d, d)  # [*R, n*D, D]
-    state = run_mm(x, encode_flat)  # [*R, M, D]
-    decode_flat = laid_out(decode.transpose(-3, -2), runs, d, n * d)  # [*R, D, n*D]: decode.transpose(0, 1)
-    decoded = run_mm(state, decode_flat).view(*runs, m * n, d)  # [*R, M*n, D]
-    logits = run_mm(decoded, embedding.transpose(-1, -2))  # [*R, M*n, V], tied output
+    state = buffers.mm("state", x, encode_flat)  # [*R, M, D]
+    decode_flat = buffers.laid_out("decode_flat", decode.transpose(-3, -2), runs, d, n * d)  # [*R, D, n*D]
+    decoded = buffers.mm("decoded", state, decode_flat).view(*runs, m * n, d)  # [*R, M*n, D]
+    logits = buffers.mm("logits", decoded, embedding.transpose(-1, -2))  # [*R, M*n, V], tied output
     return Activations(x, encode_flat, state, decode_flat, decoded, logits)
 
 
@@ -158,13 +232,13 @@ def tempered_log_softmax(logits: torch.Tensor, temperature: float) -> torch.Tens
 
 def log_softmax_backward(grad_log_probs: torch.Tensor, probs: torch.Tensor, temperature: float,
                          grad_entropy: torch.Tensor | None = None, all_log_probs: torch.Tensor | None = None,
-                         entropy: torch.Tensor | None = None, grad_sums: torch.Tensor | None = None
-                         ) -> torch.Tensor:
+                         entropy: torch.Tensor | None = None, grad_sums: torch.Tensor | None = None,
+                         buffers: Buffers | None = None) -> torch.Tensor:
     """The gradient on the logits [*R, M*n, V] from the gradient on every log-prob [*R, M*n, V]
     (and on each position's entropy [*R, M*n, 1]): g - softmax * sum(g), minus
     dH/dz = -p (log p + H) times the entropy's gradient, then 1 / tau. Aligned for R runs.
     ``grad_sums``: sum(g) over the vocabulary [*R, M*n, 1], where the caller holds it."""
-    out = aligned_empty(*probs.shape, dtype=probs.dtype) if probs.dim() == 3 else None
+    out = (buffers or FRESH).like("grad_logits", probs)
     if grad_sums is None:
         grad_sums = grad_log_probs.sum(dim=-1, keepdim=True)
     grad_logits = torch.sub(grad_log_probs, probs * grad_sums, out=out)
@@ -176,22 +250,25 @@ def log_softmax_backward(grad_log_probs: torch.Tensor, probs: torch.Tensor, temp
 
 
 def backward_pass(a: Activations, embedding: torch.Tensor, prompts: torch.Tensor, grad_logits: torch.Tensor,
-                  grads: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+                  grads: dict[str, torch.Tensor] | None = None, buffers: Buffers | None = None
+                  ) -> dict[str, torch.Tensor]:
     """The gradients of embedding [*R, V, D], encode and decode [*R, n, D, D] from the
     gradient on the logits [*R, U*n, V] of ``forward_pass`` on prompts [U, n], by hand
-    (about ten matmuls). ``grads``: tensors to write them into (aligned); default new ones."""
+    (about ten matmuls). ``grads``: tensors to write them into (aligned); default new ones.
+    ``buffers``: where the intermediate tensors live, as ``forward_pass``."""
+    buffers = buffers or FRESH
     runs, (u, n), d = embedding.shape[:-2], prompts.shape, embedding.shape[-1]
     into = grads or {}
-    grad_embedding = run_mm(grad_logits.transpose(-1, -2), a.decoded,
-                            out=into.get("embedding"))  # [*R, V, D], the output side of the tied weights
-    grad_out = run_mm(grad_logits, embedding).view(*runs, u, n * d)  # [*R, U, n*D]
-    grad_decode = run_mm(a.state.transpose(-1, -2), grad_out).view(*runs, d, n, d).transpose(-3, -2)
+    grad_embedding = buffers.mm("grad_embedding", grad_logits.transpose(-1, -2), a.decoded,
+                                out=into.get("embedding"))  # [*R, V, D], the output side of the tied weights
+    grad_out = buffers.mm("grad_out", grad_logits, embedding).view(*runs, u, n * d)  # [*R, U, n*D]
+    grad_decode = buffers.mm("grad_decode", a.state.transpose(-1, -2), grad_out).view(*runs, d, n, d).transpose(-3, -2)
     if "decode" in into:
         grad_decode = into["decode"].copy_(grad_decode)  # [*R, n, D, D]
-    grad_state = run_mm(grad_out, a.decode_flat.transpose(-1, -2))  # [*R, U, D]
+    grad_state = buffers.mm("grad_state", grad_out, a.decode_flat.transpose(-1, -2))  # [*R, U, D]
     encode_out = into["encode"].view(*runs, n * d, d) if "encode" in into else None
-    grad_encode = run_mm(a.x.transpose(-1, -2), grad_state, out=encode_out).view(*runs, n, d, d)
-    grad_x = run_mm(grad_state, a.encode_flat.transpose(-1, -2))  # [*R, U, n*D]
+    grad_encode = buffers.mm("grad_encode", a.x.transpose(-1, -2), grad_state, out=encode_out).view(*runs, n, d, d)
+    grad_x = buffers.mm("grad_x", grad_state, a.encode_flat.transpose(-1, -2))  # [*R, U, n*D]
     grad_embedding.index_add_(-2, prompts.reshape(-1), grad_x.view(*runs, u * n, d))  # the input side
     return {"embedding": grad_embedding, "encode": grad_encode, "decode": grad_decode}
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from rlvr.policies.positional import (
+    Buffers,
     backward_pass,
     chosen_index,
     consecutive_groups,
@@ -73,14 +74,15 @@ def naive_batch(prompt_ids: torch.Tensor, responses: torch.Tensor, deltas: torch
 
 @torch.no_grad()
 def naive_gradients(embedding: torch.Tensor, encode: torch.Tensor, decode: torch.Tensor, batch: NaiveBatch,
-                    temperature: float, with_entropy: bool, grads: dict[str, torch.Tensor] | None = None
-                    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+                    temperature: float, with_entropy: bool, grads: dict[str, torch.Tensor] | None = None,
+                    buffers: Buffers | None = None) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """One inner step of the naive loss sum(w * -delta * log pi) on weights embedding
     [*R, V, D], encode and decode [*R, n, D, D]: their gradients (written into ``grads``
-    where given) and the step's sums as ``rlvr.step.step_sums`` makes them, each [*R]."""
+    where given) and the step's sums as ``rlvr.step.step_sums`` makes them, each [*R].
+    ``buffers``: where the passes' tensors live (a ``Workspace`` kept between inner steps)."""
     runs = embedding.shape[:-2]
     u, n = batch.prompts.shape
-    activations = forward_pass(embedding, encode, decode, batch.prompts)
+    activations = forward_pass(embedding, encode, decode, batch.prompts, buffers)
     all_log_probs = tempered_log_softmax(activations.logits, temperature)  # [*R, U*n, V]
     probs = all_log_probs.exp()
     weighted = batch.neg_deltas * all_log_probs.take(batch.chosen) * batch.weights  # [*R, N, n]
@@ -91,12 +93,13 @@ def naive_gradients(embedding: torch.Tensor, encode: torch.Tensor, decode: torch
     sums = {"loss": loss, "pg_loss": loss, "kl": zeros, "clip_frac": zeros, "tokens": batch.tokens}
     if with_entropy:
         distinct = -(probs * all_log_probs).sum(dim=-1).view(*runs, u, n)  # [*R, U, n]
-        entropy = distinct[..., batch.row_prompt, :]  # [*R, N, n]
+        entropy = distinct.index_select(-2, batch.row_prompt)  # [*R, N, n]
         if not batch.all_policy:
             entropy = torch.where(batch.policy_mask, entropy, 0.0)
         sums["entropy"] = _sum(entropy, runs)
-    grad_logits = log_softmax_backward(batch.grad_log_probs, probs, temperature, grad_sums=batch.grad_sums)
-    return backward_pass(activations, embedding, batch.prompts, grad_logits, grads=grads), sums
+    grad_logits = log_softmax_backward(batch.grad_log_probs, probs, temperature, grad_sums=batch.grad_sums,
+                                       buffers=buffers)
+    return backward_pass(activations, embedding, batch.prompts, grad_logits, grads=grads, buffers=buffers), sums
 
 
 def _sum(x: torch.Tensor, runs: tuple[int, ...]) -> torch.Tensor:
