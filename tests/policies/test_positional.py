@@ -161,3 +161,10 @@ def test_a_reused_workspace_gives_the_bits_of_new_tensors(runs):
             assert acts.logits.data_ptr() == pointers
         if runs and step == 0:
             pointers = acts.logits.data_ptr()
+    # the same shapes in float64 get buffers of their own
+    doubled = [w.double() if not runs else aligned_copy(w.double()) for w in weights]
+    grad_lp = torch.randn(*lead, 5 * n, v, dtype=torch.float64, generator=gen)
+    fresh = backward_pass(forward_pass(*doubled, prompts), doubled[0], prompts, grad_lp)
+    reused = backward_pass(forward_pass(*doubled, prompts, work), doubled[0], prompts, grad_lp, buffers=work)
+    for name in fresh:
+        assert reused[name].dtype == torch.float64 and torch.equal(fresh[name], reused[name]), name

@@ -150,7 +150,8 @@ class Workspace(Buffers):
     (so each run's matmul keeps its bits), with its matmul's way (``matmul_strategy``) found
     once. With 15 runs a new aligned tensor and the strategy's lookup cost about half a
     20 us batched matmul; one run's matmul outputs stay new tensors (cheaper than the lookup).
-    What a pass returns is overwritten by the next pass. Not for autograd (``out=`` writes)."""
+    What a pass returns is overwritten by the next pass. CPU tensors (as ``aligned_empty``'s);
+    not for autograd (``out=`` writes)."""
 
     def __init__(self) -> None:
         self._buffers: dict[tuple, torch.Tensor] = {}
@@ -166,7 +167,7 @@ class Workspace(Buffers):
     def mm(self, name: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         if a.dim() == 2:  # one run: a new tensor costs less than finding the buffer
             return torch.mm(a, b, out=out)
-        key = (name, a.shape, a.stride(), b.shape, b.stride())
+        key = (name, a.shape, a.stride(), b.shape, b.stride(), a.dtype)
         runs = a.shape[:-2]
         if key not in self._strategies:
             self._strategies[key] = matmul_strategy(runs[0], a.shape[1], a.shape[2], b.shape[2], _transposed(a),
@@ -177,18 +178,18 @@ class Workspace(Buffers):
 
     def rows(self, name: str, table: torch.Tensor, index: torch.Tensor, runs: tuple[int, ...], *shape: int
              ) -> torch.Tensor:
-        out = self._buffer((name, runs, shape), runs, shape, table.dtype)
+        out = self._buffer((name, runs, shape, table.dtype), runs, shape, table.dtype)
         torch.index_select(table, -2, index.reshape(-1), out=out.view(*runs, index.numel(), table.shape[-1]))
         return out
 
     def laid_out(self, name: str, x: torch.Tensor, runs: tuple[int, ...], *shape: int) -> torch.Tensor:
-        out = self._buffer((name, runs, shape), runs, shape, x.dtype)
+        out = self._buffer((name, runs, shape, x.dtype), runs, shape, x.dtype)
         out.view(x.shape).copy_(x)
         return out
 
     def like(self, name: str, x: torch.Tensor) -> torch.Tensor:
         runs = x.shape[:1] if x.dim() == 3 else ()
-        return self._buffer((name, x.shape), runs, x.shape[len(runs):], x.dtype)
+        return self._buffer((name, x.shape, x.dtype), runs, x.shape[len(runs):], x.dtype)
 
 
 @dataclass
