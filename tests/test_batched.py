@@ -14,7 +14,6 @@ from rlvr.batched import ANY_VALUE, BATCHED_ALGO, TIMING_KEYS, BatchedPositional
 from rlvr.config import AlgoConfig
 from rlvr.errors import ConfigError
 from rlvr.evaluation import evaluate, evaluate_runs
-from rlvr.policies.positional import inexact_matmul
 from rlvr.trainer import rollout_stats, setup, train
 
 
@@ -47,7 +46,7 @@ def test_lecture_runs_equal_one_by_one():
 def test_other_shapes_and_options_equal_one_by_one():
     # n=4, D=16, V=7, G=5, AdamW with decay and a cosine warm-up, temperature, token_mean,
     # two equal consecutive prompts (U=1 < B=2 distinct groups), eval chunks of 1 prompt
-    # (small matmuls: run by run, see matmul_strategy), the other delta modes.
+    # (small matmuls: run by run, see matmul_way), the other delta modes.
     extra = ["policy.embedding_dim=16", "task.num_numbers=4", "task.vocab_size=7", "algo.group_size=5",
              "task.prompts=[[1,0,2,6],[1,0,2,6],[3,2,4,5]]", "optim.name=adamw", "optim.weight_decay=0.1",
              "optim.schedule=cosine", "optim.warmup_steps=3", "policy.temperature=0.7",
@@ -93,7 +92,7 @@ def test_evaluation_of_all_runs_at_once_equals_each_run_alone():
     states = [setup(c) for c in cs]
     task = states[0][0]
     model = BatchedPositional([st.policy.module for _, st in states])
-    if inexact_matmul(model.runs, [2, 1], model.length, model.dim, model.vocab) is not None:
+    if model.inexact_matmul([2, 1]) is not None:
         pytest.skip("this machine's batched matmul is not exact at these shapes (train_batched refuses)")
     together = evaluate_runs(cs, task, model, 2, 7)
     assert together == [evaluate(c, task, st.policy, 2, 7) for c, (_, st) in zip(cs, states)]

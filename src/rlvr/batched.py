@@ -16,8 +16,8 @@ What keeps the numbers bit for bit:
   * random draws: each run keeps its own ``torch.Generator``; the multinomial draws are
     one call per run on that run's rows of the batched probabilities (cheap), the math
     around them is batched.
-  * matmuls: aligned operands and the way ``matmul_strategy`` found exact (positional.py);
-    ``inexact_matmul`` refuses, before any work, a machine where neither way is.
+  * matmuls: aligned operands and the way ``matmul_way`` found exact (positional.py);
+    ``BatchedPositional.inexact_matmul`` refuses, before any work, a machine where no way is.
   * the optimizer: one optimizer (``build_optimizer``) over every run's parameters as
     separate tensors. One Adam over ``[R, ...]`` tensors is NOT the same: the fused CPU
     kernel takes each tensor's last ``numel % 16`` elements through a scalar loop in
@@ -50,12 +50,14 @@ from rlvr.metrics import Record
 from rlvr.optim import build_optimizer, build_scheduler, optimizer_update
 from rlvr.policies.positional import (
     Activations,
+    InexactMatmul,
     Workspace,
     aligned_copy,
     aligned_empty,
+    backward_pass,
     consecutive_groups,
     forward_pass,
-    inexact_matmul,
+    log_softmax_backward,
     sample_tokens,
     tempered_log_softmax,
 )
@@ -153,7 +155,8 @@ class BatchedPositional:
         self.embedding = aligned_copy(torch.stack([m.embedding.weight.detach() for m in modules]))  # [R, V, D]
         self.encode = aligned_copy(torch.stack([m.encode.detach() for m in modules]))  # [R, n, D, D]
         self.decode = aligned_copy(torch.stack([m.decode.detach() for m in modules]))  # [R, n, D, D]
-        self.grads = {name: aligned_empty(*getattr(self, name).shape) for name in self.NAMES}
+        # contiguous: a batched matmul writes into them in one call (``matmul_way``)
+        self.grads = {name: torch.empty(getattr(self, name).shape) for name in self.NAMES}
         self.params: list[list[nn.Parameter]] = []  # per run, in module.parameters() order
         for r, m in enumerate(modules):
             m.encode = nn.Parameter(self.encode[r])
@@ -169,6 +172,25 @@ class BatchedPositional:
         for r in runs:
             for name, p in zip(self.NAMES, self.params[r]):
                 p.grad = self.grads[name][r]
+
+    def inexact_matmul(self, rows: Sequence[int]) -> str | None:
+        """The first matmul of a step's passes (``naive_gradients``: forward, backward into
+        ``self.grads``' layout) or of a forward alone (sampling, evaluation) with no exact way on
+        this machine, or None: ``rows``, the M of each pass. A trial on zero weights laid
+        out as these; nothing of the model changes."""
+        weights = [aligned_empty(*w.shape).zero_() for w in (self.embedding, self.encode, self.decode)]
+        grads = {name: torch.empty_like(g) for name, g in self.grads.items()}
+        try:
+            for m in dict.fromkeys(rows):
+                prompts = torch.zeros(m, self.length, dtype=torch.long)
+                forward_pass(*weights, prompts)
+                work = Workspace()
+                acts = forward_pass(*weights, prompts, work)
+                grad_logits = log_softmax_backward(acts.logits, acts.logits, 1.0, buffers=work)
+                backward_pass(acts, weights[0], prompts, grad_logits, grads=grads, buffers=work)
+        except InexactMatmul as err:
+            return str(err)
+        return None
 
     def forward(self, prompts: torch.Tensor) -> Activations:
         """prompts [M, n], shared by the runs -> Activations with logits [R, M*n, V]."""
@@ -244,10 +266,10 @@ def train_batched(
     # the M of every batched forward: the step's prompts, the distinct ones, each evaluation chunk
     eval_size, num_eval = config.log.eval_batch_size, len(task.eval_prompts())
     rows = [prompts.shape[0], distinct.shape[0]] + [min(eval_size, num_eval - s) for s in range(0, num_eval, eval_size)]
-    bad = inexact_matmul(runs, rows, model.length, model.dim, model.vocab)
+    bad = model.inexact_matmul(rows)
     if bad is not None:
         raise ConfigError(f"batched runs: this machine's batched matmul rounds differently from the single "
-                          f"one at [m, k, n, a^T, b^T] = {bad}; run them one by one")
+                          f"one at {bad}; run them one by one")
     optimizer = build_optimizer(config.optim, [p for params in model.params for p in params])
     scheduler = build_scheduler(config.optim, optimizer, a.epochs * a.inner_steps)
     for st, params in zip(sts, model.params):  # a run's own optimizer holds its parameters: skip_step drops them

@@ -8,8 +8,8 @@ sampled independently given the prompt.
 The math is written once, with an optional leading run axis R: one policy's weights have
 none (``PositionalModel``, ``PositionalPolicy``), and ``rlvr.batched`` trains R runs of
 ``rlvr compare`` with the same functions (``forward_pass``, ``backward_pass``) on [R, ...]
-weights. R runs give each run the bits it gets alone: every tensor that enters a matmul is
-laid out by ``aligned_empty`` and each matmul takes the way ``matmul_strategy`` found exact.
+weights. R runs give each run the bits it gets alone: every operand the passes lay out is
+laid out by ``aligned_empty`` and each matmul takes the way ``matmul_way`` found exact.
 
 Shapes: R runs, M prompts (U distinct ones when scoring), n numbers per prompt (= response
 length), D embedding size, V vocab, N responses, G responses per prompt.
@@ -18,7 +18,6 @@ length), D embedding size, V vocab, N responses, G responses per prompt.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 
@@ -54,68 +53,79 @@ def laid_out(x: torch.Tensor, runs: tuple[int, ...], *shape: int) -> torch.Tenso
     return out
 
 
+Layout = tuple  # (shape, strides, storage offset mod ALIGN, dtype): what decides a matmul's way on a CPU
+
+
+def layout(x: torch.Tensor) -> Layout:
+    """x's layout as a matmul's way depends on it (values aside)."""
+    return tuple(x.shape), x.stride(), x.storage_offset() % ALIGN, x.dtype
+
+
+class InexactMatmul(RuntimeError):
+    """No way of a batched matmul gives each run the bits of its single ``mm`` on this machine."""
+
+
+# The ways R runs' matmul can take, fastest first: (call, output). "bmm" is one batched
+# call: into a contiguous output CPU torch hands all runs to one batched GEMM (~3 us for 15
+# tiny matrices); into any other it calls the GEMM run by run (~20 us). "loop" is one ``mm``
+# per run. output: "contiguous" or "aligned" (``aligned_empty``) for a new one, "given" for
+# the caller's. Small matrices take a plain loop in ``bmm`` that rounds differently, and a
+# GEMM's rounding may depend on where each run's block starts, hence the check.
+NEW_OUTPUT_WAYS = (("bmm", "contiguous"), ("bmm", "aligned"), ("loop", "aligned"))
+GIVEN_OUTPUT_WAYS = (("bmm", "given"), ("loop", "given"))
+
+
+def matmul_way(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> tuple[str, str] | None:
+    """How a [R, m, k] @ b [R, k, n] (into ``out``, or a new output) gives the bits of R
+    single ``mm`` calls on freshly allocated operands, as one run computes them on this
+    machine: the first of the ways above that does, checked on random numbers laid out as
+    a, b and out; None if none does."""
+    return _matmul_way(layout(a), layout(b), None if out is None else layout(out))
+
+
 @cache
-def matmul_strategy(runs: int, m: int, k: int, n: int, a_transposed: bool, b_transposed: bool) -> str | None:
-    """How [R, m, k] @ [R, k, n] (aligned operands and output) gives the bits of R single
-    ``mm`` calls on freshly allocated operands, as one run computes them on this machine:
-    "bmm" (one batched call), "loop" (one ``mm`` per run: ``bmm`` of small matrices takes
-    a plain loop that rounds differently), or None (neither). ``*_transposed``: the
-    operand is a transposed view, as in the run's code. Checked on random numbers."""
-    gen = torch.Generator().manual_seed(m * 1000 + k * 10 + n)
-    a, b = torch.randn(runs, m, k, generator=gen), torch.randn(runs, k, n, generator=gen)
-
-    def layout(x: torch.Tensor, transposed: bool) -> torch.Tensor:  # the values of x, the strides of the code
-        if transposed:
-            return aligned_empty(x.shape[0], x.shape[2], x.shape[1]).transpose(1, 2).copy_(x)
-        return aligned_copy(x)
-
-    single = torch.stack([
-        layout(a[r : r + 1], a_transposed)[0].clone(memory_format=torch.preserve_format)
-        @ layout(b[r : r + 1], b_transposed)[0].clone(memory_format=torch.preserve_format)
-        for r in range(runs)])
-    a, b = layout(a, a_transposed), layout(b, b_transposed)
-    for strategy in ("bmm", "loop"):
-        if torch.equal(run_mm(a, b, aligned_empty(runs, m, n), strategy), single):
-            return strategy
+def _matmul_way(a: Layout, b: Layout, out: Layout | None) -> tuple[str, str] | None:
+    gen = torch.Generator().manual_seed(sum(a[0]) * 1000 + sum(b[0]))
+    x, y = _random_laid_out(a, gen), _random_laid_out(b, gen)
+    single = torch.stack([x[r].clone(memory_format=torch.preserve_format)
+                          @ y[r].clone(memory_format=torch.preserve_format) for r in range(a[0][0])])
+    for way in NEW_OUTPUT_WAYS if out is None else GIVEN_OUTPUT_WAYS:
+        into = _random_laid_out(out, gen) if out is not None else None
+        if torch.equal(run_mm(x, y, into, way), single):
+            return way
     return None
 
 
-def run_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, strategy: str | None = None
+def _random_laid_out(lay: Layout, gen: torch.Generator) -> torch.Tensor:
+    """Random numbers in a new tensor laid out as ``lay`` (the storage starts 64-byte aligned,
+    as the CPU allocator's does)."""
+    shape, stride, offset, dtype = lay
+    size = offset + 1 + sum((s - 1) * st for s, st in zip(shape, stride))
+    x = torch.empty(size, dtype=dtype).as_strided(shape, stride, offset)
+    return x.copy_(torch.randn(shape, generator=gen, dtype=dtype))
+
+
+def run_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, way: tuple[str, str] | None = None
            ) -> torch.Tensor:
     """a [*R, m, k] @ b [*R, k, n] -> [*R, m, n]: one run's ``mm``, or R runs' each as a
-    single run computes it (``matmul_strategy``; all three aligned). ``out``: where to
-    write (default: a new tensor)."""
+    single run computes it (``matmul_way``, found here when not given; InexactMatmul if
+    there is none). ``out``: where to write (default: a new tensor, laid out as the way says)."""
     if a.dim() == 2:
         return torch.mm(a, b, out=out)
-    runs = a.shape[0]
+    if way is None:
+        way = matmul_way(a, b, out)
+        if way is None:
+            raise InexactMatmul(f"[R, m, k] @ [R, k, n] = {list(a.shape)} @ {list(b.shape)}, strides "
+                                f"{a.stride()} @ {b.stride()}")
+    call, output = way
     if out is None:
-        out = aligned_empty(runs, a.shape[1], b.shape[2], dtype=a.dtype)
-    if strategy is None:
-        strategy = matmul_strategy(runs, a.shape[1], a.shape[2], b.shape[2], _transposed(a), _transposed(b))
-    if strategy == "bmm":
+        shape = (a.shape[0], a.shape[1], b.shape[2])
+        out = torch.empty(shape, dtype=a.dtype) if output == "contiguous" else aligned_empty(*shape, dtype=a.dtype)
+    if call == "bmm":
         return torch.bmm(a, b, out=out)
-    for r in range(runs):
+    for r in range(a.shape[0]):
         torch.mm(a[r], b[r], out=out[r])
     return out
-
-
-def _transposed(x: torch.Tensor) -> bool:
-    """Whether the last two dims of x are laid out transposed (column-major)."""
-    return x.stride(-1) != 1
-
-
-def inexact_matmul(runs: int, rows: Sequence[int], n: int, d: int, v: int) -> tuple | None:
-    """The first matmul of ``forward_pass`` / ``backward_pass`` ([m, k, n, a^T, b^T]) at
-    which this machine's batched GEMM differs from the single one, or None: R runs of n
-    numbers, D, V, and ``rows``: the M of each pass."""
-    for m in dict.fromkeys(rows):
-        shapes = [(m, n * d, d, False, False), (m, d, n * d, False, False), (m * n, d, v, False, True),
-                  (v, m * n, d, True, False), (m * n, v, d, False, False), (d, m, n * d, True, False),
-                  (m, n * d, d, False, True), (n * d, m, d, True, False), (m, d, n * d, False, True)]
-        for shape in shapes:
-            if matmul_strategy(runs, *shape) is None:
-                return shape
-    return None
 
 
 class Buffers:
@@ -146,20 +156,22 @@ FRESH = Buffers()
 
 class Workspace(Buffers):
     """Buffers reused from pass to pass by one caller (``naive_gradients``' every inner step):
-    each call site's tensor allocated once per shape, aligned as ``aligned_empty`` lays it out
-    (so each run's matmul keeps its bits), with its matmul's way (``matmul_strategy``) found
-    once. With 15 runs a new aligned tensor and the strategy's lookup cost about half a
-    20 us batched matmul; one run's matmul outputs stay new tensors (cheaper than the lookup).
-    What a pass returns is overwritten by the next pass. CPU tensors (as ``aligned_empty``'s);
-    not for autograd (``out=`` writes)."""
+    each call site's tensor allocated once per shape, operands aligned as ``aligned_empty``
+    lays them out and matmul outputs as their way says, with each matmul's way
+    (``matmul_way``) found once. One run's matmul outputs stay new tensors (cheaper than
+    finding the buffer). What a pass returns is overwritten by the next pass. CPU tensors
+    (as ``aligned_empty``'s); not for autograd (``out=`` writes)."""
 
     def __init__(self) -> None:
         self._buffers: dict[tuple, torch.Tensor] = {}
-        self._strategies: dict[tuple, str | None] = {}
+        self._ways: dict[tuple, tuple[str, str] | None] = {}
 
-    def _buffer(self, key: tuple, runs: tuple[int, ...], shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    def _buffer(self, key: tuple, runs: tuple[int, ...], shape: tuple[int, ...], dtype: torch.dtype,
+                contiguous: bool = False) -> torch.Tensor:
         out = self._buffers.get(key)
-        if out is None:  # one run's is a run block too: aligned as a new tensor is
+        if out is None and contiguous:
+            out = self._buffers[key] = torch.empty(*runs, *shape, dtype=dtype)
+        elif out is None:  # one run's is a run block too: aligned as a new tensor is
             out = aligned_empty(*(runs or (1,)), *shape, dtype=dtype)
             out = self._buffers[key] = out if runs else out[0]
         return out
@@ -167,14 +179,15 @@ class Workspace(Buffers):
     def mm(self, name: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         if a.dim() == 2:  # one run: a new tensor costs less than finding the buffer
             return torch.mm(a, b, out=out)
-        key = (name, a.shape, a.stride(), b.shape, b.stride(), a.dtype)
-        runs = a.shape[:-2]
-        if key not in self._strategies:
-            self._strategies[key] = matmul_strategy(runs[0], a.shape[1], a.shape[2], b.shape[2], _transposed(a),
-                                                    _transposed(b))
+        key = (name, a.shape, a.stride(), b.shape, b.stride(), a.dtype, None if out is None else out.stride())
+        if key not in self._ways:
+            self._ways[key] = matmul_way(a, b, out)
+        way = self._ways[key]
+        if way is None:
+            return run_mm(a, b, out)  # raises InexactMatmul, naming the shapes
         if out is None:
-            out = self._buffer(key, runs, (a.shape[-2], b.shape[-1]), a.dtype)
-        return run_mm(a, b, out, self._strategies[key])
+            out = self._buffer(key, a.shape[:-2], (a.shape[-2], b.shape[-1]), a.dtype, way[1] == "contiguous")
+        return run_mm(a, b, out, way)
 
     def rows(self, name: str, table: torch.Tensor, index: torch.Tensor, runs: tuple[int, ...], *shape: int
              ) -> torch.Tensor:
