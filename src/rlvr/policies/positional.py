@@ -78,13 +78,13 @@ GIVEN_OUTPUT_WAYS = (("bmm", "given"), ("loop", "given"))
 def matmul_way(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> tuple[str, str] | None:
     """How a [R, m, k] @ b [R, k, n] (into ``out``, or a new output) gives the bits of R
     single ``mm`` calls on freshly allocated operands, as one run computes them on this
-    machine: the first of the ways above that does, checked on random numbers laid out as
-    a, b and out; None if none does."""
-    return _matmul_way(layout(a), layout(b), None if out is None else layout(out))
+    machine (and torch's thread count): the first of the ways above that does, checked on
+    random numbers laid out as a, b and out; None if none does."""
+    return _matmul_way(layout(a), layout(b), None if out is None else layout(out), torch.get_num_threads())
 
 
 @cache
-def _matmul_way(a: Layout, b: Layout, out: Layout | None) -> tuple[str, str] | None:
+def _matmul_way(a: Layout, b: Layout, out: Layout | None, threads: int) -> tuple[str, str] | None:
     gen = torch.Generator().manual_seed(sum(a[0]) * 1000 + sum(b[0]))
     x, y = _random_laid_out(a, gen), _random_laid_out(b, gen)
     single = torch.stack([x[r].clone(memory_format=torch.preserve_format)
