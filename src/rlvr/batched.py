@@ -16,7 +16,7 @@ What keeps the numbers bit for bit:
   * random draws: each run keeps its own ``torch.Generator``; the multinomial draws are
     one call per run on that run's rows of the batched probabilities (cheap), the math
     around them is batched.
-  * matmuls: aligned operands and the way ``matmul_way`` found exact (positional.py);
+  * matmuls: aligned operands and the way ``matmul_way`` found exact (run_matmul.py);
     ``BatchedPositional.inexact_matmul`` refuses, before any work, a machine where no way is.
   * the optimizer: one optimizer (``build_optimizer``) over every run's parameters as
     separate tensors. One Adam over ``[R, ...]`` tensors is NOT the same: the fused CPU
@@ -50,10 +50,7 @@ from rlvr.metrics import Record
 from rlvr.optim import build_optimizer, build_scheduler, optimizer_update
 from rlvr.policies.positional import (
     Activations,
-    InexactMatmul,
     Workspace,
-    aligned_copy,
-    aligned_empty,
     backward_pass,
     consecutive_groups,
     forward_pass,
@@ -62,6 +59,7 @@ from rlvr.policies.positional import (
     tempered_log_softmax,
 )
 from rlvr.policies.positional_step import NaiveBatch, naive_batch, naive_gradients
+from rlvr.policies.run_matmul import InexactMatmul, aligned_copy, aligned_empty
 from rlvr.rollout import Task
 from rlvr.seams import TOY_STEP_ALGO, as_override, toy_step_needs
 from rlvr.state import TrainState

@@ -110,7 +110,8 @@ def test_log_probs_of_another_module_are_that_modules_and_leave_the_policy_alone
 def test_runs_through_the_run_axis_get_the_bits_of_each_run_alone():
     # forward_pass and backward_pass with R = 3 runs (aligned weights, matmul_way's way)
     # against each run alone (no run axis, as PositionalModel and the log-probs' backward call them)
-    from rlvr.policies.positional import aligned_copy, backward_pass, forward_pass
+    from rlvr.policies.positional import backward_pass, forward_pass
+    from rlvr.policies.run_matmul import aligned_copy
 
     gen = torch.Generator().manual_seed(0)
     runs, v, d, n = 3, 7, 6, 4
@@ -133,7 +134,8 @@ def test_a_reused_workspace_gives_the_bits_of_new_tensors(runs):
     # naive_gradients' passes in a Workspace kept from step to step (its buffers reused,
     # each matmul's way found once) against the same passes on new tensors, for one run and
     # for R runs, with the batch's shape changing between passes
-    from rlvr.policies.positional import Workspace, aligned_copy, backward_pass, forward_pass, log_softmax_backward
+    from rlvr.policies.positional import Workspace, backward_pass, forward_pass, log_softmax_backward
+    from rlvr.policies.run_matmul import aligned_copy
 
     gen = torch.Generator().manual_seed(1)
     lead, v, d, n = ((runs,) if runs else ()), 7, 6, 4
@@ -169,43 +171,3 @@ def test_a_reused_workspace_gives_the_bits_of_new_tensors(runs):
     for name in fresh:
         assert reused[name].dtype == torch.float64 and torch.equal(fresh[name], reused[name]), name
 
-
-def test_a_batched_matmul_that_rounds_differently_is_not_taken(monkeypatch):
-    # matmul_way checks each way against single mm calls: with torch.bmm made to round
-    # differently (one ulp up), R runs go one mm per run, and still get each run's bits
-    from rlvr.policies import positional
-    from rlvr.policies.positional import aligned_copy, matmul_way, run_mm
-
-    gen = torch.Generator().manual_seed(2)
-    a, b = aligned_copy(torch.randn(4, 6, 20, generator=gen)), aligned_copy(torch.randn(4, 20, 8, generator=gen))
-    want = torch.stack([a[r].clone() @ b[r].clone() for r in range(4)])
-    positional._matmul_way.cache_clear()
-    assert matmul_way(a, b) == ("bmm", "contiguous")  # this machine's batched GEMM: exact at this shape
-    bmm = torch.bmm
-    monkeypatch.setattr(torch, "bmm", lambda x, y, out: torch.nextafter(bmm(x, y, out=out), torch.tensor(1e9),
-                                                                        out=out))
-    positional._matmul_way.cache_clear()
-    try:
-        assert matmul_way(a, b) == ("loop", "aligned")
-        assert torch.equal(run_mm(a, b), want)
-    finally:
-        positional._matmul_way.cache_clear()
-
-
-def test_no_exact_matmul_is_refused_before_any_work(monkeypatch):
-    # where no way gives each run its bits, train_batched refuses with the shapes, before
-    # any record is made; run_mm raises rather than compute other bits
-    import rlvr
-    from rlvr.batched import train_batched
-    from rlvr.errors import ConfigError
-    from rlvr.policies import positional
-    from rlvr.policies.positional import InexactMatmul, run_mm
-
-    monkeypatch.setattr(positional, "_matmul_way", lambda *layouts: None)
-    with pytest.raises(InexactMatmul, match=r"\[2, 3, 4\] @ \[2, 4, 5\]"):
-        run_mm(torch.randn(2, 3, 4), torch.randn(2, 4, 5))
-    configs = [rlvr.load_config(None, ["log.progress=false", "algo.epochs=1", f"seed={s}"]) for s in (0, 1)]
-    seen = []
-    with pytest.raises(ConfigError, match=r"rounds differently from the single one at \[R, m, k\] @ \[R, k, n\]"):
-        train_batched(configs, on_record=[seen.append] * 2)
-    assert seen == []

@@ -19,113 +19,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cache
 
 import torch
 from torch import nn
 
+from rlvr.policies.run_matmul import InexactMatmul, aligned_empty, laid_out, matmul_way, new_output, run_mm
 from rlvr.rollout import Policy, Samples
-
-ALIGN = 16  # floats per 64 bytes: every run's block of a batched tensor starts on this boundary
-
-
-def aligned_empty(runs: int, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """An uninitialised ``[runs, *shape]`` tensor whose run blocks each start on a 64-byte
-    boundary (the CPU allocator aligns the storage to 64 bytes; each run's block is padded
-    to a multiple of 16 floats). Each ``t[r]`` is contiguous."""
-    size = math.prod(shape)
-    stride = -(-size // ALIGN) * ALIGN
-    return torch.empty(runs, stride, dtype=dtype)[:, :size].view(runs, *shape)
-
-
-def aligned_copy(x: torch.Tensor) -> torch.Tensor:
-    """``x`` [R, ...] copied into an ``aligned_empty`` tensor."""
-    return aligned_empty(*x.shape, dtype=x.dtype).copy_(x)
-
-
-def laid_out(x: torch.Tensor, runs: tuple[int, ...], *shape: int) -> torch.Tensor:
-    """``x`` [*runs, ...] as [*runs, *shape] for a matmul: one run (``runs`` empty) reshapes;
-    R runs copy into ``aligned_empty``."""
-    if not runs:
-        return x.reshape(shape)
-    out = aligned_empty(*runs, *shape, dtype=x.dtype)
-    out.view(x.shape).copy_(x)
-    return out
-
-
-Layout = tuple  # (shape, strides, storage offset mod ALIGN, dtype): what decides a matmul's way on a CPU
-
-
-def layout(x: torch.Tensor) -> Layout:
-    """x's layout as a matmul's way depends on it (values aside)."""
-    return tuple(x.shape), x.stride(), x.storage_offset() % ALIGN, x.dtype
-
-
-class InexactMatmul(RuntimeError):
-    """No way of a batched matmul gives each run the bits of its single ``mm`` on this machine."""
-
-
-# The ways R runs' matmul can take, fastest first: (call, output). "bmm" is one batched
-# call: into a contiguous output CPU torch hands all runs to one batched GEMM (~3 us for 15
-# tiny matrices); into any other it calls the GEMM run by run (~20 us). "loop" is one ``mm``
-# per run. output: "contiguous" or "aligned" (``aligned_empty``) for a new one, "given" for
-# the caller's. Small matrices take a plain loop in ``bmm`` that rounds differently, and a
-# GEMM's rounding may depend on where each run's block starts, hence the check.
-NEW_OUTPUT_WAYS = (("bmm", "contiguous"), ("bmm", "aligned"), ("loop", "aligned"))
-GIVEN_OUTPUT_WAYS = (("bmm", "given"), ("loop", "given"))
-
-
-def matmul_way(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> tuple[str, str] | None:
-    """How a [R, m, k] @ b [R, k, n] (into ``out``, or a new output) gives the bits of R
-    single ``mm`` calls on freshly allocated operands, as one run computes them on this
-    machine (and torch's thread count): the first of the ways above that does, checked on
-    random numbers laid out as a, b and out; None if none does."""
-    return _matmul_way(layout(a), layout(b), None if out is None else layout(out), torch.get_num_threads())
-
-
-@cache
-def _matmul_way(a: Layout, b: Layout, out: Layout | None, threads: int) -> tuple[str, str] | None:
-    gen = torch.Generator().manual_seed(sum(a[0]) * 1000 + sum(b[0]))
-    x, y = _random_laid_out(a, gen), _random_laid_out(b, gen)
-    single = torch.stack([x[r].clone(memory_format=torch.preserve_format)
-                          @ y[r].clone(memory_format=torch.preserve_format) for r in range(a[0][0])])
-    for way in NEW_OUTPUT_WAYS if out is None else GIVEN_OUTPUT_WAYS:
-        into = _random_laid_out(out, gen) if out is not None else None
-        if torch.equal(run_mm(x, y, into, way), single):
-            return way
-    return None
-
-
-def _random_laid_out(lay: Layout, gen: torch.Generator) -> torch.Tensor:
-    """Random numbers in a new tensor laid out as ``lay`` (the storage starts 64-byte aligned,
-    as the CPU allocator's does)."""
-    shape, stride, offset, dtype = lay
-    size = offset + 1 + sum((s - 1) * st for s, st in zip(shape, stride))
-    x = torch.empty(size, dtype=dtype).as_strided(shape, stride, offset)
-    return x.copy_(torch.randn(shape, generator=gen, dtype=dtype))
-
-
-def run_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, way: tuple[str, str] | None = None
-           ) -> torch.Tensor:
-    """a [*R, m, k] @ b [*R, k, n] -> [*R, m, n]: one run's ``mm``, or R runs' each as a
-    single run computes it (``matmul_way``, found here when not given; InexactMatmul if
-    there is none). ``out``: where to write (default: a new tensor, laid out as the way says)."""
-    if a.dim() == 2:
-        return torch.mm(a, b, out=out)
-    if way is None:
-        way = matmul_way(a, b, out)
-        if way is None:
-            raise InexactMatmul(f"[R, m, k] @ [R, k, n] = {list(a.shape)} @ {list(b.shape)}, strides "
-                                f"{a.stride()} @ {b.stride()}")
-    call, output = way
-    if out is None:
-        shape = (a.shape[0], a.shape[1], b.shape[2])
-        out = torch.empty(shape, dtype=a.dtype) if output == "contiguous" else aligned_empty(*shape, dtype=a.dtype)
-    if call == "bmm":
-        return torch.bmm(a, b, out=out)
-    for r in range(a.shape[0]):
-        torch.mm(a[r], b[r], out=out[r])
-    return out
 
 
 class Buffers:
@@ -167,13 +66,10 @@ class Workspace(Buffers):
         self._ways: dict[tuple, tuple[str, str] | None] = {}
 
     def _buffer(self, key: tuple, runs: tuple[int, ...], shape: tuple[int, ...], dtype: torch.dtype,
-                contiguous: bool = False) -> torch.Tensor:
+                output: str = "aligned") -> torch.Tensor:
         out = self._buffers.get(key)
-        if out is None and contiguous:
-            out = self._buffers[key] = torch.empty(*runs, *shape, dtype=dtype)
-        elif out is None:  # one run's is a run block too: aligned as a new tensor is
-            out = aligned_empty(*(runs or (1,)), *shape, dtype=dtype)
-            out = self._buffers[key] = out if runs else out[0]
+        if out is None:
+            out = self._buffers[key] = new_output(output, runs, shape, dtype)
         return out
 
     def mm(self, name: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -184,9 +80,9 @@ class Workspace(Buffers):
             self._ways[key] = matmul_way(a, b, out)
         way = self._ways[key]
         if way is None:
-            return run_mm(a, b, out)  # raises InexactMatmul, naming the shapes
+            raise InexactMatmul(a, b)
         if out is None:
-            out = self._buffer(key, a.shape[:-2], (a.shape[-2], b.shape[-1]), a.dtype, way[1] == "contiguous")
+            out = self._buffer(key, a.shape[:-2], (a.shape[-2], b.shape[-1]), a.dtype, way[1])
         return run_mm(a, b, out, way)
 
     def rows(self, name: str, table: torch.Tensor, index: torch.Tensor, runs: tuple[int, ...], *shape: int
