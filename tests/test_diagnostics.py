@@ -340,3 +340,25 @@ def test_classify_prompts_and_summary():
     assert prompt_summary(records) == ("6 prompts: 1 learned, 1 always solved, 1 never solved, 1 forgotten, 2 mixed; "
                                        "40% of groups had zero delta")
     assert prompt_summary([]) == "no per-prompt records and no zero-delta counts"
+
+
+def test_divergence_reads_each_epoch_a_bounded_number_of_times(monkeypatch):
+    """The reward's span so far is kept as the windows move: a run of n epochs costs O(n),
+    not a max over the whole prefix for every window (100k epochs took 100 s and 1 GB)."""
+    import rlvr.diagnostics as diagnostics
+
+    read = [0]
+
+    def counting(extreme):
+        def call(*args):
+            values = list(args[0]) if len(args) == 1 else list(args)
+            read[0] += len(values)
+            return extreme(values)
+        return call
+
+    monkeypatch.setattr(diagnostics, "max", counting(max), raising=False)
+    monkeypatch.setattr(diagnostics, "min", counting(min), raising=False)
+    n = 4000
+    rewards = [math.sin(e / 50) + e / n for e in range(n)]
+    found = reward_gold_divergence(epoch_records(rewards, [0.0] * n))
+    assert found and read[0] <= 8 * n

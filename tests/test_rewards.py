@@ -50,7 +50,8 @@ def picky_reward(prompts, completions, **kwargs):
             sum(itertools.repeat(0, 10**13))
         if c == "exit":
             os._exit(3)
-        out.append({"none": None, "nan": NAN, "inf": math.inf, "huge": 10**5000, "text": "1.0"}.get(c, 1.0))
+        out.append({"none": None, "nan": NAN, "inf": math.inf, "huge": 10**5000, "text": "1.0",
+                    "1e308": 1e308}.get(c, 1.0))
     return out
 
 
@@ -257,6 +258,7 @@ def test_errors_abstain_only_where_raised_and_log_once_per_type(caplog):
         ("nan", r"'picky_reward' returned nan, not a finite number on completion 1"),
         ("inf", r"'picky_reward' returned inf, not a finite number"),
         ("huge", r"'picky_reward' returned an int of 16610 bits, too large"),
+        ("1e308", r"'picky_reward' returned 1e\+308, beyond the bound of 1e\+09 on a reward's size"),
         ("text", r"'picky_reward' returned '1.0' \(str\), not a number"),
     ],
 )
@@ -490,3 +492,15 @@ def test_spawn_rejects_closures_and_runs_importable_functions():
     with RewardRunner([RewardSpec(fn, timeout=30.0)], num_workers=1, start_method="spawn") as runner:
         result = runner(["2 1>", "2 1>"], ["1 2", "2 1"], {"answer": ["1 2", "1 2"]})
     assert result.rewards.tolist() == [1.0, 0.0]
+
+
+def huge_tensor_reward(prompts, completions, **kwargs):
+    return torch.full((len(completions),), 1e308, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("fn", [picky_reward, huge_tensor_reward])
+def test_huge_finite_rewards_are_invalid_not_an_overflow(fn):
+    """Two rewards of 1e308 overflow any sum (the tally's mean, a group's std): they are
+    invalid values that abstain, as NaN is, and the run goes on."""
+    result = RewardRunner([RewardSpec(fn)])(["p", "p"], ["1e308", "1e308"])
+    assert all(math.isnan(r) for r in result.rewards.tolist())

@@ -9,6 +9,7 @@ Shapes: B prompts, G responses per prompt, P parameters, m parts of a batch.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -249,8 +250,9 @@ def reward_gold_divergence(records: Sequence[Record], window: int = 10, min_rise
     epochs, rewards = [e for e, _ in pairs], [r for _, r in pairs]
     gold = [gold_by_epoch[e] for e in epochs]
     found = []
+    highest, lowest = list(itertools.accumulate(rewards, max)), list(itertools.accumulate(rewards, min))
     for end in range(window, len(epochs) + 1, max(1, window // 2)):
-        span = max(rewards[:end]) - min(rewards[:end])
+        span = highest[end - 1] - lowest[end - 1]  # over epochs up to the window's end, kept as it goes
         if span <= 0:
             continue
         rho = fitted_change(rewards[end - window:end]) / span

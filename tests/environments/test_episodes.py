@@ -157,8 +157,31 @@ class Allocates(Countdown):
         raise MemoryError()
 
 
+class NoneReward(Countdown):
+    def step(self, text):
+        return Step(" +>", None)
+
+
+class TextReward(Countdown):
+    def step(self, text):
+        return Step(" +>", "1")
+
+
+class _Unanswerable:
+    def __bool__(self):
+        raise ValueError("no truth value")
+
+
+class SolvedRaises(Countdown):
+    def step(self, text):
+        return Step(" +>", 0.5, solved=_Unanswerable())
+
+
 @pytest.mark.parametrize("broken, message", [(Raises, "the environment broke"), (Hangs, "no answer within"),
-                                             (WrongType, "not an rlvr Step"), (Allocates, "MemoryError")])
+                                             (WrongType, "not an rlvr Step"), (Allocates, "MemoryError"),
+                                             (NoneReward, "a reward is a real number, not NoneType"),
+                                             (TextReward, "a reward is a real number, not str"),
+                                             (SolvedRaises, "no truth value")])
 def test_a_failing_environment_ends_its_episode_counted_and_the_others_go_on(policy, broken, message):
     made = iter([broken if i % 2 else Countdown for i in range(6)])
     limits = EpisodeLimits(4, 40, step_timeout=0.2)

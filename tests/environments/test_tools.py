@@ -356,3 +356,14 @@ def test_close_leaves_no_process_or_file(monkeypatch, tmp_path):
         assert _descendants() - before  # the workers and their reaper
     assert not any(_alive(pid) for pid in _descendants() - before)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_json_nested_too_deeply_is_a_malformed_call():
+    """The JSON parser recurses once per bracket: a policy's 100,000 brackets are a malformed
+    call, not a RecursionError that ends the run."""
+    deep = "[" * 100_000 + "]" * 100_000
+    for body in (deep, '{"name": "calculator", "arguments": "' + deep + '"}'):
+        calls, errors = parse_tool_calls(f"<tool_call>{body}</tool_call>", "json", {"calculator"})
+        assert calls == []
+        assert len(errors) == 1 and errors[0].error
+        assert "nested too deeply" in errors[0].content

@@ -102,6 +102,8 @@ def _json_call(body: str) -> ToolCall | str:
         value = json.loads(body)
     except json.JSONDecodeError as err:
         return f"malformed tool call: invalid JSON ({err.msg} at character {err.pos})"
+    except RecursionError:  # the parser recurses per nesting level: a policy can write 1,000 brackets
+        return "malformed tool call: JSON nested too deeply"
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return 'malformed tool call: expected {"name": "...", "arguments": {...}}'
     arguments = value.get("arguments", {})
@@ -110,6 +112,8 @@ def _json_call(body: str) -> ToolCall | str:
             arguments = json.loads(arguments) if arguments.strip() else {}
         except json.JSONDecodeError as err:
             return f"malformed tool call: arguments are not valid JSON ({err.msg} at character {err.pos})"
+        except RecursionError:
+            return "malformed tool call: arguments nested too deeply"
     if not isinstance(arguments, dict):
         return f"malformed tool call: arguments must be an object, not {type(arguments).__name__}"
     return ToolCall(name=value["name"], arguments=arguments)

@@ -47,6 +47,9 @@ import torch
 
 RewardFn = Callable[..., Sequence[Any]]
 
+# A reward beyond this in absolute value is invalid, as NaN is: sums and squares of such
+# values overflow (1e308 + 1e308 is inf) in the group statistics and the tallies.
+MAX_ABS_REWARD = 1e9
 _CAUGHT = (BaseException,)  # what user code may raise without ending its caller (but see call_reward)
 
 
@@ -131,11 +134,14 @@ def _finite_mean(returned: Any, size: int) -> float | None:
         and returned.dtype.is_floating_point and returned.is_cpu and not returned.requires_grad
     ):
         return None
+    values = returned.tolist()
     try:
-        total = math.fsum(returned.tolist())  # the sum is NaN or inf (or raises) unless every value is finite
+        total = math.fsum(values)  # the sum is NaN or inf (or raises) unless every value is finite
     except (ValueError, OverflowError):  # inf - inf; finite values whose sum overflows
         return None
-    return total / size if math.isfinite(total) else None
+    if not math.isfinite(total) or max(map(abs, values)) > MAX_ABS_REWARD:
+        return None
+    return total / size
 
 
 def judge_values(returned: Any, size: int) -> list[tuple[str, float, str, str]]:
@@ -174,6 +180,9 @@ def _judge_value(value: Any) -> tuple[str, float, str, str]:
         return ("invalid", math.nan, what, "")
     if not math.isfinite(as_float):
         return ("invalid", math.nan, f"returned {as_float!r}, not a finite number", "")
+    if abs(as_float) > MAX_ABS_REWARD:
+        what = f"returned {as_float!r}, beyond the bound of {MAX_ABS_REWARD:g} on a reward's size"
+        return ("invalid", math.nan, what, "")
     return ("scored", as_float, "", "")
 
 
