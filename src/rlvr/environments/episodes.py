@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import numbers
 import signal
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -214,19 +215,29 @@ def _step(policy: CausalLMPolicy, r: _Running, limits: EpisodeLimits) -> None:
             step = r.env.step(r.episode.turns[-1].text)
         if not isinstance(step, Step):
             raise TypeError(f"step returned {type(step).__name__}, not an rlvr Step")
-        observation = None if step.done or step.observation is None else r.observation(step.observation)
+        reward, done = _step_reward(step.reward), bool(step.done)  # the Step's fields run its own code
+        solved = None if step.solved is None else bool(step.solved)
+        observation = None if done or step.observation is None else r.observation(step.observation)
     except Exception as err:  # noqa: BLE001 - the environment's failure ends its episode, not the run
         r.episode.error = f"{type(r.env).__name__}.step: {type(err).__name__}: {err}"[:500]
         r.episode.done = True
         return
-    if step.solved is not None:
-        r.episode.solved = bool(step.solved)
-    turn = Turn("environment", "", [], reward=float(step.reward))
-    r.episode.done = bool(step.done)
+    if solved is not None:
+        r.episode.solved = solved
+    turn = Turn("environment", "", [], reward=reward)
+    r.episode.done = done
     if observation is None:  # nothing (more) to read
         r.episode.turns.append(turn)
         return
     _append(policy, r, turn, observation, limits)
+
+
+def _step_reward(reward: object) -> float:
+    """A Step's reward as a float: a real number (bool, int, float, a numpy scalar), never
+    text or None, which ``float`` would read as 1.0 or refuse with a crash."""
+    if not isinstance(reward, numbers.Real):
+        raise TypeError(f"Step(reward={reward!r:.60}): a reward is a real number, not {type(reward).__name__}")
+    return float(reward)
 
 
 class StepTimeout(Exception):
