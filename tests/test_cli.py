@@ -95,6 +95,15 @@ def test_compare_run_again_reuses_finished_runs_and_resumes_shorter_ones(tmp_pat
     assert "optim.lr" in capsys.readouterr().err
 
 
+def test_compare_takes_overrides_before_and_after_its_options(tmp_path):
+    # argparse alone refuses the items after an option ("unrecognized arguments: algo.epochs=1")
+    out = tmp_path / "cmp"
+    assert main(["compare", f"out_dir={out}", "--modes", "raw", "--seeds", "0", "algo.epochs=1", *QUIET]) == 0
+    assert "epochs: 1\n" in (out / "raw-seed0" / "config.yaml").read_text()
+    with pytest.raises(SystemExit):  # an unknown option is still argparse's error
+        main(["compare", "--modes", "raw", "--sed", "0", "algo.epochs=1"])
+
+
 def test_compare_help_says_what_a_second_run_does(capsys):
     with pytest.raises(SystemExit):
         main(["compare", "--help"])

@@ -238,3 +238,19 @@ def test_dataclass_fields_with_only_rules_are_the_sorting_and_positional_ones_an
     for cls, section in ((TaskConfig, "task"), (PolicyConfig, "policy")):
         only = {f.name for f in dataclasses.fields(cls) if "only" in f.metadata}
         assert only == set(SORTING_ONLY[section]) | lm_only[section]
+
+
+def test_what_a_new_user_types_is_refused_with_the_way_on(capsys):
+    # an environment task with the default policy: the error names the policy to set
+    assert "policy.name=causal_lm" in refused(capsys, ["config", "task.name=environment"])
+    # TRL's reward_funcs, at the top or in rewards: the rlvr setting is named
+    for key in ("reward_funcs", "rewards.reward_funcs"):
+        assert "rlvr calls this rewards.functions" in refused(capsys, ["config", f"{key}=[m:f]"])
+    # a value YAML cannot read: how to quote it
+    assert "quote it: name='\"...\"'" in refused(capsys, ["config", "name=a: b: c"])
+
+
+def test_a_chat_template_override_is_its_text():
+    template = "{% for m in messages %}{{ m.content }}{% endfor %}"  # YAML alone: "found character '%'"
+    config = load_config(None, [*LM, f"policy.options.chat_template={template}"])
+    assert config.policy.options.chat_template == template

@@ -328,9 +328,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """The command line, a command's CONFIG and key=value items anywhere among its options
+    (``rlvr compare --seeds 0,1 algo.epochs=10``): argparse takes positionals in one run,
+    so the items after an option come back unrecognized and join the others here."""
+    args, extra = parser.parse_known_args(argv)
+    if extra and hasattr(args, "items") and not any(item.startswith("-") for item in extra):
+        args.items += extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     # a warning is one line, like the errors (not the file and source line Python shows)
     previous_format, warnings.formatwarning = warnings.formatwarning, _one_line_warning
     try:

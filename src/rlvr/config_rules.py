@@ -120,7 +120,8 @@ def validate(config: Any) -> None:
         _check_sorting_prompts(t)
         _check_positional_size(t, p)
     elif p.name == "positional":
-        raise ConfigError(f"policy.name='positional' only fits task.name='sorting', not {t.name!r}")
+        raise ConfigError(f"policy.name='positional' only fits task.name='sorting', not {t.name!r}; a language "
+                          "model takes the other tasks: policy.name=causal_lm policy.options.model=MODEL")
     if p.name == "causal_lm":
         _check_causal_lm_options(p.options)
     if a.group_size < 2 and a.deltas in GROUP_BASELINES:

@@ -189,7 +189,7 @@ def parse_overrides(overrides: list[str]) -> dict:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not key=value (e.g. algo.group_size=16)")
         key, raw = item.split("=", 1)
-        value = load_yaml(raw, f"override {item!r}") if raw.strip() else ""
+        value = _override_value(raw, item)
         node = data
         parts = key.strip().split(".")
         for part in parts[:-1]:
@@ -198,6 +198,24 @@ def parse_overrides(overrides: list[str]) -> dict:
                 raise ConfigError(f"override {item!r}: {part!r} is not a section")
         node[parts[-1]] = value
     return data
+
+
+JINJA_MARKS = ("{%", "{{", "{#")  # a chat template's tags: its text is no YAML, it is the value
+
+
+def _override_value(raw: str, item: str) -> Any:
+    """The value of one override as YAML; one that is no YAML is a Jinja template (a chat
+    template) taken as its text, or refused with how to quote it."""
+    if not raw.strip():
+        return ""
+    try:
+        return load_yaml(raw, f"override {item!r}")
+    except ConfigError as err:
+        if any(mark in raw for mark in JINJA_MARKS):
+            return raw
+        key = item.split("=", 1)[0]
+        raise ConfigError(f"{err}; to give it as text, quote it: {key}='\"...\"' (or set it in a YAML "
+                          "file)") from err
 
 
 def merge_into(cls: type | None, base: dict, update: dict) -> dict:

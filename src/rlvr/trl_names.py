@@ -108,6 +108,9 @@ TRL_NAMES: dict[str, ForeignName] = {
                                              {"sequence": "algo.loss=gspo", "token": "algo.loss=clipped"}),
     "mask_truncated_completions": ForeignName("algo.overlong=mask", "responses cut at max_new_tokens leave the loss"),
     "top_entropy_quantile": ForeignName("algo.top_entropy_q", "train on this fraction of highest-entropy tokens"),
+    "reward_funcs": ForeignName("rewards.functions", (
+        "GRPOTrainer's argument: a list of 'module:function' names or {function: ..., weight: ...} mappings; "
+        "from Python, rlvr.train(config, reward_funcs=[fn])")),
     # no equivalent
     "max_prompt_length": ForeignName(None, (
         "prompts are never truncated; one longer than the model's positions minus max_new_tokens is an error")),

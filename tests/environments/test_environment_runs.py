@@ -154,7 +154,7 @@ def test_a_killed_environment_run_resumes_to_the_same_records(tiny_model, tmp_pa
     assert without_timings(read_records(straight)) == without_timings(read_records(killed))
 
 
-def test_the_readmes_environment_example_runs_as_written(tmp_path, monkeypatch):
+def test_the_readmes_environment_example_runs_as_written(tmp_path, monkeypatch, capsys):
     import re
     from pathlib import Path
 
@@ -167,3 +167,4 @@ def test_the_readmes_environment_example_runs_as_written(tmp_path, monkeypatch):
     train = [r for r in records if r["kind"] == "train"]
     assert len(train) == 10 and all(1 <= r["episode/turns"] <= 8 for r in train)
     assert "policy (trained):" in (tmp_path / "runs" / "countdown" / "samples.md").read_text()
+    assert "{'kind': 'eval'" in capsys.readouterr().out  # it prints a metrics record, not a samples table

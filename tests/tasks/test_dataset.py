@@ -138,6 +138,8 @@ def test_pass_order_covers_every_row_once_per_pass_and_resumes():
 @pytest.mark.parametrize("content, message", [
     ('{"prompt": "a", "answer": "1"}\n{"answer": "2"}\n', r"d.jsonl:2: missing column 'prompt'"),
     ('{"prompt": "a", "answer": "1"}\n{"prompt": "b",\n', r"d.jsonl:2: invalid JSON"),
+    # a null value is there, and null: not "missing column 'prompt' (found prompt, answer)"
+    ('{"prompt": "a", "answer": "1"}\n{"prompt": null, "answer": "2"}\n', r"d.jsonl:2: column 'prompt' is null$"),
     ('', r"d.jsonl: empty"),
     ('{"prompt": [{"role": "user"}], "answer": "1"}\n', r"d.jsonl:1: column 'prompt', message 0: expected"),
     ('{"prompt": "a", "completions": 1}\n', r"column 'completions' clashes"),

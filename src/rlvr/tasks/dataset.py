@@ -232,7 +232,9 @@ class DatasetTask(RowsTask):
     def _check_row(self, row: dict[str, Any]) -> None:
         """ValueError for a row without a usable prompt or gold answer."""
         for column in (self.prompt_column, self.answer_column):
-            if column is not None and row.get(column) is None:
+            if column is not None and column in row and row[column] is None:
+                raise ValueError(f"column {column!r} is null")
+            if column is not None and column not in row:
                 found = ", ".join(map(str, row)) or "no columns"
                 raise ValueError(f"missing column {column!r} (found {found})")
         check_prompt_value(row[self.prompt_column], self.prompt_column, self.system_prompt is not None)
