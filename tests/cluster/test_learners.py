@@ -189,8 +189,12 @@ def test_two_learners_measure_the_gradient_noise_of_the_single_process_step(ray_
     group = [r for r in train(load_config(None, run + ["cluster.learners=2"])) if "grad/noise_scale" in r]
     assert [r["step"] for r in group] == [r["step"] for r in local] == [0, 2]
     for a, b in zip(group, local):
-        for key in ("grad/true_norm_sq", "grad/trace_cov", "grad/noise_scale", "grad/batch_size"):
+        for key in ("grad/true_norm_sq", "grad/batch_size"):
             assert a[key] == pytest.approx(b[key], rel=1e-4), key
+        # trace_cov is a difference of squared norms: the two sides' float32 sums in another order
+        # (all-reduced across learners) lose more digits to the cancellation (2e-4 on an AMD EPYC).
+        for key in ("grad/trace_cov", "grad/noise_scale"):
+            assert a[key] == pytest.approx(b[key], rel=1e-3), key
 
 
 def test_the_noise_meter_refuses_learner_shares_that_split_groups():

@@ -40,3 +40,23 @@ def test_no_exact_matmul_is_refused_before_any_work(monkeypatch):
     with pytest.raises(ConfigError, match=r"rounds differently from the single one at \[R, m, k\] @ \[R, k, n\]"):
         train_batched(configs, on_record=[seen.append] * 2)
     assert seen == []
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_the_way_found_gives_each_runs_bits_on_every_draw(transposed):
+    # the toy's layouts ([2, 3, 30] run blocks padded to 96 floats): a batched GEMM can agree
+    # with the single mm on one draw of numbers and not on the next (seen on AMD EPYC, where
+    # bmm agreed on the one draw the check made and on 7 of 300 others), so the way is
+    # checked on several draws and must hold on each of 100 new ones
+    gen = torch.Generator().manual_seed(5)
+    a = aligned_copy(torch.randn(2, 3, 30, generator=gen))
+    b = aligned_copy(torch.randn(2, 10, 30, generator=gen)).transpose(1, 2) if transposed else \
+        aligned_copy(torch.randn(2, 30, 10, generator=gen))
+    run_matmul._matmul_way.cache_clear()
+    way = matmul_way(a, b)
+    for _ in range(100):
+        a.copy_(torch.randn(a.shape, generator=gen))
+        b.copy_(torch.randn(b.shape, generator=gen))
+        want = torch.stack([a[r].clone(memory_format=torch.preserve_format)
+                            @ b[r].clone(memory_format=torch.preserve_format) for r in range(2)])
+        assert torch.equal(run_mm(a, b, way=way), want), way

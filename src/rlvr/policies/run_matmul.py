@@ -61,30 +61,37 @@ class InexactMatmul(RuntimeError):
 # The ways R runs' matmul can take, fastest first: (call, output). "bmm" is one batched
 # call: into a contiguous output CPU torch hands all runs to one batched GEMM (~3 us for 15
 # tiny matrices); into any other it calls the GEMM run by run (~20 us). "loop" is one ``mm``
-# per run. output: "contiguous" or "aligned" (``aligned_empty``) for a new one, "given" for
+# per run. "copy" copies each run's operands into new tensors first and its product into the
+# output, as a single run computes it on its own tensors: the slowest, and the one that holds
+# where a GEMM's rounding depends on its operands' addresses (seen on AMD EPYC, where no other
+# way did). output: "contiguous" or "aligned" (``aligned_empty``) for a new one, "given" for
 # the caller's. Small matrices take a plain loop in ``bmm`` that rounds differently, and a
 # GEMM's rounding may depend on where each run's block starts, hence the check.
-NEW_OUTPUT_WAYS = (("bmm", "contiguous"), ("bmm", "aligned"), ("loop", "aligned"))
-GIVEN_OUTPUT_WAYS = (("bmm", "given"), ("loop", "given"))
+NEW_OUTPUT_WAYS = (("bmm", "contiguous"), ("bmm", "aligned"), ("loop", "aligned"), ("copy", "aligned"))
+GIVEN_OUTPUT_WAYS = (("bmm", "given"), ("loop", "given"), ("copy", "given"))
 
 
 def matmul_way(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> tuple[str, str] | None:
     """How a [R, m, k] @ b [R, k, n] (into ``out``, or a new output) gives the bits of R
     single ``mm`` calls on freshly allocated operands, as one run computes them on this
     machine (and torch's thread count): the first of the ways above that does, checked on
-    random numbers laid out as a, b and out; None if none does."""
+    ``TRIALS`` draws of random numbers laid out as a, b and out; None if none does."""
     return _matmul_way(layout(a), layout(b), None if out is None else layout(out), torch.get_num_threads())
+
+
+TRIALS = 4  # random operands each way is checked on: one draw can hide a way's other rounding
 
 
 @cache
 def _matmul_way(a: Layout, b: Layout, out: Layout | None, threads: int) -> tuple[str, str] | None:
     gen = torch.Generator().manual_seed(sum(a[0]) * 1000 + sum(b[0]))
-    x, y = _random_laid_out(a, gen), _random_laid_out(b, gen)
-    single = torch.stack([x[r].clone(memory_format=torch.preserve_format)
-                          @ y[r].clone(memory_format=torch.preserve_format) for r in range(a[0][0])])
+    trials = []
+    for _ in range(TRIALS):
+        x, y = _random_laid_out(a, gen), _random_laid_out(b, gen)
+        trials.append((x, y, torch.stack([_own(x[r]) @ _own(y[r]) for r in range(a[0][0])])))
     for way in NEW_OUTPUT_WAYS if out is None else GIVEN_OUTPUT_WAYS:
-        into = _random_laid_out(out, gen) if out is not None else None
-        if torch.equal(run_mm(x, y, into, way), single):
+        if all(torch.equal(run_mm(x, y, None if out is None else _random_laid_out(out, gen), way), single)
+               for x, y, single in trials):
             return way
     return None
 
@@ -124,5 +131,13 @@ def run_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, wa
     if call == "bmm":
         return torch.bmm(a, b, out=out)
     for r in range(a.shape[0]):
-        torch.mm(a[r], b[r], out=out[r])
+        if call == "loop":
+            torch.mm(a[r], b[r], out=out[r])
+        else:
+            out[r].copy_(_own(a[r]) @ _own(b[r]))
     return out
+
+
+def _own(x: torch.Tensor) -> torch.Tensor:
+    """x in a new tensor with x's strides, as a single run holds its operand."""
+    return x.clone(memory_format=torch.preserve_format)
