@@ -130,3 +130,30 @@ def test_lora_export_merges_into_the_base_model_the_run_loaded(tmp_path, monkeyp
     assert main(["export", str(result.run_dir), "--out", str(tmp_path / "again"), *moved]) == 0
     torch.testing.assert_close(logits(AutoModelForCausalLM.from_pretrained(tmp_path / "again"), IDS),
                                logits(model, IDS), rtol=0, atol=0)
+
+
+def test_export_copies_only_the_manifests_files_and_refuses_a_link(tiny_model, tmp_path, capsys):
+    result = lm_run(tiny_model, tmp_path / "run")
+    newest = sorted((result.run_dir / "checkpoints").iterdir())[-1]
+    (newest / "model" / "notes.txt").write_text("not the manifest's")
+    assert main(["export", str(result.run_dir), "--out", str(tmp_path / "model")]) == 0
+    assert not (tmp_path / "model" / "notes.txt").exists()
+    secret = tmp_path / "secret.txt"
+    secret.write_text("outside the run")
+    for checkpoint in (result.run_dir / "checkpoints").iterdir():
+        (checkpoint / "model" / "leak.txt").symlink_to(secret)
+    assert main(["export", str(result.run_dir), "--out", str(tmp_path / "linked")]) == 2
+    assert "model/leak.txt is a symbolic link" in capsys.readouterr().err
+    assert not (tmp_path / "linked").exists()
+
+
+def test_export_says_which_checkpoint_it_took_when_the_newest_is_damaged(tmp_path):
+    result = rlvr.train(None, ["algo.epochs=2", "algo.inner_steps=1", "log.checkpoint_every=1", *QUIET],
+                        out_dir=tmp_path / "run")
+    older, newest = sorted((result.run_dir / "checkpoints").iterdir())[-2:]
+    (newest / "trainer.pt").unlink()
+    with pytest.warns(UserWarning) as caught:
+        assert main(["export", str(result.run_dir), "--out", str(tmp_path / "toy")]) == 0
+    said = [str(w.message) for w in caught]
+    assert f"skipping checkpoint {newest}: trainer.pt is missing" in said
+    assert f"exporting {older.name}, the newest checkpoint that verifies" in said

@@ -207,17 +207,35 @@ def verify(checkpoint: Path) -> str | None:
         manifest = json.loads(manifest_path.read_text())
     except json.JSONDecodeError:
         return "manifest.json is not valid JSON"
+    if not isinstance(manifest, dict):
+        return "manifest.json is not an object of files"
+    link = next((p for p in sorted(checkpoint.rglob("*")) if p.is_symlink()), None)
+    if link is not None:  # a checkpoint is the files rlvr wrote; a link would reach outside it
+        return f"{link.relative_to(checkpoint)} is a symbolic link"
     for rel, digest in manifest.items():
         if rel == SHARDED_KEY:
-            if not (checkpoint / digest).is_dir():
+            if not isinstance(digest, str) or not _inside(checkpoint, digest) or not (checkpoint / digest).is_dir():
                 return f"its sharded folder {digest} is missing"
             continue
         path = checkpoint / rel
+        if not _inside(checkpoint, rel):
+            return f"{rel} lies outside the checkpoint"
         if not path.is_file():
             return f"{rel} is missing"
         if hash_file(path).hexdigest() != digest:
             return f"{rel} does not match its checksum"
     return None
+
+
+def _inside(checkpoint: Path, rel: str) -> bool:
+    return (checkpoint / rel).resolve().is_relative_to(checkpoint.resolve()) and not Path(rel).is_absolute()
+
+
+def manifest_files(checkpoint: Path, folder: str) -> list[str]:
+    """The files of a verified checkpoint's manifest under ``folder``, relative to it."""
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    return sorted(str(Path(rel).relative_to(folder)) for rel in manifest
+                  if rel != SHARDED_KEY and Path(rel).is_relative_to(folder))
 
 
 def sharded_folder(checkpoint: Path) -> Path | None:

@@ -31,7 +31,15 @@ from typing import Any
 
 import torch
 
-from rlvr.checkpoint import CheckpointError, list_checkpoints, load_payload, save_pretrained, sharded_folder, verify
+from rlvr.checkpoint import (
+    CheckpointError,
+    list_checkpoints,
+    load_payload,
+    manifest_files,
+    save_pretrained,
+    sharded_folder,
+    verify,
+)
 from rlvr.cluster.sharded import load_sharded_weights
 from rlvr.config import Config, load_config
 from rlvr.errors import ConfigError, RunError
@@ -69,11 +77,12 @@ def export_model(run_dir: str | Path, out: str | Path, checkpoint: str | None = 
     sharded = sharded_folder(source)
     try:
         if config.policy.name == "causal_lm":
-            model_dir = source / "model"
+            model_dir, files = source / "model", manifest_files(source, "model")
             if sharded is not None:  # the shards merged into the run's model, saved as a checkpoint's model/ is
                 model_dir = holder / "merged"
                 save_pretrained(_merged_policy(config, sharded), model_dir)
-            _export_causal_lm(config, model_dir, tmp, base)
+                files = sorted(str(p.relative_to(model_dir)) for p in model_dir.rglob("*") if p.is_file())
+            _export_causal_lm(config, model_dir, files, tmp, base)
         else:
             weights = (load_payload(source / "trainer.pt")["policy"] if sharded is None
                        else _merged_policy(config, sharded).module.state_dict())
@@ -111,18 +120,25 @@ def _checkpoint(run_dir: Path, name: str | None) -> Path:
     for checkpoint in reversed(candidates):
         problem = verify(checkpoint)
         if problem is None:
+            if problems:
+                warnings.warn(f"exporting {checkpoint.name}, the newest checkpoint that verifies", stacklevel=3)
             return checkpoint
+        warnings.warn(f"skipping checkpoint {checkpoint}: {problem}", stacklevel=3)
         problems.append(f"{checkpoint.name}: {problem}")
     raise CheckpointError(f"no usable checkpoint in {run_dir / 'checkpoints'}: {'; '.join(problems)}")
 
 
-def _export_causal_lm(config: Config, model_dir: Path, out: Path, base: str | Path | None = None) -> None:
-    """The checkpoint's ``model/`` folder as a plain transformers model folder; LoRA
-    adapters (an ``adapter_config.json`` there) merged into the base model first."""
-    if not (model_dir / "adapter_config.json").is_file():
-        if not (model_dir / "config.json").is_file():
+def _export_causal_lm(config: Config, model_dir: Path, files: list[str], out: Path,
+                      base: str | Path | None = None) -> None:
+    """The checkpoint's ``model/`` folder (its ``files``, named by the manifest) as a plain
+    transformers model folder; LoRA adapters (an ``adapter_config.json``) merged into the
+    base model first."""
+    if "adapter_config.json" not in files:
+        if "config.json" not in files:
             raise RunError(f"{model_dir}: no model saved in this checkpoint")
-        shutil.copytree(model_dir, out, dirs_exist_ok=True)
+        for rel in files:  # the manifest's files alone, each a regular file (verify refuses links)
+            (out / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(model_dir / rel, out / rel, follow_symlinks=False)
         return
     require("merging a LoRA run's adapters", (*LM_MODULES, "peft"))
     import peft
