@@ -80,3 +80,29 @@ def test_a_byte_item_that_would_run_code_is_refused_and_runs_nothing(tmp_path):
     with pytest.raises(CheckpointError, match=r"param_groups\.0\.lr: refused, io\.open is not checkpoint data"):
         load_sharded(fresh, torch.optim.AdamW(fresh.parameters()), folder)
     assert not marker.exists()
+
+
+def test_saving_before_any_step_leaves_the_optimizer_as_it_was_and_loads_fresh(tmp_path):
+    model = _model()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=0.1)
+    save_sharded(model, optimizer, tmp_path / "sharded")
+    assert not optimizer.state  # no step count, no moments from the weight decay
+    fresh = _model()
+    fresh_optimizer = torch.optim.Adam(fresh.parameters(), lr=0.5, weight_decay=0.1)
+    load_sharded(fresh, fresh_optimizer, tmp_path / "sharded")
+    assert not fresh_optimizer.state and fresh_optimizer.param_groups[0]["lr"] == 0.01
+
+
+def test_a_parameter_that_never_had_a_gradient_saves_and_loads_without_state(tmp_path):
+    model = _model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    model[0](torch.ones(2, 3)).sum().backward()  # the second layer takes no part
+    optimizer.step()
+    save_sharded(model, optimizer, tmp_path / "sharded")
+    fresh = _model()
+    fresh_optimizer = torch.optim.AdamW(fresh.parameters(), lr=0.5)
+    load_sharded(fresh, fresh_optimizer, tmp_path / "sharded")
+    saved = {id(p): name for name, p in fresh.named_parameters()}
+    assert sorted(saved[id(p)] for p in fresh_optimizer.state) == ["0.bias", "0.weight"]
+    for a, b in zip(optimizer.state.values(), fresh_optimizer.state.values(), strict=True):
+        assert torch.equal(a["exp_avg"], b["exp_avg"]) and a["step"] == b["step"]

@@ -136,7 +136,12 @@ def save_sharded(module: torch.nn.Module, optimizer: torch.optim.Optimizer, fold
     """Write the weights, optimizer state and ``reference`` (if any) into ``folder`` (every rank calls it)."""
     import torch.distributed.checkpoint as dcp
 
-    dcp.save(_state(module, optimizer, reference), checkpoint_id=str(folder))
+    fresh = not optimizer.state  # DCP fills a fresh optimizer's state by a step of zero gradients
+    state = _state(module, optimizer, reference)
+    if fresh:  # saved and left as it was: no state (a step count of 1 would change the next update)
+        state["optimizer"]["state"] = {}
+        optimizer.state.clear()
+    dcp.save(state, checkpoint_id=str(folder))
 
 
 def has_reference(folder: Path) -> bool:
@@ -151,12 +156,17 @@ def load_sharded(module: torch.nn.Module, optimizer: torch.optim.Optimizer, fold
     process group (every rank calls it), the whole state without one. A reference in the
     folder is read into ``new_reference()`` (a module shaped, and sharded, as ``module``),
     which is returned; None: the folder has none."""
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_state_dict
 
     reference = new_reference() if new_reference is not None and has_reference(folder) else None
     state = _state(module, optimizer, reference)  # the shapes and placements to read into
+    # a parameter that never had a gradient has no optimizer state saved, and gets none back
+    saved = safe_reader(folder).read_metadata().state_dict_metadata
+    state["optimizer"]["state"] = {name: entry for name, entry in state["optimizer"]["state"].items()
+                                   if any(key.startswith(f"optimizer.state.{name}.") for key in saved)}
     _load(state, folder)
-    set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+                   options=StateDictOptions(strict=False))
     if reference is not None:
         set_model_state_dict(reference, state["reference"])
     return reference
