@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rlvr.environments.base import ToolCall, ToolResult
+from rlvr.environments.base import ToolCall, ToolError, ToolResult
 from rlvr.environments.tool_parsing import (
     PLAIN_ARGUMENT,
     TOOL_STYLES,
@@ -24,7 +24,7 @@ from rlvr.environments.tool_parsing import (
     parse_tool_calls,
     tool_schema,
 )
-from rlvr.environments.tools import TOOLS, ToolBox, run_python
+from rlvr.environments.tools import TOOLS, ToolBox, run_python, sandbox
 from rlvr.errors import ConfigError
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="limits and /proc are Linux's")
@@ -182,23 +182,137 @@ def test_python_prints_and_reports_its_error(monkeypatch, tmp_path):
     monkeypatch.setenv("RLVR_SECRET", "hunter2")
     assert TOOLS["python"]("print(6 * 7)") == "42\n"
     assert run_python("import os; print(os.environ.get('RLVR_SECRET'))") == "None\n"  # an empty environment
-    failed = run_python("print('before'); raise ValueError('boom')")
-    assert failed.startswith("before\n") and "ValueError: boom" in failed and failed.endswith("[exit code 1]")
-    blocked = run_python("import socket; socket.create_connection(('127.0.0.1', 9))")
-    assert "PermissionError: no network access" in blocked
+    with pytest.raises(ToolError) as failed:
+        run_python("print('before'); raise ValueError('boom')")
+    text = str(failed.value)
+    assert text.startswith("before\n") and "ValueError: boom" in text and text.endswith("[exit code 1]")
+    with pytest.raises(ToolError, match="PermissionError: no network access"):
+        run_python("import socket; socket.create_connection(('127.0.0.1', 9))")
     assert list(tmp_path.iterdir()) == []  # its folders are gone
 
 
+def _fails(code: str, **limits) -> str:
+    with pytest.raises(ToolError) as failed:
+        run_python(code, **limits)
+    return str(failed.value)
+
+
 def test_python_limits():
-    assert "CPU time limit of 1s" in run_python("while True: pass", cpu_seconds=1)
-    assert "MemoryError" in run_python("x = bytearray(2 * 10**9)", memory_mb=200)
-    assert run_python("print('x' * 10000)", max_output_chars=100) == "x" * 100 + "\n[output cut: 10001 bytes in all]"
-    flood = run_python("print('x' * 10**6)", max_output_chars=100)  # past the file limit (64 KiB): the write fails
-    assert flood.startswith("x" * 50 + "\n[output cut: 65536 bytes in all]\n")
-    assert "OSError: [Errno 27] File too large" in flood and flood.endswith("[exit code 1]")
+    assert "CPU time limit of 1s" in _fails("while True: pass", cpu_seconds=1)
+    assert "MemoryError" in _fails("x = bytearray(2 * 10**9)", memory_mb=200)
+    assert _fails("print('x' * 10000)", max_output_chars=100) == (
+        "x" * 100 + "\n[output cut: 10001 bytes in all, the limit is 100 characters]")
+    flood = _fails("print('x' * 10**6)", max_output_chars=100)  # past 64 KiB the program is stopped
+    assert flood.startswith("x" * 50 + "\n[output cut: ") and flood.endswith("[stopped: it printed past 65536 bytes]")
+    assert "OSError: [Errno 27] File too large" in _fails("open('f', 'w').write('x' * 10**6)", max_output_chars=100)
     started = time.perf_counter()
-    assert run_python("import time; time.sleep(30)", timeout=0.5) == "[timed out after 0.5s]"
+    assert _fails("import time; time.sleep(30)", timeout=0.5) == "[timed out after 0.5s]"
     assert time.perf_counter() - started < 5
+
+
+# the python tool's jail (bubblewrap): what a program starts ends with it, no network, no host files
+
+jailed = pytest.mark.skipif(sandbox() is None, reason="bwrap is not installed (CI installs bubblewrap)")
+_SLEEPER = "import os, sys; os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(60)', {tag!r}])"
+
+
+def _tagged(tag: str) -> list[int]:
+    """Host pids of the live processes whose command line holds ``tag``."""
+    found = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if tag.encode() in Path(f"/proc/{name}/cmdline").read_bytes() and _alive(int(name)):
+                found.append(int(name))
+        except OSError:
+            pass
+    return found
+
+
+@jailed
+def test_a_program_leaves_no_process_even_in_a_session_of_its_own(tmp_path):
+    tag = f"rlvr-daemon-{os.getpid()}-{time.monotonic_ns()}"
+    daemon = f"""import os, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        {_SLEEPER.format(tag=tag)}
+    os._exit(0)
+time.sleep(0.5)
+print("left a daemon")
+"""
+    assert run_python(daemon) == "left a daemon\n"
+    assert _tagged(tag) == []
+
+
+@jailed
+def test_a_program_reaches_no_host_socket_and_no_host_file(tmp_path):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    server.setblocking(False)
+    port = server.getsockname()[1]
+    (tmp_path / "secret.txt").write_text("the run's")
+    refused = _fails(f"import _socket; s = _socket.socket(); s.connect(('127.0.0.1', {port}))")
+    assert "ConnectionRefusedError" in refused or "unreachable" in refused
+    with pytest.raises(BlockingIOError):
+        server.accept()  # nothing came
+    server.close()
+    code = f"import os; print(os.path.exists({str(tmp_path)!r}), os.path.exists('/work'), os.listdir('/tmp'))"
+    assert run_python(code) == "False False ['work']\n"
+    assert "Read-only file system" in _fails(f"open({str(Path(sys.base_prefix) / 'x')!r}, 'w')")
+
+
+def test_without_bwrap_it_says_so_once_and_runs_unjailed(monkeypatch):
+    sandbox.cache_clear()
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    try:
+        with pytest.warns(UserWarning, match=r"without a namespace sandbox: bwrap is not installed "
+                                             r"\(Debian: apt-get install bubblewrap\)"):
+            assert sandbox() is None
+        assert run_python("print(1)") == "1\n"
+    finally:
+        sandbox.cache_clear()
+
+
+_TRAINER = """
+import sys
+from rlvr.environments.base import ToolCall
+from rlvr.environments.tools import TOOLS, ToolBox
+box = ToolBox({"python": TOOLS["python"]}, timeout=60)
+print(box._folder, flush=True)
+box.run([ToolCall("python", {"code": sys.argv[1]})])
+"""
+
+
+@jailed
+def test_a_trainer_killed_mid_call_leaves_no_program_and_no_folder():
+    import signal
+
+    tag = f"rlvr-killed-{os.getpid()}-{time.monotonic_ns()}"
+    trainer = subprocess.Popen([sys.executable, "-c", _TRAINER, _SLEEPER.format(tag=tag)], stdout=subprocess.PIPE,
+                               text=True)
+    folder = Path(trainer.stdout.readline().strip())
+    deadline = time.monotonic() + 30
+    while not _tagged(tag) and time.monotonic() < deadline:  # the program is running
+        time.sleep(0.02)
+    assert _tagged(tag) and folder.is_dir()
+    trainer.send_signal(signal.SIGKILL)
+    trainer.wait()
+    deadline = time.monotonic() + 10
+    while (_tagged(tag) or folder.exists()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _tagged(tag) == [] and not folder.exists()
+
+
+def test_the_python_tool_takes_the_boxs_limits():
+    with ToolBox({"python": TOOLS["python"]}, timeout=1.0, memory_mb=100, max_output_chars=50) as box:
+        codes = ("import time; time.sleep(5)", "x = bytearray(300 * 2**20)", "print('y' * 60)",
+                 "print(len(bytearray(2**20)))")
+        slow, big, long, fine = box.run([ToolCall("python", {"code": code}) for code in codes])
+    assert slow == ToolResult("python", "timed out after 1s", True)
+    assert big.error and "MemoryError" in big.content  # 512 MB, the tool's own default, would hold it
+    assert long.error and long.content.endswith("[output cut: 61 bytes in all, the limit is 50 characters]")
+    assert fine == ToolResult("python", "1048576\n")
 
 
 # ToolBox: module-level tools, as a worker started with "spawn" would need them

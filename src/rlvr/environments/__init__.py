@@ -7,6 +7,6 @@ environments. ``adapters``: TRL-style and ``verifiers`` environments. ``chat_che
 chat template render a conversation the same turn by turn as whole?
 """
 
-from rlvr.environments.base import Environment, Episode, Observation, Step, ToolCall, ToolResult, Turn
+from rlvr.environments.base import Environment, Episode, Observation, Step, ToolCall, ToolError, ToolResult, Turn
 
-__all__ = ["Environment", "Episode", "Observation", "Step", "ToolCall", "ToolResult", "Turn"]
+__all__ = ["Environment", "Episode", "Observation", "Step", "ToolCall", "ToolError", "ToolResult", "Turn"]

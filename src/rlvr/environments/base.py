@@ -42,6 +42,11 @@ class ToolResult:
     error: bool = False
 
 
+class ToolError(Exception):
+    """Raised by a tool to fail with a message the policy reads whole (up to the box's
+    ``max_output_chars``), not cut to a line as another exception's is."""
+
+
 @dataclass(frozen=True)
 class Step:
     """The environment's answer to one policy turn.

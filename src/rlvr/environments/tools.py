@@ -20,8 +20,19 @@ process forked by its worker for it, so that its limits and leftovers are its ow
     removed after the call; ``close()`` removes the box's folder.
   * network: ``socket.socket``, ``create_connection`` and ``getaddrinfo`` raise: a guard
     against reaching the network by accident, not a jail (``_socket`` is still there).
+  * a killed trainer: each call's process dies with its worker, each worker with the
+    trainer (``PR_SET_PDEATHSIG``), and a janitor process removes the box's folder once
+    the trainer is gone, even after a SIGKILL.
 A worker call's outcome is judged as a reward and carries only numbers, so the child
 writes its result as JSON to a file in the box's folder, which ``run`` reads.
+
+The ``python`` tool runs the policy's program in a jail of its own (``sandbox()``,
+bubblewrap): new PID, network and mount namespaces, so every process it starts ends with
+it, it reaches no socket of the host (not even loopback) and sees only the system's and
+Python's folders, read-only, with a private tmpfs ``/tmp``. Where bwrap is missing or
+cannot make namespaces, that is said once and the program runs under the guard alone (its
+own process group, resource limits, blocked ``socket``), which a program can escape. It
+takes the box's time, memory and output limits, and its failures raise ``ToolError``.
 """
 
 from __future__ import annotations
@@ -33,6 +44,7 @@ import inspect
 import io
 import itertools
 import json
+import math
 import os
 import select
 import shutil
@@ -41,13 +53,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from rlvr.environments.base import ToolCall, ToolResult
+from rlvr.environments.base import ToolCall, ToolError, ToolResult
 from rlvr.environments.tool_parsing import calculator, call_arguments
-from rlvr.rewards.workers import WorkerPool
+from rlvr.rewards.workers import WorkerPool, die_with_parent
 
 _GRACE = 5.0  # seconds past a call's timeout before the pool kills a worker stuck outside the call
 _MESSAGE_CHARS = 300  # an exception's message is cut to this many characters
@@ -84,7 +97,10 @@ class ToolBox:
         self.limits = _Limits(timeout, memory_mb, max_output_chars)
         self.num_workers = num_workers
         self.start_method = start_method
+        if any(getattr(fn, "runs_programs", False) for fn in self.tools.values()):
+            sandbox()  # found (or its absence said) before any work
         self._folder = tempfile.mkdtemp(prefix="rlvr-tools-")
+        self._janitor = _janitor(self._folder)
         self._serial = itertools.count()  # names each call's result file: a late write never reaches another call
         self._pool: WorkerPool | None = None
 
@@ -105,6 +121,10 @@ class ToolBox:
             self._pool.close()
             self._pool = None
         shutil.rmtree(self._folder, ignore_errors=True)
+        if self._janitor is not None:
+            self._janitor.stdin.close()
+            self._janitor.wait()
+            self._janitor = None
 
     def __enter__(self) -> ToolBox:
         return self
@@ -143,6 +163,16 @@ class ToolBox:
         return ToolResult(name, written["content"], written["error"])
 
 
+_JANITOR = "import shutil, sys; sys.stdin.buffer.read(); shutil.rmtree(sys.argv[1], ignore_errors=True)"
+
+
+def _janitor(folder: str) -> subprocess.Popen:
+    """A process that removes ``folder`` once its stdin closes: at ``close()``, or when the
+    kernel closes it for a process killed outright (SIGKILL), which runs no cleanup."""
+    return subprocess.Popen([sys.executable, "-I", "-S", "-c", _JANITOR, folder], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
 def _call_in_worker(prompts: Sequence, completions: Sequence, *, call: ToolCall, result_path: str,
                     tools: Mapping[str, Callable[..., Any]], limits: _Limits) -> list[float]:
     """One tool call in the shape of a reward function, which is what a WorkerPool runs:
@@ -150,6 +180,8 @@ def _call_in_worker(prompts: Sequence, completions: Sequence, *, call: ToolCall,
     ended) is written to ``result_path``. Runs only in a worker: it kills the worker's
     other child processes."""
     _become_subreaper()
+    if getattr(tools[call.name], "runs_programs", False):
+        sandbox()  # probed once in this worker, not in each call's process
     scratch = tempfile.mkdtemp(dir=os.path.dirname(result_path))
     pid = os.fork()
     if pid == 0:
@@ -174,8 +206,11 @@ def _call_in_worker(prompts: Sequence, completions: Sequence, *, call: ToolCall,
 def _child(fn: Callable[..., Any], arguments: Mapping[str, Any], limits: _Limits, scratch: str, result_path: str
            ) -> NoReturn:
     """The forked process of one call: limits, then the call, then its result written."""
+    global _BOX_LIMITS
     code = 1
     try:
+        die_with_parent()  # the worker's end (the trainer's, a SIGKILL) is this call's end
+        _BOX_LIMITS = limits
         null = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):  # what it prints by any route but sys.stdout goes nowhere
             os.dup2(null, fd)
@@ -199,6 +234,9 @@ def _call(fn: Callable[..., Any], arguments: Mapping[str, Any], max_chars: int) 
         returned = fn(*args, **kwargs)
         shown = "" if returned is None else str(returned)
         text, total = printed.text + shown[: max_chars + 1], printed.count + len(shown)
+    except ToolError as exc:  # the tool's own account of its failure, shown whole
+        text, room = str(exc), max_chars + _MESSAGE_CHARS  # the output it shows, and a line on why
+        return text if len(text) <= room else f"{text[:room]}\n[message cut: {len(text)} characters]", True
     except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the call failed, the process ends anyway
         return _describe(exc), True
     finally:
@@ -321,9 +359,9 @@ def _children() -> list[int]:
     return found
 
 
-# python: a program in a fresh interpreter, under limits of its own
+# python: a program in a fresh interpreter, under limits of its own; its source comes on stdin
 _PYTHON_PRELUDE = """
-import resource, socket, sys
+import os, resource, socket, sys
 for kind, value in zip((resource.RLIMIT_CPU, resource.RLIMIT_AS, resource.RLIMIT_FSIZE), map(int, sys.argv[1:4])):
     hard = resource.getrlimit(kind)[1]  # SIGXCPU ends it at the soft CPU limit, SIGKILL a second later
     cap = lambda limit: limit if hard == resource.RLIM_INFINITY else min(limit, hard)
@@ -331,61 +369,180 @@ for kind, value in zip((resource.RLIMIT_CPU, resource.RLIMIT_AS, resource.RLIMIT
 def refuse(*args, **kwargs):
     raise PermissionError("no network access")
 socket.socket = socket.create_connection = socket.getaddrinfo = refuse
-sys.argv = sys.argv[4:]
-with open(sys.argv[0]) as file:
-    code = compile(file.read(), sys.argv[0], "exec")
-exec(code, {"__name__": "__main__", "__file__": sys.argv[0], "__builtins__": __builtins__})
+source = sys.stdin.read()
+os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+sys.argv = ["main.py"]
+code = compile(source, "main.py", "exec")
+del source
+exec(code, {"__name__": "__main__", "__file__": "main.py", "__builtins__": __builtins__})
 """
+_JAIL_WORK = "/tmp/work"  # the program's working folder inside its sandbox: its own tmpfs
+_JAIL_TMPFS_BYTES = 64 * 2**20
+
+
+@functools.cache
+def sandbox() -> tuple[str, ...] | None:
+    """bubblewrap's command line that jails a program: new PID, network, mount, IPC, UTS and
+    user namespaces (every process it starts ends with it; no network, not even loopback),
+    killed with its parent, read-only system and Python folders and nothing else of the
+    host, a private tmpfs ``/tmp`` as its only writable place. None where ``bwrap`` is not
+    installed or cannot make namespaces here (said once, as a warning)."""
+    found = shutil.which("bwrap")
+    if found is None:
+        why = "bwrap is not installed (Debian: apt-get install bubblewrap)"
+    else:
+        interpreter = os.path.realpath(sys.executable)
+        jail = [found, "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
+                "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", _JAIL_WORK, "--setenv", "TMPDIR", _JAIL_WORK]
+        for name in ("usr", "bin", "lib", "lib32", "lib64", "sbin"):
+            path = os.path.join("/", name)
+            if os.path.islink(path):
+                jail += ["--symlink", os.readlink(path), path]
+            elif os.path.isdir(path):
+                jail += ["--ro-bind", path, path]
+        for path in sorted({sys.base_prefix, os.path.dirname(os.path.dirname(interpreter))}):
+            if not path.startswith("/usr/"):
+                jail += ["--ro-bind", path, path]
+        jail += ["--proc", "/proc", "--dev", "/dev", "--size", str(_JAIL_TMPFS_BYTES), "--tmpfs", "/tmp",
+                 "--dir", _JAIL_WORK, "--chdir", _JAIL_WORK, "--", interpreter]
+        try:
+            probe = subprocess.run([*jail, "-I", "-S", "-c", "pass"], capture_output=True, timeout=30)
+            if probe.returncode == 0:
+                return tuple(jail)
+            why = f"bwrap cannot make its namespaces here ({_first_line(probe.stderr) or probe.returncode})"
+        except (OSError, subprocess.TimeoutExpired) as err:
+            why = f"bwrap does not run ({err})"
+    warnings.warn(f"the python tool runs programs without a namespace sandbox: {why}; a program's processes "
+                  "are then bounded by its process group, resource limits and blocked sockets only", stacklevel=2)
+    return None
+
+
+def _first_line(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace").strip().split("\n", 1)[0][:_MESSAGE_CHARS]
 
 
 def run_python(
-    code: str, *, timeout: float = 10.0, cpu_seconds: int = 5, memory_mb: int = 512, max_output_chars: int = 4000
+    code: str, *, timeout: float = 10.0, cpu_seconds: int | None = None, memory_mb: int = 512,
+    max_output_chars: int = 4000,
 ) -> str:
-    """Run ``code`` as a program in a fresh ``python -I -S`` (no site packages, no
-    PYTHON* variables, an empty environment) with stdin closed, in a temp folder removed
-    afterwards, under a CPU-time, address-space and file-size limit, and kill it with its
-    process group after ``timeout`` seconds. Returns its stdout, cut at
-    ``max_output_chars``; if it failed, the tail of its stderr and why it ended too."""
-    # bytes a file (its stdout, its stderr) may grow to; a write past it raises OSError (Python ignores SIGXFSZ)
-    file_limit = max(8 * max_output_chars, 2**16)
-    limits = [str(cpu_seconds), str(memory_mb * 2**20), str(file_limit)]
-    with tempfile.TemporaryDirectory(prefix="rlvr-python-", ignore_cleanup_errors=True) as folder:
-        program, out, err = (os.path.join(folder, name) for name in ("main.py", "stdout", "stderr"))
-        with open(program, "w", encoding="utf-8") as file:
-            file.write(code)
-        with open(out, "wb") as stdout, open(err, "wb") as stderr:
-            process = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", _PYTHON_PRELUDE, *limits, program],
-                stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, cwd=folder,
-                env={"PATH": os.defpath, "HOME": folder, "TMPDIR": folder}, start_new_session=True,
-            )
+    """Run ``code`` as a program in a fresh ``python -I -S`` (no site packages, an empty
+    environment), its source on stdin, in ``sandbox()``'s jail where bwrap runs (else in a
+    temp folder removed afterwards, its own process group), under a CPU-time (default: the
+    timeout, rounded up), address-space and file-size limit, killed after ``timeout``
+    seconds or once it prints past the output limit. Returns its stdout; raises ToolError
+    with the head of its stdout, the tail of its stderr and why it ended when it failed
+    (an exception, a non-zero exit, a limit) or printed more than ``max_output_chars``."""
+    cpu_seconds = math.ceil(timeout) if cpu_seconds is None else cpu_seconds
+    keep = 4 * max_output_chars  # bytes: a character is at most 4
+    output_limit = max(8 * max_output_chars, 2**16)  # bytes a stream (or a file it writes) may reach
+    limits = [str(cpu_seconds), str(memory_mb * 2**20), str(output_limit)]
+    jail = sandbox()
+    with contextlib.ExitStack() as stack:
+        if jail is None:
+            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="rlvr-python-", ignore_cleanup_errors=True))
+            argv = [sys.executable, "-I", "-S", "-c", _PYTHON_PRELUDE, *limits]
+            env: dict[str, str] | None = {"PATH": os.defpath, "HOME": folder, "TMPDIR": folder}
+        else:
+            folder, argv, env = None, [*jail, "-I", "-S", "-c", _PYTHON_PRELUDE, *limits], {"PATH": os.defpath}
+        process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   cwd=folder, env=env, start_new_session=True,
+                                   preexec_fn=None if jail is not None else die_with_parent)
         try:
-            returncode: int | None = process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            returncode = None
+            returncode, out, err = _communicate(process, code.encode("utf-8", errors="replace"), timeout,
+                                                keep, output_limit)
         finally:
             with contextlib.suppress(ProcessLookupError):  # it, and whatever it started and left
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-        if returncode == 0:
-            return _head(out, max_output_chars)
-        why = (f"timed out after {timeout:g}s" if returncode is None else f"exit code {returncode}"
-               if returncode != -signal.SIGXCPU else f"stopped at its CPU time limit of {cpu_seconds}s")
-        parts = [_head(out, max_output_chars // 2), _tail(err, max_output_chars // 2), f"[{why}]"]
-        return "\n".join(part for part in parts if part)
+    text = out.head.decode("utf-8", errors="replace")
+    if returncode == 0:
+        if out.total <= keep and len(text) <= max_output_chars:
+            return text
+        raise ToolError(f"{text[:max_output_chars]}\n[output cut: {out.total} bytes in all, "
+                        f"the limit is {max_output_chars} characters]")
+    if jail is not None and isinstance(returncode, int) and returncode > 128:
+        returncode = 128 - returncode  # bwrap reports its program's death by signal N as exit code 128 + N
+    if returncode == "flooded":
+        why = f"stopped: it printed past {output_limit} bytes"
+    elif returncode is None:
+        why = f"timed out after {timeout:g}s"
+    elif returncode == -signal.SIGXCPU:
+        why = f"stopped at its CPU time limit of {cpu_seconds}s"
+    elif isinstance(returncode, int) and returncode < 0:
+        why = f"killed by {signal.Signals(-returncode).name if -returncode in signal.valid_signals() else -returncode}"
+    else:
+        why = f"exit code {returncode}"
+    half = max_output_chars // 2
+    shown = text[:half] + (f"\n[output cut: {out.total} bytes in all]" if out.total > len(text[:half]) else "")
+    tail = err.tail.decode("utf-8", errors="replace").rstrip()[-half:]
+    raise ToolError("\n".join(part for part in (shown if text else "", tail, f"[{why}]") if part))
 
 
-def _head(path: str, chars: int) -> str:
-    with open(path, "rb") as file:
-        text = file.read(4 * chars).decode("utf-8", errors="replace")  # a character is at most 4 bytes
-    size = os.path.getsize(path)
-    return text[:chars] + f"\n[output cut: {size} bytes in all]" if len(text) > chars or size > 4 * chars else text
+@dataclass
+class _Stream:
+    head: bytes = b""
+    tail: bytes = b""
+    total: int = 0
 
 
-def _tail(path: str, chars: int) -> str:
-    with open(path, "rb") as file:
-        file.seek(max(0, os.path.getsize(path) - 4 * chars))
-        return file.read().decode("utf-8", errors="replace").rstrip()[-chars:]
+def _communicate(process: subprocess.Popen, data: bytes, timeout: float, keep: int, limit: int
+                 ) -> tuple[int | str | None, _Stream, _Stream]:
+    """Feed ``data`` to the process's stdin, then read its stdout (the first ``keep`` bytes
+    kept) and stderr (the last ``keep`` kept) until it exits: its exit code, None at the
+    timeout, or "flooded" once either stream passed ``limit`` bytes. What it left running
+    and holding the pipes does not keep the call waiting."""
+    import selectors
+
+    deadline = time.monotonic() + timeout
+    out, err = _Stream(), _Stream()
+    streams = {process.stdout: out, process.stderr: err}
+    pending = memoryview(data)
+    with contextlib.ExitStack() as stack:
+        selector = stack.enter_context(selectors.DefaultSelector())
+        for pipe in streams:
+            os.set_blocking(pipe.fileno(), False)
+            selector.register(pipe, selectors.EVENT_READ)
+        os.set_blocking(process.stdin.fileno(), False)
+        selector.register(process.stdin, selectors.EVENT_WRITE)
+        try:
+            ended = os.pidfd_open(process.pid)
+            stack.callback(os.close, ended)
+            selector.register(ended, selectors.EVENT_READ)
+        except (AttributeError, OSError):  # no pidfd (Linux before 5.3): look every 50 ms
+            ended = None
+        while True:
+            exited = process.poll() is not None
+            for pipe, stream in streams.items():  # what is there to read, without waiting
+                while pipe in [key.fileobj for key in selector.get_map().values()]:
+                    try:
+                        chunk = os.read(pipe.fileno(), 2**16)
+                    except BlockingIOError:
+                        break
+                    if not chunk:
+                        selector.unregister(pipe)
+                        break
+                    stream.head += chunk[: max(0, keep - len(stream.head))]
+                    stream.tail = (stream.tail + chunk)[-keep:]
+                    stream.total += len(chunk)
+                    if stream.total > limit:
+                        return "flooded", out, err
+            if exited:
+                return process.returncode, out, err
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None, out, err
+            for key, _ in selector.select(left if ended is not None else min(left, 0.05)):
+                if key.fileobj is process.stdin:
+                    try:
+                        pending = pending[os.write(process.stdin.fileno(), pending[:2**16]):]
+                    except BrokenPipeError:
+                        pending = pending[:0]
+                    if not pending:
+                        selector.unregister(process.stdin)
+                        process.stdin.close()
+
+
+_BOX_LIMITS: _Limits | None = None  # in a tool call's process: the limits of the box that runs it
 
 
 def python(code: str) -> str:
@@ -394,7 +551,12 @@ def python(code: str) -> str:
     Args:
         code: The program's source code; print what you want to see.
     """
-    return run_python(code)
+    limits = _BOX_LIMITS or _Limits(timeout=10.0, memory_mb=512, max_output_chars=4000)
+    return run_python(code, timeout=limits.timeout, memory_mb=limits.memory_mb,
+                      max_output_chars=limits.max_output_chars)
+
+
+python.runs_programs = True  # type: ignore[attr-defined]  # ToolBox checks for the sandbox before work
 
 
 TOOLS: dict[str, Callable[..., str]] = {"calculator": calculator, "python": python}

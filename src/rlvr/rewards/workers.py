@@ -249,7 +249,7 @@ def _lead_group(pid: int) -> None:
         pass
 
 
-def _die_with_parent(parent: int | None) -> None:
+def die_with_parent(parent: int | None = None) -> None:
     """Linux: have the kernel SIGKILL this process when its parent dies, even mid-call."""
     if not sys.platform.startswith("linux"):
         return
@@ -265,7 +265,7 @@ def _worker_main(conn: Connection, fns: list[RewardFn | None], parent: int | Non
     """A worker's loop: receive (function index, arguments), send back the outcome."""
     if _POSIX:
         _lead_group(0)
-    _die_with_parent(parent)
+    die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's; it stops its workers
     outcome: tuple = ("ready",)
     while True:
