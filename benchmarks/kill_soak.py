@@ -18,6 +18,12 @@ straight run: its metrics.jsonl records without wall-clock fields, and its final
 weights. After every process ends, no process of its group (reward workers) may
 remain. Prints the counts; exits 1 if a run differs or a process was left over.
 
+A third workload kills a process mid tool call: it runs the policy's kind of programs
+through the python tool's ``ToolBox`` (one forks a daemon in a session of its own, one
+sleeps, one prints) and is SIGKILLed while a program runs; then no program of it (found
+by a tag in their command lines) and no tool folder may remain. A tiny model does not
+call tools by itself, so this drives the tool box as an episode does, not a training run.
+
     python benchmarks/kill_soak.py                 # 10 signals, ~2-3 min on 2 cores
     python benchmarks/kill_soak.py --kills 40 --seed 1
 """
@@ -200,11 +206,65 @@ def soak(name: str, args: list[str], root: Path, kills: int, rng: random.Random,
         print(f"  {name}-{run}: {', '.join(events)}: {'equal' if equal else 'DIFFERS'}", flush=True)
 
 
+_TOOL_TRAINER = """
+import sys
+from rlvr.environments.base import ToolCall
+from rlvr.environments.tools import TOOLS, ToolBox
+tag = sys.argv[1]
+sleeper = f"import os, sys; os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(60)', {tag!r}])"
+daemon = f"import os\\nif os.fork() == 0:\\n    os.setsid()\\n    {sleeper}\\nprint('forked')"
+with ToolBox({"python": TOOLS["python"]}, timeout=30, num_workers=2) as box:
+    print(box._folder, flush=True)
+    while True:
+        box.run([ToolCall("python", {"code": daemon}), ToolCall("python", {"code": sleeper}),
+                 ToolCall("python", {"code": "print('x' * 1000)"})])
+"""
+
+
+def tagged(tag: str) -> list[int]:
+    """Live processes whose command line holds ``tag``."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                stat = Path(entry.path, "stat").read_text()
+                if tag.encode() in Path(entry.path, "cmdline").read_bytes() and stat[stat.rindex(")") + 2] != "Z":
+                    found.append(int(entry.name))
+    return found
+
+
+def tool_soak(kills: int, rng: random.Random, counts: collections.Counter) -> None:
+    """Processes running python-tool calls, each SIGKILLed while a program runs."""
+    for kill in range(kills):
+        tag = f"rlvr-soak-tool-{os.getpid()}-{kill}"
+        proc = subprocess.Popen([sys.executable, "-c", _TOOL_TRAINER, tag], start_new_session=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        folder = Path(proc.stdout.readline().strip())
+        wait_for(proc, lambda: tagged(tag), timeout=60)  # noqa: B023 (called at once)
+        time.sleep(rng.uniform(0.0, 0.5))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + 5
+        while (tagged(tag) or folder.exists()) and time.monotonic() < deadline:  # noqa: B023
+            time.sleep(0.05)
+        left = tagged(tag)
+        counts["tool calls SIGKILLed"] += 1
+        counts["leftover processes"] += len(left) + leftovers(proc, grace=0)
+        counts["leftover tool folders"] += folder.exists()
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(folder, ignore_errors=True)
+        print(f"  tools-{kill}: SIGKILL mid call: {len(left)} processes and "
+              f"{int(folder.exists())} folders left", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=int, default=10, help="signals in all, split between the two workloads")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", action="store_true", help="keep the run directories")
+    parser.add_argument("--tool-kills", type=int, default=4, help="processes killed mid tool call")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     root = Path(tempfile.mkdtemp(prefix="rlvr-kill-soak-"))
@@ -217,15 +277,17 @@ def main() -> None:
 
         model = init_model(root / "model", hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2)
         soak("lm", COMMON + lm_args(model), root, args.kills // 2, rng, plan, counts)
+        tool_soak(args.tool_kills, rng, counts)
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
     print(f"\n{time.monotonic() - clock:.0f} s")
     for key in ("SIGKILL", "SIGTERM", *(f"  at {m}" for m in MOMENTS), "  hit a checkpoint write",
                 "  SIGTERM exited 143 (stopped, checkpointed)", "signals missed (run finished first)",
-                "resumes", "runs", "equal runs", "leftover processes"):
+                "resumes", "runs", "equal runs", "tool calls SIGKILLed", "leftover processes",
+                "leftover tool folders"):
         print(f"  {key:<46} {counts[key]:>4}")
-    if counts["equal runs"] != counts["runs"] or counts["leftover processes"]:
+    if counts["equal runs"] != counts["runs"] or counts["leftover processes"] or counts["leftover tool folders"]:
         sys.exit(1)
 
 
