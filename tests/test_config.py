@@ -1,10 +1,12 @@
 import dataclasses
 import re
+from pathlib import Path
 from typing import get_type_hints
 
 import pytest
 import yaml
 
+from rlvr.cli import main
 from rlvr.config import BOUNDS, Config, ConfigError, config_from_dict, load_config, parse_overrides
 from rlvr.core import DELTA_MODES
 
@@ -186,3 +188,35 @@ def test_algo_derived_facts(algo, uses_reference, kl_in_reward, needs_old_log_pr
     a = config_from_dict({"algo": algo}).algo
     assert (a.uses_reference, a.kl_in_reward, a.needs_old_log_probs) == (
         uses_reference, kl_in_reward, needs_old_log_probs)
+
+
+def test_config_checks_an_environment_factory_without_calling_it(tmp_path, monkeypatch, capsys):
+    """``rlvr config`` names a factory's bad options from its signature and runs none of its code."""
+    monkeypatch.chdir(tmp_path)
+    marker = tmp_path / "ran"
+    options = f"task.options={{environment_factory: 'os:system', environment_options: {{command: 'touch {marker}'}}}}"
+    assert main(["config", "task.name=environment", "policy.name=causal_lm", options]) == 0
+    assert not marker.exists()
+    wrong = "task.options={environment_factory: 'os:system', environment_options: {cmd: x}}"
+    assert main(["config", "task.name=environment", "policy.name=causal_lm", wrong]) == 2
+    assert "environment_options: system does not take them" in capsys.readouterr().err
+    assert not marker.exists()
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path, capsys):
+    rows = ["task: {name: environment, options: {environment_options: {x: *g}}}", "policy: {name: causal_lm}"]
+    levels = ["a: &a [x, x, x, x, x, x, x, x, x]"]
+    for name, below in zip("bcdefg", "abcdef"):
+        levels.append(f"{name}: &{name} [{', '.join([f'*{below}'] * 9)}]")
+    path = tmp_path / "bomb.yaml"
+    path.write_text("anchors:\n" + "\n".join(f"  {line}" for line in levels) + "\n" + "\n".join(rows) + "\n")
+    assert main(["config", str(path)]) == 2
+    assert f"{path}: not valid YAML (its aliases expand to more than 100000 values)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["../../escaped", "/tmp/elsewhere", "a/../../b"])
+def test_a_run_name_that_leaves_runs_is_refused(tmp_path, monkeypatch, capsys, name):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", f"name={name}", "algo.epochs=1"]) == 2
+    assert f"name={name!r}: a run's name is a folder under runs/" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == [] and not Path("/tmp/elsewhere").exists()

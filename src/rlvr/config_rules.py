@@ -11,6 +11,7 @@ rules, so they take its sections by their fields (``rlvr.config``'s classes) wit
 from __future__ import annotations
 
 import warnings
+from pathlib import PurePath
 from typing import Any
 
 import torch
@@ -66,6 +67,14 @@ def _check_reward_functions(functions: list) -> None:
             raise ConfigError(f"{path}.required={item['required']!r} must be true or false")
 
 
+def _check_run_name(name: str) -> None:
+    """``name`` is a folder under ``runs/``: never outside it (``out_dir`` is the way out)."""
+    path = PurePath(name)
+    if not name.strip() or path.is_absolute() or ".." in path.parts or "\\" in name:
+        raise ConfigError(f"name={name!r}: a run's name is a folder under runs/ (no '..', no absolute path); "
+                          "set out_dir=DIR to write a run elsewhere")
+
+
 def _check_sorting_prompts(t: Any) -> None:
     """Fixed sorting prompts: at least one, each ``num_numbers`` integers in [0, vocab_size)."""
     if t.prompts is None:
@@ -114,6 +123,7 @@ def validate(config: Any) -> None:
     Each field's own rules are declared on it; the rules here are those between fields."""
     t, p, a, o = config.task, config.policy, config.algo, config.optim
     check_fields(config)
+    _check_run_name(config.name)
     if t.name == "sorting":
         if p.name != "positional":
             raise ConfigError("task.name='sorting' needs policy.name='positional' (use sort_text for LMs)")

@@ -8,10 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from rlvr.errors import RunError
+from rlvr.errors import ConfigError, RunError
 from rlvr.metrics import Record, read_records
+from rlvr.settings import load_yaml
 
 MAX_METRICS_BYTES = 2**30  # a metrics.jsonl the report reads (a long LM run writes tens of MB)
 MAX_CONFIG_BYTES = 2**20
@@ -44,8 +43,8 @@ def load_run(path: Path, label: str) -> Run:
     config_path = path / "config.yaml"
     if config_path.is_file() and config_path.stat().st_size <= MAX_CONFIG_BYTES:
         try:
-            config = yaml.safe_load(config_path.read_text(encoding="utf-8"))
-        except (yaml.YAMLError, UnicodeDecodeError, RecursionError):
+            config = load_yaml(config_path.read_text(encoding="utf-8"), str(config_path))
+        except (ConfigError, UnicodeDecodeError):
             config = None
     usable = [r for r in map(readable_record, records) if r is not None]
     return Run(label, path, usable, config if isinstance(config, dict) else None, len(records) - len(usable))

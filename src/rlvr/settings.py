@@ -168,10 +168,34 @@ def commented_yaml(section: Any, indent: str = "") -> list[str]:
 # ---------------------------------------------------------------- YAML in
 
 
+MAX_YAML_NODES = 100_000  # a document's values with its aliases expanded: an alias bomb stops here
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a document whose aliases expand past MAX_YAML_NODES
+    values (nine aliases of nine, nine deep, are a billion values to whoever walks them)."""
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        sizes: dict[int, int] = {}
+
+        def size(n: yaml.Node) -> int:  # each distinct node sized once: linear in the document's text
+            if id(n) not in sizes:
+                sizes[id(n)] = 1  # a node inside itself (a recursive alias) counts once
+                children = (n.value if isinstance(n, yaml.SequenceNode) else
+                            [part for pair in n.value for part in pair] if isinstance(n, yaml.MappingNode) else [])
+                sizes[id(n)] = min(1 + sum(size(child) for child in children), MAX_YAML_NODES + 1)
+            return sizes[id(n)]
+
+        if size(node) > MAX_YAML_NODES:
+            raise yaml.YAMLError(f"its aliases expand to more than {MAX_YAML_NODES} values")
+        return super().construct_document(node)
+
+
 def load_yaml(text: str, where: str) -> Any:
-    """``text`` parsed as YAML; if it is not YAML, a one-line ConfigError naming ``where``."""
+    """``text`` parsed as YAML; if it is not YAML, or its aliases expand past
+    MAX_YAML_NODES values, a one-line ConfigError naming ``where``."""
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 (a safe loader)
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -449,7 +449,7 @@ def run_python(
                                    preexec_fn=None if jail is not None else die_with_parent)
         try:
             returncode, out, err = _communicate(process, code.encode("utf-8", errors="replace"), timeout,
-                                                keep, output_limit)
+                                                keep, output_limit, settle=0.0 if jail is None else 1.0)
         finally:
             with contextlib.suppress(ProcessLookupError):  # it, and whatever it started and left
                 os.killpg(process.pid, signal.SIGKILL)
@@ -485,15 +485,16 @@ class _Stream:
     total: int = 0
 
 
-def _communicate(process: subprocess.Popen, data: bytes, timeout: float, keep: int, limit: int
+def _communicate(process: subprocess.Popen, data: bytes, timeout: float, keep: int, limit: int, settle: float = 0.0
                  ) -> tuple[int | str | None, _Stream, _Stream]:
     """Feed ``data`` to the process's stdin, then read its stdout (the first ``keep`` bytes
     kept) and stderr (the last ``keep`` kept) until it exits: its exit code, None at the
     timeout, or "flooded" once either stream passed ``limit`` bytes. What it left running
-    and holding the pipes does not keep the call waiting."""
+    and holding the pipes keeps the call waiting ``settle`` seconds at most (a jail's
+    processes are being killed then: the pipes close when the last is gone)."""
     import selectors
 
-    deadline = time.monotonic() + timeout
+    deadline, settled = time.monotonic() + timeout, math.inf
     out, err = _Stream(), _Stream()
     streams = {process.stdout: out, process.stderr: err}
     pending = memoryview(data)
@@ -505,41 +506,50 @@ def _communicate(process: subprocess.Popen, data: bytes, timeout: float, keep: i
         os.set_blocking(process.stdin.fileno(), False)
         selector.register(process.stdin, selectors.EVENT_WRITE)
         try:
-            ended = os.pidfd_open(process.pid)
+            ended: int | None = os.pidfd_open(process.pid)
             stack.callback(os.close, ended)
             selector.register(ended, selectors.EVENT_READ)
         except (AttributeError, OSError):  # no pidfd (Linux before 5.3): look every 50 ms
             ended = None
         while True:
-            exited = process.poll() is not None
-            for pipe, stream in streams.items():  # what is there to read, without waiting
-                while pipe in [key.fileobj for key in selector.get_map().values()]:
-                    try:
-                        chunk = os.read(pipe.fileno(), 2**16)
-                    except BlockingIOError:
-                        break
-                    if not chunk:
-                        selector.unregister(pipe)
-                        break
-                    stream.head += chunk[: max(0, keep - len(stream.head))]
-                    stream.tail = (stream.tail + chunk)[-keep:]
-                    stream.total += len(chunk)
-                    if stream.total > limit:
-                        return "flooded", out, err
-            if exited:
+            if any(_drain(pipe, stream, selector, keep, limit) > limit for pipe, stream in streams.items()):
+                return "flooded", out, err
+            if settled == math.inf and process.poll() is not None:
+                settled = time.monotonic() + settle
+                if ended is not None:
+                    selector.unregister(ended)  # readable from now on: no longer a thing to wait for
+            open_pipes = any(pipe in selector.get_map() for pipe in streams)
+            if settled < math.inf and (time.monotonic() >= settled or not open_pipes):
                 return process.returncode, out, err
-            left = deadline - time.monotonic()
+            left = min(deadline, settled) - time.monotonic()
             if left <= 0:
                 return None, out, err
-            for key, _ in selector.select(left if ended is not None else min(left, 0.05)):
-                if key.fileobj is process.stdin:
-                    try:
-                        pending = pending[os.write(process.stdin.fileno(), pending[:2**16]):]
-                    except BrokenPipeError:
-                        pending = pending[:0]
-                    if not pending:
-                        selector.unregister(process.stdin)
-                        process.stdin.close()
+            wait = left if ended is not None or settled < math.inf else min(left, 0.05)
+            if any(key.fileobj is process.stdin for key, _ in selector.select(wait)):
+                try:
+                    pending = pending[os.write(process.stdin.fileno(), pending[:2**16]):]
+                except BrokenPipeError:
+                    pending = pending[:0]
+                if not pending:
+                    selector.unregister(process.stdin)
+                    process.stdin.close()
+
+
+def _drain(pipe: Any, stream: _Stream, selector: Any, keep: int, limit: int) -> int:
+    """Read what ``pipe`` holds now into ``stream`` (unregistered at its end), stopping past
+    ``limit`` bytes in all; its total."""
+    while pipe in selector.get_map() and stream.total <= limit:
+        try:
+            chunk = os.read(pipe.fileno(), 2**16)
+        except BlockingIOError:
+            break
+        if not chunk:
+            selector.unregister(pipe)
+            break
+        stream.head += chunk[: max(0, keep - len(stream.head))]
+        stream.tail = (stream.tail + chunk)[-keep:]
+        stream.total += len(chunk)
+    return stream.total
 
 
 _BOX_LIMITS: _Limits | None = None  # in a tool call's process: the limits of the box that runs it

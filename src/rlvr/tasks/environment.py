@@ -86,8 +86,8 @@ class EnvironmentTask(GradedTask):
                  eval_size: int = 64, max_turns: int = 4, max_tokens: int = 256, tools: list | None = None,
                  tool_style: str = "plain", tool_timeout: float = 5.0, tool_memory_mb: int = 512,
                  step_timeout: float = 30.0) -> None:
+        # the options' names are checked against the class here; it is first built (run) by policy_for
         self.make_env = environment_factory_of(environment, environment_factory, environment_options or {})
-        self.make_env()  # bad environment_options fail here, before any work
         self.limits = EpisodeLimits(max_turns=max_turns, max_tokens=max_tokens, tool_style=tool_style,
                                     step_timeout=step_timeout)
         self.tool_names = list(tools or [])
@@ -117,6 +117,7 @@ class EnvironmentTask(GradedTask):
         from rlvr.environments.policy import EpisodePolicy
 
         self.turn_end = getattr(getattr(policy, "tokenizer", None), "eos_token", None) or ""
+        self.make_env()  # options its constructor refuses fail here, before any work
         return EpisodePolicy(policy, self.make_env, self.limits, self.toolbox)
 
     @property
@@ -201,10 +202,28 @@ def environment_factory_of(environment: str, factory: Any, options: dict[str, An
     if factory is not None:
         cls = load_environment_factory(factory, "task.options.environment_factory") if isinstance(factory, str) \
             else factory
+        _takes(cls, options)
         return environment_from_factory(functools.partial(cls, **options) if options else cls)
     from rlvr.environments.games import ENVIRONMENTS
 
     if environment not in ENVIRONMENTS:
         raise ValueError(f"environment={environment!r} is not a ready environment; choose from: "
                          f"{', '.join(ENVIRONMENTS)}, or set environment_factory")
+    _takes(ENVIRONMENTS[environment], options)
     return functools.partial(ENVIRONMENTS[environment], **options)
+
+
+def _takes(factory: Callable[..., Any], options: dict[str, Any]) -> None:
+    """TypeError naming the option when ``factory``'s signature does not take ``options``
+    (checked without calling it: a check runs no environment code)."""
+    import inspect
+
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # no signature to read (a builtin): its first call will tell
+        return
+    try:
+        signature.bind(**options)
+    except TypeError as err:
+        raise TypeError(f"environment_options: {getattr(factory, '__name__', factory)} does not take them: "
+                        f"{err}") from None
