@@ -71,6 +71,8 @@ def response_text(response: Any) -> str:
             line += f" [{result.get('name')} {'error' if result.get('error') else 'gave'}: {result.get('content')!r}]"
         if turn.get("reward"):
             line += f" [reward {turn['reward']:g}]" if isinstance(turn["reward"], (int, float)) else ""
+        if turn.get("note"):
+            line += f" [{turn['note']}]"
         lines.append(line)
     return "\n".join(lines)
 

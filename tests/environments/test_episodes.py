@@ -136,6 +136,47 @@ def test_the_turn_limit_and_the_token_limit_truncate(policy):
     assert all(e.done and not e.truncated and e.solved and e.episode_return == 1.5 for e in episodes)
 
 
+class Floods(Countdown):
+    """Answers with 20 million characters: far past any token budget."""
+
+    def step(self, text):
+        return Step("+" * 20_000_000, 0.0)
+
+
+class LongPrompt(Countdown):
+    def reset(self, start):
+        return "1" * 20_000_000
+
+
+def _counting_encodes(policy, monkeypatch):
+    """The longest text the policy's tokenizer is handed, as it runs."""
+    seen = [0]
+    tokenizer = type(policy.tokenizer)
+    encode = tokenizer.__call__
+
+    def counted(self, text, *args, **kwargs):
+        seen[0] = max([seen[0], *(len(t) for t in ([text] if isinstance(text, str) else text))])
+        return encode(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(tokenizer, "__call__", counted)
+    return seen
+
+
+def test_text_past_the_budget_is_not_encoded_and_the_record_says_so(policy, monkeypatch):
+    from rlvr.environments.episodes import EpisodeText
+    from rlvr.policies.prompts import PromptError
+
+    seen = _counting_encodes(policy, monkeypatch)
+    episodes, _ = sample(policy, env=Floods, starts=(1,), group=1, limits=EpisodeLimits(max_turns=3, max_tokens=40))
+    (episode,) = episodes
+    assert episode.truncated and episode.turns[-1].ids == [] and seen[0] < 1000
+    note = EpisodeText(episode).as_record()[-1]["note"]
+    assert note.startswith("an observation of 20000000 characters, more than the ") and "not encoded" in note
+    with pytest.raises(PromptError, match=r"episode prompt of start 0 .*20000000 characters, more than \d+"):
+        sample(policy, env=LongPrompt, starts=(1,), group=1)
+    assert seen[0] < 1000
+
+
 class Raises(Countdown):
     def step(self, text):
         raise RuntimeError("the environment broke")

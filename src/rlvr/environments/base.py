@@ -95,6 +95,7 @@ class Turn:
     log_probs:  the sampler's log-prob of each policy token (empty for the others)
     tool_calls: the calls parsed from a policy turn; tool_results: what they gave (tool turns)
     reward:     the step reward this turn earned (the environment's turn after a policy turn)
+    note:       what happened to it, for a person (an observation too long to encode)
     """
 
     role: str
@@ -104,6 +105,7 @@ class Turn:
     tool_calls: list[ToolCall] = field(default_factory=list)
     tool_results: list[ToolResult] = field(default_factory=list)
     reward: float = 0.0
+    note: str = ""
 
     @property
     def trained(self) -> bool:

@@ -32,6 +32,7 @@ import torch
 
 from rlvr.environments.base import Environment, Episode, Observation, Step, ToolCall, ToolResult, Turn
 from rlvr.policies import turns
+from rlvr.policies.prompts import content_chars
 from rlvr.rollout import Samples
 
 if TYPE_CHECKING:
@@ -83,6 +84,8 @@ class EpisodeText(str):
                                        for r in turn.tool_results]
             if turn.reward:
                 row["reward"] = turn.reward
+            if turn.note:
+                row["note"] = turn.note
             rows.append(row)
         return rows
 
@@ -270,8 +273,12 @@ def _append(policy: CausalLMPolicy, r: _Running, turn: Turn, observation: Observ
             ) -> None:
     """Add the reply ``turn`` with ``observation``'s token ids; one past the token budget ends the
     episode truncated (there would be no room for the policy to answer it)."""
-    text, ids = turns.observation_ids(policy, r.history, observation)
-    if r.episode.length + len(ids) >= limits.max_tokens:
+    room = limits.max_tokens - r.episode.length
+    text, ids = turns.observation_ids(policy, r.history, observation, room)
+    if ids is None:
+        turn.note = (f"an observation of {content_chars(observation)} characters, more than the {room} tokens "
+                     "left could hold: not encoded, the episode ends truncated")
+    if ids is None or r.episode.length + len(ids) >= limits.max_tokens:
         r.episode.done = r.episode.truncated = True
     else:
         turn.text, turn.ids = text, ids

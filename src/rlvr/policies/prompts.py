@@ -39,6 +39,31 @@ MAX_TEMPLATE_SIZE = 2**20  # characters or items in any value it makes, range() 
 MAX_TEMPLATE_SECONDS = 2.0  # one render
 
 
+_TOKEN_CHARS: Any = None  # tokenizer -> the most characters one of its tokens stands for (weakly held)
+
+
+def max_token_chars(tokenizer: Any) -> int:
+    """The most characters one token of ``tokenizer`` can stand for (its longest vocabulary
+    entry, at least 1): text longer than ``n`` times this has more than ``n`` tokens, known
+    without encoding it (a megabyte of text costs the tokenizer most of a gigabyte)."""
+    global _TOKEN_CHARS
+    import weakref
+
+    if _TOKEN_CHARS is None:
+        _TOKEN_CHARS = weakref.WeakKeyDictionary()
+    try:
+        return _TOKEN_CHARS[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+    longest = max((len(token) for token in vocab), default=1)
+    try:
+        _TOKEN_CHARS[tokenizer] = max(1, longest)
+    except TypeError:  # an object without weak references: measured each time
+        pass
+    return max(1, longest)
+
+
 class PromptError(ConfigError):
     """A prompt the model cannot take: with the response it is longer than the model's
     positions, or it holds a character the tokenizer cannot encode. Names the prompt;
@@ -47,6 +72,16 @@ class PromptError(ConfigError):
     def __init__(self, message: str, index: int | None = None) -> None:
         super().__init__(message)
         self.index = index
+
+
+def content_chars(value: Any) -> int:
+    """The characters of a prompt's text, or of a chat's message contents (what a rendering holds at least)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, (list, tuple)):
+        return sum(len(m["content"]) if isinstance(m, dict) and isinstance(m.get("content"), str) else 0
+                   for m in value)
+    return 0
 
 
 def excerpt(text: str, at: int = 0, width: int = 40) -> str:
@@ -68,6 +103,14 @@ def prompt_token_ids(tokenizer: Any, prompts: Sequence[str | dict], add_special_
     values = [p["prompt"] if isinstance(p, dict) else p for p in prompts]
     if not values:
         raise PromptError(f"no {what}s to encode")
+    if max_positions is not None:  # a prompt past the positions by its length alone is refused before encoding
+        chars = (max_positions - max_new_tokens) * max_token_chars(tokenizer)
+        for i, value in enumerate(values):
+            if content_chars(value) > chars:
+                raise PromptError(
+                    f"{what} {offset + i} ({excerpt(str(value))}): {content_chars(value)} characters, more than "
+                    f"{chars} ({max_positions} positions - max_new_tokens {max_new_tokens}, at most "
+                    f"{max_token_chars(tokenizer)} characters a token) could hold; shorten the prompt", offset + i)
     texts = prompt_texts(tokenizer, prompts, what, offset)
     chats = [i for i, value in enumerate(values) if not isinstance(value, str)]
     plain = [i for i, value in enumerate(values) if isinstance(value, str)]

@@ -43,12 +43,18 @@ def next_turns(policy: CausalLMPolicy, prefixes: list[list[int]], temperature: f
     return generation, policy.decode(generation)
 
 
-def observation_ids(policy: CausalLMPolicy, history: list[dict[str, Any]], observation: str | list[dict]
-                    ) -> tuple[str, list[int]]:
+def observation_ids(policy: CausalLMPolicy, history: list[dict[str, Any]], observation: str | list[dict],
+                    room: int | None = None) -> tuple[str, list[int] | None]:
     """The text appended for ``observation`` and its token ids: plain text as it is; chat
     messages as the chat template renders them after ``history`` (the conversation so far,
     ending with the policy's turn), the next turn's generation prompt included. Characters
-    the tokenizer has no token for are left out (the text returned is what was encoded)."""
+    the tokenizer has no token for are left out (the text returned is what was encoded).
+    An observation longer than ``room`` tokens could hold (``max_token_chars`` each) is
+    neither rendered nor encoded: ("", None)."""
+    from rlvr.policies.prompts import content_chars, max_token_chars
+
+    if room is not None and content_chars(observation) > room * max_token_chars(policy.tokenizer):
+        return "", None
     if isinstance(observation, str):
         text = observation
     else:
