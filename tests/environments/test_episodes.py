@@ -218,11 +218,81 @@ class SolvedRaises(Countdown):
         return Step(" +>", 0.5, solved=_Unanswerable())
 
 
+class ResetRaises(Countdown):
+    def reset(self, start):
+        raise RuntimeError("no reset today")
+
+
+class ResetHangs(Countdown):
+    def reset(self, start):
+        time.sleep(60)
+
+
+class ResetNumber(Countdown):
+    def reset(self, start):
+        return 42
+
+
+class ResetNothing(Countdown):
+    def reset(self, start):
+        return None
+
+
+class Exits(Countdown):
+    def step(self, text):
+        raise SystemExit(0)
+
+
+class Interrupts(Countdown):
+    def step(self, text):
+        raise KeyboardInterrupt
+
+
+class Recurses(Countdown):
+    def step(self, text):
+        return self.step(text)
+
+
+class SwallowsTimeouts(Countdown):
+    def step(self, text):
+        while True:
+            try:
+                time.sleep(0.01)
+            except Exception:  # noqa: BLE001, S112 - what a careless environment does
+                continue
+
+
+class ToolsRaise(Countdown):
+    def tools(self):
+        raise RuntimeError("no tools")
+
+
+class ToolsNotMapping(Countdown):
+    def tools(self):
+        return ["calculator"]
+
+
+class MakingFails(Countdown):
+    def __init__(self):
+        raise ValueError("cannot make it")
+
+
 @pytest.mark.parametrize("broken, message", [(Raises, "the environment broke"), (Hangs, "no answer within"),
                                              (WrongType, "not an rlvr Step"), (Allocates, "MemoryError"),
                                              (NoneReward, "a reward is a real number, not NoneType"),
                                              (TextReward, "a reward is a real number, not str"),
-                                             (SolvedRaises, "no truth value")])
+                                             (SolvedRaises, "no truth value"),
+                                             (ResetRaises, "ResetRaises.reset: RuntimeError: no reset today"),
+                                             (ResetHangs, "ResetHangs.reset: StepTimeout: no answer within 0.2 s"),
+                                             (ResetNumber, "reset returned int 42, not text or a list of messages"),
+                                             (ResetNothing, "reset returned None, not text"),
+                                             (Exits, "Exits.step: SystemExit: 0"),
+                                             (Interrupts, "Interrupts.step: KeyboardInterrupt"),
+                                             (Recurses, "RecursionError"),
+                                             (SwallowsTimeouts, "no answer within 0.2 s"),
+                                             (ToolsRaise, "ToolsRaise.tools: RuntimeError: no tools"),
+                                             (ToolsNotMapping, "tools() returned list"),
+                                             (MakingFails, "making the environment: ValueError: cannot make it")])
 def test_a_failing_environment_ends_its_episode_counted_and_the_others_go_on(policy, broken, message):
     made = iter([broken if i % 2 else Countdown for i in range(6)])
     limits = EpisodeLimits(4, 40, step_timeout=0.2)
@@ -234,3 +304,25 @@ def test_a_failing_environment_ends_its_episode_counted_and_the_others_go_on(pol
 
     assert episode_metrics(episodes)["episode/env_errors"] == 0.5
     assert episode_return(samples.responses[0]) == [1.5, None]  # a broken episode's reward abstains
+
+
+def test_a_chat_episode_takes_text_or_messages_only():
+    from rlvr.environments.base import Episode
+    from rlvr.environments.episodes import _Running
+
+    chat = _Running(Episode(start=0, prompt=[{"role": "user", "content": "hi"}], prompt_ids=[1]), Countdown())
+    assert chat.observation("more") == [{"role": "user", "content": "more"}]
+    for wrong in (42, [1, 2], {"role": "user"}):
+        with pytest.raises(TypeError, match="a chat episode takes text or a list of messages"):
+            chat.observation(wrong)
+
+
+def test_an_environments_own_tool_that_hangs_is_a_tool_error_after_tool_timeout():
+    from rlvr.environments.base import ToolCall
+    from rlvr.environments.episodes import _call_own
+
+    started = time.perf_counter()
+    result = _call_own(lambda: time.sleep(60), ToolCall("peek"), 0.2)
+    assert result.error and result.content == "StepTimeout: no answer within 0.2 s"
+    assert time.perf_counter() - started < 5
+    assert _call_own(lambda: "seen", ToolCall("peek"), 0.2).content == "seen"

@@ -24,7 +24,7 @@ import copy
 import numbers
 import signal
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -49,13 +49,16 @@ class EpisodeLimits:
     max_turns:    policy turns
     max_tokens:   tokens after the prompt, the policy's and the environment's together
     tool_style:   how tool calls are written (``rlvr.environments.tool_parsing``)
-    step_timeout: seconds one environment step may take (None: no limit)
+    step_timeout: seconds one call into environment code may take (making it, reset, step,
+                  tools; None: no limit)
+    tool_timeout: seconds one call of an environment's own tool may take (None: no limit)
     """
 
     max_turns: int = 4
     max_tokens: int = 256
     tool_style: str = "plain"
     step_timeout: float | None = 30.0
+    tool_timeout: float | None = None
 
 
 class EpisodeText(str):
@@ -101,7 +104,12 @@ class _Running:
     def observation(self, observation: Observation) -> Observation:
         """``observation`` in this episode's form: text for a text episode, messages for a chat."""
         if self.chat:
-            return [{"role": "user", "content": observation}] if isinstance(observation, str) else observation
+            if isinstance(observation, str):
+                return [{"role": "user", "content": observation}]
+            if not _is_chat(observation):
+                raise TypeError(f"{type(self.env).__name__} answered with {_kind(observation)}: a chat episode "
+                                "takes text or a list of messages ({'role': ..., 'content': ...})")
+            return observation
         if not isinstance(observation, str):
             raise TypeError(f"{type(self.env).__name__} answered a text episode with chat messages; "
                             "an episode whose prompt is text takes text observations")
@@ -116,7 +124,7 @@ def run_episodes(policy: CausalLMPolicy, make_env: Callable[[], Environment], st
     ``temperature`` 0: greedy. Else each episode draws from its own seed: ``seeds`` [N] long,
     or N drawn from ``generator``.
     """
-    running = [_start(policy, make_env(), start, b) for b, start in enumerate(starts) for _ in range(group_size)]
+    running = [_start(policy, make_env, start, b, limits) for b, start in enumerate(starts) for _ in range(group_size)]
     episodes = [r.episode for r in running]
     if temperature > 0 and seeds is None:
         if generator is None:
@@ -136,10 +144,57 @@ def run_episodes(policy: CausalLMPolicy, make_env: Callable[[], Environment], st
     return episodes
 
 
-def _start(policy: CausalLMPolicy, env: Environment, start: Any, index: int) -> _Running:
-    prompt = env.reset(copy.deepcopy(start))
+def _start(policy: CausalLMPolicy, make_env: Callable[[], Environment], start: Any, index: int,
+           limits: EpisodeLimits) -> _Running:
+    """An episode's environment made and reset; one that fails there ends the episode with its error."""
+    env: Any = None
+    try:
+        env = environment_call(limits.step_timeout, "making the environment", make_env)
+        prompt = environment_call(limits.step_timeout, f"{type(env).__name__}.reset", env.reset, copy.deepcopy(start))
+        if not (isinstance(prompt, str) or _is_chat(prompt)):
+            raise EnvironmentFailed(f"{type(env).__name__}.reset returned {_kind(prompt)}, not text or a list of "
+                                    "messages ({'role': ..., 'content': ...})")
+    except EnvironmentFailed as failed:
+        episode = Episode(start=start, prompt="", prompt_ids=[], done=True, error=str(failed))
+        return _Running(episode, env)
     ids = turns.first_prompt_ids(policy, prompt, index)
     return _Running(Episode(start=start, prompt=prompt, prompt_ids=ids), env)
+
+
+class EnvironmentFailed(Exception):
+    """Environment code failed (raised, ran past its time, answered with the wrong type): one line."""
+
+
+def environment_call(seconds: float | None, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, environment code, under the contract every call into it has: at most
+    ``seconds`` (StepTimeout, a BaseException raised again every half second, so that
+    ``except Exception`` does not swallow it), and whatever it raises, SystemExit,
+    KeyboardInterrupt and RecursionError too, an EnvironmentFailed naming ``what``. The
+    run's own stop (a second Ctrl-C or SIGTERM) goes through."""
+    from rlvr.runs import Stopped
+
+    try:
+        with time_limit(seconds):
+            return fn(*args)
+    except Stopped:
+        raise
+    except BaseException as err:  # noqa: BLE001 - the environment's failure ends its episode, not the run
+        raise EnvironmentFailed(f"{what}: {_describe(err)}"[:500]) from None
+
+
+def _describe(err: BaseException) -> str:
+    try:
+        return f"{type(err).__name__}: {err}".removesuffix(": ")
+    except BaseException:  # noqa: BLE001 - its own __str__ failed
+        return type(err).__name__
+
+
+def _kind(value: Any) -> str:
+    return "None" if value is None else f"{type(value).__name__} {value!r:.40}"
+
+
+def _is_chat(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(m, dict) and "role" in m for m in value)
 
 
 def _turn_seeds(seeds: torch.Tensor, turn: int) -> torch.Tensor:
@@ -180,7 +235,11 @@ def _answer(policy: CausalLMPolicy, active: list[_Running], limits: EpisodeLimit
     results: list[list[ToolResult]] = [[] for _ in active]
     calling = []
     for row, r in enumerate(active):
-        own = _env_tools(r.env)
+        try:
+            own = _env_tools(r.env, limits)
+        except EnvironmentFailed as failed:
+            r.episode.error, r.episode.done = str(failed), True
+            continue
         known = set(own) | (set(toolbox.names) if toolbox is not None else set())
         turn = r.episode.turns[-1]
         calls, errors = parse_tool_calls(turn.text, limits.tool_style, known) if known else ([], [])
@@ -191,13 +250,15 @@ def _answer(policy: CausalLMPolicy, active: list[_Running], limits: EpisodeLimit
         results[row] = list(errors)
         for call in calls:
             if call.name in own:
-                results[row].append(_call_own(own[call.name], call))
+                results[row].append(_call_own(own[call.name], call, limits.tool_timeout))
             else:
                 boxed.append((row, call))
     if boxed:
         for (row, _), result in zip(boxed, toolbox.run([call for _, call in boxed])):
             results[row].append(result)
     for row, r in enumerate(active):
+        if r.episode.done:  # its tools() failed
+            continue
         if row not in calling:
             _step(policy, r, limits)
             continue
@@ -214,15 +275,10 @@ def _step(policy: CausalLMPolicy, r: _Running, limits: EpisodeLimits) -> None:
     ``limits.step_timeout`` or returns something other than a Step ends the episode with
     its ``error`` (counted; its reward abstains): one broken episode does not stop a run."""
     try:
-        with time_limit(limits.step_timeout):
-            step = r.env.step(r.episode.turns[-1].text)
-        if not isinstance(step, Step):
-            raise TypeError(f"step returned {type(step).__name__}, not an rlvr Step")
-        reward, done = _step_reward(step.reward), bool(step.done)  # the Step's fields run its own code
-        solved = None if step.solved is None else bool(step.solved)
-        observation = None if done or step.observation is None else r.observation(step.observation)
-    except Exception as err:  # noqa: BLE001 - the environment's failure ends its episode, not the run
-        r.episode.error = f"{type(r.env).__name__}.step: {type(err).__name__}: {err}"[:500]
+        reward, done, solved, observation = environment_call(
+            limits.step_timeout, f"{type(r.env).__name__}.step", _stepped, r, r.episode.turns[-1].text)
+    except EnvironmentFailed as failed:
+        r.episode.error = str(failed)
         r.episode.done = True
         return
     if solved is not None:
@@ -235,6 +291,18 @@ def _step(policy: CausalLMPolicy, r: _Running, limits: EpisodeLimits) -> None:
     _append(policy, r, turn, observation, limits)
 
 
+def _stepped(r: _Running, text: str) -> tuple[float, bool, bool | None, Observation | None]:
+    """The environment's step on ``text``, read: its reward, done, solved and observation
+    (a Step's fields may run its own code, so they are read inside the contract)."""
+    step = r.env.step(text)
+    if not isinstance(step, Step):
+        raise TypeError(f"step returned {type(step).__name__}, not an rlvr Step")
+    reward, done = _step_reward(step.reward), bool(step.done)
+    solved = None if step.solved is None else bool(step.solved)
+    observation = None if done or step.observation is None else r.observation(step.observation)
+    return reward, done, solved, observation
+
+
 def _step_reward(reward: object) -> float:
     """A Step's reward as a float: a real number (bool, int, float, a numpy scalar), never
     text or None, which ``float`` would read as 1.0 or refuse with a crash."""
@@ -243,8 +311,9 @@ def _step_reward(reward: object) -> float:
     return float(reward)
 
 
-class StepTimeout(Exception):
-    """An environment's step ran past its time limit."""
+class StepTimeout(BaseException):
+    """Environment code ran past its time limit (a BaseException, as KeyboardInterrupt is:
+    an ``except Exception`` in the environment does not swallow it)."""
 
 
 @contextlib.contextmanager
@@ -261,7 +330,7 @@ def time_limit(seconds: float | None) -> Iterator[None]:
         raise StepTimeout(f"no answer within {seconds:g} s")
 
     previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    signal.setitimer(signal.ITIMER_REAL, seconds, 0.5)  # again every half second, should code swallow it
     try:
         yield
     finally:
@@ -287,20 +356,32 @@ def _append(policy: CausalLMPolicy, r: _Running, turn: Turn, observation: Observ
     r.episode.turns.append(turn)
 
 
-def _env_tools(env: Environment) -> dict[str, Callable[..., Any]]:
+def _env_tools(env: Environment, limits: EpisodeLimits) -> dict[str, Callable[..., Any]]:
+    """The environment's own tools, name -> callable (EnvironmentFailed: ``tools()`` failed or
+    did not give a mapping of callables)."""
     tools = getattr(env, "tools", None)
-    return dict(tools()) if callable(tools) else {}
+    if not callable(tools):
+        return {}
+
+    def listed() -> dict[str, Callable[..., Any]]:
+        found = tools()
+        if not isinstance(found, Mapping) or not all(isinstance(k, str) and callable(v) for k, v in found.items()):
+            raise TypeError(f"tools() returned {_kind(found)}, not a mapping of names to callables")
+        return dict(found)
+
+    return environment_call(limits.step_timeout, f"{type(env).__name__}.tools", listed)
 
 
-def _call_own(fn: Callable[..., Any], call: ToolCall) -> ToolResult:
-    """An environment's own tool, called in this process; what it raises is the policy's to read."""
+def _call_own(fn: Callable[..., Any], call: ToolCall, seconds: float | None) -> ToolResult:
+    """An environment's own tool, called in this process under the environment contract (at
+    most ``seconds``); its failure is the policy's to read."""
     from rlvr.environments.tool_parsing import call_arguments
 
     args, kwargs = call_arguments(call.arguments)
     try:
-        return ToolResult(call.name, str(fn(*args, **kwargs)))
-    except Exception as err:  # noqa: BLE001 - any failure of the tool is an answer the policy sees
-        return ToolResult(call.name, f"{type(err).__name__}: {err}"[:500], error=True)
+        return ToolResult(call.name, environment_call(seconds, call.name, lambda: str(fn(*args, **kwargs))))
+    except EnvironmentFailed as failed:
+        return ToolResult(call.name, str(failed).removeprefix(f"{call.name}: "), error=True)
 
 
 def episodes_samples(episodes: Sequence[Episode], group_size: int, pad_id: int) -> Samples:

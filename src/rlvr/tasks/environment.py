@@ -73,10 +73,12 @@ class EnvironmentTask(GradedTask):
                              "(then truncated)", min=2, max=2**20),
         "tools": option("sandboxed tools the policy may call, by name (rlvr.environments.tools.TOOLS)"),
         "tool_style": option("how tool calls are written", choices=("plain", "json")),
-        "tool_timeout": option("seconds one tool call may take", above=0, max=3600),
+        "tool_timeout": option("seconds one tool call may take (a sandboxed tool, or the environment's own)",
+                               above=0, max=3600),
         "tool_memory_mb": option("memory one tool call may use, MiB", min=16, max=2**20),
-        "step_timeout": option("seconds one environment step may take; past it the episode ends with an error "
-                               "(counted; its reward abstains)", above=0, max=3600),
+        "step_timeout": option("seconds one call into the environment (making it, reset, step, tools()) may "
+                               "take; past it the episode ends with an error (counted; its reward abstains)",
+                               above=0, max=3600),
     }
 
     turn_end = ""  # the policy's end of turn as text (``policy_for``)
@@ -89,7 +91,7 @@ class EnvironmentTask(GradedTask):
         # the options' names are checked against the class here; it is first built (run) by policy_for
         self.make_env = environment_factory_of(environment, environment_factory, environment_options or {})
         self.limits = EpisodeLimits(max_turns=max_turns, max_tokens=max_tokens, tool_style=tool_style,
-                                    step_timeout=step_timeout)
+                                    step_timeout=step_timeout, tool_timeout=tool_timeout)
         self.tool_names = list(tools or [])
         self.tool_settings = {"timeout": tool_timeout, "memory_mb": tool_memory_mb}
         self._toolbox = None
