@@ -168,3 +168,38 @@ def test_the_readmes_environment_example_runs_as_written(tmp_path, monkeypatch, 
     assert len(train) == 10 and all(1 <= r["episode/turns"] <= 8 for r in train)
     assert "policy (trained):" in (tmp_path / "runs" / "countdown" / "samples.md").read_text()
     assert "{'kind': 'eval'" in capsys.readouterr().out  # it prints a metrics record, not a samples table
+
+
+class ChatStart:
+    """A chat episode in the tiny model's characters; ``reset`` gives what ``start`` says."""
+
+    prompt: object = [{"role": "user", "content": "1+2"}]
+
+    def reset(self, start):
+        return self.prompt
+
+    def step(self, text):
+        return Step(None, 1.0, done=True)
+
+
+class NumberStart(ChatStart):
+    prompt = 42
+
+
+def _chat_run(tmp_path, factory, *more):
+    return main(["train", f"out_dir={tmp_path / 'run'}", "task.name=environment",
+                 f"task.options.environment_factory=test_environment_runs:{factory}", "policy.name=causal_lm",
+                 "algo.epochs=1", "log.progress=false", "log.plot=false", *more])
+
+
+def test_a_start_check_failure_is_one_line_naming_what_to_fix(tiny_model, tmp_path, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    no_end = "{% for m in messages %}{{ m.content }}={% endfor %}"
+    assert _chat_run(tmp_path, "ChatStart", f"policy.options={{model: '{tiny_model}', chat_template: '{no_end}'}}") == 2
+    err = capsys.readouterr().err
+    assert "writes no end-of-turn text" in err and "set policy.options.chat_template to a template" in err
+    assert "Traceback" not in err and "end_of_turn=" not in err
+    assert _chat_run(tmp_path, "NumberStart", f"policy.options.model={tiny_model}") == 2
+    err = capsys.readouterr().err
+    assert "NumberStart.reset returned int 42, not text or a list of messages" in err and "Traceback" not in err
+    assert "chat template" not in err

@@ -145,8 +145,9 @@ def _rendered_through_turn(tokenizer: Any, messages: list[Message], end_of_turn:
     start = rendered.rfind(content) if content else -1
     if end < 0 or (start >= 0 and end < start + len(content)):
         raise ValueError(
-            f"the chat template writes no end-of-turn text {end_of_turn!r} after the last assistant turn "
-            f"(it renders {_excerpt(rendered, len(rendered))}); pass end_of_turn=<the text the policy's turns end with>"
+            f"the chat template writes no end-of-turn text {end_of_turn!r} (where the policy's turns end: the "
+            f"tokenizer's EOS) after an assistant turn (it renders {_excerpt(rendered, len(rendered))}); set "
+            "policy.options.chat_template to a template that ends each assistant turn with it"
         )
     return rendered[:end + len(end_of_turn)]
 

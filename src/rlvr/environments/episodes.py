@@ -124,7 +124,8 @@ def run_episodes(policy: CausalLMPolicy, make_env: Callable[[], Environment], st
     ``temperature`` 0: greedy. Else each episode draws from its own seed: ``seeds`` [N] long,
     or N drawn from ``generator``.
     """
-    running = [_start(policy, make_env, start, b, limits) for b, start in enumerate(starts) for _ in range(group_size)]
+    running = [start_episode(policy, make_env, start, b, limits)
+               for b, start in enumerate(starts) for _ in range(group_size)]
     episodes = [r.episode for r in running]
     if temperature > 0 and seeds is None:
         if generator is None:
@@ -144,7 +145,7 @@ def run_episodes(policy: CausalLMPolicy, make_env: Callable[[], Environment], st
     return episodes
 
 
-def _start(policy: CausalLMPolicy, make_env: Callable[[], Environment], start: Any, index: int,
+def start_episode(policy: CausalLMPolicy, make_env: Callable[[], Environment], start: Any, index: int,
            limits: EpisodeLimits) -> _Running:
     """An episode's environment made and reset; one that fails there ends the episode with its error."""
     env: Any = None

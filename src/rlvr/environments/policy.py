@@ -9,15 +9,14 @@ environment's tokens as context, and only the policy's train.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rlvr.environments.base import Environment
-from rlvr.environments.episodes import EpisodeLimits, EpisodeText, episodes_samples, run_episodes
-from rlvr.policies.turns import first_prompt_ids
+from rlvr.environments.episodes import EpisodeLimits, EpisodeText, episodes_samples, run_episodes, start_episode
+from rlvr.policies.prompts import PromptError
 from rlvr.rollout import Policy, Samples
 
 CHECKED_STARTS = 8  # starts whose prompts are checked before any work
@@ -75,19 +74,24 @@ class EpisodePolicy(Policy):
         by turn, as episodes are built, as whole (a ValueError shows the first difference)."""
         chats = []
         for index, start in enumerate(list(prompts)[:CHECKED_STARTS]):
-            prompt = self.make_env().reset(copy.deepcopy(start))
-            first_prompt_ids(self.lm, prompt, index)
+            running = start_episode(self.lm, self.make_env, start, index, self.limits)  # reset under its contract
+            if running.episode.error is not None:
+                raise PromptError(f"{what} {index}: {running.episode.error}", index)
+            prompt = running.episode.prompt
             if not isinstance(prompt, str):
                 chats.append([*prompt, {"role": "assistant", "content": "1"}, {"role": "user", "content": "2"},
                               {"role": "assistant", "content": "3"}])
         if chats:
             from rlvr.environments.chat_check import check_chat_template
 
-            differences = check_chat_template(self.lm.tokenizer, chats, limit=1)
+            try:
+                differences = check_chat_template(self.lm.tokenizer, chats, limit=1)
+            except ValueError as err:  # a template that ends no assistant turn
+                raise PromptError(str(err)) from None
             if differences:
-                raise ValueError(f"the chat template renders an episode differently turn by turn (as episodes are "
-                                 f"built, token in, token out) than whole: {differences[0]}; use a template that "
-                                 "renders earlier turns unchanged (policy.options.chat_template)")
+                raise PromptError(f"the chat template renders an episode differently turn by turn (as episodes are "
+                                  f"built, token in, token out) than whole: {differences[0]}; use a template that "
+                                  "renders earlier turns unchanged (policy.options.chat_template)")
 
     def truncated(self, samples: Samples) -> torch.Tensor:
         """[N] bool: the episodes ended by the turn or token limit (recorded when they ran)."""
