@@ -220,3 +220,15 @@ def test_a_run_name_that_leaves_runs_is_refused(tmp_path, monkeypatch, capsys, n
     assert main(["train", f"name={name}", "algo.epochs=1"]) == 2
     assert f"name={name!r}: a run's name is a folder under runs/" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == [] and not Path("/tmp/elsewhere").exists()
+
+
+def test_rlvr_config_lists_the_tasks_options_with_their_defaults_and_reloads(tmp_path, capsys):
+    args = ["task.name=environment", "policy.name=causal_lm", "task.options.max_turns=3"]
+    assert main(["config", *args]) == 0
+    printed = capsys.readouterr().out
+    assert "    step_timeout: 30.0  # seconds one call into the environment" in printed
+    assert "    max_turns: 3  # policy turns at most per episode" in printed
+    (tmp_path / "printed.yaml").write_text(printed)
+    again = load_config(tmp_path / "printed.yaml")
+    assert again.task.options["max_turns"] == 3 and again.task.options["step_timeout"] == 30.0
+    assert main(["config", str(tmp_path / "printed.yaml")]) == 0

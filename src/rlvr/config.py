@@ -357,7 +357,9 @@ class Config:
 
     def to_commented_yaml(self) -> str:
         """YAML with each field's help and rules as a comment: every setting that applies, documented."""
-        return "\n".join(commented_yaml(self)) + "\n"
+        from rlvr.tasks import task_option_entries
+
+        return "\n".join(commented_yaml(self, entries={"task.options": task_option_entries})) + "\n"
 
 
 

@@ -148,8 +148,15 @@ def to_yaml(config: Any) -> str:
     return yaml.safe_dump(named_callables(data), sort_keys=False)
 
 
-def commented_yaml(section: Any, indent: str = "") -> list[str]:
-    """The lines of YAML with each field's help and rules as a comment: every setting that applies."""
+# a free-form mapping's own entries, for help: (key, value given or its default, its rules as metadata)
+MappingEntries = Callable[[Any, Any], list[tuple[str, Any, dict[str, Any]]]]
+
+
+def commented_yaml(section: Any, indent: str = "", entries: dict[str, MappingEntries] | None = None,
+                   prefix: str = "") -> list[str]:
+    """The lines of YAML with each field's help and rules as a comment: every setting that
+    applies. ``entries``: for a free-form mapping's dotted path (``task.options``), the
+    keys it takes, each shown with its value (given, else its default) and its own help."""
     lines = []
     for f in fields(section):
         if not applies(section, f):
@@ -158,7 +165,16 @@ def commented_yaml(section: Any, indent: str = "") -> list[str]:
         help_text = f.metadata.get("help", "") + rules_text(f.metadata)
         if dataclasses.is_dataclass(value):
             lines.append(f"{indent}{f.name}:" + (f"  # {help_text}" if help_text else ""))
-            lines += commented_yaml(value, indent + "  ")
+            lines += commented_yaml(value, indent + "  ", entries, f"{prefix}{f.name}.")
+            continue
+        expand = (entries or {}).get(f"{prefix}{f.name}")
+        listed = expand(section, value) if expand is not None and isinstance(value, dict) else []
+        if listed:
+            lines.append(f"{indent}{f.name}:" + (f"  # {help_text}" if help_text else ""))
+            for key, item, rules in listed:
+                text = yaml.safe_dump({key: named_callables(item)}, default_flow_style=True, width=10**6).strip()
+                note = rules.get("help", "") + rules_text(rules)
+                lines.append(f"{indent}  {text[1:-1]}" + (f"  # {note}" if note else ""))
             continue
         text = yaml.safe_dump({f.name: named_callables(value)}, default_flow_style=True, width=10**6).strip()[1:-1]
         lines.append(f"{indent}{text}" + (f"  # {help_text}" if help_text else ""))

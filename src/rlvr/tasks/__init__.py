@@ -29,7 +29,7 @@ TASKS: dict[str, type[GradedTask]] = {
 }
 
 __all__ = ["TASKS", "GradedTask", "SortingTask", "check_prompts_fit", "check_task_options", "reward_runner",
-           "settings_field", "task_class"]
+           "settings_field", "task_class", "task_option_entries"]
 
 
 def check_task_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -58,6 +58,21 @@ def check_task_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
         if checked[key] is not None:
             check_rules(path, checked[key], cls.options[key])
     return checked
+
+
+def task_option_entries(task: Any, options: dict[str, Any]) -> list[tuple[str, Any, dict[str, Any]]]:
+    """Each option the task (``task.name``'s class) takes, with its value in ``options``
+    or else its default ("required" for one without), and its help and rules: what
+    ``rlvr config`` lists under ``task.options``."""
+    try:
+        cls = task_class(task.name)
+    except ConfigError:
+        return []
+    if cls is SortingTask:
+        return []
+    parameters = {name: p for name, p in inspect.signature(cls).parameters.items() if name not in ("args", "kwargs")}
+    return [(key, options[key] if key in options else "required" if p.default is p.empty else p.default,
+             cls.options.get(key, {})) for key, p in parameters.items()]
 
 
 def check_prompts_fit(task: Task, policy: Policy) -> None:
