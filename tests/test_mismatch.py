@@ -116,7 +116,23 @@ def test_auto_recomputes_for_an_inexact_sampler_and_logs_the_mismatch():
     assert torch.equal(rollout.old_log_probs, trainer_log_probs)  # the trainer's, not the noisy ones
     assert rollout.importance_weights is None  # TIS off: measured, not corrected
     assert rollout.stats["mismatch/k3"] > 0 and rollout.stats["mismatch/max_abs_gap"] > 0
-    assert rollout.stats["mismatch/tis_truncated_frac"] == 0.0  # no cap, nothing truncated
+    assert "mismatch/tis_truncated_frac" not in rollout.stats  # no cap: nothing can be truncated, nothing logged
+
+
+@pytest.mark.parametrize("overrides, logged", [
+    (["algo.loss=clipped"], False),  # measured only
+    (["algo.is_correction=token_mis", "algo.is_high=1.2"], False),  # kept tokens weigh 1: none truncated
+    (["algo.is_correction=icepop", "algo.is_high=1.2"], False),  # kept ratios are within high: none truncated
+    (["algo.is_correction=token_mis", "algo.is_high=1.2", "algo.tis_cap=1.1"], True),
+    (["algo.tis_cap=1.2"], True),
+])
+def test_the_truncated_share_is_logged_only_where_a_cap_truncates(overrides, logged):
+    config, task, st = noisy_setup(overrides)
+    stats = collect_rollout(config, task, st).stats
+    assert {"mismatch/k3", "mismatch/max_abs_gap"} <= set(stats)
+    assert ("mismatch/tis_truncated_frac" in stats) == logged
+    if logged:
+        assert 0 < stats["mismatch/tis_truncated_frac"] < 1
 
 
 # ---- a perturbed sampler: TIS weights capped at C

@@ -213,11 +213,11 @@ def old_policy_log_probs(
         "mismatch/max_abs_gap": core.max_abs_log_prob_gap(old_log_probs, recorded, mask),
     }
     if method is None:
-        mismatch["mismatch/tis_truncated_frac"] = core.tis_truncated_frac(old_log_probs, recorded, math.inf, mask)
         return old_log_probs, None, mismatch
     correction = core.off_policy_correction(method, old_log_probs, recorded, mask, cap=a.tis_cap, low=a.is_low,
                                             high=a.is_high)
-    mismatch["mismatch/tis_truncated_frac"] = core.token_fraction(correction.truncated, mask, dtype)
+    if a.tis_cap is not None:  # only a cap truncates: without one the share is 0 by construction (icepop's too)
+        mismatch["mismatch/tis_truncated_frac"] = core.token_fraction(correction.truncated, mask, dtype)
     if method == "seq_tis":
         mismatch["mismatch/seq_truncated_frac"] = core.response_fraction(correction.truncated, mask, dtype)
     if method in core.MASKING_CORRECTIONS:
