@@ -176,6 +176,28 @@ def test_tis_with_the_naive_loss_and_a_whole_run_logs_every_epoch():
         assert math.isfinite(r["loss"]) and r["skipped_step"] == 0.0
 
 
+class OffsetSampler(NoisySampler):
+    """The sampler's log-probs 1 above the trainer's on every token: r = e^-1 everywhere."""
+
+    def sample(self, prompts, group_size, temperature, generator):
+        samples = self.policy.sample(prompts, group_size, temperature, generator)
+        return dataclasses.replace(samples, sample_log_probs=samples.sample_log_probs + 1.0)
+
+
+@pytest.mark.parametrize("method", ["token_mis", "seq_mis", "geo_mask", "icepop"])
+def test_a_correction_that_masks_every_token_stops_with_one_line(method):
+    config = load_config(None, QUIET + [f"algo.is_correction={method}", "algo.is_high=1.2"])
+    task, st = setup(config)
+    st.policy = OffsetSampler(st.policy, 0.0)
+    with pytest.raises(TrainingError) as err:
+        train(config, state=(task, st))
+    tokens = config.task.prompts_per_epoch * config.algo.group_size * st.policy.max_response_length
+    assert str(err.value) == (f"algo.is_correction={method} masked every one of the batch's {tokens} policy tokens "
+                              "(their ratios pi_old / pi_sampler outside [0.833333, 1.2]), so the steps would train "
+                              "nothing; widen the bounds or check that the sampler's log-probs are the policy's")
+    assert st.step == 0  # no step taken on a loss of 0
+
+
 def test_tis_refuses_a_sampler_that_records_no_log_probs():
     config, task, st = noisy_setup(["algo.tis_cap=2"], drop=True)
     with pytest.raises(TrainingError, match="need the sampler's log-probs"):
