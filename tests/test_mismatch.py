@@ -116,7 +116,23 @@ def test_auto_recomputes_for_an_inexact_sampler_and_logs_the_mismatch():
     assert torch.equal(rollout.old_log_probs, trainer_log_probs)  # the trainer's, not the noisy ones
     assert rollout.importance_weights is None  # TIS off: measured, not corrected
     assert rollout.stats["mismatch/k3"] > 0 and rollout.stats["mismatch/max_abs_gap"] > 0
-    assert rollout.stats["mismatch/tis_truncated_frac"] == 0.0  # no cap, nothing truncated
+    assert "mismatch/tis_truncated_frac" not in rollout.stats  # no cap: nothing can be truncated, nothing logged
+
+
+@pytest.mark.parametrize("overrides, logged", [
+    (["algo.loss=clipped"], False),  # measured only
+    (["algo.is_correction=token_mis", "algo.is_high=1.2"], False),  # kept tokens weigh 1: none truncated
+    (["algo.is_correction=icepop", "algo.is_high=1.2"], False),  # kept ratios are within high: none truncated
+    (["algo.is_correction=token_mis", "algo.is_high=1.2", "algo.tis_cap=1.1"], True),
+    (["algo.tis_cap=1.2"], True),
+])
+def test_the_truncated_share_is_logged_only_where_a_cap_truncates(overrides, logged):
+    config, task, st = noisy_setup(overrides)
+    stats = collect_rollout(config, task, st).stats
+    assert {"mismatch/k3", "mismatch/max_abs_gap"} <= set(stats)
+    assert ("mismatch/tis_truncated_frac" in stats) == logged
+    if logged:
+        assert 0 < stats["mismatch/tis_truncated_frac"] < 1
 
 
 # ---- a perturbed sampler: TIS weights capped at C
@@ -158,6 +174,28 @@ def test_tis_with_the_naive_loss_and_a_whole_run_logs_every_epoch():
     for r in records:
         assert r["mismatch/k3"] > 0 and r["mismatch/max_abs_gap"] > 0 and r["mismatch/tis_truncated_frac"] > 0
         assert math.isfinite(r["loss"]) and r["skipped_step"] == 0.0
+
+
+class OffsetSampler(NoisySampler):
+    """The sampler's log-probs 1 above the trainer's on every token: r = e^-1 everywhere."""
+
+    def sample(self, prompts, group_size, temperature, generator):
+        samples = self.policy.sample(prompts, group_size, temperature, generator)
+        return dataclasses.replace(samples, sample_log_probs=samples.sample_log_probs + 1.0)
+
+
+@pytest.mark.parametrize("method", ["token_mis", "seq_mis", "geo_mask", "icepop"])
+def test_a_correction_that_masks_every_token_stops_with_one_line(method):
+    config = load_config(None, QUIET + [f"algo.is_correction={method}", "algo.is_high=1.2"])
+    task, st = setup(config)
+    st.policy = OffsetSampler(st.policy, 0.0)
+    with pytest.raises(TrainingError) as err:
+        train(config, state=(task, st))
+    tokens = config.task.prompts_per_epoch * config.algo.group_size * st.policy.max_response_length
+    assert str(err.value) == (f"algo.is_correction={method} masked every one of the batch's {tokens} policy tokens "
+                              "(their ratios pi_old / pi_sampler outside [0.833333, 1.2]), so the steps would train "
+                              "nothing; widen the bounds or check that the sampler's log-probs are the policy's")
+    assert st.step == 0  # no step taken on a loss of 0
 
 
 def test_tis_refuses_a_sampler_that_records_no_log_probs():

@@ -30,6 +30,7 @@ from rlvr.rewards.combine import failure_warnings
 from rlvr.run_dir import new_run_dir, write_atomically
 from rlvr.runs import run_batched, run_training, start_or_continue
 from rlvr.state import TrainingError
+from rlvr.tasks.environment import error_warnings
 
 DELTA_COMPARE = ("raw", "centered", "normalized")
 
@@ -211,6 +212,8 @@ def print_summary(runs: dict[str, list], eval_label: str = "held-out prompts") -
         for warning in hacking_warnings(records):
             print(f"warning: {name}: {warning}")
         for warning in failure_warnings(records):  # a reward that failed on most calls gave the run no signal
+            print(f"warning: {name}: {warning}")
+        for warning in error_warnings(records):  # episodes whose environment failed: their rewards abstained
             print(f"warning: {name}: {warning}")
 
 

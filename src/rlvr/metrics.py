@@ -59,11 +59,15 @@ def prompt_text(prompt: Any) -> str:
 def response_text(response: Any) -> str:
     """A response as a person reads it: an episode (a list of turns, as
     ``rlvr.environments.episodes.EpisodeText.as_record`` gives them) one turn per line, its role,
-    "(trained)" on the policy's, tool calls and results, step rewards; any other as its ``str``."""
+    "(trained)" on the policy's, tool calls and results, step rewards, the environment's error;
+    any other as its ``str``."""
     if not (isinstance(response, list) and response and all(isinstance(t, dict) and "role" in t for t in response)):
         return str(response)
     lines = []
     for turn in response:
+        if turn.get("error"):  # the error that ended the episode
+            lines.append(f"{turn['role']} error: {turn['error']}")
+            continue
         line = f"{turn['role']}{' (trained)' if turn.get('trained') else ''}: {turn.get('text', '')!r}"
         for call in turn.get("tool_calls") or []:
             line += f" [calls {call.get('name')}({call.get('arguments')})]"

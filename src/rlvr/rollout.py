@@ -199,8 +199,9 @@ class Grades:
     correct: [B, G] bool, the gold check (is the response right?)
     metrics: flat name -> number (per reward function: mean, errors, timeouts, ...)
     prompts: the B prompts graded, in the task's form (None: not kept)
-    failures: reward function name -> its first failure on the batch, one line (only
-             functions that failed on some response)
+    failures: record name -> the first failure on the batch there, one line:
+             ``reward/<name>/failure`` for each reward function that failed on some
+             response, ``episode/error`` for an environment's episode that ended with an error
     """
 
     rewards: torch.Tensor
@@ -226,7 +227,7 @@ class Grades:
             have = [(g.metrics[key], b) for g, b in zip(parts, sizes) if key in g.metrics]
             metrics[key] = sum(v * b for v, b in have) / max(sum(b for _, b in have), 1)
         prompts = None if any(g.prompts is None for g in parts) else _join([g.prompts for g in parts])
-        failures = {name: line for g in reversed(parts) for name, line in g.failures.items()}  # the first batch's wins
+        failures = {key: line for g in reversed(parts) for key, line in g.failures.items()}  # the first batch's wins
         return Grades(torch.cat([g.rewards for g in parts]), torch.cat([g.correct for g in parts]), metrics, prompts,
                       failures)
 

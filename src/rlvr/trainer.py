@@ -159,8 +159,7 @@ def build_rollout(config: Config, st: TrainState, samples: Samples, grades: Grad
         # the task's rewards, unshaped
         **rollout_stats(grades.rewards[None], grades.correct[None], deltas[None], a.group_size)[0],
         **grades.metrics,
-        # the first failure of each reward function that failed, for the end-of-run summary
-        **{f"reward/{name}/failure": line for name, line in grades.failures.items()},
+        **grades.failures,  # the first failure of each reward function, and an environment's, for the summary
         **stats,  # time/generate, time/reward and the sampler's own numbers
         **shaping,
         "time/score": score_seconds,
@@ -192,10 +191,12 @@ def old_policy_log_probs(
     trainer's scorer (``score``: ``Learner.log_probs`` at this state) on the sampled tokens,
     so pi / pi_old compares the trainer with itself, and the recorded ones measure (and,
     with a correction, correct) the sampler's gap. auto: recompute with a correction or
-    when the sampler's numbers are not the trainer's.
+    when the sampler's numbers are not the trainer's. TrainingError when a correction masks
+    every policy token of the batch: the steps would train nothing.
     """
     recorded = samples.sample_log_probs  # [N, T], or None: the policy records none
     method = a.off_policy_method
+    named = f"algo.is_correction={method}" if a.is_correction else f"algo.tis_cap={a.tis_cap}"
     recompute = a.old_log_probs == "recompute" or (
         a.old_log_probs == "auto" and (method is not None or not sampler_log_probs_exact(policy)))
     if recorded is not None and not recompute:
@@ -203,7 +204,6 @@ def old_policy_log_probs(
     old_log_probs, _ = score(samples, temperature)  # [N, T]
     if recorded is None:
         if method is not None:
-            named = f"algo.is_correction={method}" if a.is_correction else f"algo.tis_cap={a.tis_cap}"
             raise TrainingError(f"{named}: the weights pi_old / pi_sampler need the sampler's log-probs, and this "
                                 "policy records none (sample_log_probs is None)")
         return old_log_probs, None, {}
@@ -213,11 +213,16 @@ def old_policy_log_probs(
         "mismatch/max_abs_gap": core.max_abs_log_prob_gap(old_log_probs, recorded, mask),
     }
     if method is None:
-        mismatch["mismatch/tis_truncated_frac"] = core.tis_truncated_frac(old_log_probs, recorded, math.inf, mask)
         return old_log_probs, None, mismatch
     correction = core.off_policy_correction(method, old_log_probs, recorded, mask, cap=a.tis_cap, low=a.is_low,
                                             high=a.is_high)
-    mismatch["mismatch/tis_truncated_frac"] = core.token_fraction(correction.truncated, mask, dtype)
+    if bool(mask.any()) and bool(correction.masked[mask].all()):
+        low = 1.0 / a.is_high if a.is_low is None else a.is_low
+        raise TrainingError(f"{named} masked every one of the batch's {int(mask.sum())} policy tokens (their ratios "
+                            f"pi_old / pi_sampler outside [{low:g}, {a.is_high:g}]), so the steps would train nothing; "
+                            "widen the bounds or check that the sampler's log-probs are the policy's")
+    if a.tis_cap is not None:  # only a cap truncates: without one the share is 0 by construction (icepop's too)
+        mismatch["mismatch/tis_truncated_frac"] = core.token_fraction(correction.truncated, mask, dtype)
     if method == "seq_tis":
         mismatch["mismatch/seq_truncated_frac"] = core.response_fraction(correction.truncated, mask, dtype)
     if method in core.MASKING_CORRECTIONS:

@@ -14,6 +14,7 @@ from rlvr.config import load_config
 from rlvr.core import (
     IS_CORRECTIONS,
     MASKING_CORRECTIONS,
+    TRUNCATING_CORRECTIONS,
     off_policy_correction,
     response_fraction,
     token_fraction,
@@ -270,7 +271,7 @@ def test_perturbed_sampler_weights_logs_and_first_step(method):
     assert 0.05 < share.item() < 0.95 and rollout.stats[key] == pytest.approx(share.item(), abs=1e-9)
     assert torch.allclose(rollout.importance_weights, weights, rtol=1e-5, atol=0)
     assert ({k for k in rollout.stats if k.startswith("mismatch/")} - {"mismatch/k3", "mismatch/max_abs_gap"}
-            == {"mismatch/tis_truncated_frac"} | ({key} if method != "token_tis" else set())
+            == {key} | ({"mismatch/tis_truncated_frac"} if method in TRUNCATING_CORRECTIONS else set())
             | ({"mismatch/masked_token_frac", "mismatch/masked_seq_frac"} if method in MASKING_CORRECTIONS else set()))
     # At the first step pi == pi_old, so each token's pg term is -delta * w: the masked tokens
     # add nothing, and the aggregation's weights (the normaliser) are those of every token.

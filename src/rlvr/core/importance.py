@@ -206,7 +206,9 @@ def token_fraction(flags: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype =
 def response_fraction(flags: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Share of the responses with a flagged policy token, over those with any policy
     token (a response-level method flags all of a response's tokens, a token-level one
-    some); flags, mask [N, T] bool -> scalar of ``dtype`` (0 if no tokens)."""
+    some); flags, mask [N, T] bool -> scalar of ``dtype`` (0 if no tokens). A response
+    without policy tokens is not counted, where verl's seq_masked_fraction divides by all
+    responses."""
     mask = mask.bool()
     return masked_mean((flags & mask).any(dim=-1).to(dtype), mask.any(dim=-1))
 

@@ -76,7 +76,8 @@ class EpisodeText(str):
         return EpisodeText, (self.episode,)
 
     def as_record(self) -> list[dict[str, Any]]:
-        """The turns as a samples table shows them: role, text, trained, tool calls and results, reward."""
+        """The turns as a samples table shows them: role, text, trained, tool calls and results, reward;
+        then the environment's error, where one ended the episode."""
         rows = []
         for turn in self.episode.turns:
             row: dict[str, Any] = {"role": turn.role, "text": turn.text, "trained": turn.trained}
@@ -90,6 +91,8 @@ class EpisodeText(str):
             if turn.note:
                 row["note"] = turn.note
             rows.append(row)
+        if self.episode.error is not None:
+            rows.append({"role": "environment", "text": "", "trained": False, "error": self.episode.error})
         return rows
 
 

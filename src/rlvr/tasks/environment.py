@@ -14,12 +14,18 @@ the environment said it was solved (reported, weight 0). The user's ``rewards.fu
 get each episode's text (every turn after the prompt) as the completion, and the episode as
 its ``episode`` attribute. The task's ``tools`` run in sandboxed worker processes
 (``rlvr.environments.tools``).
+
+An episode its environment's failure ended (``Episode.error``) abstains; the first such
+error of each kind is logged once, each batch's first is recorded (``episode/error``) and
+named in the end-of-run summary (``error_warnings``), and a batch whose every episode
+failed stops the run (``check_episodes_ended``), as a gold check that grades nothing does.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -27,12 +33,14 @@ import torch
 from rlvr.data import read_jsonl
 from rlvr.environments.base import Environment, Episode
 from rlvr.environments.episodes import EpisodeLimits
+from rlvr.errors import RunError
 from rlvr.rewards import RewardSpec
 from rlvr.rollout import Grades, Policy
 from rlvr.rules import option
 from rlvr.tasks.grading import GradedTask
 
 _TRAIN_SEEDS = 2**31  # training seeds are drawn from [eval_size, this)
+logger = logging.getLogger(__name__)
 
 
 def _episode(completion: Any) -> Episode:
@@ -95,6 +103,7 @@ class EnvironmentTask(GradedTask):
         self.tool_names = list(tools or [])
         self.tool_settings = {"timeout": tool_timeout, "memory_mb": tool_memory_mb}
         self._toolbox = None
+        self._logged_errors: set[str] = set()  # the kinds of environment error logged so far
         if self.tool_names:
             from rlvr.environments.tools import TOOLS
 
@@ -151,11 +160,28 @@ class EnvironmentTask(GradedTask):
 
     def grade(self, prompts: Any, responses: Any, *, completion_ids: Any = None, trainer_state: Any = None) -> Grades:
         """The episodes' returns, solved, and episode metrics; the reward functions get each
-        group's prompt (its first episode's) and the start's columns."""
+        group's prompt (its first episode's) and the start's columns. The first environment
+        error is logged (once per kind) and kept as ``episode/error``; RunError when every
+        episode failed (``check_episodes_ended``)."""
+        episodes = [r.episode for group in responses for r in group]
+        check_episodes_ended(episodes)
         rows = [_prompt_row(start, group[0].episode) for start, group in zip(prompts, responses)]
         grades = super().grade(rows, responses, completion_ids=completion_ids, trainer_state=trainer_state)
-        grades.metrics.update(episode_metrics([r.episode for group in responses for r in group]))
+        grades.metrics.update(episode_metrics(episodes))
+        errors = [e.error for e in episodes if e.error is not None]
+        if errors:
+            grades.failures["episode/error"] = errors[0]
+            self._log_errors(errors)
         return grades
+
+    def _log_errors(self, errors: list[str]) -> None:
+        """Log the first error of each kind (what failed and the exception's type) once a run."""
+        for error in errors:
+            kind = ":".join(error.split(":")[:2])
+            if kind not in self._logged_errors:
+                self._logged_errors.add(kind)
+                logger.warning("an episode ended with its environment's error, its reward abstains (later errors "
+                               "alike are counted in episode/env_errors, not logged): %s", error)
 
     def sft_examples(self, num: int, generator: torch.Generator) -> list[tuple[str, str]]:
         """Demonstrations of the ready environment (its ``sft_examples``): each policy turn of
@@ -194,6 +220,33 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
         "episode/truncated": sum(e.truncated for e in episodes) / n,
         "episode/env_errors": sum(e.error is not None for e in episodes) / n,
     }
+
+
+def check_episodes_ended(episodes: Sequence[Episode]) -> None:
+    """RunError when every one of a batch's episodes ended with its environment's error:
+    every reward abstains, so the run would go on learning nothing (an environment whose
+    step always raises is a broken setup, not bad luck)."""
+    if episodes and all(e.error is not None for e in episodes):
+        raise RunError(f"every one of the {len(episodes)} episodes of a batch ended with its environment's error, "
+                       f"so nothing can be learned; first error: {episodes[0].error}")
+
+
+def error_warnings(records: Iterable[dict[str, Any]]) -> list[str]:
+    """The summary's warning when training episodes ended with their environment's error:
+    their share (the mean of the epochs' ``episode/env_errors``, each epoch counted once)
+    and the first ``episode/error``."""
+    shares: dict[int, float] = {}
+    first = None
+    for record in records:
+        if record.get("kind") != "train" or record.get("episode/env_errors") is None or record["epoch"] in shares:
+            continue  # the inner steps of an epoch repeat its batch's numbers
+        shares[record["epoch"]] = record["episode/env_errors"]
+        first = first or record.get("episode/error")
+    if not any(shares.values()):
+        return []
+    share = sum(shares.values()) / len(shares)
+    return [f"{share:.1%} of the training episodes ended with their environment's error (episode/env_errors); "
+            f"first error: {first or '(not recorded)'}"]
 
 
 def environment_factory_of(environment: str, factory: Any, options: dict[str, Any]) -> Callable[[], Environment]:

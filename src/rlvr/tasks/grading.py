@@ -138,7 +138,8 @@ class GradedTask(Task):
             check_gold_graded(result, self.gold_reward, self.no_gold_hint)
             correct = result.column(self.gold_reward) == 1.0  # an abstention is not right
         reported = None if self.reports_builtin_rewards else self._user_reward_names
-        return Grades(result.rewards, correct, result.metrics(reported), prompts, result.failures)
+        failures = {f"reward/{name}/failure": line for name, line in result.failures.items()}
+        return Grades(result.rewards, correct, result.metrics(reported), prompts, failures)
 
     def close(self) -> None:
         """Stop the reward workers, if any."""
