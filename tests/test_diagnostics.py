@@ -362,3 +362,20 @@ def test_divergence_reads_each_epoch_a_bounded_number_of_times(monkeypatch):
     rewards = [math.sin(e / 50) + e / n for e in range(n)]
     found = reward_gold_divergence(epoch_records(rewards, [0.0] * n))
     assert found and read[0] <= 8 * n
+
+
+def test_no_gold_signal_or_a_reward_that_is_the_gold_check_keeps_the_monitor_quiet():
+    from rlvr.diagnostics import gold_notes
+
+    rising = [e / 20 for e in range(20)]
+    unknown = [dict(r, **{"episode/solved_reported": 0.0, "hack/max_reward_not_gold": 1.0})
+               for r in epoch_records(rising, [0.0] * 20)]
+    assert hacking_warnings(unknown) == []
+    [note] = gold_notes(unknown)
+    assert note.startswith("no gold signal: the environment never said whether an episode was solved")
+    known = [dict(r, **{"episode/solved_reported": 1.0}) for r in epoch_records(rising, [0.0] * 20)]
+    assert gold_notes(known) == [] and hacking_warnings(known)  # a gold check that stays at 0: a warning
+    itself = epoch_records([0.1 + e / 100 for e in range(20)], [0.1 + e / 100 for e in range(20)])
+    assert reward_gold_divergence(itself) and hacking_warnings(itself) == []
+    assert gold_notes(itself) == ["the reward is the gold check itself (reward_mean equals solve_rate every epoch): "
+                                  "the hacking monitor has nothing to compare"]

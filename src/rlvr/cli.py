@@ -16,7 +16,7 @@ from rlvr.checkpoint import CheckpointError
 from rlvr.compose import check_extras
 from rlvr.config import ConfigError, load_config
 from rlvr.data import DataError, check_not_shadowed
-from rlvr.diagnostics import hacking_warnings, prompt_summary
+from rlvr.diagnostics import gold_notes, hacking_warnings, prompt_summary
 from rlvr.errors import RunError
 from rlvr.evaluation import eval_prompts_label
 from rlvr.extras import LM_MODULES, missing_module_hint, require
@@ -209,6 +209,8 @@ def print_summary(runs: dict[str, list], eval_label: str = "held-out prompts") -
         line = prompt_summary(records)
         if line:
             print(f"{name}: {line}")
+        for note in gold_notes(records):
+            print(f"{name}: {note}")
         for warning in hacking_warnings(records):
             print(f"warning: {name}: {warning}")
         for warning in failure_warnings(records):  # a reward that failed on most calls gave the run no signal

@@ -262,13 +262,30 @@ def reward_gold_divergence(records: Sequence[Record], window: int = 10, min_rise
     return found
 
 
+def gold_notes(records: Sequence[Record]) -> list[str]:
+    """Why a run's hacking monitor says nothing: no gold signal (an environment that never
+    said whether an episode was solved), or a reward that is the gold check itself."""
+    _, reported = epoch_series(records, "episode/solved_reported")
+    if reported and not any(reported):
+        return ["no gold signal: the environment never said whether an episode was solved (Step(solved=...), or "
+                "a TRL-style class's bool `solved` attribute), so solve rates read 0 and the hacking monitor is off"]
+    gold_by_epoch = dict(zip(*epoch_series(records, "solve_rate")))
+    pairs = [(r, gold_by_epoch[e]) for e, r in zip(*epoch_series(records, "reward_mean")) if e in gold_by_epoch]
+    if len(pairs) >= 2 and all(abs(r - s) <= 1e-9 for r, s in pairs):
+        return ["the reward is the gold check itself (reward_mean equals solve_rate every epoch): "
+                "the hacking monitor has nothing to compare"]
+    return []
+
+
 def hacking_warnings(records: Sequence[Record], window: int = 10, not_gold_alarm: float = 0.5) -> list[str]:
     """Warnings for a run's summary: the first window where the reward outran the gold
     accuracy (``reward_gold_divergence``) when the whole run, as one window, did too (a
     partial-credit reward that climbs before the answers do, and the gold accuracy then
     following, is not reported), and, when the records carry ``hack/*``, the last
     ``window`` epochs' mean share of top-reward responses that fail the gold check when it
-    reaches ``not_gold_alarm``."""
+    reaches ``not_gold_alarm``. None where there is nothing to compare (``gold_notes``)."""
+    if gold_notes(records):
+        return []
     warnings = []
     divergences = reward_gold_divergence(records, window)
     epochs = len(epoch_series(records, "reward_mean")[0])

@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from rlvr.diagnostics import classify_prompts, epoch_series, hacking_warnings, prompt_curves, prompt_summary
+from rlvr.diagnostics import classify_prompts, epoch_series, gold_notes, hacking_warnings, prompt_curves, prompt_summary
 from rlvr.errors import RunError
 from rlvr.metrics import Record, plain_text, prompt_text, response_text
 from rlvr.run_records import Run, load_run, numeric
@@ -278,7 +278,9 @@ def build_page(runs: list[Run]) -> str:
              "<h2>Summary</h2>", html_table([summary_row(r) for r in runs]), "<h2>Warnings</h2>"]
     for run in runs:
         warnings = hacking_warnings(run.records)
-        items = "".join(f"<li class=\"warn\">{html.escape(w)}</li>" for w in warnings) or "<li>none</li>"
+        items = "".join(f"<li class=\"warn\">{html.escape(w)}</li>" for w in warnings)
+        items += "".join(f"<li>{html.escape(note)}</li>" for note in gold_notes(run.records))
+        items = items or "<li>none</li>"
         parts.append(f"<h3>{html.escape(run.label)}</h3><ul>{items}</ul>")
     figures, skipped = [], []
     for panel in PANELS:

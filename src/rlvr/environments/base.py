@@ -125,7 +125,7 @@ class Episode:
     prompt: Observation
     prompt_ids: list[int]
     turns: list[Turn] = field(default_factory=list)
-    solved: bool = False
+    solved: bool | None = None  # None: its environment never said (no gold check)
     done: bool = False
     truncated: bool = False
     error: str | None = None

@@ -57,8 +57,8 @@ def episode_return(completions: Sequence[Any], **_: Any) -> list[float | None]:
 
 
 def solved(completions: Sequence[Any], **_: Any) -> list[float]:
-    """1.0 when the environment said the episode was solved."""
-    return [float(_episode(c).solved) for c in completions]
+    """1.0 when the environment said the episode was solved (0.0 when it never said)."""
+    return [float(bool(_episode(c).solved)) for c in completions]
 
 
 class EnvironmentTask(GradedTask):
@@ -219,6 +219,8 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
         "episode/policy_tokens": sum(len(t.ids) for e in episodes for t in e.turns if t.trained) / n,
         "episode/truncated": sum(e.truncated for e in episodes) / n,
         "episode/env_errors": sum(e.error is not None for e in episodes) / n,
+        # share whose environment said whether it was solved: 0 throughout means no gold check
+        "episode/solved_reported": sum(e.solved is not None for e in episodes) / n,
     }
 
 
