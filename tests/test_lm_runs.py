@@ -1,5 +1,7 @@
 """Language-model runs end to end on a tiny local model: SFT, GRPO, checkpoints, resume."""
 
+import json
+
 import pytest
 import torch
 
@@ -267,3 +269,22 @@ def test_compiled_scoring_gives_the_eager_log_probs_and_gradient_within_1e_5(tin
             torch.testing.assert_close(g_b[name], grad, rtol=1e-5, atol=1e-6, msg=name)
     assert compiled.compiled is not None and eager.compiled is None  # off by default
     assert counters["stats"]["unique_graphs"] > 0  # dynamo did compile graphs (no silent eager fallback)
+
+
+def test_sft_reads_whole_episodes_as_messages(tiny_model, tmp_path, capsys):
+    from rlvr.sft import episode_pairs
+
+    episode = [{"role": "user", "content": "1-8>"}, {"role": "assistant", "content": "4"},
+               {"role": "user", "content": "+"}, {"role": "assistant", "content": "6"}]
+    assert episode_pairs(episode, False, "<e>", "x:1") == [("1-8>", "4"), ("1-8>4<e>+", "6")]
+    assert episode_pairs(episode, True, "", "x:1") == [(episode[:1], "4"), (episode[:3], "6")]
+    data = tmp_path / "episodes.jsonl"
+    data.write_text(json.dumps({"messages": episode}) + "\n" + json.dumps({"prompt": "2-9>", "completion": "5"}) + "\n")
+    args = ["sft", f"out_dir={tmp_path / 'sft'}", "task.name=environment", "task.options.environment=guessing",
+            "policy.name=causal_lm", f"policy.options={{model: '{tiny_model}', max_new_tokens: 3}}", f"sft.data={data}",
+            "sft.steps=2", "sft.batch_size=3", "sft.eval_every=2", "sft.eval_size=2"]
+    assert main(args) == 0
+    assert (tmp_path / "sft" / "model" / "config.json").is_file()
+    data.write_text(json.dumps({"messages": [{"role": "assistant", "content": "4"}]}) + "\n")
+    assert main([*args[:1], f"out_dir={tmp_path / 'sft2'}", *args[2:]]) == 2
+    assert f"{data}:1: an episode starts with its prompt" in capsys.readouterr().err

@@ -18,7 +18,7 @@ from rlvr import core
 from rlvr.checkpoint import save_pretrained
 from rlvr.compose import build_policy, build_task
 from rlvr.config import Config, ConfigError
-from rlvr.data import read_jsonl
+from rlvr.data import DataError, read_jsonl_lines
 from rlvr.metrics import JsonlSink, Record
 from rlvr.optim import build_optimizer, clear_grads
 from rlvr.rollout import Samples
@@ -26,15 +26,54 @@ from rlvr.state import seed_everything
 from rlvr.tasks import check_prompts_fit
 
 
-def load_pairs(config: Config, task: Any, generator: torch.Generator) -> list[tuple[str, str]]:
-    """(prompt, completion) pairs: from ``sft.data`` (JSONL with those columns) or the task."""
+def load_pairs(config: Config, task: Any, generator: torch.Generator, chat: bool = False
+               ) -> list[tuple[Any, str]]:
+    """(prompt, completion) pairs: from ``sft.data`` (JSONL: rows of ``prompt`` and
+    ``completion`` text, or whole episodes as ``messages``: see ``episode_pairs``) or the
+    task's own demonstrations. ``chat``: the policy renders chats (a chat template)."""
     s = config.sft
     if s.data:
-        rows = read_jsonl(s.data, {"prompt": str, "completion": str})
-        return [(r["prompt"], r["completion"]) for r in rows]
+        pairs: list[tuple[Any, str]] = []
+        for line, row in read_jsonl_lines(s.data, {}):
+            where = f"{s.data}:{line}"
+            if "messages" in row:
+                pairs += episode_pairs(row["messages"], chat, getattr(task, "turn_end", ""), where)
+            elif isinstance(row.get("prompt"), str) and isinstance(row.get("completion"), str):
+                pairs.append((row["prompt"], row["completion"]))
+            else:
+                raise DataError(f"{where}: expected text columns 'prompt' and 'completion', or an episode's "
+                                f"'messages' (found {', '.join(map(str, row)) or 'no columns'})")
+        return pairs
     if not hasattr(task, "sft_examples"):
-        raise ConfigError(f"task {config.task.name!r} has no SFT examples; set sft.data to a JSONL file")
+        raise ConfigError(f"task {config.task.name!r} has no SFT examples; set sft.data to a JSONL file of "
+                          "'prompt' and 'completion' rows, or of episodes as 'messages' (see the README)")
     return task.sft_examples(s.num_examples, generator)
+
+
+def episode_pairs(messages: Any, chat: bool, turn_end: str, where: str) -> list[tuple[Any, str]]:
+    """A demonstrated episode (``[{"role": ..., "content": ...}, ...]``, the first message a
+    user's or system's) as one pair per assistant turn: (the episode before it, its
+    content), as an episode feeds the policy. ``chat``: the episode so far as messages,
+    rendered by the chat template; else its text, each assistant turn followed by
+    ``turn_end`` (the EOS text, where a sampled turn ends) and the observations after it."""
+    if not (isinstance(messages, list) and messages and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages)):
+        raise DataError(f"{where}: 'messages' must be a list of {{'role': ..., 'content': text}} objects")
+    if messages[0]["role"] == "assistant":
+        raise DataError(f"{where}: an episode starts with its prompt (a user or system message), not an "
+                        "assistant turn")
+    if not any(m["role"] == "assistant" for m in messages):
+        raise DataError(f"{where}: the episode has no assistant turn to learn")
+    pairs: list[tuple[Any, str]] = []
+    text = ""
+    for i, message in enumerate(messages):
+        if message["role"] == "assistant":
+            pairs.append(([dict(m) for m in messages[:i]] if chat else text, message["content"]))
+            text += message["content"] + turn_end
+        else:
+            text += message["content"]
+    return pairs
 
 
 def encode_batch(policy: Any, pairs: list[tuple[str, str]]) -> Samples:
@@ -64,7 +103,7 @@ def run_sft(config: Config, run_dir: Path, on_record=None) -> Path:
     task = build_task(config)
     policy = build_policy(config, task)  # an environment task: held-out accuracy on greedy episodes
     check_prompts_fit(task, policy)
-    pairs = load_pairs(config, task, generator)
+    pairs = load_pairs(config, task, generator, chat=bool(getattr(policy.tokenizer, "chat_template", None)))
     if not pairs:
         raise ConfigError("sft: no training pairs")
     optimizer = build_optimizer(config.optim, [p for p in policy.module.parameters() if p.requires_grad], lr=s.lr)
