@@ -3,6 +3,7 @@ the command line run in a child process (some modules blocked, as without an ext
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -49,9 +50,23 @@ def ray_local():
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray = pytest.importorskip("ray")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR")
-    yield ray
-    ray.shutdown()
+    with private_ray(ray):
+        yield ray
+
+
+@contextlib.contextmanager
+def private_ray(ray, num_cpus: int = 2):
+    """``ray.init`` of a private local Ray, shut down after, its session folder removed (as a run removes its own)."""
+    from rlvr.cluster.session import remove_session
+
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, logging_level="ERROR")
+    context = ray.get_runtime_context()
+    session = Path(context.get_temp_dir()) / context.get_session_name()
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+        remove_session(session)
 
 
 # ---------------------------------------------------------------- the command line in a child process

@@ -28,9 +28,10 @@ def ray_local():
     before = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).parent), before) if p)
     try:
-        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR")
-        yield ray
-        ray.shutdown()
+        from conftest import private_ray  # here: the workers import this module, and have no conftest
+
+        with private_ray(ray):
+            yield ray
     finally:
         if before is None:
             os.environ.pop("PYTHONPATH")

@@ -1,6 +1,13 @@
 """Data-parallel learners (rlvr.cluster.learners) against the single-process step."""
 
 
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
 import pytest
 import torch
 from ray_actors import record_actors
@@ -200,3 +207,22 @@ def test_two_learners_measure_the_gradient_noise_of_the_single_process_step(ray_
 def test_the_noise_meter_refuses_learner_shares_that_split_groups():
     with pytest.raises(ConfigError, match="must split evenly"):
         load_config(None, ["log.grad_noise_every=1", "cluster.learners=2"])  # 3 prompts over 2 learners
+
+
+def test_a_cluster_run_of_an_lm_prints_no_progress_bars_or_escapes_and_leaves_no_ray_folder(tiny_model, tmp_path):
+    """Ray prints actors' output behind a colored prefix; a progress bar's carriage returns and
+    escapes arrive as raw text in a log (the learners load the model, so each printed a bar)."""
+    ray_tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths have a length limit
+    env = {**os.environ, "RAY_TMPDIR": ray_tmp, "PYTHONPATH": os.pathsep.join(sys.path)}
+    command = [sys.executable, "-m", "rlvr", "train", "task.name=sort_text", "policy.name=causal_lm",
+               f"policy.options={{model: '{tiny_model}', max_new_tokens: 4}}", "cluster.learners=2",
+               "algo.epochs=1", "algo.group_size=2", "task.prompts_per_epoch=2", "log.progress=false",
+               "log.plot=false", f"out_dir={tmp_path / 'run'}"]
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+        sessions = list(Path(ray_tmp, "ray").glob("session_*"))
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert done.returncode == 0, done.stderr
+    assert "\x1b" not in done.stdout + done.stderr and "Loading weights" not in done.stderr, done.stderr[-500:]
+    assert not sessions

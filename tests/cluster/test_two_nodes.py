@@ -2,11 +2,13 @@
 same records as the single-process run, and the workers spread over both nodes."""
 
 import os
+from pathlib import Path
 
 import pytest
 from ray_actors import record_actors
 
 from conftest import QUIET
+from rlvr.cluster.session import remove_session
 from rlvr.config import load_config
 from rlvr.trainer import train
 
@@ -30,6 +32,7 @@ def test_two_workers_on_two_nodes_give_the_single_process_records(monkeypatch):
 
     assert not ray.is_initialized()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    session = Path(cluster.head_node.get_session_dir_path())
     try:
         cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes(timeout=60)
@@ -49,3 +52,4 @@ def test_two_workers_on_two_nodes_give_the_single_process_records(monkeypatch):
         if ray.is_initialized():
             ray.shutdown()
         cluster.shutdown()
+        remove_session(session)  # the simulated cluster's folder, as a run removes its private Ray's

@@ -43,6 +43,16 @@ class ClusterError(RunError):
     failed): the run stops with one line (``rlvr: error: ...``, exit 2)."""
 
 
+def quiet_actor() -> None:
+    """In a Ray actor: no transformers progress bars (Ray prints an actor's output line by
+    line behind its prefix, so a bar's carriage returns and escapes arrive as raw text)."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        return
+    hf_logging.disable_progress_bar()
+
+
 def first_line(err: BaseException) -> str:
     """An error's first line, or its type's name if it has no text (Ray's errors run to pages)."""
     text = str(err).strip()

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rlvr.cluster import READY_TIMEOUT
+from rlvr.cluster import READY_TIMEOUT, quiet_actor
 from rlvr.cluster.sharded import load_sharded, save_sharded
 from rlvr.cluster.watch import IDLE, Activity
 from rlvr.cluster.weight_sync import backend_for, weights_payload
@@ -60,6 +60,7 @@ class LearnerRank(Activity):
     def __init__(self, config: Config, rank: int, world_size: int, init_method: str,
                  state: dict[str, Any] | None = None, timeout_s: float = 1800.0) -> None:
         torch.set_num_threads(config.torch_threads or 1)  # one thread per actor: oversubscription is slow
+        quiet_actor()
         self.config, self.rank, self.world_size = config, rank, world_size
         generator = seed_everything(config.seed)  # as the driver's setup: seeded replicas start equal
         policy = build_policy(config)

@@ -83,6 +83,9 @@ class RayRolloutSource:
         actor = ray.remote(num_cpus=WORKER_CPUS, max_restarts=MAX_RESTARTS, max_task_retries=0)(RolloutWorker)
         self.placement_group = None
         self.workers: list[Any] = []
+        self.jobs: dict[int, list[Job]] = {}  # submitted batches (or their parts) by epoch
+        self._weights: tuple[int, Any] | None = None  # (version, ObjectRef): put once per version
+        self._board = self._group = None  # set before any start, which may fail and close what there is
         if c.address is None:
             self.workers = [actor.remote(config) for _ in range(c.rollout_workers)]
         else:  # one bundle per worker, spread over the nodes where they fit
@@ -102,8 +105,6 @@ class RayRolloutSource:
                 for i in range(c.rollout_workers)]
         self.pids = self._started()
         self.restarts = 0
-        self.jobs: dict[int, list[Job]] = {}  # submitted batches (or their parts) by epoch
-        self._weights: tuple[int, Any] | None = None  # (version, ObjectRef): put once per version
         self.collective = c.weight_sync == "collective"  # broadcast instead of the object store
         self.inner_steps = config.algo.inner_steps
         self._board = None  # a WeightsBoard: workers take the newest weights between batches

@@ -23,6 +23,7 @@ import math
 import os
 import shutil
 import signal
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -102,6 +103,8 @@ class Cluster:
         self.session_dir: Path | None = None  # the private Ray's session folder, removed by close
         if self.owns_ray:
             handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+            if not sys.stderr.isatty():  # actors' lines go to a file or a pipe: no color escapes in their prefix
+                os.environ.setdefault("RAY_COLOR_PREFIX", "0")
             if c.address is None:
                 cpus = c.rollout_workers * WORKER_CPUS + (c.learners if c.learners > 1 else 0) * LEARNER_CPUS
                 ray.init(address="local", num_cpus=math.ceil(cpus) + 1, include_dashboard=False,
@@ -141,7 +144,7 @@ class Cluster:
                 self.ray.shutdown()
                 self.owns_ray = False
                 if self.session_dir is not None:
-                    _remove_session(self.session_dir)
+                    remove_session(self.session_dir)
                     self.session_dir = None
 
 
@@ -156,7 +159,7 @@ def _restore_handlers(handlers: dict[int, Any]) -> None:
                 return
 
 
-def _remove_session(session_dir: Path) -> None:
+def remove_session(session_dir: Path) -> None:
     """Remove a private Ray's session folder, and Ray's ``session_latest`` link if it points there."""
     latest = session_dir.parent / "session_latest"
     if latest.is_symlink() and Path(os.readlink(latest)).name == session_dir.name:

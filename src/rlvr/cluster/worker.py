@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlvr.cluster import ClusterError
+from rlvr.cluster import ClusterError, quiet_actor
 from rlvr.config import Config
 from rlvr.evaluation import evaluate
 from rlvr.metrics import Record
@@ -29,12 +29,7 @@ class RolloutWorker:
         torch.set_num_threads(1)
         from rlvr.compose import build_policy, build_task
 
-        try:
-            from transformers.utils import logging as hf_logging
-
-            hf_logging.disable_progress_bar()
-        except ImportError:
-            pass
+        quiet_actor()
         self.config = config
         self.task = build_task(config)
         self.policy = build_policy(config, self.task)
