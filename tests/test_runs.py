@@ -193,3 +193,31 @@ def test_a_full_disk_while_writing_metrics_is_one_clear_line(tmp_path, capsys, m
     assert main(["train", f"out_dir={out}", "algo.epochs=1", *BASE]) == 2
     err = capsys.readouterr().err
     assert err == f"rlvr: error: cannot write {out / 'metrics.jsonl'}: No space left on device\n"
+
+
+def test_a_second_signal_while_the_runs_parts_close_lets_them_close(tmp_path, capsys):
+    """A second SIGTERM soon after the first (a Ray run shutting down its Ray) does not abort
+    the parts' closing halfway (which left Ray's session folder); the run stops after it."""
+    import contextlib
+    import os
+    import signal
+    import types
+
+    from rlvr.runs import stop_on_signals
+
+    closed = []
+
+    @contextlib.contextmanager
+    def parts():
+        yield "parts"
+        os.kill(os.getpid(), signal.SIGTERM)  # the second signal, in the middle of closing
+        closed.append("ray shut down, session folder removed")
+
+    st = types.SimpleNamespace(stop_requested=False)
+    with stop_on_signals(st, tmp_path) as stops, stops.shielded(parts()) as value:
+        assert value == "parts"
+        os.kill(os.getpid(), signal.SIGTERM)  # the first: stop after this step
+        assert st.stop_requested
+    assert closed == ["ray shut down, session folder removed"]
+    assert stops.received == [signal.SIGTERM, signal.SIGTERM]
+    assert "it stops once they are closed" in capsys.readouterr().out

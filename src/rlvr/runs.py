@@ -91,28 +91,53 @@ class Stopped(KeyboardInterrupt):
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C; schedulers and ``docker stop``
 
 
+class Stops:
+    """The stop signals a run received (``received``), and the stretch in which a second
+    one does not abort (``shielded``): while the run's parts close (Ray shutting down, its
+    session folder removed), an abort would leave them half closed, and the run is
+    stopping already."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self.shield = False
+
+    @contextmanager
+    def shielded(self, parts: Any) -> Iterator[Any]:
+        """``parts`` (a context manager) entered as it is, its exit shielded from an abort."""
+        with ExitStack() as stack:
+            stack.callback(setattr, self, "shield", False)  # last on the way out
+            value = stack.enter_context(parts)
+            stack.callback(setattr, self, "shield", True)  # first: the parts' exit comes after it
+            yield value
+
+
 @contextmanager
-def stop_on_signals(st: TrainState, run_dir: Path) -> Iterator[list[int]]:
+def stop_on_signals(st: TrainState, run_dir: Path) -> Iterator[Stops]:
     """First SIGINT or SIGTERM: finish the current step, checkpoint, stop. A second one:
-    stop at once (the last checkpoint stays). Yields the signals received."""
-    received: list[int] = []
+    stop at once (the last checkpoint stays), or, while the run's parts close
+    (``Stops.shielded``), once they have closed."""
+    stops = Stops()
 
     def handler(signum, frame):
-        received.append(signum)
+        stops.received.append(signum)
         name = signal.Signals(signum).name
         if st.stop_requested:
-            raise Stopped(f"stopped by a second {name} without a checkpoint; continue from the last one "
-                          f"with: rlvr train resume={run_dir}", signum)
+            stopped = Stopped(f"stopped by a second {name} without a checkpoint; continue from the last one "
+                              f"with: rlvr train resume={run_dir}", signum)
+            if stops.shield:
+                print(f"\nrlvr: {name}: the run is closing its parts; it stops once they are closed", flush=True)
+                return
+            raise stopped
         st.stop_requested = True
         print(f"\nrlvr: {name}: stopping after this step and writing a checkpoint (send it again to abort)", flush=True)
 
     try:
         previous = {signum: signal.signal(signum, handler) for signum in STOP_SIGNALS}
     except ValueError:  # not the main thread: leave signals alone
-        yield received
+        yield stops
         return
     try:
-        yield received
+        yield stops
     finally:
         for signum, old in previous.items():
             signal.signal(signum, old)
@@ -312,14 +337,14 @@ def train_in_run_dir(
         st = state[1]
         metrics = JsonlSink(run_dir / "metrics.jsonl")
         on_record = stack.enter_context(_writer(config, run_dir, metrics, initial_epoch=st.epoch))
-        with stop_on_signals(st, run_dir) as received, loop_parts(config, st) as (source, learner):
+        with stop_on_signals(st, run_dir) as stops, stops.shielded(loop_parts(config, st)) as (source, learner):
             _load_sharded(learner, st, sharded)
             source.restore(source_state)  # the batches sampled ahead before the checkpoint: trained on as they are
             records = train(config, on_record=on_record, state=state, source=source, learner=learner,
                             on_epoch_end=_checkpointer(config, run_dir, metrics, source, learner))
             policy = trained_policy(config, state[0], st, learner) if with_policy else None
     if st.stop_requested:
-        signum = received[0] if received else signal.SIGINT
+        signum = stops.received[0] if stops.received else signal.SIGINT
         raise Stopped(f"stopped by {signal.Signals(signum).name} at epoch {st.epoch} (step {st.step}), checkpoint "
                       f"written; continue with: rlvr train resume={run_dir}", signum)
     if config.log.plot if plot is None else plot:
