@@ -171,3 +171,34 @@ def test_the_python_api_prints_no_library_noise(tiny_model, tmp_path):
     done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert not [word for word in NOISE if word in done.stderr], done.stderr
+
+
+def test_the_rlvr_process_ignores_further_stop_signals_once_it_is_stopping(monkeypatch, capsys):
+    """``rlvr`` (no argv: the process's own command) exits a moment after a stop; a SIGTERM
+    then would kill it midway (exit -15, no final line), so it is ignored from there."""
+    import signal
+
+    import rlvr.cli
+    from rlvr.runs import Stopped
+
+    def stopped(args):
+        raise Stopped("stopped by SIGTERM at epoch 1", signal.SIGTERM)
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    monkeypatch.setattr(sys, "argv", ["rlvr", "train", "algo.epochs=1"])
+    monkeypatch.setattr(rlvr.cli, "cmd_train", stopped)
+    try:
+        parser = rlvr.cli.build_parser()
+        monkeypatch.setattr(rlvr.cli, "build_parser", lambda: parser)
+        for action in parser._subparsers._group_actions[0].choices.values():
+            if action.prog.endswith(" train"):
+                action.set_defaults(func=stopped)
+        assert rlvr.cli.main() == 143
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        assert capsys.readouterr().err.strip() == "rlvr: stopped by SIGTERM at epoch 1"
+        signal.signal(signal.SIGTERM, before[signal.SIGTERM])
+        assert rlvr.cli.main(["config"]) == 0  # an argv list: an in-process call, its handlers untouched
+        assert signal.getsignal(signal.SIGTERM) is before[signal.SIGTERM]
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)

@@ -7,6 +7,7 @@ import shutil
 import signal
 import sys
 import textwrap
+import threading
 import warnings
 from pathlib import Path
 
@@ -345,7 +346,20 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argpa
     return args
 
 
+def _stop(signum: int, frame: object) -> None:
+    from rlvr.runs import Stopped
+
+    raise Stopped(f"stopped by {signal.Signals(signum).name}", signum)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The ``rlvr`` command. Without ``argv`` it is the process's own (``rlvr``, ``python -m
+    rlvr``): a SIGTERM outside a run's own handling stops it as Ctrl-C does, and once a stop
+    is on its way out, further SIGINT or SIGTERM are ignored (it exits in a moment; a
+    signal then would kill it midway, its final line unprinted)."""
+    own_process = argv is None and threading.current_thread() is threading.main_thread()
+    if own_process:
+        signal.signal(signal.SIGTERM, _stop)
     parser = build_parser()
     args = parse_args(parser, argv)
     # a warning is one line, like the errors (not the file and source line Python shows)
@@ -364,6 +378,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rlvr: reward error (rewards.strict=true): {err}", file=sys.stderr)
         return 4
     except KeyboardInterrupt as err:  # Ctrl-C, or runs.Stopped (SIGINT, SIGTERM): 128 + the signal
+        if own_process:
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(signum, signal.SIG_IGN)
         print(f"rlvr: {err}" if str(err) else "rlvr: interrupted", file=sys.stderr)
         return 128 + getattr(err, "signum", signal.SIGINT)
     except ImportError as err:  # an optional package that no check above foresaw
