@@ -70,13 +70,14 @@ class EpisodePolicy(Policy):
         return self.lm.sync_engine(version)
 
     def check_prompts(self, prompts: Sequence[Any], what: str = "start") -> None:
-        """Before any work: the first prompts of these starts encode (a PromptError names the
-        start), and with a chat template, conversations of those prompts render the same turn
-        by turn, as episodes are built, as whole (a ValueError shows the first difference)."""
+        """Before any work: the first prompts of these starts encode and leave room for
+        ``max_tokens`` in the model's positions (a PromptError names the start), and with a
+        chat template, conversations of those prompts render the same turn by turn, as
+        episodes are built, as whole (a ValueError shows the first difference)."""
         chats = []
         for index, start in enumerate(list(prompts)[:CHECKED_STARTS]):
             prompt = self.make_env().reset(copy.deepcopy(start))
-            first_prompt_ids(self.lm, prompt, index)
+            first_prompt_ids(self.lm, prompt, index, self.limits.max_tokens)
             if not isinstance(prompt, str):
                 chats.append([*prompt, {"role": "assistant", "content": "1"}, {"role": "user", "content": "2"},
                               {"role": "assistant", "content": "3"}])
