@@ -281,6 +281,7 @@ def test_sft_reads_whole_episodes_as_messages(tiny_model, tmp_path, capsys):
     data = tmp_path / "episodes.jsonl"
     data.write_text(json.dumps({"messages": episode}) + "\n" + json.dumps({"prompt": "2-9>", "completion": "5"}) + "\n")
     args = ["sft", f"out_dir={tmp_path / 'sft'}", "task.name=environment", "task.options.environment=guessing",
+            "task.options.max_tokens=32",
             "policy.name=causal_lm", f"policy.options={{model: '{tiny_model}', max_new_tokens: 3}}", f"sft.data={data}",
             "sft.steps=2", "sft.batch_size=3", "sft.eval_every=2", "sft.eval_size=2"]
     assert main(args) == 0

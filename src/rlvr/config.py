@@ -300,11 +300,12 @@ class ClusterConfig:
         "max_staleness >= 1: the rollout workers start each batch with the newest weights, published after every "
         "optimizer step, not those held when the batch was submitted (fresher samples; which weights a batch gets "
         "then depends on timing, so such a run is not reproduced exactly from its seed)"))
-    address: str | None = setting(None, "Ray cluster address (null: start a local Ray with the CPUs needed)")
+    address: str | None = setting(None, "Ray cluster address: auto, HOST:PORT or ray://HOST:PORT (null: start a "
+                                        "local Ray with the CPUs needed)")
     split_batch: bool = setting(False, (
         "split each epoch's batch over the rollout workers (its prompts drawn here, each part sampled with its own "
         "generator) so they generate at once; false: the whole batch on one worker (epoch e on worker e mod W), "
-        "which with one worker gives the single-process records"))
+        "which with one worker gives the single-process records; needs rollout workers"))
     weight_sync: str = setting("object_store", (
         "how the rollout workers get new weights: object_store (through Ray's object store; survives worker "
         "restarts) or collective (one torch.distributed broadcast per dtype from this process: gloo on CPU, "

@@ -10,6 +10,7 @@ rules, so they take its sections by their fields (``rlvr.config``'s classes) wit
 
 from __future__ import annotations
 
+import re
 import warnings
 from pathlib import PurePath
 from typing import Any
@@ -28,6 +29,8 @@ REWARD_FUNCTION_KEYS = ("function", "weight", "timeout", "name", "required")
 # field's own limit is declared on it (``max=``); these bound products.
 MAX_RESPONSES = 2**16  # responses sampled at once: prompts x group_size, eval batch x eval_samples
 MAX_POSITIONAL_PARAMETERS = 2**24  # the positional toy model: 2 n D^2 + V D (64 MiB of float32)
+# cluster.address as ray.init takes it: auto, or HOST:PORT (a name, an IPv4 or a bracketed IPv6), optionally ray://
+RAY_ADDRESS = re.compile(r"auto|(ray://)?([A-Za-z0-9][A-Za-z0-9_.-]*|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]{1,5})")
 
 
 def _task_options() -> dict[str, tuple[str, ...]]:
@@ -231,6 +234,12 @@ def _check_algo_combinations(config: Any) -> None:
 
 def _check_cluster(config: Any) -> None:
     c, a = config.cluster, config.algo
+    if c.address is not None:
+        _check_address(c.address)
+    if c.split_batch and c.rollout_workers == 0:
+        raise ConfigError("cluster.split_batch=true splits each batch over the rollout workers, and "
+                          "cluster.rollout_workers=0 samples it in this process; set cluster.rollout_workers >= 1 "
+                          "or drop cluster.split_batch")
     responses = config.task.prompts_per_epoch * a.group_size
     if c.learners > responses:
         raise ConfigError(f"cluster.learners={c.learners}: more learners than the {responses} responses of a batch "
@@ -261,6 +270,14 @@ def _check_cluster(config: Any) -> None:
                 "algo.is_correction")
 
 
+
+
+def _check_address(address: str) -> None:
+    """A Ray cluster's address as ``ray.init`` takes it (``RAY_ADDRESS``), its port in 1..65535."""
+    match = RAY_ADDRESS.fullmatch(address)
+    if match is None or (match["port"] is not None and not 0 < int(match["port"]) < 2**16):
+        raise ConfigError(f"cluster.address={address!r} is not a Ray cluster address; give auto, HOST:PORT "
+                          "(e.g. 10.0.0.1:6379) or ray://HOST:PORT, or null to start a local Ray")
 
 
 def _check_causal_lm_options(o: Any) -> None:

@@ -188,7 +188,8 @@ class NumberStart(ChatStart):
 
 def _chat_run(tmp_path, factory, *more):
     return main(["train", f"out_dir={tmp_path / 'run'}", "task.name=environment",
-                 f"task.options.environment_factory=test_environment_runs:{factory}", "policy.name=causal_lm",
+                 f"task.options.environment_factory=test_environment_runs:{factory}", "task.options.max_tokens=32",
+                 "policy.name=causal_lm",
                  "algo.epochs=1", "log.progress=false", "log.plot=false", *more])
 
 

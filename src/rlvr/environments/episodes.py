@@ -8,7 +8,8 @@ Each turn, the episodes still running are continued from their token prefixes in
 to the policy's engine (they finish at different turns); each episode's draws come from
 its own seed, so a batch gives the episodes that one-at-a-time sampling gives. A turn that
 calls tools gets their results (the task's tools in sandboxed worker processes, all
-episodes' calls of a turn at once; the environment's own tools in this process); any other
+episodes' calls of a turn at once; the environment's own tools in this process; at most
+``max_tool_calls`` calls a turn run, the policy reading that the rest did not); any other
 turn goes to its environment's ``step``. An episode ends when its environment says done, at
 ``max_turns`` policy turns, or at ``max_tokens`` tokens after the prompt (the last two:
 truncated, like a response cut at its length limit).
@@ -52,6 +53,8 @@ class EpisodeLimits:
     step_timeout: seconds one call into environment code may take (making it, reset, step,
                   tools; None: no limit)
     tool_timeout: seconds one call of an environment's own tool may take (None: no limit)
+    max_tool_calls: tool calls run per policy turn; those past it are not run, and the
+                  policy reads one failed result saying so
     """
 
     max_turns: int = 4
@@ -59,6 +62,7 @@ class EpisodeLimits:
     tool_style: str = "plain"
     step_timeout: float | None = 30.0
     tool_timeout: float | None = None
+    max_tool_calls: int = 8
 
 
 class EpisodeText(str):
@@ -161,7 +165,7 @@ def start_episode(policy: CausalLMPolicy, make_env: Callable[[], Environment], s
     except EnvironmentFailed as failed:
         episode = Episode(start=start, prompt="", prompt_ids=[], done=True, error=str(failed))
         return _Running(episode, env)
-    ids = turns.first_prompt_ids(policy, prompt, index)
+    ids = turns.first_prompt_ids(policy, prompt, index, limits.max_tokens)
     return _Running(Episode(start=start, prompt=prompt, prompt_ids=ids), env)
 
 
@@ -210,24 +214,42 @@ def _turn_seeds(seeds: torch.Tensor, turn: int) -> torch.Tensor:
 
 def _policy_turns(policy: CausalLMPolicy, active: list[_Running], temperature: float, limits: EpisodeLimits,
                   seeds: torch.Tensor | None) -> None:
-    """The next policy turn of every active episode, in one batch; an episode out of tokens ends truncated."""
+    """The next policy turn of every active episode, batched as the model's positions allow
+    (``turn_calls``); an episode out of tokens ends truncated."""
     room = [limits.max_tokens - r.episode.length for r in active]
-    max_new = max(1, min(policy.sampling.max_new_tokens, max(room)))
-    generation, texts = turns.next_turns(policy, [r.episode.prompt_ids + r.episode.response_ids for r in active],
-                                         temperature, max_new, seeds)
-    lengths, ids, log_probs = generation.lengths.tolist(), generation.response_ids.tolist(), \
-        generation.sample_log_probs.tolist()
-    for row, r in enumerate(active):
-        length = lengths[row]
-        text = texts[row]
-        if length > room[row]:  # past the episode's budget: cut there
-            length = room[row]
-            text = policy.tokenizer.decode(ids[row][:length], skip_special_tokens=True)
-        r.episode.turns.append(Turn("policy", text, ids[row][:length], log_probs[row][:length]))
-        if r.chat:
-            r.history.append({"role": "assistant", "content": text})
-        if r.episode.length >= limits.max_tokens:
-            r.episode.done = r.episode.truncated = True
+    prefixes = [r.episode.prompt_ids + r.episode.response_ids for r in active]
+    calls = turn_calls([len(p) for p in prefixes], room, policy.sampling.max_new_tokens, policy.max_positions)
+    for rows, max_new in calls:
+        generation, texts = turns.next_turns(policy, [prefixes[i] for i in rows], temperature, max_new,
+                                             None if seeds is None else seeds[rows])
+        lengths, ids, log_probs = generation.lengths.tolist(), generation.response_ids.tolist(), \
+            generation.sample_log_probs.tolist()
+        for k, row in enumerate(rows):
+            r, length, text = active[row], lengths[k], texts[k]
+            if length > room[row]:  # past the episode's budget: cut there
+                length = room[row]
+                text = policy.tokenizer.decode(ids[k][:length], skip_special_tokens=True)
+            r.episode.turns.append(Turn("policy", text, ids[k][:length], log_probs[k][:length]))
+            if r.chat:
+                r.history.append({"role": "assistant", "content": text})
+            if r.episode.length >= limits.max_tokens:
+                r.episode.done = r.episode.truncated = True
+
+
+def turn_calls(prefix_lengths: list[int], room: list[int], max_new_tokens: int, max_positions: int | None
+               ) -> list[tuple[list[int], int]]:
+    """One turn's engine calls: (the rows of the active episodes, the tokens drawn at most).
+    A call draws as many tokens as the roomiest of its rows may take (each row is cut to its
+    own room after); a row whose prefix would run past the model's ``max_positions`` with
+    that many waits for a later call that draws fewer. An episode's prompt leaves room for
+    its ``max_tokens`` (``first_prompt_ids``), so the roomiest row left always fits."""
+    calls, left = [], list(range(len(room)))
+    while left:
+        max_new = max(1, min(max_new_tokens, max(room[i] for i in left)))
+        fits = [i for i in left if max_positions is None or prefix_lengths[i] + max_new <= max_positions] or left
+        calls.append((fits, max_new))
+        left = [i for i in left if i not in fits]
+    return calls
 
 
 def _answer(policy: CausalLMPolicy, active: list[_Running], limits: EpisodeLimits, toolbox: ToolBox | None) -> None:
@@ -238,6 +260,7 @@ def _answer(policy: CausalLMPolicy, active: list[_Running], limits: EpisodeLimit
     boxed: list[tuple[int, ToolCall]] = []  # (row, call) for the task's sandboxed tools
     results: list[list[ToolResult]] = [[] for _ in active]
     calling = []
+    over_cap: dict[int, ToolResult] = {}  # row -> the failed result that says which calls were not run
     for row, r in enumerate(active):
         try:
             own = _env_tools(r.env, limits)
@@ -250,6 +273,9 @@ def _answer(policy: CausalLMPolicy, active: list[_Running], limits: EpisodeLimit
         if not calls and not errors:
             continue
         calling.append(row)
+        if len(calls) > limits.max_tool_calls:
+            over_cap[row] = _not_run(calls[limits.max_tool_calls:], limits.max_tool_calls)
+            calls = calls[:limits.max_tool_calls]
         turn.tool_calls = list(calls)
         results[row] = list(errors)
         for call in calls:
@@ -260,6 +286,8 @@ def _answer(policy: CausalLMPolicy, active: list[_Running], limits: EpisodeLimit
     if boxed:
         for (row, _), result in zip(boxed, toolbox.run([call for _, call in boxed])):
             results[row].append(result)
+    for row, result in over_cap.items():
+        results[row].append(result)
     for row, r in enumerate(active):
         if r.episode.done:  # its tools() failed
             continue
@@ -272,6 +300,12 @@ def _answer(policy: CausalLMPolicy, active: list[_Running], limits: EpisodeLimit
                                        for res in results[row]], limits)
         else:
             _append(policy, r, reply, format_tool_results(results[row], limits.tool_style), limits)
+
+
+def _not_run(skipped: list[ToolCall], cap: int) -> ToolResult:
+    """The failed result a turn's calls past the cap get (one for all: the policy reads why)."""
+    return ToolResult(skipped[0].name, f"{len(skipped)} more tool call{'s' * (len(skipped) > 1)} not run: at most "
+                      f"{cap} tool calls a turn", error=True)
 
 
 def _step(policy: CausalLMPolicy, r: _Running, limits: EpisodeLimits) -> None:

@@ -69,9 +69,10 @@ class EpisodePolicy(Policy):
         return self.lm.sync_engine(version)
 
     def check_prompts(self, prompts: Sequence[Any], what: str = "start") -> None:
-        """Before any work: the first prompts of these starts encode (a PromptError names the
-        start), and with a chat template, conversations of those prompts render the same turn
-        by turn, as episodes are built, as whole (a ValueError shows the first difference)."""
+        """Before any work: the first prompts of these starts encode and leave room for
+        ``max_tokens`` in the model's positions (a PromptError names the start), and with a
+        chat template, conversations of those prompts render the same turn by turn, as
+        episodes are built, as whole (a ValueError shows the first difference)."""
         chats = []
         for index, start in enumerate(list(prompts)[:CHECKED_STARTS]):
             running = start_episode(self.lm, self.make_env, start, index, self.limits)  # reset under its contract

@@ -91,14 +91,15 @@ def excerpt(text: str, at: int = 0, width: int = 40) -> str:
 
 
 def prompt_token_ids(tokenizer: Any, prompts: Sequence[str | dict], add_special_tokens: bool, max_new_tokens: int,
-                     max_positions: int | None, what: str = "prompt", offset: int = 0) -> list[list[int]]:
+                     max_positions: int | None, what: str = "prompt", offset: int = 0,
+                     budget: str = "policy.options.max_new_tokens") -> list[list[int]]:
     """The token ids of each prompt (text or a chat, on its own or as the "prompt" of a
     dict; a chat rendered and encoded as the module docstring says).
 
     PromptError naming the first prompt (as "<what> <offset + index>") that has no
     tokens, a character the tokenizer cannot encode, or more than ``max_positions``
-    tokens with ``max_new_tokens`` beside it, or that is a chat the tokenizer cannot
-    render (no chat template, or the template fails on it).
+    tokens with ``max_new_tokens`` beside it (the setting ``budget`` says how many), or
+    that is a chat the tokenizer cannot render (no chat template, or the template fails on it).
     """
     values = [p["prompt"] if isinstance(p, dict) else p for p in prompts]
     if not values:
@@ -133,9 +134,9 @@ def prompt_token_ids(tokenizer: Any, prompts: Sequence[str | dict], add_special_
         total = len(ids) + max_new_tokens
         if max_positions is not None and total > max_positions:
             raise PromptError(
-                f"{what} {offset + i} ({excerpt(texts[i])}): {len(ids)} tokens + max_new_tokens "
+                f"{what} {offset + i} ({excerpt(texts[i])}): {len(ids)} tokens + {budget.rsplit('.', 1)[-1]} "
                 f"{max_new_tokens} = {total} > {max_positions}, the model's positions; "
-                "shorten the prompt or lower policy.options.max_new_tokens", offset + i
+                f"shorten the prompt or lower {budget}", offset + i
             )
     return encoded
 

@@ -22,12 +22,13 @@ if TYPE_CHECKING:
     from rlvr.policies.causal_lm import CausalLMPolicy
 
 
-def first_prompt_ids(policy: CausalLMPolicy, prompt: str | list[dict], index: int = 0) -> list[int]:
+def first_prompt_ids(policy: CausalLMPolicy, prompt: str | list[dict], index: int, max_tokens: int) -> list[int]:
     """An episode's first observation as the policy encodes prompts (a chat rendered with its
-    template, the generation prompt added); a PromptError names what cannot be encoded (as
-    the episode prompt of start ``index``)."""
-    return prompt_token_ids(policy.tokenizer, [prompt], policy.add_special_tokens, policy.sampling.max_new_tokens,
-                            policy.max_positions, "episode prompt of start", index)[0]
+    template, the generation prompt added); a PromptError names what cannot be encoded, or
+    a prompt that leaves the model's positions no room for the episode's ``max_tokens``
+    tokens after it (as the episode prompt of start ``index``)."""
+    return prompt_token_ids(policy.tokenizer, [prompt], policy.add_special_tokens, max_tokens, policy.max_positions,
+                            "episode prompt of start", index, budget="task.options.max_tokens")[0]
 
 
 def next_turns(policy: CausalLMPolicy, prefixes: list[list[int]], temperature: float, max_new_tokens: int,

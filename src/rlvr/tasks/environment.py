@@ -33,7 +33,7 @@ import torch
 from rlvr.data import read_jsonl
 from rlvr.environments.base import Environment, Episode
 from rlvr.environments.episodes import EpisodeLimits
-from rlvr.errors import RunError
+from rlvr.errors import ConfigError, RunError
 from rlvr.rewards import RewardSpec
 from rlvr.rollout import Grades, Policy
 from rlvr.rules import option
@@ -84,6 +84,8 @@ class EnvironmentTask(GradedTask):
         "tool_timeout": option("seconds one tool call may take (a sandboxed tool, or the environment's own)",
                                above=0, max=3600),
         "tool_memory_mb": option("memory one tool call may use, MiB", min=16, max=2**20),
+        "max_tool_calls": option("tool calls run at most per policy turn; the policy reads that those past it "
+                                 "were not run (one failed result, counted in episode/tool_errors)", min=1, max=1000),
         "step_timeout": option("seconds one call into the environment (making it, reset, step, tools()) may "
                                "take; past it the episode ends with an error (counted; its reward abstains)",
                                above=0, max=3600),
@@ -95,11 +97,12 @@ class EnvironmentTask(GradedTask):
                  environment_options: dict | None = None, data: str | None = None, eval_data: str | None = None,
                  eval_size: int = 64, max_turns: int = 4, max_tokens: int = 256, tools: list | None = None,
                  tool_style: str = "plain", tool_timeout: float = 5.0, tool_memory_mb: int = 512,
-                 step_timeout: float = 30.0) -> None:
+                 step_timeout: float = 30.0, max_tool_calls: int = 8) -> None:
         # the options' names are checked against the class here; it is first built (run) by policy_for
         self.make_env = environment_factory_of(environment, environment_factory, environment_options or {})
         self.limits = EpisodeLimits(max_turns=max_turns, max_tokens=max_tokens, tool_style=tool_style,
-                                    step_timeout=step_timeout, tool_timeout=tool_timeout)
+                                    step_timeout=step_timeout, tool_timeout=tool_timeout,
+                                    max_tool_calls=max_tool_calls)
         self.tool_names = list(tools or [])
         self.tool_settings = {"timeout": tool_timeout, "memory_mb": tool_memory_mb}
         self._toolbox = None
@@ -124,9 +127,15 @@ class EnvironmentTask(GradedTask):
     def policy_for(self, policy: Policy) -> Policy:
         """``policy`` acting in this task's environment: its samples are episodes. Its end of
         turn (the LM's EOS text) goes between the turns of SFT demonstrations, as an episode
-        holds the EOS id there."""
+        holds the EOS id there. Refused before any work: ``max_tokens`` that leave no room for
+        a prompt in the model's positions."""
         from rlvr.environments.policy import EpisodePolicy
 
+        positions = getattr(policy, "max_positions", None)
+        if positions is not None and self.limits.max_tokens >= positions:
+            raise ConfigError(f"task.options.max_tokens={self.limits.max_tokens}: an episode's prompt and its "
+                              f"{self.limits.max_tokens} tokens after it must fit the model's {positions} positions; "
+                              f"lower task.options.max_tokens below {positions}")
         self.turn_end = getattr(getattr(policy, "tokenizer", None), "eos_token", None) or ""
         self.make_env()  # options its constructor refuses fail here, before any work
         return EpisodePolicy(policy, self.make_env, self.limits, self.toolbox)

@@ -1,0 +1,85 @@
+"""A policy turn runs at most task.options.max_tool_calls tool calls: those past it are not
+run, and the policy reads one failed result saying so (counted in episode/tool_errors)."""
+
+import pytest
+import torch
+
+from rlvr.environments.base import Step
+from rlvr.errors import ConfigError
+from rlvr.tasks import check_task_options
+
+pytest.importorskip("transformers")
+
+
+class Ticks:
+    """Its own tool ``tick`` counts the calls that ran; the step after ends the episode."""
+
+    made: list["Ticks"] = []
+
+    def __init__(self):
+        self.ran = 0
+        Ticks.made.append(self)
+
+    def reset(self, start):
+        return "1>"
+
+    def step(self, text):
+        return Step(done=True)
+
+    def tools(self):
+        return {"tick": self.tick}
+
+    def tick(self, x):
+        self.ran += 1
+        return str(self.ran)
+
+
+def episodes_calling(tmp_path, monkeypatch, calls, limits):
+    from rlvr.engines import Generation
+    from rlvr.environments.episodes import run_episodes
+    from rlvr.modeling import init_model
+    from rlvr.policies import turns
+    from rlvr.policies.causal_lm import CausalLMPolicy
+
+    model = init_model(tmp_path / "model", hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, seed=0,
+                       chars="0123456789 >()tick")
+    policy = CausalLMPolicy.from_pretrained(str(model), max_new_tokens=8)
+
+    def scripted(policy, prefixes, temperature, max_new_tokens, seeds):  # every turn: `calls` calls of tick
+        texts = ["tick(1) " * calls for _ in prefixes]
+        ids = [policy.tokenizer(t, add_special_tokens=False)["input_ids"] + [policy.tokenizer.eos_token_id]
+               for t in texts]
+        response = torch.tensor(ids)
+        return Generation(response, torch.ones(response.shape, dtype=torch.bool), torch.zeros(response.shape)), texts
+
+    monkeypatch.setattr(turns, "next_turns", scripted)
+    Ticks.made.clear()
+    return run_episodes(policy, Ticks, [0, 1], 1, 1.0, torch.Generator().manual_seed(0), limits)
+
+
+@pytest.mark.parametrize(("cap", "message"), [(None, "12 more tool calls not run: at most 8 tool calls a turn"),
+                                              (19, "1 more tool call not run: at most 19 tool calls a turn")])
+def test_calls_past_the_cap_are_not_run_and_the_policy_reads_why(tmp_path, monkeypatch, cap, message):
+    from rlvr.environments.episodes import EpisodeLimits
+    from rlvr.tasks.environment import episode_metrics
+
+    limits = EpisodeLimits(max_turns=1, max_tokens=250) if cap is None else \
+        EpisodeLimits(max_turns=1, max_tokens=250, max_tool_calls=cap)
+    episodes = episodes_calling(tmp_path, monkeypatch, 20, limits)
+    ran = 8 if cap is None else cap
+    assert [env.ran for env in Ticks.made] == [ran, ran]  # the default cap is 8
+    for episode in episodes:
+        policy_turn, tool_turn = episode.turns[:2]
+        assert len(policy_turn.tool_calls) == ran
+        assert [r.content for r in tool_turn.tool_results] == [str(i) for i in range(1, ran + 1)] + [message]
+        assert tool_turn.tool_results[-1].error and episode.tool_errors == 1
+    assert episode_metrics(episodes)["episode/tool_errors"] == 1.0
+
+
+def test_the_cap_is_a_task_option_with_its_rules():
+    from rlvr.tasks.environment import EnvironmentTask
+
+    assert EnvironmentTask(max_tool_calls=3).limits.max_tool_calls == 3
+    assert EnvironmentTask().limits.max_tool_calls == 8
+    with pytest.raises(ConfigError, match=r"task.options.max_tool_calls=0 must be >= 1"):
+        check_task_options("environment", {"max_tool_calls": 0})
