@@ -326,3 +326,21 @@ def test_an_environments_own_tool_that_hangs_is_a_tool_error_after_tool_timeout(
     assert result.error and result.content == "StepTimeout: no answer within 0.2 s"
     assert time.perf_counter() - started < 5
     assert _call_own(lambda: "seen", ToolCall("peek"), 0.2).content == "seen"
+
+
+def test_a_hanging_environment_is_said_on_the_console_at_its_first_timeout(policy, caplog):
+    import logging
+
+    from rlvr.environments import episodes
+
+    episodes._TIMED_OUT.discard("SlowStep.step")
+
+    class SlowStep(Hangs):
+        pass
+
+    with caplog.at_level(logging.WARNING, logger="rlvr.environments.episodes"):
+        found, _ = sample(policy, env=SlowStep, starts=(1, 2), group=2, limits=EpisodeLimits(4, 40, step_timeout=0.1))
+    assert all("no answer within 0.1 s" in e.error for e in found)
+    said = [r.getMessage() for r in caplog.records if "ran past its time limit" in r.getMessage()]
+    assert said == ["SlowStep.step ran past its time limit of 0.1 s: its episode ends with an error, and each call "
+                    "that hangs like it costs as long (task.options.step_timeout or tool_timeout)"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import numbers
 import signal
 import threading
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from rlvr.policies.causal_lm import CausalLMPolicy
 
 SEED_RANGE = 2**62
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -187,7 +189,15 @@ def environment_call(seconds: float | None, what: str, fn: Callable[..., Any], *
     except Stopped:
         raise
     except BaseException as err:  # noqa: BLE001 - the environment's failure ends its episode, not the run
+        if isinstance(err, StepTimeout) and what not in _TIMED_OUT:  # said at once: the next may cost as long
+            _TIMED_OUT.add(what)
+            logger.warning("%s ran past its time limit of %g s: its episode ends with an error, and each call "
+                           "that hangs like it costs as long (task.options.step_timeout or tool_timeout)",
+                           what, seconds)
         raise EnvironmentFailed(f"{what}: {_describe(err)}"[:500]) from None
+
+
+_TIMED_OUT: set[str] = set()  # the calls whose time-out this process has said
 
 
 def _describe(err: BaseException) -> str:
