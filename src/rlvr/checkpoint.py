@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from rlvr.data import hash_file
+from rlvr.errors import CheckpointError
 from rlvr.policies import frozen_copy, holds_weights
 from rlvr.rollout import Rollout
 
@@ -51,10 +52,6 @@ PAYLOAD_KEYS = frozenset((
 OPTIONAL_KEYS = frozenset(("source",))  # checkpoints written before it load without it
 SHARDED_DIR = "sharded"  # the learners' DCP folder in a checkpoint
 SHARDED_KEY = "@sharded"  # the manifest's entry naming it (no file: an rlvr without sharded checkpoints refuses it)
-
-
-class CheckpointError(RuntimeError):
-    """No usable checkpoint."""
 
 
 def _fsync_tree(root: Path) -> None:

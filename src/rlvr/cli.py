@@ -347,7 +347,7 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argpa
 
 
 def _stop(signum: int, frame: object) -> None:
-    from rlvr.runs import Stopped
+    from rlvr.errors import Stopped
 
     raise Stopped(f"stopped by {signal.Signals(signum).name}", signum)
 

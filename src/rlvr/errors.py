@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import signal
 from collections.abc import Iterable, Mapping
 
 
@@ -12,6 +13,19 @@ class ConfigError(ValueError):
 
 class RunError(RuntimeError):
     """A run that cannot start or go on (its directory is taken, a write failed)."""
+
+
+class CheckpointError(RuntimeError):
+    """No usable checkpoint."""
+
+
+class Stopped(KeyboardInterrupt):
+    """The run stopped on a signal; the CLI exits with 128 + ``signum``, as a shell
+    reports a process the signal ended."""
+
+    def __init__(self, message: str, signum: int = signal.SIGINT):
+        super().__init__(message)
+        self.signum = signum
 
 
 def did_you_mean(name: str, allowed: Iterable[str], elsewhere: Mapping[str, str] | None = None,

@@ -31,7 +31,7 @@ from rlvr.cluster.learners import LearnerGroup
 from rlvr.cluster.session import loop_parts, trained_policy
 from rlvr.cluster.sharded import load_sharded
 from rlvr.config import Config, load_config
-from rlvr.errors import ConfigError, RunError, os_reason
+from rlvr.errors import ConfigError, RunError, Stopped, os_reason
 from rlvr.evaluation import eval_prompts_label
 from rlvr.metrics import (
     ExperimentTrackerSink,
@@ -77,15 +77,6 @@ class Progress:
 
     def close(self) -> None:
         self.bar.close()
-
-
-class Stopped(KeyboardInterrupt):
-    """The run stopped on a signal; the CLI exits with 128 + ``signum``, as a shell
-    reports a process the signal ended."""
-
-    def __init__(self, message: str, signum: int = signal.SIGINT):
-        super().__init__(message)
-        self.signum = signum
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C; schedulers and ``docker stop``

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import importlib
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -187,31 +188,37 @@ def commented_yaml(section: Any, indent: str = "", entries: dict[str, MappingEnt
 MAX_YAML_NODES = 100_000  # a document's values with its aliases expanded: an alias bomb stops here
 
 
-class _BoundedLoader(yaml.SafeLoader):
+@functools.cache
+def _bounded_loader() -> type:
     """YAML's safe loader, refusing a document whose aliases expand past MAX_YAML_NODES
-    values (nine aliases of nine, nine deep, are a billion values to whoever walks them)."""
+    values (nine aliases of nine, nine deep, are a billion values to whoever walks them).
+    Made on first use: a ``yaml.py`` in the working directory is named before then."""
 
-    def construct_document(self, node: yaml.Node) -> Any:
-        sizes: dict[int, int] = {}
+    class BoundedLoader(yaml.SafeLoader):
+        def construct_document(self, node: yaml.Node) -> Any:
+            sizes: dict[int, int] = {}
 
-        def size(n: yaml.Node) -> int:  # each distinct node sized once: linear in the document's text
-            if id(n) not in sizes:
-                sizes[id(n)] = 1  # a node inside itself (a recursive alias) counts once
-                children = (n.value if isinstance(n, yaml.SequenceNode) else
-                            [part for pair in n.value for part in pair] if isinstance(n, yaml.MappingNode) else [])
-                sizes[id(n)] = min(1 + sum(size(child) for child in children), MAX_YAML_NODES + 1)
-            return sizes[id(n)]
+            def size(n: yaml.Node) -> int:  # each distinct node sized once: linear in the document's text
+                if id(n) not in sizes:
+                    sizes[id(n)] = 1  # a node inside itself (a recursive alias) counts once
+                    children = (n.value if isinstance(n, yaml.SequenceNode) else
+                                [part for pair in n.value for part in pair] if isinstance(n, yaml.MappingNode)
+                                else [])
+                    sizes[id(n)] = min(1 + sum(size(child) for child in children), MAX_YAML_NODES + 1)
+                return sizes[id(n)]
 
-        if size(node) > MAX_YAML_NODES:
-            raise yaml.YAMLError(f"its aliases expand to more than {MAX_YAML_NODES} values")
-        return super().construct_document(node)
+            if size(node) > MAX_YAML_NODES:
+                raise yaml.YAMLError(f"its aliases expand to more than {MAX_YAML_NODES} values")
+            return super().construct_document(node)
+
+    return BoundedLoader
 
 
 def load_yaml(text: str, where: str) -> Any:
     """``text`` parsed as YAML; if it is not YAML, or its aliases expand past
     MAX_YAML_NODES values, a one-line ConfigError naming ``where``."""
     try:
-        return yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 (a safe loader)
+        return yaml.load(text, Loader=_bounded_loader())  # noqa: S506 (a safe loader)
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -181,7 +181,7 @@ def environment_call(seconds: float | None, what: str, fn: Callable[..., Any], *
     ``except Exception`` does not swallow it), and whatever it raises, SystemExit,
     KeyboardInterrupt and RecursionError too, an EnvironmentFailed naming ``what``. The
     run's own stop (a second Ctrl-C or SIGTERM) goes through."""
-    from rlvr.runs import Stopped
+    from rlvr.errors import Stopped
 
     try:
         with time_limit(seconds):
