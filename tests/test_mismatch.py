@@ -124,6 +124,7 @@ def test_auto_recomputes_for_an_inexact_sampler_and_logs_the_mismatch():
     (["algo.is_correction=token_mis", "algo.is_high=1.2"], False),  # kept tokens weigh 1: none truncated
     (["algo.is_correction=icepop", "algo.is_high=1.2"], False),  # kept ratios are within high: none truncated
     (["algo.is_correction=token_mis", "algo.is_high=1.2", "algo.tis_cap=1.1"], True),
+    (["algo.is_correction=seq_mask_is", "algo.tis_cap=1.5"], False),  # its cap drops responses, truncates none
     (["algo.tis_cap=1.2"], True),
 ])
 def test_the_truncated_share_is_logged_only_where_a_cap_truncates(overrides, logged):
@@ -196,6 +197,27 @@ def test_a_correction_that_masks_every_token_stops_with_one_line(method):
                               "(their ratios pi_old / pi_sampler outside [0.833333, 1.2]), so the steps would train "
                               "nothing; widen the bounds or check that the sampler's log-probs are the policy's")
     assert st.step == 0  # no step taken on a loss of 0
+
+
+class LowSampler(NoisySampler):
+    """The sampler's log-probs 1 below the trainer's on every token: r = e everywhere."""
+
+    def sample(self, prompts, group_size, temperature, generator):
+        samples = self.policy.sample(prompts, group_size, temperature, generator)
+        return dataclasses.replace(samples, sample_log_probs=samples.sample_log_probs - 1.0)
+
+
+def test_a_cap_that_drops_every_response_stops_with_one_line_naming_it():
+    config = load_config(None, QUIET + ["algo.is_correction=seq_mask_is", "algo.tis_cap=3"])
+    task, st = setup(config)
+    st.policy = LowSampler(st.policy, 0.0)  # every response's ratio e^T > 3
+    with pytest.raises(TrainingError) as err:
+        train(config, state=(task, st))
+    tokens = config.task.prompts_per_epoch * config.algo.group_size * st.policy.max_response_length
+    assert str(err.value) == (f"algo.is_correction=seq_mask_is masked every one of the batch's {tokens} policy "
+                              "tokens (their responses' ratios above algo.tis_cap=3), so the steps would train "
+                              "nothing; raise the cap or check that the sampler's log-probs are the policy's")
+    assert st.step == 0
 
 
 def test_tis_refuses_a_sampler_that_records_no_log_probs():

@@ -1,9 +1,11 @@
 """TRL's names in a config are refused with rlvr's; algo.preset; the causal-LM defaults."""
 
 import dataclasses
+import math
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from rlvr import presets
@@ -99,6 +101,68 @@ def test_a_verl_name_is_refused_with_the_rlvr_name(override, message):
     with pytest.raises(ConfigError) as err:
         load_config(None, [override])
     assert message in str(err.value)
+
+
+RS = "algorithm.rollout_correction.rollout_rs"
+
+
+@pytest.mark.parametrize("value, method", [
+    ("token_k1", "token_mis"), ("seq_sum_k1", "seq_mis"), ("seq_mean_k1", "geo_mask"),  # verl's names today
+    ("token", "token_mis"), ("sequence", "seq_mis"), ("geometric", "geo_mask"),  # older verl's
+])
+def test_verl_s_rejection_options_old_and_new_name_rlvr_s_method(value, method):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [f"{RS}={value}"])
+    assert str(err.value) == f"unknown key {RS!r}; {RS!r} is verl's name; use algo.is_correction={method}"
+
+
+@pytest.mark.parametrize("value, settings", [
+    ("0.8_1.5", "algo.is_low=0.666667 algo.is_high=1.25"),  # -log r in [log 0.8, log 1.5]: r in [1/1.5, 1/0.8]
+    ("0.5_2.0", "algo.is_low=0.5 algo.is_high=2"),
+    (2, "algo.is_high=2"),  # U alone: [1/U, U], as older verl's upper bound U with its default lower bound
+    (1.5, "algo.is_high=1.5"),
+])
+def test_verl_s_rejection_threshold_is_the_ratio_bounds_inverted(value, settings):
+    assert foreign_hint(f"{RS}_threshold", value) == f"'{RS}_threshold' is verl's name; use {settings}"
+
+
+def test_verl_s_k1_rejection_keeps_what_the_translated_bounds_keep():
+    """verl keeps log L <= k1 <= log U with k1 = -log r per token (token_k1), summed over the
+    response (seq_sum_k1) or averaged (seq_mean_k1); the hinted method and bounds keep the same."""
+    from rlvr.core import off_policy_correction
+
+    lower, upper = 0.8, 1.5
+    settings = foreign_hint(f"{RS}_threshold", f"{lower}_{upper}").split("use ")[1]
+    bounds = {k.removeprefix("algo.is_"): float(v) for k, v in (part.split("=") for part in settings.split())}
+    g = torch.Generator().manual_seed(0)
+    log_ratio = 0.3 * torch.randn(64, 7, generator=g, dtype=torch.float64)
+    mask = torch.rand(64, 7, generator=g) > 0.2
+    k1 = -log_ratio
+    stats = {"token_k1": k1, "seq_sum_k1": (k1 * mask).sum(-1, keepdim=True),
+             "seq_mean_k1": (k1 * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)}
+    for option, stat in stats.items():
+        keep = ((stat >= math.log(lower)) & (stat <= math.log(upper))).expand_as(mask) & mask
+        method = foreign_hint(RS, option).split("algo.is_correction=")[1]
+        c = off_policy_correction(method, log_ratio, torch.zeros_like(log_ratio), mask, **bounds)
+        assert keep.any() and (mask & ~keep).any(), option  # not vacuous: some kept, some dropped
+        assert torch.equal(~c.masked & mask, keep), option
+        load_config(None, [f"algo.is_correction={method}", *settings.split()])  # settings rlvr takes
+
+
+@pytest.mark.parametrize("mode, settings", [
+    ("sequence_mask", "algo.is_correction=seq_mask_is with algo.tis_cap=C (TRL's default, C = 3)"),
+    ("sequence_truncate", "algo.is_correction=seq_tis with algo.tis_cap=C"),
+    ("token_truncate", "algo.is_correction=token_tis with algo.tis_cap=C"),
+    ("token_mask", "algo.is_correction=icepop with algo.is_high=C"),
+])
+def test_trl_s_importance_sampling_modes_name_rlvr_s_method(mode, settings):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [f"vllm_importance_sampling_mode={mode}"])
+    assert f"'vllm_importance_sampling_mode' is TRL's name; use {settings}" in str(err.value)
+    assert trl_hint("vllm_importance_sampling_correction", True) == (
+        "'vllm_importance_sampling_correction' is TRL's name; use algo.is_correction=seq_mask_is with "
+        "algo.tis_cap=3 (TRL's default mode and cap)")
+    assert "rlvr calls this algo.tis_cap" in trl_hint("vllm_importance_sampling_clip_max", 3.0)
 
 
 def test_a_verl_section_is_refused_setting_by_setting(tmp_path):

@@ -171,13 +171,14 @@ class AlgoConfig:
         "the engine's log-probs are not the trainer's, or with an off-policy correction)"), choices=OLD_LOG_PROBS)
     tis_cap: float | None = setting(None, (
         "truncated importance sampling: each token's policy-gradient term times min(pi_old / pi_sampler, C), "
-        "this C (null: off; needs recompute); also seq_tis's cap, and beside token_mis, seq_mis or geo_mask "
-        "the kept tokens' weight min(r, C)"), min=1)
+        "this C (null: off; needs recompute); also seq_tis's and seq_mask_is's cap, and beside token_mis, "
+        "seq_mis or geo_mask the kept tokens' weight min(r, C)"), min=1)
     is_correction: str | None = setting(None, (
         "off-policy correction of each token's policy-gradient term, r = pi_old / pi_sampler (README): token_tis, "
         "seq_tis (truncated at tis_cap); token_mis, seq_mis, geo_mask (tokens, responses by prod r, responses by "
         "the geometric mean of r outside [is_low, is_high] dropped); icepop (r outside dropped, the rest weighted "
-        "by r); null: token_tis when tis_cap is set, else none"), choices=IS_CORRECTIONS)
+        "by r); seq_mask_is (prod r per response, 0 above tis_cap: TRL's sequence_mask); null: token_tis when "
+        "tis_cap is set, else none"), choices=IS_CORRECTIONS)
     is_low: float | None = setting(None, "masking corrections: the lowest ratio kept (null: 1 / is_high)",
                                    above=0, below=1)
     is_high: float | None = setting(None, (

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from rlvr.core import KL_LOSS_ESTIMATORS, MASKING_CORRECTIONS, TRUNCATING_CORRECTIONS
+from rlvr.core import CAP_MASKING_CORRECTIONS, KL_LOSS_ESTIMATORS, MASKING_CORRECTIONS, TRUNCATING_CORRECTIONS
 from rlvr.errors import ConfigError
 from rlvr.rules import finite
 from rlvr.settings import check_fields, unknown_keys, unknown_message
@@ -173,13 +173,17 @@ def _check_off_policy(a: Any) -> None:
         named = f"algo.is_correction={method!r}" if method else f"algo.tis_cap={a.tis_cap}"
         raise ConfigError(f"{named} with algo.old_log_probs='sampler': the weights pi_old / pi_sampler need the "
                           "trainer's own old log-probs; use recompute or auto")
-    if method in TRUNCATING_CORRECTIONS and a.tis_cap is None:
-        weight = "min(r_t, C) per token" if method == "token_tis" else "min(prod_t r_t, C) per response"
+    if method in TRUNCATING_CORRECTIONS + CAP_MASKING_CORRECTIONS and a.tis_cap is None:
+        weight = {"token_tis": "min(r_t, C) per token", "seq_tis": "min(prod_t r_t, C) per response",
+                  "seq_mask_is": "prod_t r_t per response, 0 above C"}[method]
         raise ConfigError(f"algo.is_correction={method!r} weighs {weight}, C = algo.tis_cap; set it (e.g. 2.0)")
     bounds = {name: value for name, value in (("is_low", a.is_low), ("is_high", a.is_high)) if value is not None}
     if method not in MASKING_CORRECTIONS:
         if bounds:
             given = ", ".join(f"algo.{name}={value}" for name, value in bounds.items())
+            if method in CAP_MASKING_CORRECTIONS:
+                raise ConfigError(f"{given} with algo.is_correction={method!r}: it drops responses whose ratio is "
+                                  "above algo.tis_cap and takes no bounds; drop them")
             chosen = "null" if method is None else repr(method)
             raise ConfigError(f"{given}: the bounds of a masking correction, and algo.is_correction={chosen} masks "
                               f"nothing; choose one of {', '.join(MASKING_CORRECTIONS)}, or drop the bounds")

@@ -217,15 +217,21 @@ def old_policy_log_probs(
     correction = core.off_policy_correction(method, old_log_probs, recorded, mask, cap=a.tis_cap, low=a.is_low,
                                             high=a.is_high)
     if bool(mask.any()) and bool(correction.masked[mask].all()):
-        low = 1.0 / a.is_high if a.is_low is None else a.is_low
-        raise TrainingError(f"{named} masked every one of the batch's {int(mask.sum())} policy tokens (their ratios "
-                            f"pi_old / pi_sampler outside [{low:g}, {a.is_high:g}]), so the steps would train nothing; "
-                            "widen the bounds or check that the sampler's log-probs are the policy's")
-    if a.tis_cap is not None:  # only a cap truncates: without one the share is 0 by construction (icepop's too)
+        if method in core.CAP_MASKING_CORRECTIONS:
+            outside, widen = f"their responses' ratios above algo.tis_cap={a.tis_cap:g}", "raise the cap"
+        else:
+            low = 1.0 / a.is_high if a.is_low is None else a.is_low
+            outside, widen = f"their ratios pi_old / pi_sampler outside [{low:g}, {a.is_high:g}]", "widen the bounds"
+        raise TrainingError(f"{named} masked every one of the batch's {int(mask.sum())} policy tokens ({outside}), "
+                            f"so the steps would train nothing; {widen} or check that the sampler's log-probs are "
+                            "the policy's")
+    if a.tis_cap is not None and method not in core.CAP_MASKING_CORRECTIONS:
+        # only a cap truncates: without one the share is 0 by construction (icepop's too), and a cap that drops
+        # what is above it truncates nothing
         mismatch["mismatch/tis_truncated_frac"] = core.token_fraction(correction.truncated, mask, dtype)
     if method == "seq_tis":
         mismatch["mismatch/seq_truncated_frac"] = core.response_fraction(correction.truncated, mask, dtype)
-    if method in core.MASKING_CORRECTIONS:
+    if method in core.MASKING_CORRECTIONS + core.CAP_MASKING_CORRECTIONS:
         mismatch["mismatch/masked_token_frac"] = core.token_fraction(correction.masked, mask, dtype)
         mismatch["mismatch/masked_seq_frac"] = core.response_fraction(correction.masked, mask, dtype)
     return old_log_probs, correction.weights, mismatch

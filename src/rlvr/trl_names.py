@@ -12,12 +12,13 @@ when no other verl name ends so (``clip_ratio_high``).
 
 Each entry: the foreign name -> (the rlvr setting, or None when rlvr has none; a note on
 how the two differ, or why there is no equivalent; the rlvr setting each foreign value
-means, where values differ).
+means, where values differ; for values no table can list, a function from the value to
+the rlvr settings it means, or None).
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple
 
 
@@ -25,6 +26,38 @@ class ForeignName(NamedTuple):
     rlvr: str | None  # a dotted rlvr setting, possibly with its value ("policy.options.engine=vllm"); None: none
     note: str = ""
     values: dict[Any, str] = {}  # a foreign value -> the rlvr setting and value it means (read only)
+    translate: Callable[[Any], str | None] | None = None  # a foreign value -> the rlvr settings it means, or None
+
+
+def verl_rs_bounds(value: Any) -> str | None:
+    """The rlvr bounds of verl's rollout_rs_threshold ``value``, or None when it names none.
+
+    verl's *_k1 rejection keeps log L <= k1 <= log U for k1 = -log r (a token's, or its
+    response's sum or mean), given as "L_U" or U alone (L = 1 / U); so r, the product or
+    the geometric mean lies in [1 / U, 1 / L]. U alone is [1 / U, U], as the older verl's
+    upper bound U on r with its default lower bound. rlvr needs is_low < 1 < is_high.
+
+    >>> verl_rs_bounds("0.5_4")
+    'algo.is_low=0.25 algo.is_high=2'
+    >>> verl_rs_bounds(2.0)
+    'algo.is_high=2'
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return None
+    lower, _, upper = str(value).strip().partition("_") if isinstance(value, str) else ("", "", str(value))
+    if not upper:
+        lower, upper = "", lower
+    try:
+        high_bound = float(upper)
+        low_bound = float(lower) if lower else 1.0 / high_bound
+    except (ValueError, ZeroDivisionError):
+        return None
+    if not 0 < low_bound < 1 < high_bound:
+        return None
+    if not lower:
+        return f"algo.is_high={high_bound:g}"
+    return f"algo.is_low={1.0 / high_bound:g} algo.is_high={1.0 / low_bound:g}"
+
 
 TRL_NAMES: dict[str, ForeignName] = {
     # the algorithm
@@ -55,9 +88,27 @@ TRL_NAMES: dict[str, ForeignName] = {
         "the reference is replaced by a copy of the policy every K epochs (no mixing)")),
     "sync_ref_model": ForeignName("algo.ref_update_every",
                                   "the reference is refreshed every K epochs when kl_coef > 0"),
-    "vllm_importance_sampling_correction": ForeignName("algo.tis_cap", (
-        "truncated importance sampling: on when algo.tis_cap is set")),
-    "vllm_importance_sampling_cap": ForeignName("algo.tis_cap", "C in min(pi_old / pi_sampler, C)"),
+    "vllm_importance_sampling_correction": ForeignName("algo.is_correction", (
+        "TRL's default is on, as vllm_importance_sampling_mode=sequence_mask with cap 3: algo.is_correction="
+        "seq_mask_is with algo.tis_cap=3; rlvr's default corrects nothing"), {
+        True: "algo.is_correction=seq_mask_is with algo.tis_cap=3 (TRL's default mode and cap)",
+        False: "none: rlvr's default corrects nothing (algo.is_correction and algo.tis_cap unset)"}),
+    "vllm_importance_sampling_mode": ForeignName("algo.is_correction", (
+        "r = pi_old / pi_sampler, per token or per response (prod r); the cap C is algo.tis_cap (TRL's default "
+        "3); token_mask drops ratios below algo.is_low too (default 1 / algo.is_high), where TRL keeps them"), {
+        "sequence_mask": "algo.is_correction=seq_mask_is with algo.tis_cap=C (TRL's default, C = 3)",
+        "sequence_truncate": "algo.is_correction=seq_tis with algo.tis_cap=C",
+        "token_truncate": "algo.is_correction=token_tis with algo.tis_cap=C",
+        "token_mask": "algo.is_correction=icepop with algo.is_high=C (it also drops ratios below algo.is_low, "
+                      "default 1 / is_high)"}),
+    "vllm_importance_sampling_cap": ForeignName("algo.tis_cap", (
+        "C: min(r, C) for the truncating modes, 0 above C for sequence_mask; algo.is_high for token_mask")),
+    "vllm_importance_sampling_clip_max": ForeignName("algo.tis_cap", (
+        "TRL's newer name for the cap C (default 3): min(r, C) for the truncating modes, 0 above C for "
+        "sequence_mask; algo.is_high for token_mask")),
+    "vllm_importance_sampling_clip_min": ForeignName("algo.is_low", (
+        "with token_mask (algo.is_correction=icepop) the lowest ratio kept; rlvr's truncating corrections and "
+        "seq_mask_is take no lower bound")),
     # batch and optimizer
     "learning_rate": ForeignName("optim.lr"),
     "lr_scheduler_type": ForeignName("optim.schedule", "constant, linear or cosine",
@@ -190,12 +241,19 @@ VERL_NAMES: dict[str, ForeignName] = {
         {"token": "algo.is_correction=token_tis", "sequence": "algo.is_correction=seq_tis"}),
     "algorithm.rollout_correction.rollout_is_threshold": ForeignName("algo.tis_cap", "C in min(ratio, C)"),
     "algorithm.rollout_correction.rollout_rs": ForeignName("algo.is_correction", (
-        "rejection (masking) of tokens or sequences whose ratio is outside [algo.is_low, algo.is_high]"),
-        {"token": "algo.is_correction=token_mis", "sequence": "algo.is_correction=seq_mis",
-         "geometric": "algo.is_correction=geo_mask"}),
-    "algorithm.rollout_correction.rollout_rs_threshold": ForeignName("algo.is_high", "the masking's upper bound"),
+        "rejection (masking) of tokens or sequences whose ratio is outside [algo.is_low, algo.is_high]: token_k1 "
+        "a token's, seq_sum_k1 its response's product, seq_mean_k1 their geometric mean (bounds: "
+        "rollout_rs_threshold); token, sequence and geometric are older verl's; rlvr takes one option and has "
+        "none of the k2, k3 or seq_max ones"),
+        {"token_k1": "algo.is_correction=token_mis", "seq_sum_k1": "algo.is_correction=seq_mis",
+         "seq_mean_k1": "algo.is_correction=geo_mask", "token": "algo.is_correction=token_mis",
+         "sequence": "algo.is_correction=seq_mis", "geometric": "algo.is_correction=geo_mask"}),
+    "algorithm.rollout_correction.rollout_rs_threshold": ForeignName("algo.is_high", (
+        "U alone: algo.is_high=U; the k1 options' 'L_U' bounds -log r to [log L, log U], so the ratio to "
+        "[1/U, 1/L]: algo.is_low=1/U, algo.is_high=1/L"), translate=verl_rs_bounds),
     "algorithm.rollout_correction.rollout_rs_threshold_lower": ForeignName("algo.is_low", (
-        "the masking's lower bound (default 1 / algo.is_high)")),
+        "older verl's lower bound of the ratio (default 1 / algo.is_high); newer verl gives it in "
+        "rollout_rs_threshold as 'L_U', which is algo.is_high=1/L")),
     "actor_rollout_ref.rollout.n": ForeignName("algo.group_size", "G, responses sampled per prompt"),
     "actor_rollout_ref.rollout.temperature": ForeignName("policy.temperature"),
     "actor_rollout_ref.rollout.top_p": ForeignName("policy.options.top_p"),
@@ -284,6 +342,8 @@ def _hint(framework: str, name: str, entry: ForeignName, value: Any) -> str:
     said = f"{name!r} is {framework}'s name; "
     if isinstance(value, Hashable) and not isinstance(value, float) and value in entry.values:
         return f"{said}use {entry.values[value]}"
+    if entry.translate is not None and (settings := entry.translate(value)) is not None:
+        return f"{said}use {settings}"
     if entry.rlvr is None:
         return f"{said}rlvr has no equivalent: {entry.note}"
     note = f" ({entry.note})" if entry.note else ""

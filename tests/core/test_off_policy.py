@@ -12,6 +12,7 @@ from conftest import QUIET
 from rlvr import core
 from rlvr.config import load_config
 from rlvr.core import (
+    CAP_MASKING_CORRECTIONS,
     IS_CORRECTIONS,
     MASKING_CORRECTIONS,
     TRUNCATING_CORRECTIONS,
@@ -125,11 +126,35 @@ def test_icepop_keeps_the_ratio_inside_the_bounds_and_zero_outside():
     assert fractions(c) == pytest.approx((0.0, 0.0, 3 / 6, 1.0), abs=1e-15)
 
 
+def test_seq_mask_is_keeps_a_response_s_product_up_to_c_and_drops_it_above():
+    c = correct("seq_mask_is", cap=3.0)  # prod 4 > 3: dropped; prod 1/2 (2 with the others: kept too) weighs 1/2
+    assert weights_equal(c, [[0.0, 0.0, 0.0, 0.0], [0.5, 1.0, 0.5, 1.0]])
+    assert not c.truncated.any() and c.masked.tolist() == [[T, T, T, T], [F, F, F, F]]
+    assert fractions(c) == pytest.approx((0.0, 0.0, 4 / 6, 1 / 2), abs=1e-15)
+    c = correct("seq_mask_is", cap=5.0)  # a product below C is kept, as itself
+    assert weights_equal(c, [[4.0, 4.0, 4.0, 4.0], [0.5, 1.0, 0.5, 1.0]])
+    assert fractions(c) == pytest.approx((0.0, 0.0, 0.0, 0.0), abs=1e-15)
+
+
+def test_seq_mask_is_is_trl_s_sequence_mask():
+    # TRL's GRPOTrainer, vllm_importance_sampling_mode="sequence_mask": the log-ratio summed over the
+    # completion's (tool-masked) tokens, exponentiated, and set to 0 where it exceeds the cap.
+    g = torch.Generator().manual_seed(0)
+    old, sample = -torch.rand(64, 9, generator=g, dtype=F64), -torch.rand(64, 9, generator=g, dtype=F64)
+    mask = torch.rand(64, 9, generator=g) > 0.2
+    ratio = torch.exp(((old - sample) * mask).sum(dim=-1, keepdim=True))
+    trl = ratio.masked_fill(ratio > 3.0, 0.0).expand_as(old)
+    c = off_policy_correction("seq_mask_is", old, sample, mask, cap=3.0)
+    assert c.masked.any() and (~c.masked & mask).any()  # not vacuous: some dropped, some kept
+    assert torch.allclose(c.weights[mask], trl[mask], rtol=1e-12, atol=0)
+
+
 # ---- masks, extremes, and how the methods relate
 
 
 ALL = [("token_tis", {"cap": 3.0}), ("seq_tis", {"cap": 3.0}), ("token_mis", {"high": 1.5}),
-       ("seq_mis", {"high": 1.5}), ("geo_mask", {"high": 1.4}), ("icepop", {"high": 1.5})]
+       ("seq_mis", {"high": 1.5}), ("geo_mask", {"high": 1.4}), ("icepop", {"high": 1.5}),
+       ("seq_mask_is", {"cap": 3.0})]
 
 
 def test_every_method_is_tested_here():
@@ -164,6 +189,8 @@ def test_huge_ratios_give_the_cap_or_zero_never_inf_or_nan():
     assert off_policy_correction("icepop", old, sample, mask, high=5.0).weights.tolist() == [[0.0, 1.0]]
     assert off_policy_correction("token_mis", old, sample, mask, cap=2.0, high=5.0).weights.tolist() == [[0.0, 1.0]]
     assert off_policy_correction("seq_mis", -old, sample, mask, high=5.0).weights.tolist() == [[0.0, 0.0]]
+    assert off_policy_correction("seq_mask_is", old, sample, mask, cap=2.0).weights.tolist() == [[0.0, 0.0]]
+    assert off_policy_correction("seq_mask_is", -old, sample, mask, cap=2.0).weights.tolist() == [[0.0, 0.0]]
 
 
 def test_icepop_is_token_tis_at_cap_high_times_the_token_mask():
@@ -185,6 +212,8 @@ def test_icepop_is_token_tis_at_cap_high_times_the_token_mask():
     ("geo_mask", {}, "geo_mask needs the upper bound high"),
     ("token_mis", {"low": 1.2, "high": 2.0}, r"0 < low < 1 < high, got low=1.2, high=2.0"),
     ("icepop", {"cap": 2.0, "high": 5.0}, "it takes no cap"),
+    ("seq_mask_is", {}, "seq_mask_is needs the cap C"),
+    ("seq_mask_is", {"cap": 3.0, "high": 5.0}, "seq_mask_is drops ratios above the cap C; it takes no bounds"),
     ("clip", {}, "unknown off-policy correction 'clip'; allowed: token_tis, seq_tis, token_mis, seq_mis, icepop"),
 ])
 def test_bad_arguments_are_refused(method, bounds, message):
@@ -208,6 +237,11 @@ def test_bad_arguments_are_refused(method, bounds, message):
     (["algo.is_correction=token_tis"], r"algo.is_correction='token_tis' weighs min\(r_t, C\) per token"),
     (["algo.is_correction=icepop", "algo.is_high=5", "algo.tis_cap=2"],
      r"algo.tis_cap=2.0 with algo.is_correction='icepop': IcePop .* takes no cap"),
+    (["algo.is_correction=seq_mask_is"], r"algo.is_correction='seq_mask_is' weighs prod_t r_t per response, 0 "
+                                         r"above C, C = algo.tis_cap; set it"),
+    (["algo.is_correction=seq_mask_is", "algo.tis_cap=3", "algo.is_high=2"],
+     r"^algo.is_high=2.0 with algo.is_correction='seq_mask_is': it drops responses whose ratio is above "
+     r"algo.tis_cap and takes no bounds; drop them$"),
     (["algo.is_correction=token_mis", "algo.is_high=2", "algo.old_log_probs=sampler"],
      r"algo.is_correction='token_mis' with algo.old_log_probs='sampler': the weights pi_old / pi_sampler need"),
     (["cluster.rollout_workers=1", "cluster.max_staleness=1"],
@@ -255,6 +289,9 @@ RUNS = {  # method -> (overrides, the key it logs, that share and the weights fr
     "icepop": (["algo.is_correction=icepop", "algo.is_low=0.9", "algo.is_high=1.2"], "mismatch/masked_token_frac",
                lambda lr: (((lr < math.log(0.9)) | (lr > math.log(1.2))).float().mean(),
                            torch.where((lr >= math.log(0.9)) & (lr <= math.log(1.2)), lr.exp(), 0.0))),
+    "seq_mask_is": (["algo.is_correction=seq_mask_is", "algo.tis_cap=1.5"], "mismatch/masked_seq_frac",
+                    lambda lr: ((_seq(lr) > math.log(1.5)).float().mean(),
+                                torch.where(_seq(lr) <= math.log(1.5), _seq(lr).exp(), 0.0).expand_as(lr))),
 }
 
 
@@ -272,7 +309,8 @@ def test_perturbed_sampler_weights_logs_and_first_step(method):
     assert torch.allclose(rollout.importance_weights, weights, rtol=1e-5, atol=0)
     assert ({k for k in rollout.stats if k.startswith("mismatch/")} - {"mismatch/k3", "mismatch/max_abs_gap"}
             == {key} | ({"mismatch/tis_truncated_frac"} if method in TRUNCATING_CORRECTIONS else set())
-            | ({"mismatch/masked_token_frac", "mismatch/masked_seq_frac"} if method in MASKING_CORRECTIONS else set()))
+            | ({"mismatch/masked_token_frac", "mismatch/masked_seq_frac"}
+               if method in MASKING_CORRECTIONS + CAP_MASKING_CORRECTIONS else set()))
     # At the first step pi == pi_old, so each token's pg term is -delta * w: the masked tokens
     # add nothing, and the aggregation's weights (the normaliser) are those of every token.
     record = optimizer_step(config, st, rollout)

@@ -13,6 +13,7 @@ penalty, top-entropy tokens).
 from rlvr.core.aggregation import AGGREGATIONS, aggregate_loss, aggregation_weights, weighted_sum
 from rlvr.core.deltas import DELTA_MODES, REWARD_SCALES, compute_deltas, scale_rewards
 from rlvr.core.importance import (
+    CAP_MASKING_CORRECTIONS,
     IS_CORRECTIONS,
     MASKING_CORRECTIONS,
     TRUNCATING_CORRECTIONS,
@@ -33,6 +34,7 @@ from rlvr.core.selection import nonzero_delta_groups, overlong_mask, overlong_pe
 
 __all__ = [
     "AGGREGATIONS",
+    "CAP_MASKING_CORRECTIONS",
     "DELTA_MODES",
     "IS_CORRECTIONS",
     "KL_ESTIMATORS",

@@ -6,16 +6,17 @@ rollout worker samples with older weights. The policy gradient wants samples of 
 so each token's policy-gradient term is reweighted by a function of its ratio
 r_t = pi_old / pi_sampler (Yao et al. 2025, "Your efficient RL framework secretly brings
 you off-policy RL training"). ``IS_CORRECTIONS``, named as verl's rollout correction
-(``rollout_is`` / ``rollout_rs``) and slime name them; a response's ratio is over its
-policy tokens s, log-ratios summed (the product of the ratios) or averaged (their
-geometric mean):
+(``rollout_is`` / ``rollout_rs``), TRL (``vllm_importance_sampling_mode``) and slime name
+them; a response's ratio is over its policy tokens s, log-ratios summed (the product of
+the ratios) or averaged (their geometric mean):
 
-    token_tis  w_t = min(r_t, C)                            verl rollout_is=token
-    seq_tis    w_t = min(prod_s r_s, C)                     verl rollout_is=sequence
-    token_mis  w_t = 1[low <= r_t <= high]                  verl rollout_rs=token
-    seq_mis    w_t = 1[low <= prod_s r_s <= high]           verl rollout_rs=sequence
-    geo_mask   w_t = 1[low <= exp(mean_s log r_s) <= high]  verl rollout_rs=geometric
-    icepop     w_t = r_t 1[low <= r_t <= high]              IcePop; slime's MIS (tis_mode=mask)
+    token_tis    w_t = min(r_t, C)                            verl rollout_is=token; TRL token_truncate
+    seq_tis      w_t = min(prod_s r_s, C)                     verl rollout_is=sequence; TRL sequence_truncate
+    token_mis    w_t = 1[low <= r_t <= high]                  verl rollout_rs=token_k1 (was token)
+    seq_mis      w_t = 1[low <= prod_s r_s <= high]           verl rollout_rs=seq_sum_k1 (was sequence)
+    geo_mask     w_t = 1[low <= exp(mean_s log r_s) <= high]  verl rollout_rs=seq_mean_k1 (was geometric)
+    icepop       w_t = r_t 1[low <= r_t <= high]              IcePop; slime's MIS (tis_mode=mask)
+    seq_mask_is  w_t = prod_s r_s 1[prod_s r_s <= C]          TRL sequence_mask (its default)
 
 As in verl, the masking methods (``MASKING_CORRECTIONS``) keep weight 1, or, given a cap
 C beside them (verl's rollout_is=token with a rollout_rs), the token's min(r_t, C); low
@@ -159,6 +160,17 @@ def icepop(log_ratio: torch.Tensor, mask: torch.Tensor, cap: float | None, low: 
     return _keep(_within(log_ratio, low, high), log_ratio, mask, high)  # min(r_t, high) = r_t where kept
 
 
+def seq_mask_is(log_ratio: torch.Tensor, mask: torch.Tensor, cap: float | None, low: float | None,
+                high: float | None) -> Correction:
+    """Sequence-level masked importance sampling: w_t = prod_s r_s for all of a response's
+    tokens when that ratio is at most C, 0 when it is above (TRL's sequence_mask, its
+    default with C = 3): the response's own importance weight, dropped where seq_tis
+    would truncate it. Nothing is truncated; no lower bound."""
+    weights, over = _capped(_seq_log_ratio(log_ratio, mask), cap)  # [N, 1]
+    keep = ~over.expand_as(mask)
+    return _finish(torch.where(keep, weights.expand_as(log_ratio), 0.0), torch.zeros_like(mask), ~keep, mask)
+
+
 # name -> fn(log_ratio [N, T], mask [N, T] bool, cap, low, high) -> Correction
 IS_CORRECTIONS: dict[str, Callable[..., Correction]] = {
     "token_tis": token_tis,
@@ -167,9 +179,11 @@ IS_CORRECTIONS: dict[str, Callable[..., Correction]] = {
     "seq_mis": seq_mis,
     "icepop": icepop,
     "geo_mask": geo_mask,
+    "seq_mask_is": seq_mask_is,
 }
-TRUNCATING_CORRECTIONS = ("token_tis", "seq_tis")  # need the cap C
-MASKING_CORRECTIONS = ("token_mis", "seq_mis", "icepop", "geo_mask")  # need the bounds [low, high]
+TRUNCATING_CORRECTIONS = ("token_tis", "seq_tis")  # weigh min(ratio, C): need the cap C
+MASKING_CORRECTIONS = ("token_mis", "seq_mis", "icepop", "geo_mask")  # drop ratios outside [low, high]: need them
+CAP_MASKING_CORRECTIONS = ("seq_mask_is",)  # drop ratios above the cap C: need it, and no bounds
 
 
 def off_policy_correction(method: str, old_log_probs: torch.Tensor, sample_log_probs: torch.Tensor,
@@ -178,15 +192,18 @@ def off_policy_correction(method: str, old_log_probs: torch.Tensor, sample_log_p
     """``IS_CORRECTIONS[method]`` of r = pi_old / pi_sampler; old_log_probs, sample_log_probs,
     mask [N, T] -> Correction (weights, truncated, masked [N, T], detached).
 
-    ``cap`` C >= 1: token_tis and seq_tis need it; beside token_mis, seq_mis or geo_mask the
-    kept tokens weigh min(r_t, C); icepop takes none (its kept ratios are bounded by high).
+    ``cap`` C >= 1: token_tis, seq_tis and seq_mask_is need it; beside token_mis, seq_mis or
+    geo_mask the kept tokens weigh min(r_t, C); icepop takes none (its kept ratios are
+    bounded by high).
     ``low`` < 1 < ``high``: the masking methods' bounds, low defaulting to 1 / high.
     """
     fn = lookup(IS_CORRECTIONS, method, "off-policy correction")
     if cap is not None and not cap >= 1.0:
         raise ValueError(f"the TIS cap must be >= 1, got {cap}")
-    if method in TRUNCATING_CORRECTIONS and cap is None:
+    if method in TRUNCATING_CORRECTIONS + CAP_MASKING_CORRECTIONS and cap is None:
         raise ValueError(f"{method} needs the cap C")
+    if method in CAP_MASKING_CORRECTIONS and (low is not None or high is not None):
+        raise ValueError(f"{method} drops ratios above the cap C; it takes no bounds low, high")
     if method == "icepop" and cap is not None:
         raise ValueError("icepop weighs the kept tokens by their own ratio, at most high; it takes no cap")
     if method in MASKING_CORRECTIONS:
