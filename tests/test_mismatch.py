@@ -185,15 +185,20 @@ class OffsetSampler(NoisySampler):
         return dataclasses.replace(samples, sample_log_probs=samples.sample_log_probs + 1.0)
 
 
-@pytest.mark.parametrize("method", ["token_mis", "seq_mis", "geo_mask", "icepop"])
-def test_a_correction_that_masks_every_token_stops_with_one_line(method):
-    config = load_config(None, QUIET + [f"algo.is_correction={method}", "algo.is_high=1.2"])
+def _stopped(overrides, sampler):
+    """The TrainingError's message a run with ``sampler`` stops with, the batch's policy tokens, the state."""
+    config = load_config(None, QUIET + overrides)
     task, st = setup(config)
-    st.policy = OffsetSampler(st.policy, 0.0)
+    st.policy = sampler(st.policy, 0.0)
     with pytest.raises(TrainingError) as err:
         train(config, state=(task, st))
-    tokens = config.task.prompts_per_epoch * config.algo.group_size * st.policy.max_response_length
-    assert str(err.value) == (f"algo.is_correction={method} masked every one of the batch's {tokens} policy tokens "
+    return str(err.value), config.task.prompts_per_epoch * config.algo.group_size * st.policy.max_response_length, st
+
+
+@pytest.mark.parametrize("method", ["token_mis", "seq_mis", "geo_mask", "icepop"])
+def test_a_correction_that_masks_every_token_stops_with_one_line(method):
+    message, tokens, st = _stopped([f"algo.is_correction={method}", "algo.is_high=1.2"], OffsetSampler)
+    assert message == (f"algo.is_correction={method} masked every one of the batch's {tokens} policy tokens "
                               "(their ratios pi_old / pi_sampler outside [0.833333, 1.2]), so the steps would train "
                               "nothing; widen the bounds or check that the sampler's log-probs are the policy's")
     assert st.step == 0  # no step taken on a loss of 0
@@ -208,13 +213,8 @@ class LowSampler(NoisySampler):
 
 
 def test_a_cap_that_drops_every_response_stops_with_one_line_naming_it():
-    config = load_config(None, QUIET + ["algo.is_correction=seq_mask_is", "algo.tis_cap=3"])
-    task, st = setup(config)
-    st.policy = LowSampler(st.policy, 0.0)  # every response's ratio e^T > 3
-    with pytest.raises(TrainingError) as err:
-        train(config, state=(task, st))
-    tokens = config.task.prompts_per_epoch * config.algo.group_size * st.policy.max_response_length
-    assert str(err.value) == (f"algo.is_correction=seq_mask_is masked every one of the batch's {tokens} policy "
+    message, tokens, st = _stopped(["algo.is_correction=seq_mask_is", "algo.tis_cap=3"], LowSampler)  # ratios e^T > 3
+    assert message == (f"algo.is_correction=seq_mask_is masked every one of the batch's {tokens} policy "
                               "tokens (their responses' ratios above algo.tis_cap=3), so the steps would train "
                               "nothing; raise the cap or check that the sampler's log-probs are the policy's")
     assert st.step == 0
