@@ -204,3 +204,16 @@ def test_a_start_check_failure_is_one_line_naming_what_to_fix(tiny_model, tmp_pa
     err = capsys.readouterr().err
     assert "NumberStart.reset returned int 42, not text or a list of messages" in err and "Traceback" not in err
     assert "chat template" not in err
+
+
+class CannotMake(ChatStart):
+    def __init__(self):
+        raise ValueError("the board needs a size")
+
+
+def test_an_environment_that_cannot_be_made_is_one_line_before_any_work(tiny_model, tmp_path, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    assert _chat_run(tmp_path, "CannotMake", f"policy.options.model={tiny_model}") == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "rlvr: error: eval start 0: making the environment: ValueError: the board needs a size"
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()

@@ -42,6 +42,16 @@ class ToolResult:
     error: bool = False
 
 
+def describe_error(exc: BaseException, limit: int | None = None) -> str:
+    """"<ExcType>: <message>" of environment or tool code's exception (its own ``__str__``
+    may fail), cut to ``limit`` characters with "..." (None: whole)."""
+    try:
+        text = f"{type(exc).__name__}: {exc}".removesuffix(": ")
+    except BaseException:  # noqa: BLE001 - the exception's own __str__ failed
+        text = type(exc).__name__
+    return text if limit is None or len(text) <= limit else text[:limit] + "..."
+
+
 class ToolError(Exception):
     """Raised by a tool to fail with a message the policy reads whole (up to the box's
     ``max_output_chars``), not cut to a line as another exception's is."""

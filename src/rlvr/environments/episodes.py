@@ -32,7 +32,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlvr.environments.base import Environment, Episode, Observation, Step, ToolCall, ToolResult, Turn
+from rlvr.environments.base import (
+    Environment,
+    Episode,
+    Observation,
+    Step,
+    ToolCall,
+    ToolResult,
+    Turn,
+    describe_error,
+)
 from rlvr.policies import turns
 from rlvr.policies.prompts import content_chars
 from rlvr.rollout import Samples
@@ -155,7 +164,7 @@ def run_episodes(policy: CausalLMPolicy, make_env: Callable[[], Environment], st
 
 
 def start_episode(policy: CausalLMPolicy, make_env: Callable[[], Environment], start: Any, index: int,
-           limits: EpisodeLimits) -> _Running:
+                  limits: EpisodeLimits) -> _Running:
     """An episode's environment made and reset; one that fails there ends the episode with its error."""
     env: Any = None
     try:
@@ -194,17 +203,10 @@ def environment_call(seconds: float | None, what: str, fn: Callable[..., Any], *
             logger.warning("%s ran past its time limit of %g s: its episode ends with an error, and each call "
                            "that hangs like it costs as long (task.options.step_timeout or tool_timeout)",
                            what, seconds)
-        raise EnvironmentFailed(f"{what}: {_describe(err)}"[:500]) from None
+        raise EnvironmentFailed(f"{what}: {describe_error(err)}"[:500]) from None
 
 
 _TIMED_OUT: set[str] = set()  # the calls whose time-out this process has said
-
-
-def _describe(err: BaseException) -> str:
-    try:
-        return f"{type(err).__name__}: {err}".removesuffix(": ")
-    except BaseException:  # noqa: BLE001 - its own __str__ failed
-        return type(err).__name__
 
 
 def _kind(value: Any) -> str:
@@ -258,7 +260,8 @@ def turn_calls(prefix_lengths: list[int], room: list[int], max_new_tokens: int, 
         max_new = max(1, min(max_new_tokens, max(room[i] for i in left)))
         fits = [i for i in left if max_positions is None or prefix_lengths[i] + max_new <= max_positions] or left
         calls.append((fits, max_new))
-        left = [i for i in left if i not in fits]
+        taken = set(fits)
+        left = [i for i in left if i not in taken]
     return calls
 
 

@@ -58,7 +58,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from rlvr.environments.base import ToolCall, ToolError, ToolResult
+from rlvr.environments.base import ToolCall, ToolError, ToolResult, describe_error
 from rlvr.environments.tool_parsing import calculator, call_arguments
 from rlvr.rewards.workers import WorkerPool, die_with_parent
 
@@ -238,7 +238,7 @@ def _call(fn: Callable[..., Any], arguments: Mapping[str, Any], max_chars: int) 
         text, room = str(exc), max_chars + _MESSAGE_CHARS  # the output it shows, and a line on why
         return text if len(text) <= room else f"{text[:room]}\n[message cut: {len(text)} characters]", True
     except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the call failed, the process ends anyway
-        return _describe(exc), True
+        return describe_error(exc, _MESSAGE_CHARS), True
     finally:
         sys.stdout = sys.__stdout__
     if total > max_chars:
@@ -264,15 +264,6 @@ class _BoundedText(io.TextIOBase):
     @property
     def text(self) -> str:
         return "".join(self._parts)
-
-
-def _describe(exc: BaseException) -> str:
-    """"<ExcType>: <message>", cut to a few hundred characters."""
-    try:
-        text = f"{type(exc).__name__}: {exc}".removesuffix(": ")
-    except BaseException:  # the exception's own __str__ failed
-        text = type(exc).__name__
-    return text if len(text) <= _MESSAGE_CHARS else text[:_MESSAGE_CHARS] + "..."
 
 
 def _write_result(path: str, content: str, error: bool) -> None:

@@ -98,7 +98,8 @@ class EnvironmentTask(GradedTask):
                  eval_size: int = 64, max_turns: int = 4, max_tokens: int = 256, tools: list | None = None,
                  tool_style: str = "plain", tool_timeout: float = 5.0, tool_memory_mb: int = 512,
                  step_timeout: float = 30.0, max_tool_calls: int = 8) -> None:
-        # the options' names are checked against the class here; it is first built (run) by policy_for
+        # the options' names are checked against the class here; it is first built (run) by the policy's
+        # start check (check_prompts), before any work
         self.make_env = environment_factory_of(environment, environment_factory, environment_options or {})
         self.limits = EpisodeLimits(max_turns=max_turns, max_tokens=max_tokens, tool_style=tool_style,
                                     step_timeout=step_timeout, tool_timeout=tool_timeout,
@@ -137,7 +138,6 @@ class EnvironmentTask(GradedTask):
                               f"{self.limits.max_tokens} tokens after it must fit the model's {positions} positions; "
                               f"lower task.options.max_tokens below {positions}")
         self.turn_end = getattr(getattr(policy, "tokenizer", None), "eos_token", None) or ""
-        self.make_env()  # options its constructor refuses fail here, before any work
         return EpisodePolicy(policy, self.make_env, self.limits, self.toolbox)
 
     @property
