@@ -22,6 +22,7 @@ import torch
 
 from rlvr.environments.episodes import EpisodeLimits, run_episodes
 from rlvr.environments.games import GuessingGame
+from rlvr.environments.hosts import EnvironmentHosts
 from rlvr.modeling import init_model, quiet_libraries
 from rlvr.policies.causal_lm import CausalLMPolicy
 
@@ -46,10 +47,11 @@ def main() -> None:
     limits = EpisodeLimits(max_turns=6, max_tokens=64)
 
     def batched() -> list:
-        return run_episodes(policy, GuessingGame, starts, GROUP, 1.0, None, limits, seeds=seeds)
+        return run_episodes(policy, EnvironmentHosts(GuessingGame), starts, GROUP, 1.0, None, limits, seeds=seeds)
 
     def one_at_a_time() -> list:
-        return [run_episodes(policy, GuessingGame, [start], 1, 1.0, None, limits, seeds=seeds[i:i + 1])[0]
+        return [run_episodes(policy, EnvironmentHosts(GuessingGame), [start], 1, 1.0, None, limits,
+                             seeds=seeds[i:i + 1])[0]
                 for i, start in enumerate(s for s in starts for _ in range(GROUP))]
 
     times = {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import signal
+import threading
 from collections.abc import Iterable, Mapping
 
 
@@ -26,6 +27,18 @@ class Stopped(KeyboardInterrupt):
     def __init__(self, message: str, signum: int = signal.SIGINT):
         super().__init__(message)
         self.signum = signum
+
+
+class CutShort(Stopped):
+    """The run's first stop signal (``STOPPING``) ended a wait on other processes' work
+    (episodes waiting on their environments): that work is dropped, and the trainer drops
+    the batch or evaluation it was for (``rlvr.trainer``)."""
+
+
+# The run's first stop signal, as the parts that wait on other processes see it: set by the
+# run's signal handler (``rlvr.runs.stop_on_signals``), it ends waits on environment code at
+# once (CutShort). The second signal raises Stopped.
+STOPPING = threading.Event()
 
 
 def did_you_mean(name: str, allowed: Iterable[str], elsewhere: Mapping[str, str] | None = None,

@@ -31,7 +31,7 @@ from rlvr.cluster.learners import LearnerGroup
 from rlvr.cluster.session import loop_parts, trained_policy
 from rlvr.cluster.sharded import load_sharded
 from rlvr.config import Config, load_config
-from rlvr.errors import ConfigError, RunError, Stopped, os_reason
+from rlvr.errors import STOPPING, ConfigError, CutShort, RunError, Stopped, os_reason
 from rlvr.evaluation import eval_prompts_label
 from rlvr.metrics import (
     ExperimentTrackerSink,
@@ -120,6 +120,7 @@ def stop_on_signals(st: TrainState, run_dir: Path) -> Iterator[Stops]:
                 return
             raise stopped
         st.stop_requested = True
+        STOPPING.set()
         print(f"\nrlvr: {name}: stopping after this step and writing a checkpoint (send it again to abort)", flush=True)
 
     try:
@@ -127,11 +128,16 @@ def stop_on_signals(st: TrainState, run_dir: Path) -> Iterator[Stops]:
     except ValueError:  # not the main thread: leave signals alone
         yield stops
         return
+    STOPPING.clear()
     try:
         yield stops
+    except CutShort as cut:  # before the loop (the start check, the first evaluation): nothing to keep
+        name = signal.Signals(stops.received[0] if stops.received else signal.SIGINT)
+        raise Stopped(f"stopped by {name.name} before any work ({cut})", name) from None
     finally:
         for signum, old in previous.items():
             signal.signal(signum, old)
+        STOPPING.clear()
 
 
 def _checkpointer(config: Config, run_dir: Path, metrics: JsonlSink, source: RolloutSource | None = None,

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from functools import partial
+from typing import Any
 
 import torch
 
@@ -25,6 +26,7 @@ from rlvr.cluster.session import loop_parts
 from rlvr.compose import build_policy, build_task, check_extras
 from rlvr.config import AlgoConfig, Config
 from rlvr.diagnostics import max_reward_stats, prompt_solve_shares
+from rlvr.errors import CutShort
 from rlvr.metrics import Record
 from rlvr.optim import build_optimizer, build_scheduler
 from rlvr.rollout import Grades, Policy, Rollout, Samples, Task, sampler_log_probs_exact
@@ -88,13 +90,13 @@ def train(
         if source is None:
             source, learner = stack.enter_context(loop_parts(config, st))
         if config.log.eval_at_start and st.step == 0 and not st.records:
-            record(*source.evaluate(st, task))  # the starting point
+            record(*unless_cut_short(st, lambda: source.evaluate(st, task)) or ())  # the starting point
         while st.epoch < a.epochs:
             if st.rollout is None:
-                st.rollout = collect_rollout(config, task, st, source, learner)
-                if config.log.prompt_records and st.rollout.prompt_solved is not None:
+                st.rollout = unless_cut_short(st, lambda: collect_rollout(config, task, st, source, learner))
+                if st.rollout is not None and config.log.prompt_records and st.rollout.prompt_solved is not None:
                     record({"kind": "prompts", "epoch": st.epoch, "step": st.step, "solved": st.rollout.prompt_solved})
-            while st.inner_step < a.inner_steps:
+            while st.rollout is not None and st.inner_step < a.inner_steps:
                 record(learner.optimizer_step(st, st.rollout))
                 source.offer_weights(st)  # for rollout workers that take new weights between batches
                 st.inner_step += 1
@@ -105,12 +107,24 @@ def train(
                 st.rollout, st.inner_step = None, 0
                 st.epoch += 1
                 if st.epoch % config.log.eval_every == 0 or st.epoch == a.epochs:
-                    record(*source.evaluate(st, task))  # with the weights of the steps just taken
+                    record(*unless_cut_short(st, lambda: source.evaluate(st, task)) or ())  # the new weights
             if on_epoch_end is not None:
                 on_epoch_end(st)
             if st.stop_requested:
                 break
     return st.records
+
+
+def unless_cut_short(st: TrainState, make: Callable[[], Any]) -> Any:
+    """``make()``, or None when the run's stop signal cut it short (``CutShort``: episodes
+    waiting on their environments): the batch or evaluation is dropped, and the run's
+    generator is as before it, so that a resumed run draws the batch again."""
+    before = st.generator.get_state()
+    try:
+        return make()
+    except CutShort:
+        st.generator.set_state(before)
+        return None
 
 
 def collect_rollout(config: Config, task: Task, st: TrainState, source: RolloutSource | None = None,

@@ -141,16 +141,17 @@ class _Hops:
 
 def test_greedy_episodes_equal_the_hf_engines_and_seeded_episodes_do_not_depend_on_the_batch(started, policy):
     from rlvr.environments.episodes import EpisodeLimits, run_episodes
+    from rlvr.environments.hosts import EnvironmentHosts
 
     limits = EpisodeLimits(max_turns=3, max_tokens=60)  # room for three 12-token turns and their replies
     starts = [12, 345, 6]
-    vllm = run_episodes(policy, _Hops, starts, 2, 0.0, None, limits)
-    hf = run_episodes(started.hf, _Hops, starts, 2, 0.0, None, limits)
+    vllm = run_episodes(policy, EnvironmentHosts(_Hops), starts, 2, 0.0, None, limits)
+    hf = run_episodes(started.hf, EnvironmentHosts(_Hops), starts, 2, 0.0, None, limits)
     assert [e.response_ids for e in vllm] == [e.response_ids for e in hf]
     assert all(len(e.turns) == 6 for e in vllm)  # three policy turns and three replies each
     seeds = torch.randint(2**62, (6,), generator=gen(7))
-    batch = run_episodes(policy, _Hops, starts, 2, 1.0, None, limits, seeds=seeds)
-    alone = [run_episodes(policy, _Hops, [s], 1, 1.0, None, limits, seeds=seeds[i:i + 1])[0]
+    batch = run_episodes(policy, EnvironmentHosts(_Hops), starts, 2, 1.0, None, limits, seeds=seeds)
+    alone = [run_episodes(policy, EnvironmentHosts(_Hops), [s], 1, 1.0, None, limits, seeds=seeds[i:i + 1])[0]
              for i, s in enumerate(s for s in starts for _ in range(2))]
     assert [e.response_ids for e in batch] == [e.response_ids for e in alone]
 

@@ -4,6 +4,9 @@ report, episode metrics, bad options, and a run killed with SIGKILL resuming to 
 records."""
 
 import json
+import os
+import pathlib
+import time
 
 import pytest
 
@@ -98,6 +101,7 @@ def test_the_policys_tool_calls_run_in_the_sandbox_and_their_results_come_back_a
     from rlvr.engines import Generation
     from rlvr.environments.episodes import EpisodeLimits, run_episodes
     from rlvr.environments.games import CalculatorArithmetic
+    from rlvr.environments.hosts import EnvironmentHosts
     from rlvr.environments.tools import TOOLS, ToolBox
     from rlvr.modeling import init_model
     from rlvr.policies import turns
@@ -121,7 +125,7 @@ def test_the_policys_tool_calls_run_in_the_sandbox_and_their_results_come_back_a
 
     monkeypatch.setattr(turns, "next_turns", scripted)
     with ToolBox({"calculator": TOOLS["calculator"]}, timeout=5.0) as box:
-        episodes = run_episodes(policy, lambda: CalculatorArithmetic(digits=5), [1, 2, 3], 2, 1.0,
+        episodes = run_episodes(policy, EnvironmentHosts(lambda: CalculatorArithmetic(digits=5)), [1, 2, 3], 2, 1.0,
                                 torch.Generator().manual_seed(0), EpisodeLimits(3, 64), box)
     assert all(e.solved and e.tool_calls == 1 and e.tool_errors == 0 and e.policy_turns == 2 for e in episodes)
     tool = episodes[0].turns[1]
@@ -202,7 +206,8 @@ def test_a_start_check_failure_is_one_line_naming_what_to_fix(tiny_model, tmp_pa
     assert "Traceback" not in err and "end_of_turn=" not in err
     assert _chat_run(tmp_path, "NumberStart", f"policy.options.model={tiny_model}") == 2
     err = capsys.readouterr().err
-    assert "NumberStart.reset returned int 42, not text or a list of messages" in err and "Traceback" not in err
+    assert "NumberStart.reset: TypeError: reset returned int 42, not text or a list of messages" in err
+    assert "Traceback" not in err
     assert "chat template" not in err
 
 
@@ -217,3 +222,39 @@ def test_an_environment_that_cannot_be_made_is_one_line_before_any_work(tiny_mod
     err = capsys.readouterr().err
     assert err.strip() == "rlvr: error: eval start 0: making the environment: ValueError: the board needs a size"
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+class HangsAfterMarking(ChatStart):
+    """A step that hangs for a minute, after marking (a file) that it started."""
+
+    prompt = "1+2="
+
+    def step(self, text):
+        pathlib.Path(os.environ["RLVR_TEST_MARK"]).touch()
+        time.sleep(60)
+
+
+def test_a_stop_signal_cuts_the_wait_on_hanging_environments(tiny_model, tmp_path, monkeypatch, capsys):
+    """SIGTERM while every episode's step hangs (a 60 s time limit): the waits end at once,
+    the run writes its checkpoint and stops, rather than waiting out the limit each batch."""
+    import signal
+    import threading
+
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).parent))
+    mark = tmp_path / "stepping"
+    monkeypatch.setenv("RLVR_TEST_MARK", str(mark))
+
+    def stop_once_stepping():
+        while not mark.exists():
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=stop_once_stepping, daemon=True).start()
+    began = time.monotonic()
+    code = _chat_run(tmp_path, "HangsAfterMarking", f"policy.options.model={tiny_model}", "algo.epochs=3",
+                     "task.options.step_timeout=60")
+    assert code == 128 + signal.SIGTERM
+    assert time.monotonic() - began < 30  # not the 60 s limit
+    assert "checkpoint written" in capsys.readouterr().err
+    assert list((tmp_path / "run").glob("checkpoints/*"))
+    assert not (tmp_path / "run" / "metrics.jsonl").read_text().strip()  # the cut batch was dropped, not trained

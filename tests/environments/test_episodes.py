@@ -10,6 +10,7 @@ import torch
 from rlvr.config import config_from_dict
 from rlvr.environments.base import Step
 from rlvr.environments.episodes import EpisodeLimits, episodes_samples, run_episodes
+from rlvr.environments.hosts import EnvironmentHosts
 
 pytest.importorskip("transformers")
 
@@ -46,22 +47,24 @@ class Endless(Countdown):
 LIMITS = EpisodeLimits(4, 40)
 
 
-def sample(policy, env=Countdown, starts=(1, 2, 3), group=2, limits=LIMITS, seed=0, **kwargs):
-    episodes = run_episodes(policy, env, list(starts), group, 1.0, torch.Generator().manual_seed(seed), limits,
-                            **kwargs)
+def sample(policy, env=Countdown, starts=(1, 2, 3), group=2, limits=LIMITS, seed=0, workers=8, **kwargs):
+    episodes = run_episodes(policy, EnvironmentHosts(env, workers), list(starts), group, 1.0,
+                            torch.Generator().manual_seed(seed), limits, **kwargs)
     return episodes, episodes_samples(episodes, group, policy.pad_id)
 
 
 def test_a_batch_of_episodes_equals_the_episodes_run_one_at_a_time(policy):
     seeds = torch.randint(2**62, (6,), generator=torch.Generator().manual_seed(3))
     limits = EpisodeLimits(4, 40)
-    batch = run_episodes(policy, Countdown, [1, 2, 3], 2, 1.0, None, limits, seeds=seeds)
-    alone = [run_episodes(policy, Countdown, [start], 1, 1.0, None, limits, seeds=seeds[i:i + 1])[0]
+    batch = run_episodes(policy, EnvironmentHosts(Countdown), [1, 2, 3], 2, 1.0, None, limits, seeds=seeds)
+    alone = [run_episodes(policy, EnvironmentHosts(Countdown), [start], 1, 1.0, None, limits,
+                          seeds=seeds[i:i + 1])[0]
              for i, start in enumerate([1, 1, 2, 2, 3, 3])]
     assert [e.response_ids for e in batch] == [e.response_ids for e in alone]
     assert len({tuple(e.response_ids) for e in batch}) > 1  # the seeds differ, and so do the episodes
-    greedy = run_episodes(policy, Countdown, [1, 2, 3], 1, 0.0, None, limits)
-    greedy_alone = [run_episodes(policy, Countdown, [s], 1, 0.0, None, limits)[0] for s in (1, 2, 3)]
+    greedy = run_episodes(policy, EnvironmentHosts(Countdown), [1, 2, 3], 1, 0.0, None, limits)
+    greedy_alone = [run_episodes(policy, EnvironmentHosts(Countdown), [s], 1, 0.0, None, limits)[0]
+                    for s in (1, 2, 3)]
     assert [e.response_ids for e in greedy] == [e.response_ids for e in greedy_alone]
 
 
@@ -294,9 +297,9 @@ class MakingFails(Countdown):
                                              (ToolsNotMapping, "tools() returned list"),
                                              (MakingFails, "making the environment: ValueError: cannot make it")])
 def test_a_failing_environment_ends_its_episode_counted_and_the_others_go_on(policy, broken, message):
-    made = iter([broken if i % 2 else Countdown for i in range(6)])
+    made = iter([broken if i % 2 else Countdown for i in range(6)])  # made in this process, in order
     limits = EpisodeLimits(4, 40, step_timeout=0.2)
-    episodes, samples = sample(policy, env=lambda: next(made)(), limits=limits)
+    episodes, samples = sample(policy, env=lambda: next(made)(), limits=limits, workers=0)
     failed = [e for i, e in enumerate(episodes) if i % 2]
     assert all(e.error and message in e.error and e.done and not e.solved for e in failed)
     assert all(e.error is None and e.solved for i, e in enumerate(episodes) if not i % 2)
@@ -310,37 +313,26 @@ def test_a_chat_episode_takes_text_or_messages_only():
     from rlvr.environments.base import Episode
     from rlvr.environments.episodes import _Running
 
-    chat = _Running(Episode(start=0, prompt=[{"role": "user", "content": "hi"}], prompt_ids=[1]), Countdown())
+    chat = _Running(Episode(start=0, prompt=[{"role": "user", "content": "hi"}], prompt_ids=[1]), 0, "Countdown")
     assert chat.observation("more") == [{"role": "user", "content": "more"}]
     for wrong in (42, [1, 2], {"role": "user"}):
         with pytest.raises(TypeError, match="a chat episode takes text or a list of messages"):
             chat.observation(wrong)
 
 
-def test_an_environments_own_tool_that_hangs_is_a_tool_error_after_tool_timeout():
-    from rlvr.environments.base import ToolCall
-    from rlvr.environments.episodes import _call_own
-
-    started = time.perf_counter()
-    result = _call_own(lambda: time.sleep(60), ToolCall("peek"), 0.2)
-    assert result.error and result.content == "StepTimeout: no answer within 0.2 s"
-    assert time.perf_counter() - started < 5
-    assert _call_own(lambda: "seen", ToolCall("peek"), 0.2).content == "seen"
-
-
 def test_a_hanging_environment_is_said_on_the_console_at_its_first_timeout(policy, caplog):
     import logging
 
-    from rlvr.environments import episodes
+    from rlvr.environments import hosts
 
-    episodes._TIMED_OUT.discard("SlowStep.step")
+    hosts._TIMED_OUT.discard("SlowStep.step")
 
     class SlowStep(Hangs):
         pass
 
-    with caplog.at_level(logging.WARNING, logger="rlvr.environments.episodes"):
+    with caplog.at_level(logging.WARNING, logger="rlvr.environments.hosts"):
         found, _ = sample(policy, env=SlowStep, starts=(1, 2), group=2, limits=EpisodeLimits(4, 40, step_timeout=0.1))
     assert all("no answer within 0.1 s" in e.error for e in found)
     said = [r.getMessage() for r in caplog.records if "ran past its time limit" in r.getMessage()]
-    assert said == ["SlowStep.step ran past its time limit of 0.1 s: its episode ends with an error, and each call "
-                    "that hangs like it costs as long (task.options.step_timeout or tool_timeout)"]
+    assert said == ["SlowStep.step ran past its time limit of 0.1 s: its episode ends with an error; calls that hang "
+                    "like it time out together, each batch (task.options.step_timeout or tool_timeout)"]

@@ -37,6 +37,7 @@ class Ticks:
 def episodes_calling(tmp_path, monkeypatch, calls, limits):
     from rlvr.engines import Generation
     from rlvr.environments.episodes import run_episodes
+    from rlvr.environments.hosts import EnvironmentHosts
     from rlvr.modeling import init_model
     from rlvr.policies import turns
     from rlvr.policies.causal_lm import CausalLMPolicy
@@ -54,7 +55,8 @@ def episodes_calling(tmp_path, monkeypatch, calls, limits):
 
     monkeypatch.setattr(turns, "next_turns", scripted)
     Ticks.made.clear()
-    return run_episodes(policy, Ticks, [0, 1], 1, 1.0, torch.Generator().manual_seed(0), limits)
+    hosts = EnvironmentHosts(Ticks, 0)  # in this process, where the test reads their state
+    return run_episodes(policy, hosts, [0, 1], 1, 1.0, torch.Generator().manual_seed(0), limits)
 
 
 @pytest.mark.parametrize(("cap", "message"), [(None, "12 more tool calls not run: at most 8 tool calls a turn"),

@@ -8,11 +8,13 @@ Each turn, the episodes still running are continued from their token prefixes in
 to the policy's engine (they finish at different turns); each episode's draws come from
 its own seed, so a batch gives the episodes that one-at-a-time sampling gives. A turn that
 calls tools gets their results (the task's tools in sandboxed worker processes, all
-episodes' calls of a turn at once; the environment's own tools in this process; at most
-``max_tool_calls`` calls a turn run, the policy reading that the rest did not); any other
-turn goes to its environment's ``step``. An episode ends when its environment says done, at
-``max_turns`` policy turns, or at ``max_tokens`` tokens after the prompt (the last two:
-truncated, like a response cut at its length limit).
+episodes' calls of a turn at once; the environment's own tools where its environment
+lives; at most ``max_tool_calls`` calls a turn run, the policy reading that the rest did
+not); any other turn goes to its environment's ``step``. The environments live in
+``EnvironmentHosts`` (worker processes by default, ``rlvr.environments.hosts``), and each
+kind of call goes to every episode at once. An episode ends when its environment says
+done, at ``max_turns`` policy turns, or at ``max_tokens`` tokens after the prompt (the last
+two: truncated, like a response cut at its length limit).
 
 ``episodes_samples`` lays the episodes out as ``Samples``: the response is every token after
 the prompt, and ``policy_mask`` marks the policy's, the only ones trained.
@@ -20,28 +22,15 @@ the prompt, and ``policy_mask`` marks the policy's, the only ones trained.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import logging
-import numbers
-import signal
-import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlvr.environments.base import (
-    Environment,
-    Episode,
-    Observation,
-    Step,
-    ToolCall,
-    ToolResult,
-    Turn,
-    describe_error,
-)
+from rlvr.environments.base import Episode, Observation, ToolCall, ToolResult, Turn
+from rlvr.environments.hosts import EnvironmentFailed, EnvironmentHosts, as_observation
 from rlvr.policies import turns
 from rlvr.policies.prompts import content_chars
 from rlvr.rollout import Samples
@@ -51,7 +40,6 @@ if TYPE_CHECKING:
     from rlvr.policies.causal_lm import CausalLMPolicy
 
 SEED_RANGE = 2**62
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -62,7 +50,7 @@ class EpisodeLimits:
     max_tokens:   tokens after the prompt, the policy's and the environment's together
     tool_style:   how tool calls are written (``rlvr.environments.tool_parsing``)
     step_timeout: seconds one call into environment code may take (making it, reset, step,
-                  tools; None: no limit)
+                  tools(); None: no limit)
     tool_timeout: seconds one call of an environment's own tool may take (None: no limit)
     max_tool_calls: tool calls run per policy turn; those past it are not run, and the
                   policy reads one failed result saying so
@@ -112,38 +100,33 @@ class EpisodeText(str):
 
 
 class _Running:
-    """One episode while it runs: the episode, its environment, and for a chat its messages so far."""
+    """One episode while it runs: the episode, its row in the environment hosts, its
+    environment's class name, and for a chat its messages so far."""
 
-    def __init__(self, episode: Episode, env: Environment) -> None:
-        self.episode, self.env = episode, env
+    def __init__(self, episode: Episode, row: int, name: str = "environment") -> None:
+        self.episode, self.row, self.name = episode, row, name
         self.chat = not isinstance(episode.prompt, str)
         self.history: list[dict[str, Any]] = [dict(m) for m in episode.prompt] if self.chat else []
 
     def observation(self, observation: Observation) -> Observation:
         """``observation`` in this episode's form: text for a text episode, messages for a chat."""
-        if self.chat:
-            if isinstance(observation, str):
-                return [{"role": "user", "content": observation}]
-            if not _is_chat(observation):
-                raise TypeError(f"{type(self.env).__name__} answered with {_kind(observation)}: a chat episode "
-                                "takes text or a list of messages ({'role': ..., 'content': ...})")
-            return observation
-        if not isinstance(observation, str):
-            raise TypeError(f"{type(self.env).__name__} answered a text episode with chat messages; "
-                            "an episode whose prompt is text takes text observations")
-        return observation
+        return as_observation(observation, self.chat, self.name)
+
+    def fail(self, failed: EnvironmentFailed) -> None:
+        self.episode.error, self.episode.done = str(failed), True
 
 
-def run_episodes(policy: CausalLMPolicy, make_env: Callable[[], Environment], starts: Sequence[Any],
-                 group_size: int, temperature: float, generator: torch.Generator | None, limits: EpisodeLimits,
+def run_episodes(policy: CausalLMPolicy, hosts: EnvironmentHosts, starts: Sequence[Any], group_size: int,
+                 temperature: float, generator: torch.Generator | None, limits: EpisodeLimits,
                  toolbox: ToolBox | None = None, seeds: torch.Tensor | None = None) -> list[Episode]:
-    """G episodes from each of B ``starts`` (rows or seeds), N in all (row ``b*G + g``).
+    """G episodes from each of B ``starts`` (rows or seeds), N in all (row ``b*G + g``), their
+    environments in ``hosts``.
 
     ``temperature`` 0: greedy. Else each episode draws from its own seed: ``seeds`` [N] long,
     or N drawn from ``generator``.
     """
-    running = [start_episode(policy, make_env, start, b, limits)
-               for b, start in enumerate(starts) for _ in range(group_size)]
+    running = start_episodes(policy, hosts, [start for start in starts for _ in range(group_size)],
+                             [b for b in range(len(starts)) for _ in range(group_size)], limits)
     episodes = [r.episode for r in running]
     if temperature > 0 and seeds is None:
         if generator is None:
@@ -156,65 +139,31 @@ def run_episodes(policy: CausalLMPolicy, make_env: Callable[[], Environment], st
             break
         _policy_turns(policy, [running[i] for i in active], temperature, limits,
                       None if seeds is None else _turn_seeds(seeds[active], turn))
-        _answer(policy, [running[i] for i in active if not episodes[i].done], limits, toolbox)
+        _answer(policy, hosts, [running[i] for i in active if not episodes[i].done], limits, toolbox)
     for episode in episodes:
         if not episode.done:  # the turn limit
             episode.done = episode.truncated = True
     return episodes
 
 
-def start_episode(policy: CausalLMPolicy, make_env: Callable[[], Environment], start: Any, index: int,
-                  limits: EpisodeLimits) -> _Running:
-    """An episode's environment made and reset; one that fails there ends the episode with its error."""
-    env: Any = None
-    try:
-        env = environment_call(limits.step_timeout, "making the environment", make_env)
-        prompt = environment_call(limits.step_timeout, f"{type(env).__name__}.reset", env.reset, copy.deepcopy(start))
-        if not (isinstance(prompt, str) or _is_chat(prompt)):
-            raise EnvironmentFailed(f"{type(env).__name__}.reset returned {_kind(prompt)}, not text or a list of "
-                                    "messages ({'role': ..., 'content': ...})")
-    except EnvironmentFailed as failed:
-        episode = Episode(start=start, prompt="", prompt_ids=[], done=True, error=str(failed))
-        return _Running(episode, env)
-    ids = turns.first_prompt_ids(policy, prompt, index, limits.max_tokens)
-    return _Running(Episode(start=start, prompt=prompt, prompt_ids=ids), env)
-
-
-class EnvironmentFailed(Exception):
-    """Environment code failed (raised, ran past its time, answered with the wrong type): one line."""
-
-
-def environment_call(seconds: float | None, what: str, fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)``, environment code, under the contract every call into it has: at most
-    ``seconds`` (StepTimeout, a BaseException raised again every half second, so that
-    ``except Exception`` does not swallow it), and whatever it raises, SystemExit,
-    KeyboardInterrupt and RecursionError too, an EnvironmentFailed naming ``what``. The
-    run's own stop (a second Ctrl-C or SIGTERM) goes through."""
-    from rlvr.errors import Stopped
-
-    try:
-        with time_limit(seconds):
-            return fn(*args)
-    except Stopped:
-        raise
-    except BaseException as err:  # noqa: BLE001 - the environment's failure ends its episode, not the run
-        if isinstance(err, StepTimeout) and what not in _TIMED_OUT:  # said at once: the next may cost as long
-            _TIMED_OUT.add(what)
-            logger.warning("%s ran past its time limit of %g s: its episode ends with an error, and each call "
-                           "that hangs like it costs as long (task.options.step_timeout or tool_timeout)",
-                           what, seconds)
-        raise EnvironmentFailed(f"{what}: {describe_error(err)}"[:500]) from None
-
-
-_TIMED_OUT: set[str] = set()  # the calls whose time-out this process has said
-
-
-def _kind(value: Any) -> str:
-    return "None" if value is None else f"{type(value).__name__} {value!r:.40}"
-
-
-def _is_chat(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(m, dict) and "role" in m for m in value)
+def start_episodes(policy: CausalLMPolicy, hosts: EnvironmentHosts, starts: Sequence[Any], indices: Sequence[int],
+                   limits: EpisodeLimits) -> list[_Running]:
+    """Episode ``i``'s environment made and reset from ``starts[i]`` in ``hosts`` (row ``i``),
+    all at once; one that fails there ends its episode with the error. ``indices`` name the
+    starts in a prompt error."""
+    requests = [request for row, start in enumerate(starts)
+                for request in ((row, "make", ()), (row, "reset", (copy.deepcopy(start),)))]
+    outcomes = hosts.call(requests, limits.step_timeout)
+    running = []
+    for row, start in enumerate(starts):
+        name, prompt = outcomes[2 * row], outcomes[2 * row + 1]
+        failed = name if isinstance(name, EnvironmentFailed) else prompt
+        if isinstance(failed, EnvironmentFailed):
+            running.append(_Running(Episode(start=start, prompt="", prompt_ids=[], done=True, error=str(failed)), row))
+            continue
+        ids = turns.first_prompt_ids(policy, prompt, indices[row], limits.max_tokens)
+        running.append(_Running(Episode(start=start, prompt=prompt, prompt_ids=ids), row, name))
+    return running
 
 
 def _turn_seeds(seeds: torch.Tensor, turn: int) -> torch.Tensor:
@@ -265,20 +214,22 @@ def turn_calls(prefix_lengths: list[int], room: list[int], max_new_tokens: int, 
     return calls
 
 
-def _answer(policy: CausalLMPolicy, active: list[_Running], limits: EpisodeLimits, toolbox: ToolBox | None) -> None:
+def _answer(policy: CausalLMPolicy, hosts: EnvironmentHosts, active: list[_Running], limits: EpisodeLimits,
+            toolbox: ToolBox | None) -> None:
     """Each episode's reply to its policy turn: tool results for a turn that calls tools, else
-    its environment's step; appended as token ids when the budget has room."""
-    from rlvr.environments.tool_parsing import format_tool_results, parse_tool_calls
+    its environment's step; appended as token ids when the budget has room. Each kind of
+    call goes to every episode's environment at once (``hosts``)."""
+    from rlvr.environments.tool_parsing import call_arguments, format_tool_results, parse_tool_calls
 
+    listed = hosts.call([(r.row, "tools", ()) for r in active], limits.step_timeout)
+    own_calls: list[tuple[int, ToolCall]] = []  # (row, call) for the environments' own tools
     boxed: list[tuple[int, ToolCall]] = []  # (row, call) for the task's sandboxed tools
     results: list[list[ToolResult]] = [[] for _ in active]
     calling = []
     over_cap: dict[int, ToolResult] = {}  # row -> the failed result that says which calls were not run
-    for row, r in enumerate(active):
-        try:
-            own = _env_tools(r.env, limits)
-        except EnvironmentFailed as failed:
-            r.episode.error, r.episode.done = str(failed), True
+    for row, (r, own) in enumerate(zip(active, listed)):
+        if isinstance(own, EnvironmentFailed):
+            r.fail(own)
             continue
         known = set(own) | (set(toolbox.names) if toolbox is not None else set())
         turn = r.episode.turns[-1]
@@ -292,20 +243,23 @@ def _answer(policy: CausalLMPolicy, active: list[_Running], limits: EpisodeLimit
         turn.tool_calls = list(calls)
         results[row] = list(errors)
         for call in calls:
-            if call.name in own:
-                results[row].append(_call_own(own[call.name], call, limits.tool_timeout))
-            else:
-                boxed.append((row, call))
+            (own_calls if call.name in own else boxed).append((row, call))
+    if own_calls:  # failures are the policy's to read
+        requests = [(active[row].row, "tool", (call.name, *call_arguments(call.arguments))) for row, call in own_calls]
+        for (row, call), outcome in zip(own_calls, hosts.call(requests, limits.tool_timeout)):
+            results[row].append(ToolResult(call.name, str(outcome).removeprefix(f"{call.name}: "), error=True)
+                                if isinstance(outcome, EnvironmentFailed) else ToolResult(call.name, outcome))
     if boxed:
         for (row, _), result in zip(boxed, toolbox.run([call for _, call in boxed])):
             results[row].append(result)
     for row, result in over_cap.items():
         results[row].append(result)
+    stepping = [r for row, r in enumerate(active) if row not in calling and not r.episode.done]
+    for r, stepped in zip(stepping, hosts.call([(r.row, "step", (r.episode.turns[-1].text, r.chat)) for r in stepping],
+                                               limits.step_timeout)):
+        _step(policy, r, stepped, limits)
     for row, r in enumerate(active):
-        if r.episode.done:  # its tools() failed
-            continue
-        if row not in calling:
-            _step(policy, r, limits)
+        if r.episode.done or row not in calling:  # its tools() failed, or it stepped
             continue
         reply = Turn("tool", "", [], tool_results=results[row])
         if r.chat:
@@ -321,17 +275,15 @@ def _not_run(skipped: list[ToolCall], cap: int) -> ToolResult:
                       f"{cap} tool calls a turn", error=True)
 
 
-def _step(policy: CausalLMPolicy, r: _Running, limits: EpisodeLimits) -> None:
-    """The environment's answer to a turn without tool calls. A step that raises, runs past
-    ``limits.step_timeout`` or returns something other than a Step ends the episode with
-    its ``error`` (counted; its reward abstains): one broken episode does not stop a run."""
-    try:
-        reward, done, solved, observation = environment_call(
-            limits.step_timeout, f"{type(r.env).__name__}.step", _stepped, r, r.episode.turns[-1].text)
-    except EnvironmentFailed as failed:
-        r.episode.error = str(failed)
-        r.episode.done = True
+def _step(policy: CausalLMPolicy, r: _Running, stepped: Any, limits: EpisodeLimits) -> None:
+    """The environment's answer to a turn without tool calls (``hosts``' step: reward, done,
+    solved, observation). A step that raised, ran past ``limits.step_timeout`` or returned
+    something other than a Step ends the episode with its ``error`` (counted; its reward
+    abstains): one broken episode does not stop a run."""
+    if isinstance(stepped, EnvironmentFailed):
+        r.fail(stepped)
         return
+    reward, done, solved, observation = stepped
     if solved is not None:
         r.episode.solved = solved
     turn = Turn("environment", "", [], reward=reward)
@@ -340,53 +292,6 @@ def _step(policy: CausalLMPolicy, r: _Running, limits: EpisodeLimits) -> None:
         r.episode.turns.append(turn)
         return
     _append(policy, r, turn, observation, limits)
-
-
-def _stepped(r: _Running, text: str) -> tuple[float, bool, bool | None, Observation | None]:
-    """The environment's step on ``text``, read: its reward, done, solved and observation
-    (a Step's fields may run its own code, so they are read inside the contract)."""
-    step = r.env.step(text)
-    if not isinstance(step, Step):
-        raise TypeError(f"step returned {type(step).__name__}, not an rlvr Step")
-    reward, done = _step_reward(step.reward), bool(step.done)
-    solved = None if step.solved is None else bool(step.solved)
-    observation = None if done or step.observation is None else r.observation(step.observation)
-    return reward, done, solved, observation
-
-
-def _step_reward(reward: object) -> float:
-    """A Step's reward as a float: a real number (bool, int, float, a numpy scalar), never
-    text or None, which ``float`` would read as 1.0 or refuse with a crash."""
-    if not isinstance(reward, numbers.Real):
-        raise TypeError(f"Step(reward={reward!r:.60}): a reward is a real number, not {type(reward).__name__}")
-    return float(reward)
-
-
-class StepTimeout(BaseException):
-    """Environment code ran past its time limit (a BaseException, as KeyboardInterrupt is:
-    an ``except Exception`` in the environment does not swallow it)."""
-
-
-@contextlib.contextmanager
-def time_limit(seconds: float | None) -> Iterator[None]:
-    """Raise StepTimeout in the code within after ``seconds`` (SIGALRM: in the main thread of
-    a POSIX process; elsewhere, or with None, no limit)."""
-    usable = (seconds is not None and hasattr(signal, "setitimer")
-              and threading.current_thread() is threading.main_thread())
-    if not usable:
-        yield
-        return
-
-    def expire(signum: int, frame: Any) -> None:
-        raise StepTimeout(f"no answer within {seconds:g} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds, 0.5)  # again every half second, should code swallow it
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def _append(policy: CausalLMPolicy, r: _Running, turn: Turn, observation: Observation, limits: EpisodeLimits
@@ -405,34 +310,6 @@ def _append(policy: CausalLMPolicy, r: _Running, turn: Turn, observation: Observ
     if r.chat:
         r.history.extend(dict(m) for m in observation)
     r.episode.turns.append(turn)
-
-
-def _env_tools(env: Environment, limits: EpisodeLimits) -> dict[str, Callable[..., Any]]:
-    """The environment's own tools, name -> callable (EnvironmentFailed: ``tools()`` failed or
-    did not give a mapping of callables)."""
-    tools = getattr(env, "tools", None)
-    if not callable(tools):
-        return {}
-
-    def listed() -> dict[str, Callable[..., Any]]:
-        found = tools()
-        if not isinstance(found, Mapping) or not all(isinstance(k, str) and callable(v) for k, v in found.items()):
-            raise TypeError(f"tools() returned {_kind(found)}, not a mapping of names to callables")
-        return dict(found)
-
-    return environment_call(limits.step_timeout, f"{type(env).__name__}.tools", listed)
-
-
-def _call_own(fn: Callable[..., Any], call: ToolCall, seconds: float | None) -> ToolResult:
-    """An environment's own tool, called in this process under the environment contract (at
-    most ``seconds``); its failure is the policy's to read."""
-    from rlvr.environments.tool_parsing import call_arguments
-
-    args, kwargs = call_arguments(call.arguments)
-    try:
-        return ToolResult(call.name, environment_call(seconds, call.name, lambda: str(fn(*args, **kwargs))))
-    except EnvironmentFailed as failed:
-        return ToolResult(call.name, str(failed).removeprefix(f"{call.name}: "), error=True)
 
 
 def episodes_samples(episodes: Sequence[Episode], group_size: int, pad_id: int) -> Samples:

@@ -9,13 +9,13 @@ environment's tokens as context, and only the policy's train.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlvr.environments.base import Environment
-from rlvr.environments.episodes import EpisodeLimits, EpisodeText, episodes_samples, run_episodes, start_episode
+from rlvr.environments.episodes import EpisodeLimits, EpisodeText, episodes_samples, run_episodes, start_episodes
+from rlvr.environments.hosts import EnvironmentHosts
 from rlvr.policies.prompts import PromptError
 from rlvr.rollout import Policy, Samples
 
@@ -27,17 +27,18 @@ if TYPE_CHECKING:
 
 
 class EpisodePolicy(Policy):
-    """``lm`` acting in the environments ``make_env`` makes, within ``limits``, with the
-    sandboxed ``toolbox`` (None: only the environment's own tools). Everything else (the
-    tokenizer, checkpoints' attributes) is the LM policy's."""
+    """``lm`` acting in the environments of ``hosts`` (``EnvironmentHosts``: where they are
+    made and run), within ``limits``, with the sandboxed ``toolbox`` (None: only the
+    environment's own tools). Everything else (the tokenizer, checkpoints' attributes) is
+    the LM policy's."""
 
-    def __init__(self, lm: CausalLMPolicy, make_env: Callable[[], Environment], limits: EpisodeLimits,
+    def __init__(self, lm: CausalLMPolicy, hosts: EnvironmentHosts, limits: EpisodeLimits,
                  toolbox: ToolBox | None = None) -> None:
-        self.lm, self.make_env, self.limits, self.toolbox = lm, make_env, limits, toolbox
+        self.lm, self.hosts, self.limits, self.toolbox = lm, hosts, limits, toolbox
         self.module, self.engine = lm.module, lm.engine
 
     def __getattr__(self, name: str) -> Any:  # the LM policy's own attributes (tokenizer, device, ...)
-        if name == "lm":
+        if name in ("lm", "hosts"):
             raise AttributeError(name)
         return getattr(self.lm, name)
 
@@ -51,13 +52,13 @@ class EpisodePolicy(Policy):
         """G episodes from each of B starts (``prompts``: rows or seeds), drawn with ``generator``."""
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0 for sampling, got {temperature} (use greedy)")
-        episodes = run_episodes(self.lm, self.make_env, prompts, group_size, temperature, generator, self.limits,
+        episodes = run_episodes(self.lm, self.hosts, prompts, group_size, temperature, generator, self.limits,
                                 self.toolbox)
         return episodes_samples(episodes, group_size, self.lm.pad_id)
 
     def greedy(self, prompts: Sequence[Any]) -> list[list[EpisodeText]]:
         """One greedy episode from each start, as B lists of one ``EpisodeText``."""
-        episodes = run_episodes(self.lm, self.make_env, prompts, 1, 0.0, None, self.limits, self.toolbox)
+        episodes = run_episodes(self.lm, self.hosts, prompts, 1, 0.0, None, self.limits, self.toolbox)
         return [[EpisodeText(e)] for e in episodes]
 
     def log_probs(self, samples: Samples, temperature: float, with_entropy: bool = False,
@@ -74,8 +75,8 @@ class EpisodePolicy(Policy):
         chat template, conversations of those prompts render the same turn by turn, as
         episodes are built, as whole (a ValueError shows the first difference)."""
         chats = []
-        for index, start in enumerate(list(prompts)[:CHECKED_STARTS]):
-            running = start_episode(self.lm, self.make_env, start, index, self.limits)  # reset under its contract
+        starts = list(prompts)[:CHECKED_STARTS]
+        for index, running in enumerate(start_episodes(self.lm, self.hosts, starts, range(len(starts)), self.limits)):
             if running.episode.error is not None:
                 raise PromptError(f"{what} {index}: {running.episode.error}", index)
             prompt = running.episode.prompt

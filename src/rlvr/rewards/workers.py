@@ -52,13 +52,13 @@ _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 # The trainer's ends of the worker and reaper pipes. A process forked from the trainer
 # closes its copies at once: were a worker to keep them, the other workers and the
 # reaper would not read EOF when the trainer dies.
-_trainer_ends: weakref.WeakSet = weakref.WeakSet()
+trainer_ends: weakref.WeakSet = weakref.WeakSet()
 
 
 def _close_trainer_ends() -> None:
-    for end in list(_trainer_ends):
+    for end in list(trainer_ends):
         end.close()
-    _trainer_ends.clear()
+    trainer_ends.clear()
 
 
 if hasattr(os, "register_at_fork"):
@@ -81,7 +81,7 @@ if len(sys.argv) > 1:  # the trainer's multiprocessing temp folder, which only i
 """
 
 
-class _Reaper:
+class Reaper:
     """A process that kills the process groups it is told about once the trainer is gone,
     and removes ``tempdir`` (a folder of the trainer's) if given."""
 
@@ -94,7 +94,7 @@ class _Reaper:
         )
         os.close(read_end)
         self._pipe = io.FileIO(write_end, "w")  # unbuffered: nothing is left to flush in a fork
-        _trainer_ends.add(self._pipe)
+        trainer_ends.add(self._pipe)
 
     def watch(self, pgid: int) -> None:
         self._tell(f"{pgid}\n")
@@ -135,7 +135,7 @@ class WorkerPool:
         self._fns = fns
         # a forkserver listens on a socket in multiprocessing's pymp-* temp folder
         tempdir = multiprocessing.util.get_temp_dir() if start_method == "forkserver" else None
-        self._reaper = _Reaper(tempdir) if _POSIX else None
+        self._reaper = Reaper(tempdir) if _POSIX else None
         self._workers = [self._start() for _ in range(num_workers)]
 
     def run(self, index: int, requests: list[tuple], timeout: float) -> list[tuple | None]:
@@ -165,7 +165,7 @@ class WorkerPool:
 
     def _start(self) -> _Worker:
         parent_conn, child_conn = self._context.Pipe()
-        _trainer_ends.add(parent_conn)  # before the fork, so that the worker closes its copy too
+        trainer_ends.add(parent_conn)  # before the fork, so that the worker closes its copy too
         # the process whose death kills the worker: a forkserver's child has the server as parent
         parent = None if self._context.get_start_method() == "forkserver" else os.getpid()
         process = self._context.Process(
@@ -174,7 +174,7 @@ class WorkerPool:
         process.start()
         child_conn.close()
         if self._reaper is not None:
-            _lead_group(process.pid)  # here too, so that the group exists before it is watched or killed
+            lead_group(process.pid)  # here too, so that the group exists before it is watched or killed
             self._reaper.watch(process.pid)
         return _Worker(process, parent_conn)
 
@@ -241,7 +241,7 @@ class WorkerPool:
         worker.task, worker.deadline = None, math.inf
 
 
-def _lead_group(pid: int) -> None:
+def lead_group(pid: int) -> None:
     """Make process ``pid`` (0: this one) the leader of a new process group."""
     try:
         os.setpgid(pid, pid)
@@ -264,7 +264,7 @@ def die_with_parent(parent: int | None = None) -> None:
 def _worker_main(conn: Connection, fns: list[RewardFn | None], parent: int | None) -> None:
     """A worker's loop: receive (function index, arguments), send back the outcome."""
     if _POSIX:
-        _lead_group(0)
+        lead_group(0)
     die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's; it stops its workers
     outcome: tuple = ("ready",)

@@ -33,6 +33,7 @@ import torch
 from rlvr.data import read_jsonl
 from rlvr.environments.base import Environment, Episode
 from rlvr.environments.episodes import EpisodeLimits
+from rlvr.environments.hosts import WORKERS, EnvironmentHosts
 from rlvr.errors import ConfigError, RunError
 from rlvr.rewards import RewardSpec
 from rlvr.rollout import Grades, Policy
@@ -89,6 +90,10 @@ class EnvironmentTask(GradedTask):
         "step_timeout": option("seconds one call into the environment (making it, reset, step, tools()) may "
                                "take; past it the episode ends with an error (counted; its reward abstains)",
                                above=0, max=3600),
+        "environment_workers": option("worker processes the episodes' environments live in, episode i in worker "
+                                      "i % k: killable, so a call past its time limit is stopped whatever its code "
+                                      "does, and calls time out together (0: in the trainer's process, SIGALRM "
+                                      "limits only)", min=0, max=1024),
     }
 
     turn_end = ""  # the policy's end of turn as text (``policy_for``)
@@ -97,13 +102,14 @@ class EnvironmentTask(GradedTask):
                  environment_options: dict | None = None, data: str | None = None, eval_data: str | None = None,
                  eval_size: int = 64, max_turns: int = 4, max_tokens: int = 256, tools: list | None = None,
                  tool_style: str = "plain", tool_timeout: float = 5.0, tool_memory_mb: int = 512,
-                 step_timeout: float = 30.0, max_tool_calls: int = 8) -> None:
+                 step_timeout: float = 30.0, max_tool_calls: int = 8, environment_workers: int = WORKERS) -> None:
         # the options' names are checked against the class here; it is first built (run) by the policy's
         # start check (check_prompts), before any work
         self.make_env = environment_factory_of(environment, environment_factory, environment_options or {})
         self.limits = EpisodeLimits(max_turns=max_turns, max_tokens=max_tokens, tool_style=tool_style,
                                     step_timeout=step_timeout, tool_timeout=tool_timeout,
                                     max_tool_calls=max_tool_calls)
+        self.hosts = EnvironmentHosts(self.make_env, environment_workers)  # workers start on first use
         self.tool_names = list(tools or [])
         self.tool_settings = {"timeout": tool_timeout, "memory_mb": tool_memory_mb}
         self._toolbox = None
@@ -138,7 +144,7 @@ class EnvironmentTask(GradedTask):
                               f"{self.limits.max_tokens} tokens after it must fit the model's {positions} positions; "
                               f"lower task.options.max_tokens below {positions}")
         self.turn_end = getattr(getattr(policy, "tokenizer", None), "eos_token", None) or ""
-        return EpisodePolicy(policy, self.make_env, self.limits, self.toolbox)
+        return EpisodePolicy(policy, self.hosts, self.limits, self.toolbox)
 
     @property
     def toolbox(self) -> Any:
@@ -205,6 +211,7 @@ class EnvironmentTask(GradedTask):
 
     def close(self) -> None:
         super().close()
+        self.hosts.close()
         if self._toolbox is not None:
             self._toolbox.close()
             self._toolbox = None

@@ -1,0 +1,204 @@
+"""Environment code in worker processes: every call under the contract (any exception, a
+wrong type, a time limit) and, past the limit, killed whatever the code does; episodes that
+hang time out together; the run's stop cuts the waits; nothing outlives the hosts."""
+
+import os
+import pathlib
+import signal
+import threading
+import time
+
+import pytest
+
+from rlvr.environments.base import Step
+from rlvr.environments.hosts import HARD_GRACE, EnvironmentFailed, EnvironmentHosts
+from rlvr.errors import STOPPING, CutShort
+
+
+class Echo:
+    def reset(self, start):
+        self.pid = os.getpid()
+        return f"start {start}"
+
+    def step(self, text):
+        return Step(f"pid {self.pid}", 1.0, done=text == "stop", solved=True)
+
+    def tools(self):
+        return {"peek": self.peek, "stuck": self.stuck}
+
+    def peek(self, what="x"):
+        return f"peeked {what}"
+
+    def stuck(self):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})  # no StepTimeout can reach it
+        time.sleep(60)
+
+
+class Stubborn(Echo):
+    """A step no exception stops: SIGALRM blocked, as C code that never returns to Python."""
+
+    def step(self, text):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+        time.sleep(60)
+
+
+class Dies(Echo):
+    def step(self, text):
+        os._exit(3)
+
+
+class Unsendable(Echo):
+    def step(self, text):
+        return Step([{"role": "user", "content": lambda: None}], 1.0)  # an observation that does not pickle
+
+
+class Sleeps(Echo):
+    def step(self, text):
+        time.sleep(60)
+
+
+def started(env, rows, workers=8, seconds=5.0):
+    hosts = EnvironmentHosts(env, workers)
+    made = hosts.call([r for row in rows for r in ((row, "make", ()), (row, "reset", (row,)))], seconds)
+    assert made == [x for row in rows for x in (env.__name__, f"start {row}")]
+    return hosts
+
+
+def test_each_episode_has_a_worker_of_its_own_and_a_row_keeps_its_environment():
+    hosts = started(Echo, range(4))
+    try:
+        steps = hosts.call([(row, "step", ("go", False)) for row in range(4)], 5.0)
+        pids = {observation for _, _, _, observation in steps}
+        assert len(pids) == 4 and f"pid {os.getpid()}" not in pids  # not the trainer's
+        assert hosts.call([(2, "tools", ()), (2, "tool", ("peek", (), {"what": "y"}))], 5.0) == [
+            ["peek", "stuck"], "peeked y"]
+        again = hosts.call([(2, "step", ("stop", False))], 5.0)
+        assert again == [(1.0, True, True, None)]
+    finally:
+        hosts.close()
+
+
+def test_a_step_no_exception_stops_is_killed_past_its_limit_and_the_others_answer():
+    hosts = started(Echo, [0], workers=4)
+    stubborn = started(Stubborn, range(3), workers=4)
+    began = time.monotonic()
+    outcomes = stubborn.call([(row, "step", ("go", False)) for row in range(3)], 0.3)
+    took = time.monotonic() - began
+    assert all(isinstance(o, EnvironmentFailed) and str(o) == "Stubborn.step: StepTimeout: no answer within 0.3 s "
+               "(its worker was killed)" for o in outcomes)
+    assert took < 0.3 + HARD_GRACE + 1.5  # together, not one after another (3 x 2.3 s)
+    later = stubborn.call([(1, "step", ("go", False))], 0.3)
+    assert "its environment is gone" in str(later[0]) and "Stubborn.step" in str(later[0])
+    remade = stubborn.call([(1, "make", ()), (1, "reset", (1,))], 5.0)  # a new episode on the row: a new worker
+    assert remade == ["Stubborn", "start 1"]
+    assert hosts.call([(0, "step", ("go", False))], 5.0)[0][1] is False  # another hosts' worker: untouched
+    stubborn.close()
+    hosts.close()
+
+
+def test_hanging_steps_time_out_together():
+    hosts = started(Sleeps, range(6))
+    began = time.monotonic()
+    outcomes = hosts.call([(row, "step", ("go", False)) for row in range(6)], 0.4)
+    took = time.monotonic() - began
+    assert all("Sleeps.step: StepTimeout: no answer within 0.4 s" == str(o) for o in outcomes)
+    assert took < 1.5  # six in one time limit, not 6 x 0.4 s
+    assert hosts.call([(0, "step", ("go", False))], 0.4)  # the soft limit left the worker alive
+    hosts.close()
+
+
+def test_an_own_tool_no_exception_stops_is_killed_and_its_episode_cannot_go_on():
+    hosts = started(Echo, [0])
+    outcome = hosts.call([(0, "tool", ("stuck", (), {}))], 0.2)[0]
+    assert isinstance(outcome, EnvironmentFailed) and str(outcome).startswith("stuck: StepTimeout")
+    assert "its environment is gone" in str(hosts.call([(0, "step", ("go", False))], 1.0)[0])
+    hosts.close()
+
+
+def test_a_worker_that_dies_or_answers_what_cannot_be_sent_fails_its_call_named():
+    for env, message in ((Dies, "Dies.step: lost its worker process (exit code 3)"),
+                         (Unsendable, "Unsendable.step: its answer could not be sent back")):
+        hosts = started(env, [0, 1])
+        outcomes = hosts.call([(0, "step", ("go", True)), (1, "step", ("go", True))], 5.0)
+        assert all(str(o).startswith(message) for o in outcomes), outcomes
+        hosts.close()
+
+
+def test_the_runs_stop_cuts_the_waits_at_once():
+    hosts = started(Sleeps, range(3))
+    pids = [w.process.pid for w in hosts._workers.values()]
+    timer = threading.Timer(0.3, STOPPING.set)
+    timer.start()
+    try:
+        began = time.monotonic()
+        with pytest.raises(CutShort, match="a stop signal cut the episodes' waits"):
+            hosts.call([(row, "step", ("go", False)) for row in range(3)], 30.0)
+        took = time.monotonic() - began
+    finally:
+        timer.join()
+        STOPPING.clear()
+    assert took < 2.0  # not the 30 s limit
+    assert not hosts._workers  # the workers in mid-call were killed: their replies would be stale
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert hosts.call([(0, "make", ()), (0, "reset", (0,))], 5.0) == ["Sleeps", "start 0"]  # new episodes go on
+    hosts.close()
+
+
+def test_more_episodes_than_workers_share_them_in_order():
+    hosts = started(Echo, range(5), workers=2)
+    pids = {row: hosts.call([(row, "step", ("go", False))], 5.0)[0][3] for row in range(5)}
+    assert pids[0] == pids[2] == pids[4] != pids[1] == pids[3]
+    hosts.close()
+
+
+def test_closing_the_hosts_leaves_no_worker():
+    hosts = started(Echo, range(3))
+    pids = [w.process.pid for w in hosts._workers.values()]
+    hosts.close()
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_in_the_trainers_process_the_calls_keep_the_contract():
+    hosts = started(Echo, [0], workers=0)
+    assert hosts.call([(0, "step", ("go", False))], 1.0)[0][3] == f"pid {os.getpid()}"
+    outcome = hosts.call([(0, "tool", ("peek", (), {"nope": 1}))], 1.0)[0]
+    assert isinstance(outcome, EnvironmentFailed) and str(outcome).startswith("peek: TypeError")
+
+
+def test_a_trainer_killed_mid_call_leaves_no_worker(tmp_path):
+    """SIGKILL of the process that holds the hosts, while its workers are mid-step: they die too."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(pathlib.Path(__file__).parent)!r})
+        from test_hosts import Sleeps, started
+        hosts = started(Sleeps, range(3))
+        print(" ".join(str(w.process.pid) for w in hosts._workers.values()), flush=True)
+        hosts.call([(row, "step", ("go", False)) for row in range(3)], 60.0)
+    """)
+    trainer = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    pids = [int(p) for p in trainer.stdout.readline().split()]
+    assert len(pids) == 3
+    time.sleep(0.3)  # mid-step
+    trainer.kill()
+    trainer.wait()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+        time.sleep(0.05)
+    assert not any(_alive(pid) for pid in pids)
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:  # a zombie is dead, only not yet reaped
+        return stat.read().split(") ")[-1][0] != "Z"
