@@ -336,3 +336,11 @@ def test_a_hanging_environment_is_said_on_the_console_at_its_first_timeout(polic
     said = [r.getMessage() for r in caplog.records if "ran past its time limit" in r.getMessage()]
     assert said == ["SlowStep.step ran past its time limit of 0.1 s: its episode ends with an error; calls that hang "
                     "like it time out together, each batch (task.options.step_timeout or tool_timeout)"]
+
+
+def test_hanging_episodes_time_out_together_not_one_after_another(policy):
+    began = time.perf_counter()
+    found, _ = sample(policy, env=Hangs, starts=(1, 2, 3), group=2, limits=EpisodeLimits(4, 40, step_timeout=0.5))
+    took = time.perf_counter() - began
+    assert all("Hangs.step: StepTimeout: no answer within 0.5 s" == e.error for e in found)
+    assert took < 2.5  # six hanging steps in one limit, not 6 x 0.5 s one after another

@@ -34,7 +34,18 @@ class Ticks:
         return str(self.ran)
 
 
-def episodes_calling(tmp_path, monkeypatch, calls, limits):
+class StuckTicks(Ticks):
+    """A TRL-style tool method no exception stops (SIGALRM blocked, as C code that never returns)."""
+
+    def tick(self, x):
+        import signal
+        import time
+
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+        time.sleep(60)
+
+
+def episodes_calling(tmp_path, monkeypatch, calls, limits, env=Ticks, workers=0):
     from rlvr.engines import Generation
     from rlvr.environments.episodes import run_episodes
     from rlvr.environments.hosts import EnvironmentHosts
@@ -55,7 +66,7 @@ def episodes_calling(tmp_path, monkeypatch, calls, limits):
 
     monkeypatch.setattr(turns, "next_turns", scripted)
     Ticks.made.clear()
-    hosts = EnvironmentHosts(Ticks, 0)  # in this process, where the test reads their state
+    hosts = EnvironmentHosts(env, workers)  # 0: in this process, where a test reads their state
     return run_episodes(policy, hosts, [0, 1], 1, 1.0, torch.Generator().manual_seed(0), limits)
 
 
@@ -85,3 +96,21 @@ def test_the_cap_is_a_task_option_with_its_rules():
     assert EnvironmentTask().limits.max_tool_calls == 8
     with pytest.raises(ConfigError, match=r"task.options.max_tool_calls=0 must be >= 1"):
         check_task_options("environment", {"max_tool_calls": 0})
+
+
+def test_an_own_tool_that_hangs_for_good_ends_its_episode_within_the_limit(tmp_path, monkeypatch):
+    """The environment's own tool gets tool_timeout whatever its code does: its worker is
+    killed, the policy reads the time-out, and the episode, its environment gone, ends."""
+    import time
+
+    from rlvr.environments.episodes import EpisodeLimits
+    from rlvr.environments.hosts import HARD_GRACE
+
+    began = time.monotonic()
+    episodes = episodes_calling(tmp_path, monkeypatch, 1, EpisodeLimits(max_turns=2, max_tokens=250,
+                                                                        tool_timeout=0.3), env=StuckTicks, workers=4)
+    assert time.monotonic() - began < 0.3 + HARD_GRACE + 3  # both episodes' calls together, once
+    for episode in episodes:
+        [result] = episode.turns[1].tool_results
+        assert result.error and result.content == "StepTimeout: no answer within 0.3 s (its worker was killed)"
+        assert "its environment is gone" in episode.error and episode.done
