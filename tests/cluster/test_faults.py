@@ -197,3 +197,51 @@ def test_an_asynchronous_run_killed_mid_run_resumes_to_the_straight_runs_records
     assert without_timings(read_records(killed)) == without_timings(straight), resumed_from
     firsts = [r for r in straight if r["kind"] == "train" and r["step"] % 2 == 0]
     assert [r["cluster/staleness"] for r in firsts[:3]] == [0.0, 1.0, 1.0]  # the batches were in flight
+
+
+_WATCH_SIGTERM = r"""
+import ctypes, signal, sys, threading, time
+from pathlib import Path
+from rlvr.cluster.session import Cluster
+from rlvr.config import load_config
+
+libc = ctypes.CDLL(None)
+class Action(ctypes.Structure):
+    _fields_ = [("handler", ctypes.c_void_p), ("mask", ctypes.c_ulong * 16), ("flags", ctypes.c_int),
+                ("restorer", ctypes.c_void_p)]
+
+def c_handler():  # the kernel's view: what a SIGTERM does now, whatever Python believes
+    action = Action()
+    libc.sigaction(signal.SIGTERM, None, ctypes.byref(action))
+    return action.handler
+
+signal.signal(signal.SIGTERM, lambda signum, frame: None)
+cluster = Cluster(load_config(None, ["cluster.rollout_workers=1", "cluster.address=null"]), None)
+cluster.rollouts = None  # no actors: Ray itself is what this watches
+session = cluster.session_dir
+seen, done = set(), False
+def watch():
+    while not done:
+        seen.add(c_handler())
+        time.sleep(0.0005)
+watcher = threading.Thread(target=watch)
+watcher.start()
+cluster.close()
+done = True
+watcher.join()
+print("default" if None in seen else "handled", "left" if session.exists() else "removed")
+"""
+
+
+def test_a_runs_own_ray_leaves_its_stop_handler_in_place_while_it_shuts_down(tmp_path):
+    """Ray's crash handler set SIGTERM to the default action midway through ray.shutdown, so a
+    second stop signal then killed the run (-15) and left its session folder."""
+    env = {**os.environ, "RAY_TMPDIR": tempfile.mkdtemp(prefix="rt", dir="/tmp"),
+           "PYTHONPATH": os.pathsep.join(sys.path)}
+    env.pop("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", None)
+    try:
+        done = subprocess.run([sys.executable, "-c", _WATCH_SIGTERM], env=env, capture_output=True, text=True,
+                              timeout=120)
+    finally:
+        shutil.rmtree(env["RAY_TMPDIR"], ignore_errors=True)
+    assert done.stdout.split() == ["handled", "removed"], done.stderr[-2000:]

@@ -41,8 +41,12 @@ LEARNER_CPUS = 0.5  # Ray CPUs each learner holds
 
 
 def import_ray() -> Any:
-    """``ray``, with its usage report and token auth off (set before the import, which
-    worker processes inherit)."""
+    """``ray``, with its usage report, token auth and C++ crash handler off (set before the
+    import, which reads them and which worker processes inherit). The crash handler (absl's)
+    takes SIGTERM at ``ray.init`` and sets it to the default action midway through
+    ``ray.shutdown``: a second stop signal then killed the run mid-shutdown (exit -15, its
+    session folder left); without it the run's own handler holds throughout."""
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
