@@ -79,7 +79,7 @@ class Environment(Protocol):
     ``reset(start)`` begins the episode from ``start`` (a dataset row or an int seed) and
     returns the first observation. ``step(text)`` takes the policy's text of one turn that
     called no tool. ``tools()`` names the callables bound to this episode (TRL's
-    environment methods): called in this process, unlike the task's sandboxed tools.
+    environment methods): called where the environment lives (``rlvr.environments.hosts``).
     """
 
     def reset(self, start: Any) -> Observation:
