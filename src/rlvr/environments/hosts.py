@@ -68,7 +68,6 @@ class StepTimeout(BaseException):
 # row's environment lives; ``what`` names the call in its error.
 
 def _make(envs: dict[int, Any], row: int, make_env: Callable[[], Environment]) -> str:
-    envs.pop(row, None)
     envs[row] = make_env()
     return type(envs[row]).__name__
 
@@ -288,8 +287,8 @@ class EnvironmentHosts:
         try:
             worker.conn.send_bytes(pickle.dumps((requests[index], seconds)))
         except (OSError, pickle.PicklingError, TypeError, AttributeError) as err:
-            outcomes[index] = ("failed", f"{requests[index][1]}: its arguments could not reach the environment's "
-                               f"worker: {describe_error(err, 200)}", False)
+            outcomes[index] = ("failed", f"{self._what(requests[index])}: its arguments could not reach the "
+                               f"environment's worker: {describe_error(err, 200)}", False)
             self._send_next(slot, queues, requests, outcomes, seconds)
             return
         worker.task = index
