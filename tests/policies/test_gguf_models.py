@@ -65,3 +65,30 @@ def test_the_packaged_model_converts_once_and_plain_transformers_loads_it(tmp_pa
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 17 + 25?"}], tokenize=False,
                                            add_generation_prompt=True)
     assert prompt.endswith("<|im_start|>assistant\n")
+
+
+def test_a_conversion_that_fails_leaves_no_folder_behind(tmp_path, monkeypatch):
+    """A disk that fills mid-write: the error goes through, and no half-written folder stays
+    in the cache to be taken for a model."""
+    import transformers
+
+    from rlvr.policies.gguf_models import cache_root, converted_folder
+
+    pytest.importorskip("gguf")
+    monkeypatch.setenv("RLVR_CACHE", str(tmp_path / "cache"))
+    file = tmp_path / "m.gguf"
+    file.write_bytes(b"not really gguf")
+
+    class HalfWritten:
+        config = type("Config", (), {})()
+
+        def save_pretrained(self, folder):
+            (folder / "config.json").parent.mkdir(parents=True, exist_ok=True)
+            (folder / "config.json").write_text("{}")
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: HalfWritten())
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: None)
+    with pytest.raises(OSError, match="No space left"):
+        converted_folder(file)
+    assert list(cache_root().iterdir()) == []

@@ -86,12 +86,14 @@ def converted_folder(file: Path) -> str:
         del model.config.quantization_config
     folder.parent.mkdir(parents=True, exist_ok=True)
     partial = folder.with_name(f".{folder.name}.{os.getpid()}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    model.save_pretrained(partial)
-    tokenizer.save_pretrained(partial)
     try:
+        model.save_pretrained(partial)
+        tokenizer.save_pretrained(partial)
         os.replace(partial, folder)
-    except OSError:  # another run converted it meanwhile: theirs is the same
-        shutil.rmtree(partial, ignore_errors=True)
+    except OSError:
+        if not (folder / "config.json").is_file():  # not another run's conversion meanwhile (the same): a failure
+            raise
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)  # a half-written folder never stays
     print(f"rlvr: converted model in {folder} (later runs load it from there)", file=sys.stderr, flush=True)
     return str(folder)
