@@ -30,6 +30,17 @@ def test_extract_answer_rules():
         extract_answer("", "box")
 
 
+def test_last_number_reads_the_final_number_of_running_text():
+    # an instruct model's usual answer: the working, then the result, then a full stop
+    assert extract_answer("17 + 21 = 38.", "last_number") == "38"
+    assert extract_answer("It costs $1,234.50 in total; that is -3.5 less than -1,000", "last_number") == "-1,000"
+    assert extract_answer([{"role": "assistant", "content": "The answer is 42.\n"}], "last_number") == "42"
+    assert extract_answer("no digits here", "last_number") is None
+    assert exact_match(["12 + 30 = 42", "42 is it? No, 41", "forty-two"], ["42"] * 3, extract="last_number") \
+        == [1.0, 0.0, 0.0]
+    assert numeric_match(["The total is 1,000."], ["1000"], extract="last_number") == [1.0]
+
+
 def test_math_answer_plain_and_latex_golds():
     pytest.importorskip("math_verify")
     completions = ["<answer>\\frac{1}{2}</answer>", "\\boxed{0.5}", "<answer>x^2+1</answer>",

@@ -111,6 +111,14 @@ def test_gold_check_and_replace_task_rewards(jsonl):
     assert grades.rewards.tolist() == [[0.25, 0.25]] and grades.correct.tolist() == [[True, False]]
 
 
+def test_last_number_gold_check_scores_an_answer_with_its_working(jsonl):
+    options = f"{{path: {jsonl}, answer_column: answer, gold: exact, extract: last_number, eval_fraction: 0.5}}"
+    task = build_task(dataset_config(options))
+    p = task.eval_prompts()[0]
+    worked = f"1 + 1 = 2, so the answer is {p['answer']}."
+    assert task.grade([p], [[worked, f"{p['answer']} is wrong, it is 9999"]]).rewards.tolist() == [[1.0, 0.0]]
+
+
 def test_no_reward_at_all_is_a_config_error(jsonl):
     config = dataset_config(f"{{path: {jsonl}}}")
     with pytest.raises(ConfigError, match="no reward of its own.*answer_column is not set.*rewards.functions"):

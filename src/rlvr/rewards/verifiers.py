@@ -26,6 +26,9 @@ Where the answer is in a completion (``extract``, a keyword of each answer verif
   answer_tag  the last ``<answer>...</answer>`` only
   boxed       the last ``\\boxed{...}`` only (braces balanced)
   whole       the whole completion, stripped (a model that answers with the answer alone)
+  last_number the last number in the completion ("17 + 21 = 38." -> "38"; "-1,234.5" kept
+              whole, with its sign, commas and decimals): GSM8K's and lm-eval's "flexible
+              extract", for an instruct model that writes its working before the answer
 From Python, ``functools.partial(math_answer, extract="whole")`` picks another (a
 partial of a module-level function is what reward worker processes can receive).
 """
@@ -41,10 +44,12 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-EXTRACTORS = ("auto", "answer_tag", "boxed", "whole")
+EXTRACTORS = ("auto", "answer_tag", "boxed", "whole", "last_number")
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _LATEX_SIGNS = re.compile(r"[\\^{}]")
 _NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
+# a number in running text: a sign, digits with thousands commas, decimals; "38." ends a sentence
+_NUMBER_IN_TEXT = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
 # <think> reasoning </think> <answer> answer </answer>, nothing around them but white space
 R1_FORMAT = r"\s*<think>.*?</think>\s*<answer>.*?</answer>\s*"
 
@@ -116,6 +121,9 @@ def extract_answer(completion: str | list[dict[str, Any]], extract: str = "auto"
         answer = _last_answer_tag(completion)
     elif extract == "boxed":
         answer = last_boxed(completion)
+    elif extract == "last_number":
+        numbers = _NUMBER_IN_TEXT.findall(completion)
+        answer = numbers[-1] if numbers else None
     elif extract == "auto":
         answer = _last_answer_tag(completion)
         answer = last_boxed(completion) if answer is None else answer
