@@ -66,6 +66,7 @@ def test_hanging_reward_function_times_out_and_the_run_goes_on():
     ("['rlvr.rewards.faults']", "must be 'module:function'"),
     ("[{function: 'rlvr.rewards.faults:flaky', wieght: 1}]", "unknown keys ['wieght']"),
     ("[{function: 'rlvr.rewards.faults:flaky', required: 1}]", "required=1 must be true or false"),
+    ("[{function: 'rlvr.rewards.faults:flaky', options: [1]}]", "options=[1] must be a mapping"),
     ("[{function: 'rlvr.rewards.faults:flaky', name: inclusion_ordering}]", "repeated: inclusion_ordering"),
 ])
 def test_bad_reward_function_specs_are_config_errors(spec, message):

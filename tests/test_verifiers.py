@@ -73,6 +73,13 @@ def test_verifiers_load_from_yaml_names():
         assert load_reward_function(f"rlvr.rewards.verifiers:{name}").__name__ == name
 
 
+def test_options_are_keyword_arguments_bound_to_the_function():
+    spec, = load_reward_specs([{"function": "rlvr.rewards.verifiers:exact_match", "weight": 0.5,
+                                "options": {"extract": "last_number"}}], timeout=None)
+    assert spec.name == "exact_match" and spec.weight == 0.5
+    assert spec.fn(completions=["3 + 4 = 7", "7 is not it: 8"], answer=["7", "7"]) == [1.0, 0.0]
+
+
 def test_module_in_the_working_directory(tmp_path, monkeypatch):
     (tmp_path / "my_rewards_for_test.py").write_text(
         "def shorter(completions, **kwargs):\n    return [1.0 / (1 + len(c)) for c in completions]\n")

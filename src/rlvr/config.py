@@ -118,8 +118,9 @@ class TaskConfig:
 class RewardsConfig:
     functions: list = setting([], (
         "user reward functions: [{function: 'module:name', weight: 1.0, timeout: 5.0, name: '', "
-        "required: false}]; required: a completion it does not score (error, timeout, invalid, "
-        "None) gets no reward (NaN) instead of the others' sum"))
+        "required: false, options: {}}]; required: a completion it does not score (error, timeout, invalid, "
+        "None) gets no reward (NaN) instead of the others' sum; options: keyword arguments the function is "
+        "called with (extract: last_number)"))
     strict: bool = setting(False, "the first reward error is fatal (else: abstain and count)")
     timeout: float | None = setting(
         10.0, "seconds per call of a user function, run in a worker killed past it (null: in-process, no limit)",

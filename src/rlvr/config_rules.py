@@ -24,7 +24,7 @@ from rlvr.settings import check_fields, unknown_keys, unknown_message
 
 # deltas that subtract a group statistic
 GROUP_BASELINES = ("centered", "normalized", "leave_one_out", "batch_normalized", "reinforce_pp")
-REWARD_FUNCTION_KEYS = ("function", "weight", "timeout", "name", "required")
+REWARD_FUNCTION_KEYS = ("function", "weight", "timeout", "name", "required", "options")
 # Sizes past which a run would exhaust memory (or processes) before doing any work. A
 # field's own limit is declared on it (``max=``); these bound products.
 MAX_RESPONSES = 2**16  # responses sampled at once: prompts x group_size, eval batch x eval_samples
@@ -68,6 +68,9 @@ def _check_reward_functions(functions: list) -> None:
             raise ConfigError(f"{path}.timeout={timeout!r} must be positive seconds or null")
         if not isinstance(item.get("required", False), bool):
             raise ConfigError(f"{path}.required={item['required']!r} must be true or false")
+        options = item.get("options", {})
+        if not isinstance(options, dict) or not all(isinstance(key, str) for key in options):
+            raise ConfigError(f"{path}.options={options!r} must be a mapping of keyword arguments")
 
 
 def _check_run_name(name: str) -> None:

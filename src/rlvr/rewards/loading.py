@@ -13,6 +13,7 @@ does not exist, one that does not pickle is an error naming it (``RewardRunner``
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import sys
@@ -51,8 +52,9 @@ def load_reward_specs(
     items: Sequence[str | dict[str, Any]], timeout: float | None, where: str = "functions"
 ) -> list[RewardSpec]:
     """RewardSpecs of a list of functions, each ``"module:function"``, a callable, or a
-    dict ``{function, weight: 1.0, name: '', timeout: <timeout>, required: false}`` whose
-    function is either.
+    dict ``{function, weight: 1.0, name: '', timeout: <timeout>, required: false, options: {}}``
+    whose function is either; ``options`` are keyword arguments bound to it
+    (``functools.partial``, which reward worker processes can receive).
 
     Raises RewardError naming the item (``where[i]``) whose function does not load.
     """
@@ -67,6 +69,8 @@ def load_reward_specs(
                 raise RewardError(f"expected 'module:function' or a callable, got {type(fn).__name__} {fn!r:.60}")
         except RewardError as err:
             raise RewardError(f"{where}[{i}]: {err}") from err
+        if item.get("options"):
+            fn = functools.partial(fn, **item["options"])
         specs.append(RewardSpec(
             fn, float(item.get("weight", 1.0)), item.get("name", ""), item.get("timeout", timeout),
             item.get("required", False),
