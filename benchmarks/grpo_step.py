@@ -25,6 +25,12 @@ machine it leaves out the time other processes hold the core), more threads in w
 time; ``--clock`` forces one. The script prints the median of each phase and the ratio
 baseline / ours of the whole step.
 
+``--model`` times a real model instead (``smollm2-135m-instruct``, the packaged GGUF, or any
+model folder): chat prompts from the arithmetic recipe (``examples/data/chat_arithmetic_train.jsonl``,
+rendered by the model's chat template into the same text for every side), by default B = 4,
+G = 8 and 64 new tokens; the model's vocabulary (49,152 for SmolLM2) makes the LM head and
+the log-softmax a large share of the step.
+
 With ``--trl``, TRL's GRPOTrainer runs the same steps (same saved model, prompts, G, new
 tokens and threads; float32, no checkpointing, no KL) in a subprocess of
 ``--trl-python`` (default: this interpreter), e.g. a virtual environment made with
@@ -36,11 +42,14 @@ the script prints TRL / ours, or "TRL not installed".
     python benchmarks/grpo_step.py --threads 1 --repeats 30
     python benchmarks/grpo_step.py --trl --trl-python /tmp/trl-venv/bin/python
     python benchmarks/grpo_step.py --no-share-prompts     # ours without prompt sharing
-    python benchmarks/grpo_step.py --memory               # also ours' peak RSS, in a process of its own
+    python benchmarks/grpo_step.py --memory               # also each side's peak RSS, each in a process of its own
+    python benchmarks/grpo_step.py --model smollm2-135m-instruct --repeats 3 --warmup 1 --memory \
+        --trl --trl-python /tmp/trl-venv/bin/python
 
-``--memory`` runs ours alone (1 thread, the same steps) in a fresh interpreter and prints its
-peak resident memory (``ru_maxrss``) after building the model and after the steps; with
-``PYTHONPATH=<a checkout of another revision>/src`` it measures that revision's step.
+``--memory`` runs ours, then the baseline, alone (1 thread, the same steps) in a fresh
+interpreter each and prints its peak resident memory (``ru_maxrss``) after building the
+model and after the steps; TRL's run prints its own peak. With ``PYTHONPATH=<a checkout of
+another revision>/src`` it measures that revision's step.
 """
 
 from __future__ import annotations
@@ -79,9 +88,13 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=15, help="timed steps per path")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per path first")
-    parser.add_argument("--prompts", type=int, default=8, help="B: prompts per step")
+    parser.add_argument("--model", default=None,
+                        help="a real model (smollm2-135m-instruct, a GGUF or a model folder) with chat prompts; "
+                             "default: the tiny Llama with digit prompts")
+    parser.add_argument("--prompts", type=int, default=None, help="B: prompts per step (default 8; 4 with --model)")
     parser.add_argument("--group-size", type=int, default=8, help="G: responses per prompt")
-    parser.add_argument("--new-tokens", type=int, default=16, help="longest response")
+    parser.add_argument("--new-tokens", type=int, default=None,
+                        help="longest response (default 16; 64 with --model)")
     parser.add_argument("--threads", default=f"1,{TORCH_DEFAULT_THREADS}",
                         help="comma-separated torch thread counts, each for both sides (default: 1 and the cores)")
     parser.add_argument("--clock", choices=("auto", *CLOCKS), default="auto",
@@ -92,8 +105,11 @@ def parse_args() -> argparse.Namespace:
                         help="ours: score each prompt once for its group (CausalLMPolicy.share_prompts)")
     parser.add_argument("--seed", type=int, default=0, help="model, prompt and sampling seed")
     parser.add_argument("--memory", action="store_true", help="also ours' peak RSS, in a process of its own")
-    parser.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
-    return parser.parse_args()
+    parser.add_argument("--memory-child", choices=("ours", "baseline"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    args.prompts = args.prompts or (4 if args.model else 8)
+    args.new_tokens = args.new_tokens or (64 if args.model else 16)
+    return args
 
 
 def digit_prompts(count: int, generator: torch.Generator) -> list[str]:
@@ -101,9 +117,19 @@ def digit_prompts(count: int, generator: torch.Generator) -> list[str]:
     return ["".join(str(d) for d in row) for row in digits.tolist()]
 
 
+def chat_prompts(tokenizer, count: int, steps: int) -> list[list[str]]:
+    """``steps`` lists of ``count`` recipe questions, rendered by the model's chat template."""
+    path = Path(__file__).resolve().parents[1] / "examples" / "data" / "chat_arithmetic_train.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    texts = [tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
+             for row in rows[:count * steps]]
+    return [texts[i * count:(i + 1) * count] for i in range(steps)]
+
+
 def rewards_of(prompts: list[str], responses: list[list[str]]) -> torch.Tensor:
     """A cheap stand-in reward [B, G]: how many of the prompt's digits the response holds."""
-    return torch.tensor([[float(sum(c in r for c in p)) for r in group] for p, group in zip(prompts, responses)])
+    return torch.tensor([[float(sum(c in r for c in p if c.isdigit())) for r in group]
+                         for p, group in zip(prompts, responses)])
 
 
 def grpo_loss(log_probs, old_log_probs, rewards, mask) -> torch.Tensor:
@@ -160,7 +186,8 @@ class Baseline:
     def step(self, prompts: list[str], generator: torch.Generator) -> dict[str, float]:
         g, new_tokens = self.args.group_size, self.args.new_tokens
         times = [self.clock()]
-        inputs = self.tokenizer(prompts, return_tensors="pt", padding=True).to(self.model.device)
+        inputs = self.tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left",
+                                add_special_tokens=True).to(self.model.device)
         torch.manual_seed(int(torch.randint(2**31, (1,), generator=generator)))
         sequences = self.model.generate(**inputs, do_sample=True, num_return_sequences=g, max_new_tokens=new_tokens,
                                         temperature=1.0, top_k=0, top_p=1.0, pad_token_id=self.tokenizer.pad_token_id)
@@ -242,7 +269,8 @@ def trl_step_times(args, model, tokenizer, prompts: list[list[str]], threads: in
     if done.returncode != 0:
         raise RuntimeError(f"TRL run failed:\n{done.stderr[-3000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    print(f"  (TRL {result['trl']}, transformers {result['transformers']})")
+    print(f"  (TRL {result['trl']}, transformers {result['transformers']}; peak RSS {result['peak_rss_mib']:.0f} MiB "
+          f"at {threads} thread(s))")
     return result["steps"][args.warmup:]
 
 
@@ -251,45 +279,63 @@ def peak_rss_mib() -> float:
 
 
 def memory_child(args, model, tokenizer, prompts: list[list[str]]) -> None:
-    """Ours' steps alone at 1 thread; prints {"built": MiB, "peak": MiB} as the last line."""
+    """One side's steps alone at 1 thread; prints {"built": MiB, "peak": MiB} as the last line."""
     torch.set_num_threads(1)
-    ours = Ours(model, tokenizer, args)
+    side = (Ours if args.memory_child == "ours" else Baseline)(model, tokenizer, args)
     built = peak_rss_mib()
     generator = torch.Generator().manual_seed(args.seed + 1)
     for step_prompts in prompts:
-        ours.step(step_prompts, generator)
+        side.step(step_prompts, generator)
     print(json.dumps({"built": built, "peak": peak_rss_mib()}))
 
 
 def report_memory(args) -> None:
-    """Ours' peak RSS from ``memory_child`` in a fresh interpreter."""
-    command = [sys.executable, __file__, "--memory-child", "--prompts", str(args.prompts), "--group-size",
-               str(args.group_size), "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats),
-               "--warmup", str(args.warmup), "--seed", str(args.seed),
-               *([] if args.share_prompts else ["--no-share-prompts"])]
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"memory run failed:\n{done.stderr[-3000:]}")
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    steps = result["peak"] - result["built"]
-    print(f"\nours alone (1 thread, {args.warmup + args.repeats} steps): peak RSS {result['peak']:.0f} MiB, "
-          f"{result['built']:.0f} MiB after building the model ({steps:.0f} MiB for the steps)")
+    """Each side's peak RSS from ``memory_child`` in a fresh interpreter."""
+    for side in ("ours", "baseline"):
+        command = [sys.executable, __file__, "--memory-child", side, "--prompts", str(args.prompts), "--group-size",
+                   str(args.group_size), "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats),
+                   "--warmup", str(args.warmup), "--seed", str(args.seed),
+                   *(["--model", args.model] if args.model else []),
+                   *([] if args.share_prompts else ["--no-share-prompts"])]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"memory run failed:\n{done.stderr[-3000:]}")
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        steps = result["peak"] - result["built"]
+        print(f"{side} alone (1 thread, {args.warmup + args.repeats} steps): peak RSS {result['peak']:.0f} MiB, "
+              f"{result['built']:.0f} MiB after building the model ({steps:.0f} MiB for the steps)")
+
+
+def load_model(args):
+    """(model, tokenizer, prompts of each step): ``--model`` with chat prompts, else the tiny Llama."""
+    steps = args.warmup + args.repeats
+    if args.model:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from rlvr.policies.hf_model import locate_model
+
+        folder = locate_model(args.model)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        return model, tokenizer, chat_prompts(tokenizer, args.prompts, steps)
+    tokenizer = build_char_tokenizer(BENCHMARK_CHARS)
+    model = build_model("llama", vocab_size=len(tokenizer), hidden_size=128, intermediate_size=384,
+                        num_layers=4, num_heads=4, tie_embeddings=True, seed=args.seed)
+    prompt_generator = torch.Generator().manual_seed(args.seed)
+    return model, tokenizer, [digit_prompts(args.prompts, prompt_generator) for _ in range(steps)]
 
 
 def main() -> None:
     args = parse_args()
     counts = sorted({int(t) for t in args.threads.split(",")})
-    tokenizer = build_char_tokenizer(BENCHMARK_CHARS)
-    model = build_model("llama", vocab_size=len(tokenizer), hidden_size=128, intermediate_size=384,
-                        num_layers=4, num_heads=4, tie_embeddings=True, seed=args.seed)
-    prompt_generator = torch.Generator().manual_seed(args.seed)
-    prompts = [digit_prompts(args.prompts, prompt_generator) for _ in range(args.warmup + args.repeats)]
+    model, tokenizer, prompts = load_model(args)
     if args.memory_child:
         memory_child(args, model, tokenizer, prompts)
         return
     if args.memory:
         report_memory(args)
-    print(f"{args.repeats} steps after {args.warmup} warm-up per setting; V={len(tokenizer)} B={args.prompts} "
+    print(f"{args.model or 'tiny Llama'}: {args.repeats} steps after {args.warmup} warm-up per setting; "
+          f"V={len(tokenizer)} B={args.prompts} "
           f"G={args.group_size} new tokens={args.new_tokens}; defaults: rlvr {RLVR_DEFAULT_THREADS} thread(s), "
           f"baseline and TRL {TORCH_DEFAULT_THREADS} (torch's)")
     settings = {f"{n} thread(s) each": (n, n) for n in counts}

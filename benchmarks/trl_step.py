@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import tempfile
 import time
 
@@ -37,7 +38,8 @@ def parse_args() -> argparse.Namespace:
 
 def digit_reward(prompts: list[str], completions: list[str], **kwargs) -> list[float]:
     """grpo_step.py's stand-in reward: how many of the prompt's digits the completion holds."""
-    return [float(sum(c in completion for c in prompt)) for prompt, completion in zip(prompts, completions)]
+    return [float(sum(c in completion for c in prompt if c.isdigit()))
+            for prompt, completion in zip(prompts, completions)]
 
 
 def main() -> None:
@@ -75,7 +77,8 @@ def main() -> None:
                               train_dataset=Dataset.from_dict({"prompt": prompts}), callbacks=[StepTimer()])
         trainer.train()
     print(json.dumps({"trl": __import__("trl").__version__, "transformers": __import__("transformers").__version__,
-                      "threads": torch.get_num_threads(), "steps": times}))
+                      "threads": torch.get_num_threads(), "steps": times,
+                      "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 
 
 if __name__ == "__main__":
