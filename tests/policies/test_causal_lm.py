@@ -357,3 +357,53 @@ def test_every_character_the_prompts_lack_is_named_at_once(tiny_model):
                "of the prompts that it lacks: '#ax\\n'")
     with pytest.raises(PromptError, match=re.escape(message)):
         policy.check_prompts(prompts)
+
+
+def test_the_head_at_real_tokens_only_scores_as_the_whole_model(model_dir):
+    """The body's hidden states, then the LM head at the real response tokens only (no
+    logits over padding): the whole model's log-probs, entropy and gradients."""
+    samples = sample(make_policy(model_dir), seed=3)
+    assert (~samples.response_mask).any()  # padding to leave out
+
+    def scored(split, entropy_grad=False):
+        policy = make_policy(model_dir)
+        if not split:
+            policy._heads[id(policy.module)] = None  # as for a model whose logits are not head(body)
+        log_probs, entropy = policy.log_probs(samples, 0.8, with_entropy=True, entropy_grad=entropy_grad)
+        assert (policy._heads[id(policy.module)] is not None) == split
+        (log_probs * torch.linspace(-1, 1, log_probs.shape[1]) + entropy * entropy_grad).sum().backward()
+        return log_probs.detach(), entropy.detach(), [p.grad for p in policy.module.parameters()]
+
+    for entropy_grad in (False, True):
+        split, whole = scored(True, entropy_grad), scored(False, entropy_grad)
+        torch.testing.assert_close(split[0], whole[0], atol=1e-5, rtol=0)
+        torch.testing.assert_close(split[1], whole[1], atol=1e-5, rtol=0)
+        assert (split[0][~samples.response_mask] == 0).all() and (split[1][~samples.response_mask] == 0).all()
+        for a, b in zip(split[2], whole[2]):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_a_model_whose_logits_are_not_its_head_of_its_body_is_scored_whole(llama_dir):
+    from rlvr.policies.scoring import split_head
+
+    policy = make_policy(llama_dir)
+    probe = torch.tensor([policy.probe_ids()])
+    assert split_head(policy.module, probe) is not None
+    module = policy.module
+
+    class ScaledLogits(type(module)):  # as models that scale or cap their logits (Cohere, Gemma 2)
+        def forward(self, *args, **kwargs):
+            out = super().forward(*args, **kwargs)
+            out.logits = out.logits * 0.5
+            return out
+
+    module.__class__ = ScaledLogits
+    try:
+        assert split_head(module, probe) is None
+        scaled = make_policy(llama_dir)
+        scaled.module.__class__ = ScaledLogits
+        samples = sample(scaled, seed=2)
+        log_probs, _ = scaled.log_probs(samples, 1.0)
+        torch.testing.assert_close(log_probs, samples.sample_log_probs, atol=1e-5, rtol=0)  # the scaled logits'
+    finally:
+        module.__class__ = ScaledLogits.__bases__[0]

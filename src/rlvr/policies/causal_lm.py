@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rlvr.core import token_log_probs
-from rlvr.core.logprobs import DEFAULT_CHUNK_ELEMENTS
+from rlvr.core.logprobs import DEFAULT_CHUNK_ELEMENTS, token_log_probs_and_entropy
 from rlvr.engines import ENGINES, Engine, Generation, SamplingParams, WeightSyncError
 from rlvr.engines.hf import HFEngine, autocast_context
 from rlvr.engines.vllm import INSTALL_HINT, vllm_installed
@@ -50,13 +50,19 @@ from rlvr.policies.prompts import (
     prompt_token_ids,
     unknown_characters,
 )
-from rlvr.policies.scoring import masked_entropy, response_logits
+from rlvr.policies.scoring import chunked_entropy, hidden_forward, logits_forward, response_outputs, split_head
 from rlvr.rollout import Policy, Samples
 
 if TYPE_CHECKING:
     from rlvr.engines.vllm import VLLMOptions
 
 __all__ = ["CausalLMPolicy", "PromptError", "cut_at_stop_string"]
+
+
+def _onto_mask(mask: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """values [M, 1] of the M True positions of mask [n, T], in order, as [n, T] with 0
+    elsewhere (differentiable)."""
+    return torch.zeros(mask.shape, dtype=values.dtype, device=values.device).masked_scatter(mask, values.squeeze(1))
 
 # A fixed token sequence both the engine and the trainer score after each weight copy.
 PROBE_LENGTH, PROBE_STRIDE = 24, 7919  # token i is i * stride mod the vocabulary (a prime stride)
@@ -106,7 +112,7 @@ class CausalLMPolicy(Policy):
                       same numbers within float rounding (a test), each new shape compiled
                       on first use; generation and the reference stay eager.
     share_prompts:    when scoring, encode a prompt once for all its rows (see
-                      ``rlvr.policies.scoring.response_logits``); False: one forward over every full row.
+                      ``rlvr.policies.scoring.response_outputs``); False: one forward over every full row.
     engine:           what generates (``rlvr.engines.Engine``), handed the model's weights
                       now (``sync_engine``); None: an ``HFEngine`` that shares ``model``.
     """
@@ -151,6 +157,7 @@ class CausalLMPolicy(Policy):
         self.chunk_elements, self.share_prompts = chunk_elements, share_prompts
         self.compiled = torch.compile(self.module) if compile else None  # shares the module's parameters
         self.device = next(model.parameters()).device
+        self._heads: dict[int, tuple[torch.nn.Module, torch.nn.Module] | None] = {}  # id(module) -> split_head
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.engine = engine if engine is not None else HFEngine(model, tokenizer, self.pad_id, self.autocast)
         if engine is not None:
@@ -354,17 +361,40 @@ class CausalLMPolicy(Policy):
         """
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
-        forward = functools.partial(self._forward, module)  # None: the policy's (compiled, if so set)
+        scored = self.module if module is None else module
         # gradient checkpointing drops the caches that sharing a prompt's encoding needs
-        share = self.share_prompts and not checkpointing_active(self.module if module is None else module)
-        logits = response_logits(forward, samples, share)  # [n, T, V]
-        log_probs = token_log_probs(logits, samples.response_ids, temperature, self.chunk_elements)
-        log_probs = log_probs.masked_fill(~samples.response_mask, 0.0)
+        share = self.share_prompts and not checkpointing_active(scored)
+        mask = samples.response_mask  # [n, T]
+        parts = None if module is None and self.compiled is not None else self._split_head(scored)
+        if parts is None:  # the whole model's logits at every response position
+            logits = response_outputs(logits_forward(functools.partial(self._forward, module)), samples, share)
+            tokens = samples.response_ids  # logits [n, T, V], tokens [n, T]
+        else:  # the body's hidden states, then the head at the M real response tokens only
+            body, head = parts
+            hidden = response_outputs(hidden_forward(functools.partial(self._forward, body)), samples, share)
+            with autocast_context(self.device, self.autocast):
+                logits = head(hidden[mask]).unsqueeze(1)  # [M, 1, V]
+            tokens = samples.response_ids[mask].unsqueeze(1)  # [M, 1]
         entropy = None
-        if with_entropy:
-            entropy = masked_entropy(logits if entropy_grad else logits.detach(), temperature, samples.response_mask,
-                                     self.chunk_elements)
-        return log_probs, entropy
+        if with_entropy and not entropy_grad:  # one pass over the logits for both
+            log_probs, entropy = token_log_probs_and_entropy(logits, tokens, temperature, self.chunk_elements)
+        else:
+            log_probs = token_log_probs(logits, tokens, temperature, self.chunk_elements)
+            if with_entropy:  # the entropy bonus: its gradient flows
+                entropy = chunked_entropy(logits, temperature, self.chunk_elements)
+        if parts is None:
+            return log_probs.masked_fill(~mask, 0.0), None if entropy is None else entropy.masked_fill(~mask, 0.0)
+        spread = functools.partial(_onto_mask, mask)  # [M, 1] -> [n, T], 0 off the mask
+        return spread(log_probs), None if entropy is None else spread(entropy)
+
+    def _split_head(self, module: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:
+        """``split_head`` of ``module``, found once per module (on the probe's token ids)."""
+        key = id(module)
+        if key not in self._heads:
+            probe = torch.tensor([self.probe_ids()], device=self.device)
+            with autocast_context(self.device, self.autocast):
+                self._heads[key] = split_head(module, probe)
+        return self._heads[key]
 
     def truncated(self, samples: Samples) -> torch.Tensor:
         """[N] bool: the responses cut at ``max_new_tokens``, not ended by an end-of-sequence token."""
