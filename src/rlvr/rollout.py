@@ -7,7 +7,7 @@ Shapes: B prompts, G responses per prompt (the group), N = B*G responses (row
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Protocol
 
 import torch
@@ -99,6 +99,12 @@ class Samples:
             truncated=None if self.truncated is None else self.truncated[index],
         )
 
+
+    def narrow(self, width: int) -> Samples:
+        """The first ``width`` response positions of every row (the rest must be padding)."""
+        lp = None if self.sample_log_probs is None else self.sample_log_probs[:, :width]
+        return replace(self, response_ids=self.response_ids[:, :width], response_mask=self.response_mask[:, :width],
+                       sample_log_probs=lp, policy_mask=self.policy_mask[:, :width])
 
     def groups(self, index: torch.Tensor, group_size: int) -> Samples:
         """The groups (prompts) at ``index`` [k]: their G responses each, ``responses`` included."""

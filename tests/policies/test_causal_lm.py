@@ -407,3 +407,39 @@ def test_a_model_whose_logits_are_not_its_head_of_its_body_is_scored_whole(llama
         torch.testing.assert_close(log_probs, samples.sample_log_probs, atol=1e-5, rtol=0)  # the scaled logits'
     finally:
         module.__class__ = ScaledLogits.__bases__[0]
+
+
+def test_length_buckets_leave_out_the_padding_after_short_responses():
+    from rlvr.policies.scoring import length_buckets
+
+    widths = torch.tensor([10, 11, 64, 12, 10, 64, 13, 9] * 4)  # most short, a quarter at 64
+    short, long = length_buckets(widths, bucket_cost=160)
+    assert short.tolist() == [i for i in range(32) if widths[i] < 64]
+    assert long.tolist() == [2, 5, 10, 13, 18, 21, 26, 29]
+    assert [t.tolist() for t in length_buckets(torch.tensor([12] * 8), 0)] == [list(range(8))]
+    assert len(length_buckets(torch.tensor([12, 13, 12, 14]), 0)) == 1  # saves < 25%: one pass
+    assert len(length_buckets(widths, bucket_cost=10**6)) == 1  # another pass costs more than it saves
+
+
+def test_scoring_in_buckets_of_like_width_equals_scoring_all_rows_at_once(llama_dir, monkeypatch):
+    from rlvr.policies import scoring
+
+    samples = sample(make_policy(llama_dir), seed=3)
+    ends = samples.response_mask.sum(dim=1)
+    assert ends.min() < ends.max()
+
+    def scored():
+        policy = make_policy(llama_dir)
+        log_probs, entropy = policy.log_probs(samples, 0.9, with_entropy=True)
+        (log_probs * torch.linspace(-1, 1, log_probs.shape[1])).sum().backward()
+        return log_probs.detach(), entropy, [p.grad for p in policy.module.parameters()]
+
+    monkeypatch.setattr(scoring, "MIN_SAVING", 0.0)
+    assert len(scoring.length_buckets(ends, 0)) > 1
+    bucketed = scored()
+    monkeypatch.setattr(scoring, "MAX_BUCKETS", 1)
+    whole = scored()
+    torch.testing.assert_close(bucketed[0], whole[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(bucketed[1], whole[1], atol=1e-5, rtol=0)
+    for a, b in zip(bucketed[2], whole[2]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)

@@ -50,7 +50,14 @@ from rlvr.policies.prompts import (
     prompt_token_ids,
     unknown_characters,
 )
-from rlvr.policies.scoring import chunked_entropy, hidden_forward, logits_forward, response_outputs, split_head
+from rlvr.policies.scoring import (
+    chunked_entropy,
+    hidden_forward,
+    length_buckets,
+    logits_forward,
+    response_outputs,
+    split_head,
+)
 from rlvr.rollout import Policy, Samples
 
 if TYPE_CHECKING:
@@ -357,13 +364,38 @@ class CausalLMPolicy(Policy):
         position (0 off the mask; detached, a metric, unless ``entropy_grad``: the entropy
         bonus's gradient flows through it, at the cost of keeping its graph). ``module``: score with these
         weights instead of the policy's (the frozen reference; same architecture).
-        Gradients flow to the module's parameters unless called under no_grad.
+        Gradients flow to the module's parameters unless called under no_grad. Rows are
+        scored in buckets of like response width, each narrowed to its widest row
+        (``rlvr.policies.scoring.length_buckets``): the padding after short responses is
+        not run through the model.
         """
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         scored = self.module if module is None else module
         # gradient checkpointing drops the caches that sharing a prompt's encoding needs
         share = self.share_prompts and not checkpointing_active(scored)
+        n, width = samples.response_ids.shape
+        ends = (samples.response_mask * torch.arange(1, width + 1, device=self.device)).amax(dim=1).cpu()  # [n]
+        prompts = 1 + int((samples.prompt_ids[1:] != samples.prompt_ids[:-1]).any(dim=1).sum())
+        buckets = length_buckets(ends, prompts * samples.prompt_ids.shape[1] if share else 0)
+        scores = [self._scored((samples if len(buckets) == 1 else samples.rows(rows.to(self.device)))
+                               .narrow(max(1, int(ends[rows].max()))), temperature, with_entropy, module,
+                               entropy_grad, share) for rows in buckets]
+
+        def whole(parts: list[torch.Tensor]) -> torch.Tensor:  # [k_b, w_b] per bucket -> [n, T] in row order
+            padded = [torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts]
+            if len(padded) == 1:
+                return padded[0]
+            order = torch.cat(buckets).to(self.device)
+            return torch.cat(padded)[torch.empty_like(order).index_put_((order,), torch.arange(n, device=self.device))]
+
+        log_probs = whole([lp for lp, _ in scores])
+        return log_probs, whole([e for _, e in scores]) if with_entropy else None
+
+    def _scored(self, samples: Samples, temperature: float, with_entropy: bool, module: torch.nn.Module | None,
+                entropy_grad: bool, share: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``log_probs`` of rows of like width (one bucket, narrowed to its widest row)."""
+        scored = self.module if module is None else module
         mask = samples.response_mask  # [n, T]
         parts = None if module is None and self.compiled is not None else self._split_head(scored)
         if parts is None:  # the whole model's logits at every response position

@@ -75,6 +75,57 @@ def split_head(module: torch.nn.Module, probe: torch.Tensor) -> tuple[torch.nn.M
     return (body, head) if torch.equal(whole, parts) else None
 
 
+MAX_BUCKETS = 4  # at most this many forward passes of responses of like width
+MIN_SAVING = 0.25  # split only when that leaves out at least this share of the positions
+MAX_WIDTHS = 64  # widths are rounded up to at most this many distinct values before the split
+
+
+def length_buckets(widths: torch.Tensor, bucket_cost: int) -> list[torch.Tensor]:
+    """Rows [k] (ascending) of each bucket of rows whose real response tokens end at
+    ``widths`` [n], each bucket to be scored narrowed to its widest row (``Samples.narrow``),
+    so that padding after short responses is not run through the model.
+
+    The split (contiguous ranges of width, at most ``MAX_BUCKETS``) minimises the positions
+    run, sum over buckets of rows * widest + ``bucket_cost`` (what one more pass costs in
+    positions: its prompts encoded again); one bucket of all rows unless that saves at least
+    ``MIN_SAVING`` of them. Rows keep their order within a bucket, so a prompt's rows stay
+    consecutive (prompt sharing).
+    """
+    n = widths.shape[0]
+    top = int(widths.max()) if n else 0
+    step = max(1, -(-top // MAX_WIDTHS))
+    rounded = (widths + step - 1) // step * step  # [n], at most MAX_WIDTHS distinct values
+    values, counts = torch.unique(rounded, return_counts=True)  # ascending
+    values, counts = values.tolist(), counts.tolist()
+    if len(values) == 1:
+        return [torch.arange(n)]
+    below = [0]
+    for c in counts:
+        below.append(below[-1] + c)  # rows of width < values[j] is below[j]
+    inf = float("inf")
+    d = len(values)
+    # best[k][j]: the least positions for the rows of the j narrowest widths in k buckets;
+    # cut[k][j]: the width index where the last of those buckets starts
+    best = [[inf] * (d + 1) for _ in range(MAX_BUCKETS + 1)]
+    cut = [[0] * (d + 1) for _ in range(MAX_BUCKETS + 1)]
+    best[0][0] = 0
+    for k in range(1, MAX_BUCKETS + 1):
+        for j in range(1, d + 1):
+            for i in range(k - 1, j):
+                cost = best[k - 1][i] + (below[j] - below[i]) * values[j - 1] + bucket_cost
+                if cost < best[k][j]:
+                    best[k][j], cut[k][j] = cost, i
+    k = min(range(1, MAX_BUCKETS + 1), key=lambda b: best[b][d])
+    if best[k][d] > (1 - MIN_SAVING) * best[1][d]:
+        return [torch.arange(n)]
+    bounds, j = [], d
+    while k > 0:
+        i = cut[k][j]
+        bounds.append((values[i - 1] if i > 0 else -1, values[j - 1]))
+        j, k = i, k - 1
+    return [torch.nonzero((rounded > low) & (rounded <= high)).squeeze(1) for low, high in reversed(bounds)]
+
+
 def response_outputs(forward: Forward, samples: Samples, share_prompts: bool) -> torch.Tensor:
     """Outputs [n, T, D] (logits, or final hidden states: see ``forward``) at the positions
     that predict each response token.
