@@ -66,6 +66,15 @@ if TYPE_CHECKING:
 __all__ = ["CausalLMPolicy", "PromptError", "cut_at_stop_string"]
 
 
+def _sharded(module: torch.nn.Module) -> bool:
+    """Are ``module``'s parameters DTensors (FSDP2's ``fully_shard``)?"""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch built without distributed
+        return False
+    return isinstance(next(module.parameters()), DTensor)
+
+
 def _onto_mask(mask: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """values [M, 1] of the M True positions of mask [n, T], in order, as [n, T] with 0
     elsewhere (differentiable)."""
@@ -420,7 +429,10 @@ class CausalLMPolicy(Policy):
         return spread(log_probs), None if entropy is None else spread(entropy)
 
     def _split_head(self, module: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:
-        """``split_head`` of ``module``, found once per module (on the probe's token ids)."""
+        """``split_head`` of ``module``, found once per module (on the probe's token ids);
+        None for a module sharded by FSDP (its parameters gathered only by its own forward)."""
+        if _sharded(module):  # checked each call: a module may be sharded after it was first scored
+            return None
         key = id(module)
         if key not in self._heads:
             probe = torch.tensor([self.probe_ids()], device=self.device)
