@@ -51,11 +51,12 @@ def plot(root: Path, seeds: list[str]) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.8))
-    for seed in seeds:
+    for i, seed in enumerate(seeds):
         records = evals(root / f"seed{seed}")
         epochs = [r["epoch"] for r in records]
-        ax.plot(epochs, [r["greedy_solve_rate"] for r in records], marker="o", label=f"seed {seed}, greedy")
-        ax.plot(epochs, [r["pass@1"] for r in records], linestyle=":", alpha=0.7, label=f"seed {seed}, sampled")
+        ax.plot(epochs, [r["greedy_solve_rate"] for r in records], marker="o", color=f"C{i}",
+                label=f"seed {seed}, greedy")
+        ax.plot(epochs, [r["pass@1"] for r in records], linestyle=":", color=f"C{i}", label=f"seed {seed}, sampled")
     ax.set(title=f"{root.name}: held-out solve rate", xlabel="epoch (optimizer steps)", ylim=(-0.02, 1.02))
     ax.legend(fontsize=7)
     fig.tight_layout()
