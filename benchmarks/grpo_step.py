@@ -104,7 +104,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--share-prompts", action=argparse.BooleanOptionalAction, default=True,
                         help="ours: score each prompt once for its group (CausalLMPolicy.share_prompts)")
     parser.add_argument("--seed", type=int, default=0, help="model, prompt and sampling seed")
-    parser.add_argument("--memory", action="store_true", help="also ours' peak RSS, in a process of its own")
+    parser.add_argument("--memory", action="store_true", help="also each side's peak RSS, each in a process of its own")
     parser.add_argument("--memory-child", choices=("ours", "baseline"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.prompts = args.prompts or (4 if args.model else 8)

@@ -68,7 +68,7 @@ def test_a_grpo_step_with_a_reference_copy_and_an_evaluation(grpo_run, smollm2):
     assert [r["epoch"] for r in evals] == [0, 1]
     for record in evals:
         assert 0 <= record["greedy_solve_rate"] <= 1 and {"pass@1", "pass@2"} <= set(record)
-    [samples] = [r for r in records if r["kind"] == "samples" and r["epoch"] == 1][:1]
+    samples = next(r for r in records if r["kind"] == "samples" and r["epoch"] == 1)
     assert samples["rows"][0]["prompt"][0]["content"].startswith("What is")
     base = AutoModelForCausalLM.from_pretrained(smollm2[1])
     trained = grpo_run.policy.module
