@@ -1,4 +1,4 @@
-"""The held-out numbers and curves of a recipe's seeds (examples/smollm2_arithmetic.sh).
+"""The held-out numbers and curves of a recipe's seeds (examples/smollm2_recipe.sh).
 
     python examples/recipe_summary.py runs/smollm2_arithmetic 0 1 2
 
