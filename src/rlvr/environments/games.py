@@ -1,5 +1,6 @@
 """Ready multi-turn environments for character-level models, each with its gold check and
-an SFT warm start.
+an SFT warm start (``ENVIRONMENTS`` also names ``chat_calculator``, for chat models:
+``rlvr.environments.chat_calculator``).
 
 Episodes are plain text: the prompt, then the policy's turn (its characters up to its EOS),
 then the observation appended as it is, then the next turn, and so on. The texts are short
@@ -43,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.environments.base import Step, ToolResult
+from rlvr.environments.chat_calculator import ChatCalculator
 from rlvr.environments.tool_parsing import format_tool_results
 
 Pair = tuple[str, str]  # (prompt: the transcript before a policy turn, completion: that turn)
@@ -292,4 +294,5 @@ def write_sft_jsonl(pairs: Iterable[Pair], path: str | Path) -> Path:
 ENVIRONMENTS: dict[str, type] = {
     "guessing": GuessingGame,
     "calculator_arithmetic": CalculatorArithmetic,
+    "chat_calculator": ChatCalculator,  # for chat models: the tool told of in the system prompt
 }
