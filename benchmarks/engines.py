@@ -16,8 +16,14 @@ An engine is one entry of ENGINES: the ``policy.options`` that select it and a c
 that says why it cannot run here (e.g. its package is missing); an unavailable engine
 is skipped with that message. Adding one is adding an entry.
 
+``--model`` runs a real model instead (``smollm2-135m-instruct``, the packaged GGUF, or any
+model folder) on the chat prompts of the arithmetic recipe (``task.name=dataset`` on
+``examples/data/chat_arithmetic_train.jsonl``, rendered by the model's chat template),
+B = 4, G = 8 and 64 new tokens unless given.
+
     python benchmarks/engines.py                          # hf on tiny and mid
     python benchmarks/engines.py --engines hf,vllm --models tiny --repeats 5
+    python benchmarks/engines.py --engines hf,vllm --model smollm2-135m-instruct
 """
 
 from __future__ import annotations
@@ -70,20 +76,34 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--engines", default="hf", help=f"comma-separated, from: {', '.join(ENGINES)}")
     parser.add_argument("--models", default="tiny,mid", help=f"comma-separated, from: {', '.join(MODELS)}")
-    parser.add_argument("--prompts", type=int, default=8, help="B: prompts per step")
+    parser.add_argument("--model", default=None, help="a real model (name, GGUF or folder) in place of --models")
+    parser.add_argument("--prompts", type=int, default=None, help="B: prompts per step (default 8; 4 with --model)")
     parser.add_argument("--group-size", type=int, default=8, help="G: responses per prompt")
-    parser.add_argument("--new-tokens", type=int, default=32, help="T: longest response")
+    parser.add_argument("--new-tokens", type=int, default=None, help="T: longest response (default 32; 64 with "
+                                                                     "--model)")
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats per engine, after one warm-up")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: rlvr's, the cores)")
     parser.add_argument("--device", default="cpu", help="where the trainer's model lives")
     parser.add_argument("--seed", type=int, default=0)
-    return parser.parse_args()
+    args = parser.parse_args()
+    args.prompts = args.prompts or (4 if args.model else 8)
+    args.new_tokens = args.new_tokens or (64 if args.model else 32)
+    return args
 
 
-def engine_config(args: argparse.Namespace, model_dir: Path, engine: BenchEngine, out_dir: str):
-    options = {"model": str(model_dir), "max_new_tokens": args.new_tokens, "device": args.device, **engine.options}
+def task_overrides(args: argparse.Namespace) -> list[str]:
+    """The prompts: the recipe's chat arithmetic for a real model, sort_text for the tiny ones."""
+    if args.model:
+        data = Path(__file__).resolve().parents[1] / "examples" / "data"
+        return ["task.name=dataset", f"task.options={{path: '{data / 'chat_arithmetic_train.jsonl'}', "
+                "answer_column: answer, gold: exact, extract: last_number, num_eval: 8}", "rewards.timeout=null"]
+    return ["task.name=sort_text", "task.options={num_digits: 4, num_eval: 8}"]
+
+
+def engine_config(args: argparse.Namespace, model: str, engine: BenchEngine, out_dir: str):
+    options = {"model": model, "max_new_tokens": args.new_tokens, "device": args.device, **engine.options}
     overrides = [
-        "task.name=sort_text", "task.options={num_digits: 4, num_eval: 8}", f"task.prompts_per_epoch={args.prompts}",
+        *task_overrides(args), f"task.prompts_per_epoch={args.prompts}",
         "policy.name=causal_lm", f"algo.group_size={args.group_size}", "algo.loss=clipped", "algo.inner_steps=2",
         f"algo.epochs={args.repeats + 1}", "log.progress=false", "log.plot=false", f"seed={args.seed}",
         f"out_dir={out_dir}",
@@ -95,12 +115,12 @@ def engine_config(args: argparse.Namespace, model_dir: Path, engine: BenchEngine
     return config
 
 
-def time_engines(args: argparse.Namespace, model_dir: Path, names: list[str]) -> dict[str, dict[str, float]]:
+def time_engines(args: argparse.Namespace, model: str, names: list[str]) -> dict[str, dict[str, float]]:
     """Per engine: median generation tokens/s and median GRPO step seconds."""
     runs = {}
     with tempfile.TemporaryDirectory() as out:
         for name in names:
-            config = engine_config(args, model_dir, ENGINES[name], f"{out}/{name}")
+            config = engine_config(args, model, ENGINES[name], f"{out}/{name}")
             task, state = setup(config)
             runs[name] = (config, task, state, {"tokens_per_s": [], "step_s": []})
         try:
@@ -150,11 +170,15 @@ def main() -> None:
         raise SystemExit("no engine to run")
     print(f"B={args.prompts} G={args.group_size} T<={args.new_tokens}, {args.repeats} repeats after 1 warm-up, "
           f"device {args.device}, torch {torch.__version__}")
+    if args.model:
+        report(args.model, time_engines(args, args.model, names))
+        print(f"torch threads: {torch.get_num_threads()}")
+        return
     with tempfile.TemporaryDirectory() as folder:
         for size in args.models.split(","):
             model_dir = init_model(Path(folder) / size, arch="llama", max_positions=512, seed=args.seed,
                                    **MODELS[size])
-            report(size, time_engines(args, model_dir, names))
+            report(size, time_engines(args, str(model_dir), names))
     print(f"torch threads: {torch.get_num_threads()}")
 
 
