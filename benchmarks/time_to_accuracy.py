@@ -1,0 +1,137 @@
+"""Time to accuracy: the arithmetic recipe with rlvr and with TRL's GRPOTrainer, the wall time
+each needs to reach TRL's final held-out accuracy.
+
+Both train SmolLM2-135M-Instruct (the recipe's model) on ``examples/smollm2_arithmetic.yaml``'s
+data with its settings: chat prompts of two-digit sums, the reward 1 when the reply's last
+number is the sum (rlvr's ``exact_match`` with ``extract="last_number"``, which TRL's run
+loads from rlvr's file), G = 8, 4 prompts a step, temperature 0.8, 16 new tokens, AdamW at
+lr 1e-5 with clipping at 1.0, no KL, ``--steps`` steps at ``--threads`` threads. Each side
+answers the held-out questions greedily before training and every ``--eval-every`` steps,
+scored by the same check; the evaluations are outside the times. rlvr's time is the sum of
+its recorded phases per epoch (generate, reward, score, step: ``metrics.jsonl``); TRL's is
+the wall time from its step's begin to its end (``trl_step.py``, in its own interpreter,
+``--trl-python``: ``python -m venv /tmp/trl-venv && /tmp/trl-venv/bin/pip install
+torch==2.13.0 trl datasets``). rlvr draws the questions in its seeded shuffle, TRL in the
+file's order (the file is in random order).
+
+The target is TRL's accuracy at its last evaluation; for each side the script prints the
+training seconds at its first evaluation at or above it, and rlvr / TRL (goal: at most 0.5).
+
+    python benchmarks/time_to_accuracy.py --trl-python /tmp/trl-venv/bin/python
+    python benchmarks/time_to_accuracy.py --trl-python ... --steps 120 --eval-every 10 --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = ROOT / "examples" / "smollm2_arithmetic.yaml"
+PHASES = ("time/generate", "time/reward", "time/score", "time/step")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--trl-python", required=True, help="an interpreter with trl installed")
+    parser.add_argument("--steps", type=int, default=120, help="optimizer steps of each run")
+    parser.add_argument("--eval-every", type=int, default=10, help="held-out evaluation every k steps")
+    parser.add_argument("--eval-size", type=int, default=256, help="held-out questions (the first of the eval file)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args()
+
+
+def rlvr_curve(args: argparse.Namespace, out: Path) -> list[tuple[float, float]]:
+    """(training seconds so far, held-out greedy accuracy) at each evaluation of rlvr's run."""
+    import rlvr
+    from rlvr.metrics import read_records
+
+    rlvr.train(RECIPE, [f"algo.epochs={args.steps}", f"log.eval_every={args.eval_every}", "log.eval_samples=1",
+                        f"task.options.num_eval={args.eval_size}", "log.checkpoint_every=0", f"threads={args.threads}",
+                        f"seed={args.seed}", "log.plot=false"], out_dir=out)
+    records = read_records(out)
+    seconds = {r["epoch"]: sum(r.get(p, 0.0) for p in PHASES) for r in records if r["kind"] == "train"}
+    return [(sum(s for epoch, s in seconds.items() if epoch < r["epoch"]), r["greedy_solve_rate"])
+            for r in records if r["kind"] == "eval"]
+
+
+def trl_curve(args: argparse.Namespace, folder: Path, config) -> tuple[list[tuple[float, float]], dict]:
+    """(training seconds so far, held-out greedy accuracy) at each evaluation of TRL's run."""
+    from rlvr.data import read_jsonl
+    from rlvr.rewards.verifiers import exact_match
+
+    options = config.task.options
+    train = read_jsonl(ROOT / options["path"], {})
+    held_out = read_jsonl(ROOT / options["eval_path"], {})[:args.eval_size]
+    rows = [{"prompt": row["prompt"], "answer": str(row["answer"])} for row in train]
+    (folder / "rows.json").write_text(json.dumps(rows))
+    (folder / "eval.json").write_text(json.dumps([row["prompt"] for row in held_out]))
+    command = [args.trl_python, str(Path(__file__).with_name("trl_step.py")), "--model", str(folder / "model"),
+               "--rows-file", str(folder / "rows.json"), "--eval-file", str(folder / "eval.json"),
+               "--eval-every", str(args.eval_every), "--prompts", str(config.task.prompts_per_epoch),
+               "--group-size", str(config.algo.group_size),
+               "--new-tokens", str(config.policy.options.max_new_tokens),
+               "--steps", str(args.steps), "--threads", str(args.threads), "--seed", str(args.seed),
+               "--temperature", str(config.policy.temperature), "--lr", str(config.optim.lr),
+               "--max-grad-norm", str(config.optim.max_grad_norm)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"TRL run failed:\n{done.stderr[-3000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    answers = [str(row["answer"]) for row in held_out]
+    curve = []
+    for evaluation in result["evals"]:
+        right = exact_match(evaluation["completions"], answers, extract="last_number")
+        seconds = sum(step["wall"] for step in result["steps"][:evaluation["step"]])
+        curve.append((seconds, sum(right) / len(right)))
+    return curve, result
+
+
+def first_at(curve: list[tuple[float, float]], target: float) -> float | None:
+    return next((seconds for seconds, accuracy in curve if accuracy >= target), None)
+
+
+def main() -> None:
+    args = parse_args()
+    os.chdir(ROOT)  # the recipe's paths are the repository root's
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlvr.config import load_config
+    from rlvr.policies.hf_model import locate_model
+
+    found = subprocess.run([args.trl_python, "-c", "import trl"], capture_output=True)
+    if found.returncode != 0:
+        raise SystemExit(f"{args.trl_python} cannot import trl: {found.stderr.decode()[-300:]}")
+    config = load_config(RECIPE)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        source = locate_model(config.policy.options.model)  # the converted GGUF: a plain folder TRL loads
+        AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).save_pretrained(folder / "model")
+        AutoTokenizer.from_pretrained(source).save_pretrained(folder / "model")
+        print(f"SmolLM2-135M-Instruct, the arithmetic recipe: {args.steps} steps, held-out greedy accuracy on "
+              f"{args.eval_size} questions every {args.eval_every}, {args.threads} threads")
+        trl, result = trl_curve(args, folder, config)
+        ours = rlvr_curve(args, folder / "rlvr")
+    print(f"TRL {result['trl']}, transformers {result['transformers']} (its venv)")
+    for name, curve in (("rlvr", ours), ("TRL", trl)):
+        print(f"  {name:<5} " + " ".join(f"{s:.0f}s:{a:.3f}" for s, a in curve))
+    target = trl[-1][1]
+    ours_s, trl_s = first_at(ours, target), first_at(trl, target)
+    print(f"target: TRL's final held-out accuracy {target:.3f}")
+    print(f"  TRL reaches it after {trl_s:.0f} s of training")
+    if trl_s == 0:
+        print("  (TRL ended no better than the base model: there is no time to compare)")
+    elif ours_s is None:
+        print(f"  rlvr does not reach it in {args.steps} steps (its best: {max(a for _, a in ours):.3f})")
+    else:
+        print(f"  rlvr reaches it after {ours_s:.0f} s: rlvr / TRL {ours_s / trl_s:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
