@@ -5,7 +5,8 @@
 Reads ROOT/seed<S>/metrics.jsonl for each seed; prints, per seed, the held-out greedy solve
 rate (the task's gold check) before training and at each evaluation, the sampled solve rate
 (pass@1) and the greedy reward at the end, then the mean and the spread (min-max, sample
-standard deviation) over the seeds; draws every seed's held-out curve to ROOT/<ROOT's name>.png.
+standard deviation) over the seeds; draws every seed's held-out curve and training reward to
+ROOT/<ROOT's name>.png.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import sys
 from pathlib import Path
 
 from rlvr.metrics import read_records
+
+SMOOTH = 5  # steps the training reward is averaged over in the plot
 
 
 def evals(run_dir: Path) -> list[dict]:
@@ -50,17 +53,29 @@ def plot(root: Path, seeds: list[str]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.8))
+    fig, (held_out, train) = plt.subplots(1, 2, figsize=(11, 3.8))
     for i, seed in enumerate(seeds):
-        records = evals(root / f"seed{seed}")
-        epochs = [r["epoch"] for r in records]
-        ax.plot(epochs, [r["greedy_solve_rate"] for r in records], marker="o", color=f"C{i}",
-                label=f"seed {seed}, greedy")
-        ax.plot(epochs, [r["pass@1"] for r in records], linestyle=":", color=f"C{i}", label=f"seed {seed}, sampled")
-    ax.set(title=f"{root.name}: held-out solve rate", xlabel="epoch (optimizer steps)", ylim=(-0.02, 1.02))
-    ax.legend(fontsize=7)
+        records = read_records(root / f"seed{seed}")
+        evaluations = [r for r in records if r.get("kind") == "eval"]
+        epochs = [r["epoch"] for r in evaluations]
+        held_out.plot(epochs, [r["greedy_solve_rate"] for r in evaluations], marker="o", color=f"C{i}",
+                      label=f"seed {seed}, greedy")
+        held_out.plot(epochs, [r["pass@1"] for r in evaluations], linestyle=":", color=f"C{i}",
+                      label=f"seed {seed}, sampled")
+        rewards = [r["reward_mean"] for r in records if r.get("kind") == "train"]
+        train.plot(range(len(rewards)), moving_mean(rewards, SMOOTH), color=f"C{i}", label=f"seed {seed}")
+    held_out.set(title=f"{root.name}: held-out solve rate", xlabel="epoch (optimizer steps)", ylim=(-0.02, 1.02))
+    train.set(title=f"training reward (mean of the batch, over {SMOOTH} steps)", xlabel="epoch (optimizer steps)",
+              ylim=(-0.02, 1.02))
+    held_out.legend(fontsize=7)
+    train.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(root / f"{root.name}.png", dpi=100)
+
+
+def moving_mean(values: list[float], width: int) -> list[float]:
+    """The mean of each value and the ``width - 1`` before it (fewer at the start)."""
+    return [statistics.mean(values[max(0, i - width + 1):i + 1]) for i in range(len(values))]
 
 
 if __name__ == "__main__":

@@ -130,3 +130,24 @@ def test_its_chat_template_renders_episodes_turn_by_turn_as_whole(smollm2):
     assert check_chat_template(tokenizer, [tool_episode, game]) == []
     assert render_delta(tokenizer, tool_episode[:3], [tool_episode[3]]) == (
         "\n<|im_start|>tool\n152<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_the_calculator_recipe_runs_chat_episodes_with_its_tool(smollm2, tmp_path):
+    """examples/smollm2_calculator.yaml, shortened: chat episodes whose prompt shows the tool
+    exchange through the model's template, and whose turns the trainer trains on."""
+    cache, _, _ = smollm2
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RLVR_CACHE", str(cache))
+        run = rlvr.train(ROOT / "examples" / "smollm2_calculator.yaml", [
+            "algo.epochs=1", "task.prompts_per_epoch=2", "algo.group_size=4", "policy.options.max_new_tokens=12",
+            "task.options.eval_size=2", "task.options.max_tokens=40", "log.eval_every=1", "log.checkpoint_every=0",
+            *QUIET], out_dir=tmp_path / "run")
+    records = read_records(run.run_dir)
+    [train] = [r for r in records if r["kind"] == "train"]
+    assert math.isfinite(train["loss"]) and train["episode/turns"] >= 1
+    samples = next(r for r in records if r["kind"] == "samples")
+    roles = [m["role"] for m in samples["rows"][0]["prompt"]]
+    assert roles == ["system", "user", "assistant", "tool", "assistant", "user"]
+    tokenizer = run.policy.tokenizer
+    text = tokenizer.apply_chat_template(samples["rows"][0]["prompt"], tokenize=False)
+    assert "<|im_start|>tool\n14946<|im_end|>" in text
