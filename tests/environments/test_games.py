@@ -13,6 +13,7 @@ from rlvr.environments.base import ToolResult
 from rlvr.environments.games import (
     ENVIRONMENTS,
     CalculatorArithmetic,
+    ChatCalculator,
     GuessingGame,
     parse_integer,
     write_sft_jsonl,
@@ -365,12 +366,15 @@ def test_sft_jsonl_reads_back_as_rlvr_sft_reads_it(tmp_path):
 
 
 def test_registry_builds_each_environment_with_its_options():
-    assert ENVIRONMENTS == {"guessing": GuessingGame, "calculator_arithmetic": CalculatorArithmetic}
+    assert ENVIRONMENTS == {"guessing": GuessingGame, "calculator_arithmetic": CalculatorArithmetic,
+                            "chat_calculator": ChatCalculator}
     assert ENVIRONMENTS["guessing"](high=64).reset({"target": 40}) == "1-64>"
     assert ENVIRONMENTS["calculator_arithmetic"](digits=3, use_tools=False).tool_names == ()
-    for cls in ENVIRONMENTS.values():
+    for cls in (GuessingGame, CalculatorArithmetic):  # text episodes for character models
         env = cls()
         assert isinstance(env.reset(0), str) and env.tools() == {}
+    chat = ChatCalculator(operator="+")  # chat episodes
+    assert chat.reset(0)[-1]["role"] == "user" and chat.tools() == {}
 
 
 # ---- retry wrapper
