@@ -98,6 +98,8 @@ class ChatCalculator:
         if self.result is None:
             raise RuntimeError("step() needs an episode in progress: call reset() first")
         found = extract_answer(text, "last_number")
-        solved = found is not None and "." not in found and int(found.replace(",", "")) == self.result
+        # at most 100 digits: int() of a string past 4300 digits raises instead of answering
+        solved = (found is not None and "." not in found and len(found) <= 100
+                  and int(found.replace(",", "")) == self.result)
         self.result = None
         return Step(None, 1.0 if solved else 0.0, done=True, solved=solved)
