@@ -102,6 +102,8 @@ def task_overrides(args: argparse.Namespace) -> list[str]:
 
 def engine_config(args: argparse.Namespace, model: str, engine: BenchEngine, out_dir: str):
     options = {"model": model, "max_new_tokens": args.new_tokens, "device": args.device, **engine.options}
+    if args.model and engine.options.get("engine") == "vllm":  # a real model's 8192 positions: a KV cache too
+        options["engine_options"] = {"max_model_len": 1024}    # large for vLLM's CPU default; chats fit in 1024
     overrides = [
         *task_overrides(args), f"task.prompts_per_epoch={args.prompts}",
         "policy.name=causal_lm", f"algo.group_size={args.group_size}", "algo.loss=clipped", "algo.inner_steps=2",

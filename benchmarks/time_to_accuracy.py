@@ -16,9 +16,14 @@ file's order (the file is in random order).
 
 The target is TRL's accuracy at its last evaluation; for each side the script prints the
 training seconds at its first evaluation at or above it, and rlvr / TRL (goal: at most 0.5).
+``--rlvr-steps`` lets rlvr train longer than TRL's ``--steps`` to reach the target; ``--save``
+writes both curves (and the settings) to a JSON file, and ``--trl-curve`` reuses the TRL
+curve of such a file made with the same settings instead of running TRL again.
 
     python benchmarks/time_to_accuracy.py --trl-python /tmp/trl-venv/bin/python
-    python benchmarks/time_to_accuracy.py --trl-python ... --steps 120 --eval-every 10 --threads 2
+    python benchmarks/time_to_accuracy.py --trl-python ... --steps 40 --eval-every 5 --save tta.json
+    python benchmarks/time_to_accuracy.py --trl-python ... --steps 40 --eval-every 5 --rlvr-steps 80 \
+        --trl-curve tta.json
 """
 
 from __future__ import annotations
@@ -43,7 +48,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--eval-size", type=int, default=256, help="held-out questions (the first of the eval file)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rlvr-steps", type=int, default=None, help="rlvr's optimizer steps (default: --steps)")
+    parser.add_argument("--save", default=None, help="write both curves and the settings to this JSON file")
+    parser.add_argument("--trl-curve", default=None, help="reuse the TRL curve of a --save file (same settings)")
     return parser.parse_args()
+
+
+SETTINGS = ("steps", "eval_every", "eval_size", "threads", "seed")  # what a reused TRL curve must match
 
 
 def rlvr_curve(args: argparse.Namespace, out: Path) -> list[tuple[float, float]]:
@@ -51,7 +62,8 @@ def rlvr_curve(args: argparse.Namespace, out: Path) -> list[tuple[float, float]]
     import rlvr
     from rlvr.metrics import read_records
 
-    rlvr.train(RECIPE, [f"algo.epochs={args.steps}", f"log.eval_every={args.eval_every}", "log.eval_samples=1",
+    rlvr.train(RECIPE, [f"algo.epochs={args.rlvr_steps or args.steps}", f"log.eval_every={args.eval_every}",
+                        "log.eval_samples=1",
                         f"task.options.num_eval={args.eval_size}", "log.checkpoint_every=0", f"threads={args.threads}",
                         f"seed={args.seed}", "log.plot=false"], out_dir=out)
     records = read_records(out)
@@ -108,6 +120,12 @@ def main() -> None:
     found = subprocess.run([args.trl_python, "-c", "import trl"], capture_output=True)
     if found.returncode != 0:
         raise SystemExit(f"{args.trl_python} cannot import trl: {found.stderr.decode()[-300:]}")
+    settings = {name: getattr(args, name) for name in SETTINGS}
+    reused = None
+    if args.trl_curve:
+        reused = json.loads(Path(args.trl_curve).read_text())
+        if reused.get("settings") != settings:
+            raise SystemExit(f"{args.trl_curve} was made with {reused.get('settings')}, not {settings}")
     config = load_config(RECIPE)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -116,9 +134,17 @@ def main() -> None:
         AutoTokenizer.from_pretrained(source).save_pretrained(folder / "model")
         print(f"SmolLM2-135M-Instruct, the arithmetic recipe: {args.steps} steps, held-out greedy accuracy on "
               f"{args.eval_size} questions every {args.eval_every}, {args.threads} threads")
-        trl, result = trl_curve(args, folder, config)
+        if reused is None:
+            trl, result = trl_curve(args, folder, config)
+            versions = {"trl": result["trl"], "transformers": result["transformers"]}
+        else:
+            trl, versions = [tuple(point) for point in reused["trl"]], reused["versions"]
         ours = rlvr_curve(args, folder / "rlvr")
-    print(f"TRL {result['trl']}, transformers {result['transformers']} (its venv)")
+    if args.save:
+        Path(args.save).write_text(json.dumps({"settings": settings, "versions": versions, "trl": trl, "rlvr": ours,
+                                               "rlvr_steps": args.rlvr_steps or args.steps}))
+    print(f"TRL {versions['trl']}, transformers {versions['transformers']} (its venv)"
+          + (f"; TRL's curve from {args.trl_curve}" if reused else ""))
     for name, curve in (("rlvr", ours), ("TRL", trl)):
         print(f"  {name:<5} " + " ".join(f"{s:.0f}s:{a:.3f}" for s, a in curve))
     target = trl[-1][1]
@@ -128,7 +154,8 @@ def main() -> None:
     if trl_s == 0:
         print("  (TRL ended no better than the base model: there is no time to compare)")
     elif ours_s is None:
-        print(f"  rlvr does not reach it in {args.steps} steps (its best: {max(a for _, a in ours):.3f})")
+        print(f"  rlvr does not reach it in {args.rlvr_steps or args.steps} steps (its best: "
+              f"{max(a for _, a in ours):.3f})")
     else:
         print(f"  rlvr reaches it after {ours_s:.0f} s: rlvr / TRL {ours_s / trl_s:.2f}x")
 
