@@ -44,6 +44,33 @@ def tiny_model(tmp_path_factory):
     return out
 
 
+# ChatML-like: every message "<|role|>\n{content}<eos>\n", the generation prompt "<|assistant|>\n".
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}{{ eos_token }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="session")
+def chat_model(tmp_path_factory):
+    """A 2-layer Llama over printable characters with a ChatML-like chat template."""
+    pytest.importorskip("transformers")
+    import string
+
+    from transformers import AutoTokenizer
+
+    from rlvr.modeling import init_model
+
+    out = tmp_path_factory.mktemp("chat") / "model"
+    chars = string.printable.replace("\r", "").replace("\x0b", "").replace("\x0c", "")
+    init_model(out, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, chars=chars,
+               max_positions=2048, seed=0)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(out)
+    return out
+
+
 @pytest.fixture(scope="session")
 def smollm2(tmp_path_factory):
     """SmolLM2-135M-Instruct, the packaged GGUF converted once (about 20 s) into a cache of the

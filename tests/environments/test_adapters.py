@@ -208,3 +208,31 @@ def test_load_environment_factory_errors_name_where(envs_dir):
         assert message.startswith(f"{WHERE}: {spec!r}: "), message
         assert expected in message, message
         assert "reward function" not in message, message
+
+
+class Incrementer:
+    """A TRL-style class whose tool takes an int, as TRL's examples annotate it."""
+
+    def reset(self, **row):
+        self.total = 0
+        return "count"
+
+    def increment(self, step: int, twice: bool = False) -> int:
+        """Add to the total."""
+        self.total += step * (2 if twice else 1)
+        return self.total
+
+
+def test_plain_tool_arguments_arrive_as_their_annotated_types():
+    from rlvr.environments.hosts import _OPERATIONS
+    from rlvr.environments.tool_parsing import call_arguments, parse_tool_calls, typed_arguments
+
+    envs = {0: TRLEnvironment(Incrementer())}
+    envs[0].reset({"prompt": "go"})
+    (call,), errors = parse_tool_calls("increment(3)", "plain", ["increment"])
+    assert not errors and call.arguments == {"_": "3"}  # a plain call's argument is text
+    assert _OPERATIONS["tool"](envs, 0, "increment", *call_arguments(call.arguments)) == "3"
+    assert _OPERATIONS["tool"](envs, 0, "increment", (" 4 ",), {"twice": "true"}) == "11"
+    with pytest.raises(ValueError, match="argument 'step' must be int, got 'three'"):
+        typed_arguments(Incrementer().increment, ("three",), {})
+    assert typed_arguments(Incrementer().increment, (2.5,), {}) == ((2.5,), {})  # not text: passed as it is

@@ -344,3 +344,72 @@ def test_hanging_episodes_time_out_together_not_one_after_another(policy):
     took = time.perf_counter() - began
     assert all("Hangs.step: StepTimeout: no answer within 0.5 s" == e.error for e in found)
     assert took < 2.5  # six hanging steps in one limit, not 6 x 0.5 s one after another
+
+
+class ChatAgain:
+    """A chat: the question, then "again" after each turn, three turns."""
+
+    def reset(self, start):
+        self.turns = 0
+        return [{"role": "user", "content": f"Count from {start}."}]
+
+    def step(self, text):
+        self.turns += 1
+        done = self.turns >= 3
+        return Step(None if done else [{"role": "user", "content": "again"}], 0.0, done=done)
+
+
+def test_a_chat_turn_cut_at_max_new_tokens_gets_its_end_of_turn_before_the_reply(chat_model):
+    """Token in, token out with a chat template: the episode's ids are the whole conversation
+    rendered, each policy turn as sampled, the EOS the template writes after an assistant turn
+    added (untrained) where the turn was cut at its token limit."""
+    from rlvr.policies.causal_lm import CausalLMPolicy
+
+    chat_policy = CausalLMPolicy.from_pretrained(str(chat_model), max_new_tokens=3)
+    tok = chat_policy.tokenizer
+    hosts = EnvironmentHosts(ChatAgain, workers=0)
+    try:
+        episodes = run_episodes(chat_policy, hosts, [1, 2, 3, 4], 2, 1.0, torch.Generator().manual_seed(0),
+                                EpisodeLimits(4, 200))
+    finally:
+        hosts.close()
+    cut = 0
+    for e in episodes:
+        assert e.policy_turns == 3
+        messages, before_last, previous = list(e.prompt), [], []
+        for k, turn in enumerate(e.turns):
+            if turn.trained:
+                before_last = e.prompt_ids + [i for t in e.turns[:k] for i in t.ids]
+                messages.append({"role": "assistant", "content": tok.decode(turn.ids).removesuffix("<eos>")})
+            elif turn.ids:  # the reply: the EOS first where the turn before it was cut
+                was_cut = not tok.decode(previous).endswith("<eos>")
+                cut += was_cut
+                assert tok.decode(turn.ids).startswith("<eos>") == was_cut
+                messages.append({"role": "user", "content": "again"})
+            previous = turn.ids
+        whole = tok.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
+        assert tok.decode(before_last) == whole
+    assert cut > 0  # turns were cut at 3 tokens, and got their EOS
+
+
+class ScoredByState:
+    """A TRL-style class: its reward is its state, read by get_reward()."""
+
+    def reset(self, **row):
+        return None
+
+    def get_reward(self):
+        return 0.75
+
+
+def test_a_trl_style_episode_ended_by_the_token_budget_reads_get_reward(policy):
+    from rlvr.environments.adapters import environment_from_factory
+
+    hosts = EnvironmentHosts(environment_from_factory(ScoredByState), workers=0)
+    try:
+        episodes = run_episodes(policy, hosts, [{"prompt": "=1>"}, {"prompt": "=2>"}], 4, 1.0,
+                                torch.Generator().manual_seed(0), EpisodeLimits(4, 3))
+    finally:
+        hosts.close()
+    assert any(e.truncated for e in episodes)  # cut at 3 tokens, before any step
+    assert [e.episode_return for e in episodes] == [0.75] * 8

@@ -44,7 +44,8 @@ class TRLEnvironment:
     step(text): a turn that calls no tool ends the episode, as in TRL. Its reward is
     ``get_reward()`` when the instance defines it, else its numeric ``reward`` attribute,
     else 0.0; its ``solved`` is the instance's bool ``solved`` attribute, else None (the
-    gold check unknown).
+    gold check unknown). An episode the runner ends at its turn or token limit reads the
+    same (``final_reward``), as TRL reads every finished episode's.
     """
 
     def __init__(self, instance: Any) -> None:
@@ -70,6 +71,11 @@ class TRLEnvironment:
 
     def step(self, text: str) -> Step:
         return Step(observation=None, reward=self.reward(), done=True, solved=self.solved())
+
+    def final_reward(self) -> tuple[float, bool | None]:
+        """(reward, solved) of an episode the runner ended (its turn or token limit) before a
+        turn without a tool call: TRL reads ``get_reward()`` for every finished episode."""
+        return self.reward(), self.solved()
 
     def reward(self) -> float:
         """The episode's reward from the instance's state (see the class docstring)."""

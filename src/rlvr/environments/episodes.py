@@ -143,7 +143,24 @@ def run_episodes(policy: CausalLMPolicy, hosts: EnvironmentHosts, starts: Sequen
     for episode in episodes:
         if not episode.done:  # the turn limit
             episode.done = episode.truncated = True
+    _final_rewards(hosts, [r for r in running if r.episode.truncated and r.episode.error is None], limits)
     return episodes
+
+
+def _final_rewards(hosts: EnvironmentHosts, ended: list[_Running], limits: EpisodeLimits) -> None:
+    """The reward of episodes the runner ended (truncated) from their environments' state,
+    where they have one to read (``final_reward``: a TRL-style class's ``get_reward``), as
+    an environment turn of no tokens."""
+    if not ended:
+        return
+    for r, outcome in zip(ended, hosts.call([(r.row, "final", ()) for r in ended], limits.step_timeout)):
+        if isinstance(outcome, EnvironmentFailed):
+            r.fail(outcome)
+        elif outcome is not None:
+            reward, solved = outcome
+            r.episode.turns.append(Turn("environment", "", [], reward=reward))
+            if solved is not None:
+                r.episode.solved = solved
 
 
 def start_episodes(policy: CausalLMPolicy, hosts: EnvironmentHosts, starts: Sequence[Any], indices: Sequence[int],
@@ -299,7 +316,12 @@ def _append(policy: CausalLMPolicy, r: _Running, turn: Turn, observation: Observ
     """Add the reply ``turn`` with ``observation``'s token ids; one past the token budget ends the
     episode truncated (there would be no room for the policy to answer it)."""
     room = limits.max_tokens - r.episode.length
-    text, ids = turns.observation_ids(policy, r.history, observation, room)
+    closing = []  # a chat turn cut at max_new_tokens gets its end-of-turn token first, as the template writes it
+    if r.chat and r.episode.turns and r.episode.turns[-1].trained:
+        closing = turns.end_of_turn_ids(policy, r.episode.turns[-1].ids)
+    text, ids = turns.observation_ids(policy, r.history, observation, room - len(closing))
+    if ids is not None and closing:
+        text, ids = policy.tokenizer.eos_token + text, closing + ids
     if ids is None:
         turn.note = (f"an observation of {content_chars(observation)} characters, more than the {room} tokens "
                      "left could hold: not encoded, the episode ends truncated")

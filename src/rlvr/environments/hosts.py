@@ -93,7 +93,12 @@ def _tools(envs: dict[int, Any], row: int) -> list[str]:
 
 
 def _tool(envs: dict[int, Any], row: int, name: str, args: tuple, kwargs: dict) -> str:
-    return str(envs[row].tools()[name](*args, **kwargs))
+    """The environment's tool ``name`` called, text arguments converted to its annotated types."""
+    from rlvr.environments.tool_parsing import typed_arguments
+
+    tool = envs[row].tools()[name]
+    args, kwargs = typed_arguments(tool, args, kwargs)
+    return str(tool(*args, **kwargs))
 
 
 def _step(envs: dict[int, Any], row: int, text: str, chat: bool
@@ -111,7 +116,17 @@ def _step(envs: dict[int, Any], row: int, text: str, chat: bool
     return reward, done, solved, observation
 
 
-_OPERATIONS = {"make": _make, "reset": _reset, "tools": _tools, "tool": _tool, "step": _step}
+def _final(envs: dict[int, Any], row: int) -> tuple[float, bool | None] | None:
+    """A truncated episode's reward from its environment's state, where it has one to read
+    (``final_reward()``: a TRL-style class's get_reward); None where it has not."""
+    final = getattr(envs[row], "final_reward", None)
+    if not callable(final):
+        return None
+    reward, solved = final()
+    return step_reward(reward), None if solved is None else bool(solved)
+
+
+_OPERATIONS = {"make": _make, "reset": _reset, "tools": _tools, "tool": _tool, "step": _step, "final": _final}
 
 
 def call_name(env_name: str | None, operation: str, args: tuple) -> str:

@@ -208,6 +208,29 @@ def tool_schema(fn: Callable[..., Any]) -> dict[str, Any]:
     return {"type": "function", "function": {"name": fn.__name__, "description": description, "parameters": parameters}}
 
 
+_FROM_TEXT = {int: int, float: float, bool: lambda text: {"true": True, "false": False}[text.strip().lower()]}
+
+
+def typed_arguments(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+    """``args`` and ``kwargs`` for ``fn`` with text given for a parameter annotated ``int``,
+    ``float`` or ``bool`` converted to it (a "plain" call's argument is text: ``increment(3)``
+    gives "3" to ``increment(step: int)``). ValueError naming the parameter when the text is
+    not of that type; anything else is passed as it is."""
+    hints = _type_hints(fn)
+    try:
+        bound = inspect.signature(fn).bind_partial(*args, **kwargs)
+    except (TypeError, ValueError):  # the call itself will say what is wrong
+        return args, kwargs
+    for name, value in bound.arguments.items():
+        convert = _FROM_TEXT.get(hints.get(name))
+        if convert is not None and isinstance(value, str):
+            try:
+                bound.arguments[name] = convert(value.strip())
+            except (ValueError, KeyError):
+                raise ValueError(f"argument {name!r} must be {hints[name].__name__}, got {value!r:.40}") from None
+    return bound.args, bound.kwargs
+
+
 def _type_hints(fn: Callable[..., Any]) -> dict[str, Any]:
     try:
         return typing.get_type_hints(fn)

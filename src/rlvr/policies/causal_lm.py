@@ -352,11 +352,12 @@ class CausalLMPolicy(Policy):
         log_probs = token_log_probs(logits, input_ids[:, 1:], 1.0, self.chunk_elements)[0]  # [L - 1]
         return (engine_log_probs.to(log_probs) - log_probs).abs().max().item()
 
-    def decode(self, generation: Generation) -> list[str]:
-        """The N response texts: special tokens skipped, cut after the first stop string."""
+    def decode(self, generation: Generation, stop_strings: Sequence[str] | None = None) -> list[str]:
+        """The N response texts: special tokens skipped, cut after the first stop string
+        (``stop_strings``, default the policy's)."""
+        stops = self.sampling.stop_strings if stop_strings is None else stop_strings
         return [
-            cut_at_stop_string(self.tokenizer.decode(ids[:length], skip_special_tokens=True),
-                               self.sampling.stop_strings)
+            cut_at_stop_string(self.tokenizer.decode(ids[:length], skip_special_tokens=True), stops)
             for ids, length in zip(generation.response_ids.tolist(), generation.lengths.tolist())
         ]
 

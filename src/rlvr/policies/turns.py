@@ -32,16 +32,19 @@ def first_prompt_ids(policy: CausalLMPolicy, prompt: str | list[dict], index: in
 
 
 def next_turns(policy: CausalLMPolicy, prefixes: list[list[int]], temperature: float, max_new_tokens: int,
-               seeds: torch.Tensor | None) -> tuple[Generation, list[str]]:
+               seeds: torch.Tensor | None, stop_strings: tuple[str, ...] = ()) -> tuple[Generation, list[str]]:
     """One turn for each of n episodes from its prefix (the engine batches them): the
     generation [n, T] and each turn's text. ``temperature`` 0 is greedy; else ``seeds``
-    [n] long make each episode's draws its own (``rlvr.engines.Engine.generate``)."""
+    [n] long make each episode's draws its own (``rlvr.engines.Engine.generate``).
+    ``stop_strings`` end a turn as well as the policy's own."""
     prompt_ids, prompt_mask = left_pad(prefixes, policy.pad_id)
+    stops = tuple(dict.fromkeys((*policy.sampling.stop_strings, *stop_strings)))
     sampling = dataclasses.replace(policy.sampling, temperature=temperature, max_new_tokens=max_new_tokens,
-                                   min_new_tokens=min(policy.sampling.min_new_tokens, max_new_tokens))
+                                   min_new_tokens=min(policy.sampling.min_new_tokens, max_new_tokens),
+                                   stop_strings=stops)
     generation = policy.engine.generate(prompt_ids.to(policy.device), prompt_mask.to(policy.device), 1, sampling,
                                         None, None if temperature == 0 else seeds)
-    return generation, policy.decode(generation)
+    return generation, policy.decode(generation, stops)
 
 
 def observation_ids(policy: CausalLMPolicy, history: list[dict[str, Any]], observation: str | list[dict],
@@ -67,6 +70,16 @@ def observation_ids(policy: CausalLMPolicy, history: list[dict[str, Any]], obser
     except UnknownCharacters as err:  # e.g. a tool's error message to a character model: what it can read of it
         text = "".join(char for char in text if char not in err.characters)
         return text, _encoded(policy, text)
+
+
+def end_of_turn_ids(policy: CausalLMPolicy, turn_ids: list[int]) -> list[int]:
+    """The ids a chat turn's sampled ``turn_ids`` lack before what follows it: none when it
+    ended with the tokenizer's EOS; else (cut at its token limit or at a stop string) the
+    EOS's ids, which the chat template writes after every assistant turn."""
+    tokenizer = policy.tokenizer
+    if turn_ids and tokenizer.decode(turn_ids[-1:]) == tokenizer.eos_token:
+        return []
+    return tokenizer(tokenizer.eos_token, add_special_tokens=False)["input_ids"]
 
 
 def _encoded(policy: CausalLMPolicy, text: str) -> list[int]:
