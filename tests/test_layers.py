@@ -23,7 +23,7 @@ LAYERS = {
     "rlvr.trl_names": 1, "rlvr.extras": 1, "rlvr.modeling": 1, "rlvr.data": 1,
     # the parts that take plain arguments; rewards and engines know no task or policy
     "rlvr.rewards": 2, "rlvr.engines": 2,
-    "rlvr.tasks": 3, "rlvr.policies": 3, "rlvr.environments": 3,
+    "rlvr.tasks": 3, "rlvr.policies": 3, "rlvr.environments": 3, "rlvr.agents": 3,
     # the typed config reads the parts' registries (names, option rules); the composition root
     # builds the parts from it; the optimizer is built from its section
     "rlvr.presets": 4, "rlvr.config": 4, "rlvr.config_rules": 4,

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from rlvr.errors import ConfigError
-from rlvr.extras import LM_MODULES, require
+from rlvr.extras import AGENT_MODULES, LM_MODULES, require
 from rlvr.policies.positional import PositionalPolicy
 from rlvr.tasks import SortingTask, check_task_options, settings_field, task_class
 from rlvr.tasks.grading import GradedTask, reward_runner
@@ -105,6 +105,8 @@ def needed_modules(config: Config) -> list[tuple[str, tuple[str, ...]]]:
         needs.append(("task.name='reasoning_gym'", ("reasoning_gym",)))
     if t.name == "gsm8k":
         needs.append(("task.name='gsm8k'", ("math_verify",)))
+    if t.name == "agent":
+        needs.append(("task.name='agent'", AGENT_MODULES))
     if c.rollout_workers > 0:
         needs.append((f"cluster.rollout_workers={c.rollout_workers}", ("ray",)))
     if c.learners > 1:

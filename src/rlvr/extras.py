@@ -20,8 +20,10 @@ EXTRA_OF = {
     "vllm": "vllm",
     "tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio",
     "textarena": "textarena",
+    "starlette": "agents", "uvicorn": "agents", "openai": "agents",
 }
 LM_MODULES = ("transformers", "tokenizers", "safetensors", "huggingface_hub")
+AGENT_MODULES = ("starlette", "uvicorn", "openai")  # the endpoint agents call (task.name=agent)
 
 
 def missing_package(module: str) -> str | None:

@@ -14,6 +14,7 @@ from rlvr.errors import ConfigError, did_you_mean
 from rlvr.policies.prompts import PromptError
 from rlvr.rollout import Policy, Task
 from rlvr.rules import check_rules, coerce
+from rlvr.tasks.agent import AgentTask
 from rlvr.tasks.arithmetic import ArithmeticTask
 from rlvr.tasks.dataset import DatasetTask
 from rlvr.tasks.environment import EnvironmentTask
@@ -25,7 +26,7 @@ from rlvr.tasks.sorting import SortingTask
 
 TASKS: dict[str, type[GradedTask]] = {
     cls.name: cls for cls in (SortingTask, SortTextTask, ArithmeticTask, Gsm8kTask, DatasetTask, ReasoningGymTask,
-                              EnvironmentTask)
+                              EnvironmentTask, AgentTask)
 }
 
 __all__ = ["TASKS", "GradedTask", "SortingTask", "check_prompts_fit", "check_task_options", "reward_runner",

@@ -122,13 +122,7 @@ class EnvironmentTask(GradedTask):
                 raise ValueError(f"tools: unknown tool {unknown[0]!r}; choose from: {', '.join(TOOLS)}")
         self.train_rows, self.eval_rows = None, list(range(eval_size))
         if data is not None:
-            rows = read_jsonl(data, {})
-            held_out = read_jsonl(eval_data, {}) if eval_data is not None else rows[-eval_size:]
-            self.train_rows = rows if eval_data is not None else rows[:-eval_size]
-            if not self.train_rows:
-                raise ValueError(f"data: {data} has {len(rows)} rows, none left for training beside "
-                                 f"eval_size={eval_size} held out")
-            self.eval_rows = held_out
+            self.train_rows, self.eval_rows = start_rows(data, eval_data, eval_size)
             self.data_files = tuple(p for p in (data, eval_data) if p is not None)
 
     def policy_for(self, policy: Policy) -> Policy:
@@ -217,6 +211,18 @@ class EnvironmentTask(GradedTask):
             self._toolbox = None
 
 
+def start_rows(data: str, eval_data: str | None, eval_size: int) -> tuple[list[Any], list[Any]]:
+    """(training rows, held-out rows) of the JSON Lines file ``data``: the held-out ones are
+    ``eval_data``'s rows, or else the last ``eval_size`` rows of ``data``."""
+    rows = read_jsonl(data, {})
+    held_out = read_jsonl(eval_data, {}) if eval_data is not None else rows[-eval_size:]
+    train = rows if eval_data is not None else rows[:-eval_size]
+    if not train:
+        raise ValueError(f"data: {data} has {len(rows)} rows, none left for training beside "
+                         f"eval_size={eval_size} held out")
+    return train, held_out
+
+
 def _prompt_row(start: Any, episode: Episode) -> dict[str, Any]:
     """The reward functions' prompt dict: the episode's first observation and the start's columns."""
     columns = {k: v for k, v in start.items() if k != "prompt"} if isinstance(start, dict) else {"seed": start}
@@ -240,12 +246,12 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
     }
 
 
-def check_episodes_ended(episodes: Sequence[Episode]) -> None:
-    """RunError when every one of a batch's episodes ended with its environment's error:
-    every reward abstains, so the run would go on learning nothing (an environment whose
-    step always raises is a broken setup, not bad luck)."""
+def check_episodes_ended(episodes: Sequence[Episode], cause: str = "its environment's error") -> None:
+    """RunError when every one of a batch's episodes ended with an error (``cause``): every
+    reward abstains, so the run would go on learning nothing (an environment whose step
+    always raises is a broken setup, not bad luck)."""
     if episodes and all(e.error is not None for e in episodes):
-        raise RunError(f"every one of the {len(episodes)} episodes of a batch ended with its environment's error, "
+        raise RunError(f"every one of the {len(episodes)} episodes of a batch ended with {cause}, "
                        f"so nothing can be learned; first error: {episodes[0].error}")
 
 

@@ -1,0 +1,87 @@
+"""An agent episode's model calls, as the endpoint recorded them, and how they become
+training sequences.
+
+Every call the agent makes through the endpoint (``rlvr.agents.server``) is recorded token
+in, token out: the prompt's token ids as the server encoded them, the completion's ids as
+the engine sampled them, their sampler log-probs, and the version of the weights that
+sampled them. Nothing is tokenised again afterwards.
+
+The joining rule (``join_calls``). The calls are taken in the order they were made. A
+call *extends* a segment when its prompt ids begin with every id of that segment so far
+(the segment's prompt, then each call's completion and the context between calls). It
+joins the segment that it extends with the most ids: the ids between the segment's end
+and the call's completion (the tool results, the user's next message, the template's
+turn markers) become one context turn (role "environment"), untrained, and its
+completion a policy turn, trained. A call that extends no segment starts a new one: the
+agent rewrote its history (summarised, truncated, reordered, or branched from an earlier
+call). Only the policy turns of a segment train; an episode of one segment trains as one
+sample with the episode's delta (``rlvr.agents.runner`` says what this version does with
+more).
+
+The server builds a follow-up call's prompt from the recorded ids of the call it follows
+(``rlvr.agents.server``), so a conversation that only grows joins into one sequence even
+where rendering it whole would tokenise differently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from rlvr.environments.base import Turn
+
+
+@dataclass
+class Call:
+    """One completion the endpoint served in an episode.
+
+    prompt_ids:      the prompt as the engine read it
+    completion_ids:  the tokens it sampled (the end-of-turn token included where it stopped)
+    log_probs:       the sampler's log-prob of each completion token
+    text:            the completion decoded (what the agent read, tool calls included)
+    finish_reason:   "stop" (an end token or a stop string) or "length" (cut at max_tokens)
+    version:         the weights version that sampled it (``Engine.weights_version``)
+    """
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    log_probs: list[float]
+    text: str = ""
+    finish_reason: str = "stop"
+    version: int = 0
+
+
+@dataclass
+class Segment:
+    """A training sequence joined from calls: the first call's prompt, then turns (context
+    untrained, completions trained), and the indices of the calls it holds."""
+
+    prompt_ids: list[int]
+    turns: list[Turn] = field(default_factory=list)
+    calls: list[int] = field(default_factory=list)
+
+    @property
+    def ids(self) -> list[int]:
+        """Every id of the sequence so far: the prompt's, then each turn's."""
+        return self.prompt_ids + [i for turn in self.turns for i in turn.ids]
+
+
+def join_calls(calls: Sequence[Call]) -> list[Segment]:
+    """The episode's calls as training segments, by the module docstring's rule."""
+    segments: list[Segment] = []
+    for index, call in enumerate(calls):
+        best, best_length = None, -1
+        for segment in segments:
+            ids = segment.ids
+            if len(ids) > best_length and call.prompt_ids[:len(ids)] == ids:
+                best, best_length = segment, len(ids)
+        if best is None:
+            best = Segment(list(call.prompt_ids))
+            segments.append(best)
+        else:
+            context = call.prompt_ids[best_length:]
+            if context:
+                best.turns.append(Turn("environment", "", list(context)))
+        best.turns.append(Turn("policy", call.text, list(call.completion_ids), list(call.log_probs)))
+        best.calls.append(index)
+    return segments

@@ -1,0 +1,144 @@
+"""OpenAI-style chat requests as the policy reads them, and its completions as the agent
+reads them back.
+
+A request's messages are checked and normalised (``messages``): roles ``system``,
+``user``, ``assistant`` and ``tool``; content a string or a list of text parts; an
+assistant message's ``tool_calls`` written into its text as the model writes calls
+(``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, the "json" style of
+``rlvr.environments.tool_parsing``). The request's ``tools`` are described in the system
+message (``with_tools``), for every template alike, so the same request renders the same
+prompt. A completion that writes ``<tool_call>`` blocks naming the request's tools comes
+back with them as ``tool_calls`` (``reply``), its text before the first call as content.
+
+A bad request raises ``RequestError``: an OpenAI-style error with its HTTP status.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rlvr.environments.tool_parsing import parse_tool_calls
+
+ROLES = ("system", "user", "assistant", "tool")
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+
+
+class RequestError(Exception):
+    """A request the endpoint refuses: the HTTP status, the message, and OpenAI's error
+    ``type`` and ``code``."""
+
+    def __init__(self, status: int, message: str, code: str | None = None, kind: str = "invalid_request_error",
+                 param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code, self.kind, self.param = status, message, code, kind, param
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+def messages(value: Any) -> list[dict[str, str]]:
+    """The request's ``messages`` as {"role", "content"} dicts with string content (tool
+    calls written into an assistant's text, a tool message's name kept); RequestError
+    naming the first bad message."""
+    if not isinstance(value, list) or not value:
+        raise RequestError(400, "'messages' must be a non-empty list of messages", param="messages")
+    out = []
+    for i, message in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise RequestError(400, f"{where} must be an object", param=where)
+        role = message.get("role")
+        if role not in ROLES:
+            raise RequestError(400, f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}", param=where)
+        text = _content(message.get("content"), where)
+        if role == "assistant" and message.get("tool_calls"):
+            text += "".join(_call_text(call, f"{where}.tool_calls[{k}]")
+                            for k, call in enumerate(_list(message["tool_calls"], f"{where}.tool_calls")))
+        normal = {"role": role, "content": text}
+        if role == "tool" and isinstance(message.get("name"), str):
+            normal["name"] = message["name"]
+        out.append(normal)
+    return out
+
+
+def tool_names(tools: Any) -> list[str]:
+    """The function names of a request's ``tools`` (OpenAI's {"type": "function",
+    "function": {"name", "description", "parameters"}}); RequestError on a malformed one."""
+    names = []
+    for k, tool in enumerate(_list(tools, "tools") if tools is not None else []):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+            raise RequestError(400, f"tools[{k}] must be {{'type': 'function', 'function': {{'name': ...}}}}",
+                               param=f"tools[{k}]")
+        names.append(function["name"])
+    return names
+
+
+def with_tools(chat: list[dict[str, str]], tools: Any) -> list[dict[str, str]]:
+    """``chat`` with the request's tools described at the end of its system message (one
+    added first when it has none): their schemas as JSON, one a line, and how to call them."""
+    if not tools:
+        return chat
+    schemas = "\n".join(json.dumps(tool.get("function", tool), sort_keys=True) for tool in tools)
+    text = ("You can call these tools. Their schemas, one a line:\n" + schemas + "\n"
+            f"To call one, write {CALL_OPEN}{{\"name\": NAME, \"arguments\": {{...}}}}{CALL_CLOSE} and stop; "
+            "its result comes back in a tool message.")
+    if chat[0]["role"] == "system":
+        return [{"role": "system", "content": f"{chat[0]['content']}\n\n{text}"}, *chat[1:]]
+    return [{"role": "system", "content": text}, *chat]
+
+
+def reply(text: str, names: list[str], call_id: str) -> tuple[dict[str, Any], str | None]:
+    """The assistant message a completion's ``text`` becomes (OpenAI's form) and
+    "tool_calls" when it calls any of the request's tools (``names``; ids ``call_id`` + k),
+    else None."""
+    calls, _ = parse_tool_calls(text, "json", names) if names else ([], [])
+    if not calls:
+        return {"role": "assistant", "content": text}, None
+    content = text[:text.find(CALL_OPEN)].strip() or None
+    tool_calls = [{"id": f"{call_id}{k}", "type": "function",
+                   "function": {"name": call.name, "arguments": json.dumps(call.arguments)}}
+                  for k, call in enumerate(calls)]
+    return {"role": "assistant", "content": content, "tool_calls": tool_calls}, "tool_calls"
+
+
+def reply_key(message: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
+    """What identifies an assistant message the endpoint served when the agent sends it
+    back: its content and its tool calls' ids."""
+    calls = message.get("tool_calls") or []
+    ids = tuple(str(call.get("id")) for call in calls if isinstance(call, dict))
+    return str(message.get("content") or ""), ids
+
+
+def _content(value: Any, where: str) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):  # content parts: text only
+        parts = []
+        for k, part in enumerate(value):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise RequestError(400, f"{where}.content[{k}]: only text parts are supported", param=where)
+            parts.append(part["text"])
+        return "".join(parts)
+    raise RequestError(400, f"{where}.content must be a string or a list of text parts", param=where)
+
+
+def _call_text(call: Any, where: str) -> str:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise RequestError(400, f"{where} must be {{'function': {{'name': ..., 'arguments': ...}}}}", param=where)
+    arguments = function.get("arguments") or "{}"
+    try:
+        arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
+    except json.JSONDecodeError:
+        raise RequestError(400, f"{where}.function.arguments is not valid JSON", param=where) from None
+    return f"{CALL_OPEN}{json.dumps({'name': function['name'], 'arguments': arguments})}{CALL_CLOSE}"
+
+
+def _list(value: Any, where: str) -> list:
+    if not isinstance(value, list):
+        raise RequestError(400, f"'{where}' must be a list", param=where)
+    return value

@@ -1,0 +1,57 @@
+"""A causal LM behind the endpoint: the ``Policy`` whose samples are agents' episodes.
+
+``sample`` runs G agent episodes from each of B rows against the endpoint
+(``rlvr.agents.runner``) and lays their joined calls out as ``Samples`` as environment
+episodes are (``rlvr.environments.episodes.episodes_samples``): the response is every token
+after the first prompt, and ``policy_mask`` marks the sampled ones. ``greedy`` runs one
+greedy episode per row. Scoring, the engine and its weights are the LM policy's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from rlvr.agents.runner import AgentLimits, run_agents
+from rlvr.agents.server import Endpoint
+from rlvr.environments.episodes import SEED_RANGE, EpisodeText, episodes_samples
+from rlvr.environments.policy import EpisodePolicy
+from rlvr.rollout import Samples
+
+if TYPE_CHECKING:
+    from rlvr.policies.causal_lm import CausalLMPolicy
+
+
+class AgentPolicy(EpisodePolicy):
+    """``lm`` served on ``endpoint`` to the user's ``agent``, within ``limits``."""
+
+    def __init__(self, lm: CausalLMPolicy, endpoint: Endpoint, agent: Callable[..., Any], limits: AgentLimits
+                 ) -> None:
+        self.lm, self.endpoint, self.agent, self.agent_limits = lm, endpoint, agent, limits
+        self.module, self.engine = lm.module, lm.engine
+
+    @property
+    def max_response_length(self) -> int:
+        """An episode's tokens after its first prompt, sampled and appended: at most ``max_tokens``."""
+        return self.agent_limits.max_tokens
+
+    def sample(self, prompts: Sequence[Any], group_size: int, temperature: float,
+               generator: torch.Generator) -> Samples:
+        """G agent episodes from each of B rows, each drawing from its own seed (from ``generator``)."""
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0 for sampling, got {temperature} (use greedy)")
+        seeds = torch.randint(SEED_RANGE, (len(prompts) * group_size,), generator=generator).tolist()
+        self.endpoint.start()
+        runs = run_agents(self.endpoint, self.agent, prompts, group_size, temperature, seeds, self.agent_limits)
+        return episodes_samples(runs, group_size, self.lm.pad_id)
+
+    def greedy(self, prompts: Sequence[Any]) -> list[list[EpisodeText]]:
+        """One greedy agent episode from each row, as B lists of one ``EpisodeText``."""
+        self.endpoint.start()
+        runs = run_agents(self.endpoint, self.agent, prompts, 1, 0.0, [0] * len(prompts), self.agent_limits)
+        return [[EpisodeText(run)] for run in runs]
+
+    def check_prompts(self, prompts: Sequence[Any], what: str = "row") -> None:
+        """Nothing to check before any work: the rows are the agent's to read."""

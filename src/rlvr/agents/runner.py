@@ -1,0 +1,135 @@
+"""Running agents against the endpoint: G episodes per row, each its own agent run.
+
+An agent is the user's code, ``run(client, row)``: async with an ``openai.AsyncOpenAI``
+client, or a plain function with an ``openai.OpenAI`` client (run in a thread). The client
+is pointed at the episode's own URL with the run's API key (``rlvr.agents.server``). It
+returns the episode's reward: a number, or a dict with ``reward`` and optionally
+``solved`` (the gold check) and more numbers (reported as ``agent/<name>``).
+
+At most ``concurrency`` episodes run at once, each within ``timeout`` seconds. An episode
+whose agent raised, timed out, returned no reward, or made no model call abstains (its
+``error`` says which, and it is counted), and never stalls the run. Its calls join into
+training segments (``rlvr.agents.calls``); an episode whose calls split into more than one
+segment (a rewritten history) abstains in this version, counted as ``episode/split``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import copy
+import inspect
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlvr.agents.calls import join_calls
+from rlvr.agents.server import AgentEpisode, Endpoint
+from rlvr.environments.base import Episode, describe_error
+
+
+@dataclass
+class AgentLimits:
+    """concurrency: episodes run at once; timeout: seconds one episode may take;
+    max_tokens: an episode's tokens after its first prompt, sampled and appended."""
+
+    concurrency: int = 32
+    timeout: float = 120.0
+    max_tokens: int = 1024
+
+
+@dataclass
+class AgentRun(Episode):
+    """An agent's episode: the Episode its one segment makes, with the number of model calls,
+    the segments they joined into, and the agent's own metrics."""
+
+    calls: int = 0
+    segments: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def run_agents(endpoint: Endpoint, agent: Callable[..., Any], starts: Sequence[Any], group_size: int,
+               temperature: float, seeds: Sequence[int], limits: AgentLimits) -> list[AgentRun]:
+    """G episodes from each of B ``starts`` (row ``b*G + g``), episode i drawing from ``seeds[i]``."""
+    rows = [start for start in starts for _ in range(group_size)]
+    coroutine = _run_all(endpoint, agent, rows, temperature, seeds, limits)
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rlvr-agents") as pool:
+        return pool.submit(asyncio.run, coroutine).result()  # its own event loop, whatever the caller runs
+
+
+async def _run_all(endpoint: Endpoint, agent: Callable[..., Any], rows: list[Any], temperature: float,
+                   seeds: Sequence[int], limits: AgentLimits) -> list[AgentRun]:
+    import openai
+
+    gate = asyncio.Semaphore(limits.concurrency)
+    # one HTTP connection pool for every episode's client (a client of its own costs ~20 ms to make)
+    shared = openai.DefaultAsyncHttpxClient() if inspect.iscoroutinefunction(agent) else openai.DefaultHttpxClient()
+
+    async def one(row: Any, seed: int) -> AgentRun:
+        async with gate:
+            episode_id = endpoint.open(seed, temperature, limits.max_tokens)
+            outcome: Any = None
+            error = None
+            try:
+                outcome = await asyncio.wait_for(_call_agent(agent, endpoint, episode_id, copy.deepcopy(row), shared),
+                                                 limits.timeout)
+            except asyncio.TimeoutError:
+                error = f"the agent ran past task.options.episode_timeout={limits.timeout:g} s"
+            except Exception as exc:  # noqa: BLE001 - the user's agent: its failure is its episode's
+                error = f"the agent raised {describe_error(exc, 300)}"
+            return episode_of(row, endpoint.finish(episode_id), outcome, error)
+
+    try:
+        return list(await asyncio.gather(*(one(row, seed) for row, seed in zip(rows, seeds))))
+    finally:
+        await shared.aclose() if isinstance(shared, openai.DefaultAsyncHttpxClient) else shared.close()
+
+
+async def _call_agent(agent: Callable[..., Any], endpoint: Endpoint, episode_id: str, row: Any, shared: Any) -> Any:
+    """The agent on ``row`` with a client for the episode's URL over the ``shared`` connections."""
+    import openai
+
+    url = endpoint.url(episode_id)
+    if inspect.iscoroutinefunction(agent):
+        client = openai.AsyncOpenAI(base_url=url, api_key=endpoint.api_key, max_retries=0, http_client=shared)
+        return await agent(client, row)
+    client = openai.OpenAI(base_url=url, api_key=endpoint.api_key, max_retries=0, http_client=shared)
+    return await asyncio.to_thread(agent, client, row)
+
+
+def episode_of(row: Any, record: AgentEpisode, outcome: Any, error: str | None) -> AgentRun:
+    """The agent's episode from the endpoint's record of its calls and what the agent
+    returned (or why it failed)."""
+    reward, solved, metrics = None, None, {}
+    if error is None:
+        reward, solved, metrics, error = _outcome(outcome)
+    segments = join_calls(record.calls)
+    if error is None and not segments:
+        error = "the agent made no call to the model"
+    if error is None and len(segments) > 1:
+        error = (f"its {len(record.calls)} calls split into {len(segments)} segments (the agent rewrote its history), "
+                 "which this version does not train")
+    run = AgentRun(start=row, prompt=record.prompt or "", prompt_ids=segments[0].prompt_ids if segments else [],
+                   turns=segments[0].turns if segments else [], solved=solved, done=True, truncated=record.truncated,
+                   error=error, calls=len(record.calls), segments=len(segments), metrics=metrics)
+    if run.turns and reward is not None:
+        run.turns[-1].reward = reward
+    return run
+
+
+def _outcome(value: Any) -> tuple[float | None, bool | None, dict[str, float], str | None]:
+    """(reward, solved, metrics, error) of what an agent returned."""
+    solved, metrics = None, {}
+    if isinstance(value, dict):
+        if "reward" not in value:
+            return None, None, {}, f"the agent returned a dict without 'reward' (keys: {', '.join(map(str, value))})"
+        solved = None if value.get("solved") is None else bool(value["solved"])
+        metrics = {str(k): float(v) for k, v in value.items()
+                   if k not in ("reward", "solved") and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        value = value["reward"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None, None, {}, f"the agent returned {type(value).__name__} {value!r:.60}, not a number"
+    if not math.isfinite(value):
+        return None, None, {}, f"the agent returned a reward of {value}"
+    return float(value), solved, metrics, None

@@ -1,0 +1,127 @@
+"""Agents over HTTP as a task: ``task.name: agent``.
+
+The agent is the user's code, ``task.options.agent: "module:function"`` (found as reward
+modules are: on ``sys.path``, then in the working directory), ``run(client, row)`` with an
+OpenAI client pointed at the episode's own URL (``rlvr.agents.runner``): its loop, its
+tools, its framework. The run serves its policy there (``rlvr.agents.server``) and
+records every token sampled; the calls of an episode join into the sequence that trains
+(``rlvr.agents.calls``). The rows are a JSON Lines file ``data`` (held out: the rows of
+``eval_data``, or the last ``eval_size`` rows), each given whole to the agent.
+
+An episode's reward is what its agent returned; the gold check is its ``solved`` (reported,
+weight 0; 0 when the agent never says). The user's ``rewards.functions`` get each
+episode's text (every token after the first prompt) as the completion, the episode as its
+``episode`` attribute. An episode whose agent failed abstains; a batch in which every one
+failed stops the run with the first error (``check_episodes_ended``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from rlvr.agents.runner import AgentLimits, AgentRun
+from rlvr.errors import ConfigError
+from rlvr.rewards import RewardSpec
+from rlvr.rollout import Grades, Policy
+from rlvr.rules import option
+from rlvr.tasks.environment import check_episodes_ended, episode_metrics, episode_return, solved, start_rows
+from rlvr.tasks.grading import GradedTask
+
+
+class AgentTask(GradedTask):
+    """Episodes of the user's agent against the run's endpoint; see the module docstring."""
+
+    name = "agent"
+    gold_reward = "solved"
+    no_gold_hint = "the agent never said whether an episode was solved (return {'reward': r, 'solved': bool})"
+    options = {
+        "agent": option("your agent, 'module:function': run(client, row) -> reward or {'reward', 'solved', ...}, "
+                        "async with openai.AsyncOpenAI or plain with openai.OpenAI"),
+        "data": option("a JSON Lines file of rows, each given to the agent"),
+        "eval_data": option("a JSON Lines file of held-out rows (none: the last eval_size rows of data)"),
+        "eval_size": option("held-out rows", min=1, max=2**16),
+        "concurrency": option("episodes run at once", min=1, max=4096),
+        "episode_timeout": option("seconds one episode's agent may take; past it the episode abstains", above=0,
+                                  max=86400),
+        "max_tokens": option("tokens after an episode's first prompt at most, sampled and appended", min=2,
+                             max=2**20),
+    }
+
+    def __init__(self, agent: str, data: str, eval_data: str | None = None, eval_size: int = 64,
+                 concurrency: int = 32, episode_timeout: float = 120.0, max_tokens: int = 1024) -> None:
+        from rlvr.extras import AGENT_MODULES, require
+        from rlvr.rewards.calls import RewardError
+        from rlvr.rewards.loading import load_reward_function
+
+        require("task.name='agent'", AGENT_MODULES)
+        try:
+            self.agent = load_reward_function(agent)
+        except RewardError as err:  # its message speaks of a reward function; say what was loaded here
+            raise ConfigError(f"task.options.agent: {str(err).removeprefix('reward function ')}") from err
+        self.limits = AgentLimits(concurrency=concurrency, timeout=episode_timeout, max_tokens=max_tokens)
+        self.train_rows, self.eval_rows = start_rows(data, eval_data, eval_size)
+        self.data_files = tuple(p for p in (data, eval_data) if p is not None)
+        self.endpoint = None
+
+    def policy_for(self, policy: Policy) -> Policy:
+        """``policy`` served to the agent: its samples are the agent's episodes."""
+        from rlvr.agents.policy import AgentPolicy
+        from rlvr.agents.server import Endpoint
+
+        positions = getattr(policy, "max_positions", None)
+        if positions is not None and self.limits.max_tokens >= positions:
+            raise ConfigError(f"task.options.max_tokens={self.limits.max_tokens}: an episode's first prompt and the "
+                              f"tokens after it must fit the model's {positions} positions; lower it below {positions}")
+        if self.endpoint is None:
+            self.endpoint = Endpoint(policy)
+        return AgentPolicy(policy, self.endpoint, self.agent, self.limits)
+
+    def reward_specs(self) -> list[RewardSpec]:
+        return [RewardSpec(episode_return, name="episode_return", required=True),
+                RewardSpec(solved, weight=0.0, name="solved")]
+
+    def sample_prompts(self, num_prompts: int, generator: torch.Generator) -> list[Any]:
+        picks = torch.randint(len(self.train_rows), (num_prompts,), generator=generator).tolist()
+        return [self.train_rows[i] for i in picks]
+
+    def eval_prompts(self) -> list[Any]:
+        return list(self.eval_rows)
+
+    def grade(self, prompts: Any, responses: Any, *, completion_ids: Any = None, trainer_state: Any = None) -> Grades:
+        """The agents' rewards, solved, and episode metrics (model calls, segments, the
+        agents' own numbers); the first failed episode's error is kept as ``episode/error``."""
+        runs = [r.episode for group in responses for r in group]
+        check_episodes_ended(runs, "an error of its agent's")
+        rows = [{"prompt": group[0].episode.prompt, **(start if isinstance(start, dict) else {"row": start})}
+                for start, group in zip(prompts, responses)]
+        grades = super().grade(rows, responses, completion_ids=completion_ids, trainer_state=trainer_state)
+        grades.metrics.update(episode_metrics(runs))
+        grades.metrics.update(agent_metrics(runs))
+        errors = [r.error for r in runs if r.error is not None]
+        if errors:
+            grades.failures["episode/error"] = errors[0]
+        return grades
+
+    def close(self) -> None:
+        super().close()
+        if self.endpoint is not None:
+            self.endpoint.close()
+
+
+def agent_metrics(runs: Sequence[AgentRun]) -> dict[str, float]:
+    """Per-episode means: model calls, segments, the share whose calls split (a rewritten
+    history), and each number the agents returned (``agent/<name>``, over the episodes that gave it)."""
+    n = max(len(runs), 1)
+    metrics = {
+        "episode/calls": sum(r.calls for r in runs) / n,
+        "episode/segments": sum(r.segments for r in runs) / n,
+        "episode/split": sum(r.segments > 1 for r in runs) / n,
+    }
+    names = sorted({name for r in runs for name in r.metrics})
+    for name in names:
+        values = [r.metrics[name] for r in runs if name in r.metrics]
+        metrics[f"agent/{name}"] = sum(values) / len(values)
+    return metrics

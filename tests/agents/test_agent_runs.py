@@ -1,0 +1,72 @@
+"""The agent task in whole runs: agents written against the openai client train, their
+calls join into one sequence, a failing or hanging agent's episode abstains, and a batch
+whose every agent failed stops the run naming the first error."""
+
+import json
+
+import pytest
+
+from rlvr.cli import main
+from rlvr.metrics import read_records
+
+pytest.importorskip("openai")
+pytest.importorskip("starlette")
+
+
+def agent_run(model, tmp_path, agent, *more):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"digit": d}) + "\n" for d in range(10)))
+    out = tmp_path / "run"
+    code = main(["train", f"out_dir={out}", "task.name=agent", f"task.options.agent=agents_for_tests:{agent}",
+                 f"task.options.data={data}", "task.options.eval_size=2", "task.options.max_tokens=64",
+                 "task.prompts_per_epoch=2", "policy.name=causal_lm", f"policy.options.model={model}",
+                 "policy.options.max_new_tokens=4", "algo.group_size=3", "algo.epochs=2", "algo.inner_steps=1",
+                 "log.eval_every=2", "log.progress=false", "log.plot=false", "seed=1", *more])
+    return code, out
+
+
+def test_an_agent_of_two_calls_trains_on_one_joined_sequence(chat_model, tmp_path):
+    code, out = agent_run(chat_model, tmp_path, "two_calls")
+    assert code == 0
+    records = read_records(out)
+    train = [r for r in records if r["kind"] == "train"]
+    assert len(train) == 2
+    for r in train:
+        assert r["episode/calls"] == 2 and r["episode/segments"] == 1 and r["episode/split"] == 0
+        assert r["agent/replies"] == 2 and r["episode/env_errors"] == 0
+        assert r["reward/episode_return/scored"] == 6
+        assert 0 < r["episode/policy_tokens"] <= 8  # two replies of at most 4 tokens: only they train
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert [r["epoch"] for r in evals] == [0, 2] and all("greedy_solve_rate" in r for r in evals)
+    assert "Say" in (out / "samples.md").read_text()
+
+
+def test_a_plain_function_agent_with_the_sync_client(chat_model, tmp_path):
+    code, out = agent_run(chat_model, tmp_path, "plain_agent", "algo.epochs=1", "log.eval_every=5")
+    assert code == 0
+    (train,) = [r for r in read_records(out) if r["kind"] == "train"]
+    assert train["episode/calls"] == 1 and 0 <= train["reward_mean"] <= 3 / 8
+
+
+def test_failing_and_hanging_agents_abstain_and_a_batch_of_failures_stops_the_run(chat_model, tmp_path, capsys):
+    code, out = agent_run(chat_model, tmp_path / "odd", "fails_on_odd", "algo.epochs=1", "log.eval_every=5",
+                          "task.prompts_per_epoch=8")
+    assert code == 0
+    (train,) = [r for r in read_records(out) if r["kind"] == "train"]
+    assert 0 < train["episode/env_errors"] < 1 and "odd digit" in train["episode/error"]
+    code, out = agent_run(chat_model, tmp_path / "hangs", "hangs", "algo.epochs=1", "log.eval_every=5",
+                          "task.options.episode_timeout=0.5")
+    assert code == 2
+    assert "episode_timeout=0.5" in capsys.readouterr().err
+    code, out = agent_run(chat_model, tmp_path / "fails", "always_fails", "algo.epochs=1")
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "every one of the" in err and "ValueError: no tools today" in err
+
+
+def test_a_missing_agent_is_one_line_before_any_work(chat_model, tmp_path, capsys):
+    code, _ = agent_run(chat_model, tmp_path, "nosuch")
+    assert code == 2
+    assert "task.options.agent: 'agents_for_tests:nosuch': module 'agents_for_tests' has no 'nosuch'" in \
+        capsys.readouterr().err
