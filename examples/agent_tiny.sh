@@ -23,16 +23,7 @@ ROOT=runs/agent_tiny
 rm -rf "$ROOT"
 mkdir -p "$ROOT"
 
-now() { python -c 'import time; print(time.time())'; }
-
-stage() {  # stage NAME COMMAND...: run it, append its wall time to times.txt
-  local name=$1 start
-  shift
-  start=$(now)
-  "$@" > "$ROOT/$name.log" 2>&1 || { cat "$ROOT/$name.log"; exit 1; }
-  python -c 'import sys, time; print(f"{sys.argv[1]:<12} {time.time() - float(sys.argv[2]):6.1f} s")' \
-    "$name" "$start" | tee -a "$ROOT/times.txt"
-}
+source examples/stages.sh  # stage NAME COMMAND...: its log and wall time under $ROOT
 
 python - "$ROOT" <<'PY'
 import json, random, sys

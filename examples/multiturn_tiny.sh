@@ -30,16 +30,7 @@ rm -rf "$ROOT"
 mkdir -p "$ROOT"
 NOTOOL=(task.options.tools=[] task.options.environment_options.use_tools=false task.options.max_turns=1)
 
-now() { python -c 'import time; print(time.time())'; }
-
-stage() {  # stage NAME COMMAND...: run it, append its wall time to times.txt
-  local name=$1 start
-  shift
-  start=$(now)
-  "$@" > "$ROOT/$name.log" 2>&1 || { cat "$ROOT/$name.log"; exit 1; }
-  python -c 'import sys, time; print(f"{sys.argv[1]:<18} {time.time() - float(sys.argv[2]):6.1f} s")' \
-    "$name" "$start" | tee -a "$ROOT/times.txt"
-}
+source examples/stages.sh  # stage NAME COMMAND...: its log and wall time under $ROOT
 
 stage init-model rlvr init-model --out "$ROOT/base" --hidden-size 64 --intermediate-size 192 \
   --num-layers 2 --num-heads 4 --seed 0 --chars '0123456789 >+-*=()aclortu\n'

@@ -70,3 +70,28 @@ def test_a_missing_agent_is_one_line_before_any_work(chat_model, tmp_path, capsy
     assert code == 2
     assert "task.options.agent: 'agents_for_tests:nosuch': module 'agents_for_tests' has no 'nosuch'" in \
         capsys.readouterr().err
+
+
+def test_the_example_agent_and_its_config_run(tmp_path, monkeypatch):
+    """examples/agent_tiny.yaml with examples/agents/calculator_agent.py, shortened, on a random
+    model over its characters: the agent's calls join into one sequence per episode."""
+    import random
+    from pathlib import Path
+
+    from rlvr.modeling import init_model
+
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(root)  # the example's agent is found from the repository root, as its script runs it
+    model = init_model(tmp_path / "model", hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2,
+                       chars="0123456789 >+-*=()aclortu\n")
+    rng = random.Random(0)
+    for name in ("train", "eval"):
+        (tmp_path / f"{name}.jsonl").write_text("".join(
+            json.dumps({"a": rng.randint(10000, 99999), "b": rng.randint(10000, 99999)}) + "\n" for _ in range(4)))
+    out = tmp_path / "run"
+    assert main(["train", "examples/agent_tiny.yaml", f"out_dir={out}", f"policy.options.model={model}",
+                 f"task.options.data={tmp_path / 'train.jsonl'}", f"task.options.eval_data={tmp_path / 'eval.jsonl'}",
+                 "task.prompts_per_epoch=2", "algo.group_size=2", "algo.epochs=1", "log.eval_samples=1"]) == 0
+    train = [r for r in read_records(out) if r["kind"] == "train"][0]  # the first of its 2 inner steps
+    assert train["episode/segments"] == 1 and 1 <= train["episode/calls"] <= 3
+    assert "agent/tool_calls" in train
