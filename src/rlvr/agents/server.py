@@ -435,24 +435,14 @@ class _Batcher:
                 now = time.monotonic()
                 if (now - last > GAP and not self.arriving()) or now - start > self.wait:
                     break  # none arriving (being read, or sent within GAP), or waited long enough
-                try:  # short waits: an episode that finishes meanwhile lowers the count waited for
-                    job = self._queue.get(timeout=POLL)
-                except queue.Empty:
-                    continue
-                if job is None:
-                    self._queue.put(None)
+                # short waits: an episode that finishes meanwhile lowers the count waited for
+                taken = self._take(jobs, POLL)
+                if taken is None:
                     break
-                jobs.append(job)
-                last = time.monotonic()
-            while True:  # and whatever else is already waiting
-                try:
-                    job = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if job is None:
-                    self._queue.put(None)
-                    break
-                jobs.append(job)
+                if taken:
+                    last = time.monotonic()
+            while self._take(jobs, None):  # and whatever else is already waiting
+                pass
             groups: dict[tuple, list[_Job]] = {}
             for job in jobs:
                 groups.setdefault((job.temperature, job.stop), []).append(job)
@@ -465,6 +455,19 @@ class _Batcher:
                             job.future.set_exception(err)
 
     calls = 0  # engine calls made so far
+
+    def _take(self, jobs: list[_Job], timeout: float | None) -> bool | None:
+        """Move one queued job into ``jobs`` (waiting ``timeout`` seconds; None: not at all):
+        True when one was there, False when none, None at the stop mark (left queued)."""
+        try:
+            job = self._queue.get(timeout=timeout) if timeout is not None else self._queue.get_nowait()
+        except queue.Empty:
+            return False
+        if job is None:
+            self._queue.put(None)
+            return None
+        jobs.append(job)
+        return True
 
     def _generate(self, jobs: list[_Job], temperature: float, stop: tuple[str, ...]) -> None:
         from rlvr.environments.episodes import turn_calls
