@@ -393,7 +393,7 @@ class Endpoint:
             self._batcher.put(job)
         self._arriving.discard(arrival)
         outcomes = [await asyncio.wrap_future(job.future) for job in jobs]
-        return first, outcomes * n if len(jobs) == 1 else outcomes
+        return first, outcomes * n if episode.temperature == 0 else outcomes
 
 
 class _Batcher:

@@ -27,7 +27,7 @@ from rlvr.errors import ConfigError
 from rlvr.rewards import RewardSpec
 from rlvr.rollout import Grades, Policy
 from rlvr.rules import option
-from rlvr.tasks.environment import check_episodes_ended, episode_metrics, episode_return, solved, start_rows
+from rlvr.tasks.environment import check_episodes_ended, episode_metrics, episode_return, prompt_row, solved, start_rows
 from rlvr.tasks.grading import GradedTask
 
 
@@ -95,8 +95,7 @@ class AgentTask(GradedTask):
         agents' own numbers); the first failed episode's error is kept as ``episode/error``."""
         runs = [r.episode for group in responses for r in group]
         check_episodes_ended(runs, "an error of its agent's")
-        rows = [{"prompt": group[0].episode.prompt, **(start if isinstance(start, dict) else {"row": start})}
-                for start, group in zip(prompts, responses)]
+        rows = [prompt_row(start, group[0].episode) for start, group in zip(prompts, responses)]
         grades = super().grade(rows, responses, completion_ids=completion_ids, trainer_state=trainer_state)
         grades.metrics.update(episode_metrics(runs))
         grades.metrics.update(agent_metrics(runs))

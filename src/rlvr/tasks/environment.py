@@ -174,7 +174,7 @@ class EnvironmentTask(GradedTask):
         episode failed (``check_episodes_ended``)."""
         episodes = [r.episode for group in responses for r in group]
         check_episodes_ended(episodes)
-        rows = [_prompt_row(start, group[0].episode) for start, group in zip(prompts, responses)]
+        rows = [prompt_row(start, group[0].episode) for start, group in zip(prompts, responses)]
         grades = super().grade(rows, responses, completion_ids=completion_ids, trainer_state=trainer_state)
         grades.metrics.update(episode_metrics(episodes))
         errors = [e.error for e in episodes if e.error is not None]
@@ -223,7 +223,7 @@ def start_rows(data: str, eval_data: str | None, eval_size: int) -> tuple[list[A
     return train, held_out
 
 
-def _prompt_row(start: Any, episode: Episode) -> dict[str, Any]:
+def prompt_row(start: Any, episode: Episode) -> dict[str, Any]:
     """The reward functions' prompt dict: the episode's first observation and the start's columns."""
     columns = {k: v for k, v in start.items() if k != "prompt"} if isinstance(start, dict) else {"seed": start}
     return {"prompt": episode.prompt, **columns}
