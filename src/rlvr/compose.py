@@ -107,6 +107,10 @@ def needed_modules(config: Config) -> list[tuple[str, tuple[str, ...]]]:
         needs.append(("task.name='gsm8k'", ("math_verify",)))
     if t.name == "agent":
         needs.append(("task.name='agent'", AGENT_MODULES))
+    for i, item in enumerate(config.rewards.functions):
+        function = item.get("function") if isinstance(item, dict) else item
+        if isinstance(function, str) and function.startswith("rlvr.rewards.judge:"):
+            needs.append((f"rewards.functions[{i}]={function!r}", ("openai",)))
     if c.rollout_workers > 0:
         needs.append((f"cluster.rollout_workers={c.rollout_workers}", ("ray",)))
     if c.learners > 1:

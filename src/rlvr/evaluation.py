@@ -153,8 +153,9 @@ def eval_records(runs: int, greedy: Sequence[Grades], sampled: Sequence[Grades],
     out = []
     for r, row in enumerate(values):
         rows = slice(r * m, (r + 1) * m)  # run r's responses to the first chunk
-        table = sample_table(prompts, responses[rows], Grades(grades.rewards[rows], grades.correct[rows], {}),
-                             epoch, step, table_rows)
+        notes = None if grades.notes is None else grades.notes[rows]
+        table = sample_table(prompts, responses[rows], Grades(grades.rewards[rows], grades.correct[rows], {},
+                                                              notes=notes), epoch, step, table_rows)
         out.append([{"kind": "eval", "epoch": epoch, "step": step, **dict(zip(columns, row)), **episodes}, table])
     return out
 
@@ -165,6 +166,7 @@ def sample_table(prompts: Any, responses: Any, grades: Any, epoch: int, step: in
     ``rlvr.metrics.prompt_text`` renders it for samples.md and the report."""
     count = min(rows, len(prompts))
     rewards, correct = grades.rewards[:count, 0].tolist(), grades.correct[:count, 0].tolist()
+    notes = getattr(grades, "notes", None)
     table = []
     for b in range(count):
         prompt = prompts[b]["prompt"] if isinstance(prompts[b], dict) else prompts[b]
@@ -174,5 +176,8 @@ def sample_table(prompts: Any, responses: Any, grades: Any, epoch: int, step: in
             response = response.as_record()
         else:
             response = response if isinstance(response, str) else response.tolist()
-        table.append({"prompt": prompt, "response": response, "reward": rewards[b], "correct": bool(correct[b])})
+        row = {"prompt": prompt, "response": response, "reward": rewards[b], "correct": bool(correct[b])}
+        if notes is not None and notes[b][0]:
+            row["note"] = notes[b][0]  # what the rewards said of it (a judge's reply)
+        table.append(row)
     return {"kind": "samples", "epoch": epoch, "step": step, "rows": table}

@@ -87,14 +87,17 @@ def write_samples_markdown(path: Path, record: Record) -> None:
     def cell(value: Any) -> str:
         return str(value).replace("|", "\\|").replace("\n", "\\n")
 
+    noted = any(row.get("note") for row in record["rows"])  # a column for what rewards said (a judge's reply)
     lines = [f"\n## epoch {record['epoch']} (step {record['step']})\n",
-             "| prompt | response | reward | correct |", "| --- | --- | ---: | :---: |"]
+             "| prompt | response | reward | correct |" + " note |" * noted,
+             "| --- | --- | ---: | :---: |" + " --- |" * noted]
     for row in record["rows"]:
         mark = "yes" if row["correct"] else "no"
         reward = row["reward"]
         reward = f"{reward:.3f}" if isinstance(reward, (int, float)) and math.isfinite(reward) else "-"
         prompt, response = cell(prompt_text(row["prompt"])), cell(response_text(row["response"]))
-        lines.append(f"| {prompt} | {response} | {reward} | {mark} |")
+        note = f" {cell(row.get('note', ''))} |" if noted else ""
+        lines.append(f"| {prompt} | {response} | {reward} | {mark} |{note}")
     with Path(path).open("a", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
 

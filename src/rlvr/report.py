@@ -231,7 +231,8 @@ def samples_html(run: Run) -> str:
     def table(record: Record) -> str:
         rows = [{"prompt": _cell(prompt_text(row.get("prompt"))),
                  "response": _cell(response_text(row.get("response"))), "reward": _number(row.get("reward")),
-                 "correct": "yes" if row.get("correct") is True else "no"}
+                 "correct": "yes" if row.get("correct") is True else "no",
+                 **({"note": _cell(str(row["note"]))} if row.get("note") else {})}
                 for row in record["rows"]]
         heading = html.escape(f"epoch {record['epoch']} (step {record['step']})")
         return f"<p>{heading}</p>" + html_table(rows, {"reward"})

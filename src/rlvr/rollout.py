@@ -208,6 +208,8 @@ class Grades:
     failures: record name -> the first failure on the batch there, one line:
              ``reward/<name>/failure`` for each reward function that failed on some
              response, ``episode/error`` for an environment's episode that ended with an error
+    notes:   B lists of G notes, what the rewards said of each response (a judge's reply;
+             "" for none), or None when no reward said anything
     """
 
     rewards: torch.Tensor
@@ -215,11 +217,12 @@ class Grades:
     metrics: dict[str, float]
     prompts: Any = None
     failures: dict[str, str] = field(default_factory=dict)
+    notes: list[list[str]] | None = None
 
     def groups(self, index: torch.Tensor) -> Grades:
         """The groups (prompts) at ``index`` [k] (the metrics stay the whole batch's)."""
         return Grades(self.rewards[index], self.correct[index], self.metrics, _pick(self.prompts, index),
-                      self.failures)
+                      self.failures, _pick(self.notes, index))
 
     @staticmethod
     def cat(parts: list[Grades]) -> Grades:
@@ -234,8 +237,11 @@ class Grades:
             metrics[key] = sum(v * b for v, b in have) / max(sum(b for _, b in have), 1)
         prompts = None if any(g.prompts is None for g in parts) else _join([g.prompts for g in parts])
         failures = {key: line for g in reversed(parts) for key, line in g.failures.items()}  # the first batch's wins
+        notes = None
+        if any(g.notes is not None for g in parts):
+            notes = [row for g in parts for row in (g.notes or [[""] * g.rewards.shape[1]] * g.rewards.shape[0])]
         return Grades(torch.cat([g.rewards for g in parts]), torch.cat([g.correct for g in parts]), metrics, prompts,
-                      failures)
+                      failures, notes)
 
 
 def contiguous_bounds(count: int, parts: int) -> list[tuple[int, int]]:

@@ -101,10 +101,13 @@ def test_follow_ups_join_into_the_whole_conversation_as_rendered(endpoint):
 
 def test_tools_are_described_and_a_call_comes_back_as_tool_calls(endpoint, monkeypatch):
     from rlvr.agents import chat
+    from rlvr.environments.tool_parsing import shown_tools
 
     tools = [{"type": "function", "function": {"name": "add", "description": "a + b",
                                                "parameters": {"type": "object", "properties": {}}}}]
-    rendered = chat.with_tools(chat.messages(QUESTION), tools)
+    rendered, template_tools = shown_tools(endpoint.policy.tokenizer.get_chat_template(), chat.messages(QUESTION),
+                                           tools, "json")
+    assert template_tools is None  # this template has no tools slot: the system message describes them
     assert rendered[0]["content"].startswith("Be brief.\n\nYou can call these tools.") and '"name": "add"' in \
         rendered[0]["content"]
     message, reason = chat.reply('Sum: <tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>',

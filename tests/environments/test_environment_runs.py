@@ -91,8 +91,18 @@ def test_rlvr_train_takes_an_environment_class_and_rows_from_a_file(tiny_model, 
     train = [r for r in result.records if r["kind"] == "train"]
     assert len(train) == 2 and all(r["episode/turns"] == 1 for r in train)
     # a TRL-style class: its public method is a tool the policy may call (plain style: count(...))
-    result = rlvr.train(config, environment_factory=TRLCounter)
-    assert all("episode/tool_calls" in r for r in result.records if r["kind"] == "train")
+    result = rlvr.train(config, environment_factory=TRLCounter, reward_funcs=[calls_made])
+    train = [r for r in result.records if r["kind"] == "train"]
+    assert all("episode/tool_calls" in r for r in train)
+    # reward functions get environments, as TRL passes them: each episode's instance as it ended
+    assert all(r["reward/calls_made/scored"] == 4 and r["reward/calls_made/errors"] == 0
+               and r["reward/calls_made/mean"] <= r["episode/tool_calls"] for r in train), train
+
+
+def calls_made(prompts, completions, environments, **kwargs):
+    """The tool calls each episode's environment counted (read from ``environments``)."""
+    assert len(environments) == len(completions)
+    return [float(env.calls) for env in environments]
 
 
 def test_the_policys_tool_calls_run_in_the_sandbox_and_their_results_come_back_as_tokens(tmp_path, monkeypatch):

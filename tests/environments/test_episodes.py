@@ -2,11 +2,13 @@
 the sampled ids, the environment's tokens get no gradient, limits truncate, and a failing
 environment ends its episode, counted, without stopping the batch."""
 
+import threading
 import time
 
 import pytest
 import torch
 
+from conftest import CHAT_TEMPLATE
 from rlvr.config import config_from_dict
 from rlvr.environments.base import Step
 from rlvr.environments.episodes import EpisodeLimits, episodes_samples, run_episodes
@@ -413,3 +415,86 @@ def test_a_trl_style_episode_ended_by_the_token_budget_reads_get_reward(policy):
         hosts.close()
     assert any(e.truncated for e in episodes)  # cut at 3 tokens, before any step
     assert [e.episode_return for e in episodes] == [0.75] * 8
+
+
+TOOLS_TEMPLATE = (  # a template with a tools slot, as Qwen's and Hermes' have
+    "{% if tools %}<|tools|>\n{% for t in tools %}{{ t.function.name }}: {{ t.function.description }}\n{% endfor %}"
+    "{{ eos_token }}\n{% endif %}" + CHAT_TEMPLATE
+)
+SCHEMA = {"type": "function", "function": {"name": "add", "description": "Add two numbers.",
+                                           "parameters": {"type": "object", "properties": {}, "required": []}}}
+
+
+class ShowsTools:
+    """A chat environment that shows the policy one tool and answers every turn, three turns."""
+
+    def reset(self, start):
+        self.turns = 0
+        return [{"role": "user", "content": f"go {start}"}]
+
+    def tool_schemas(self):
+        return [SCHEMA]
+
+    def step(self, text):
+        self.turns += 1
+        return Step([{"role": "user", "content": "again"}], 0.0, done=self.turns >= 3)
+
+
+@pytest.mark.parametrize("slot", [False, True])
+def test_an_environments_tools_reach_the_policy_through_the_template_slot_or_the_system_message(chat_model, slot):
+    """Where the template has a tools slot and calls are written in the json style, the
+    schemas go there, in the first prompt and in every observation's render alike (the
+    episode's ids are the whole conversation rendered with them); else the system message
+    describes them and the template gets none."""
+    from rlvr.environments.tool_parsing import describe_tools
+    from rlvr.policies.causal_lm import CausalLMPolicy
+
+    chat_policy = CausalLMPolicy.from_pretrained(str(chat_model), max_new_tokens=3)
+    tok = chat_policy.tokenizer
+    if slot:
+        tok.chat_template = TOOLS_TEMPLATE
+    hosts = EnvironmentHosts(ShowsTools, workers=0)
+    try:
+        episodes = run_episodes(chat_policy, hosts, [1, 2], 1, 1.0, torch.Generator().manual_seed(0),
+                                EpisodeLimits(3, 300, tool_style="json"))
+    finally:
+        hosts.close()
+    for e in episodes:
+        assert e.prompt == [{"role": "user", "content": f"go {e.start}"}]  # reward functions see the prompt as given
+        first = tok.decode(e.prompt_ids)
+        if slot:
+            assert first.startswith("<|tools|>\nadd: Add two numbers.\n<eos>\n<|user|>\ngo")
+        else:
+            assert first.startswith("<|system|>\nYou can call these tools.") and '"name": "add"' in first
+            assert "<tool_call>" in first and "<|tools|>" not in first
+        messages = list(e.prompt) if slot else describe_tools(list(e.prompt), [SCHEMA], "json")
+        for k, turn in enumerate(e.turns):
+            if turn.trained:  # the ids before each policy turn: the conversation so far, rendered whole
+                before = e.prompt_ids + [i for t in e.turns[:k] for i in t.ids]
+                whole = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                                tools=[SCHEMA] if slot else None)
+                assert tok.decode(before) == whole
+                messages.append({"role": "assistant", "content": tok.decode(turn.ids).removesuffix("<eos>")})
+            elif turn.ids:
+                messages.append({"role": "user", "content": "again"})
+        assert e.policy_turns == 3
+
+
+class Noted:
+    """A TRL-style class with state a reward function reads from ``environments``."""
+
+    def reset(self, **row):
+        self.reward, self.seen, self.lock = 0.25, row.get("n"), threading.Lock()  # a lock does not pickle
+        return None
+
+
+def test_each_episode_keeps_a_copy_of_its_environments_public_attributes(policy):
+    from rlvr.environments.adapters import environment_from_factory
+
+    hosts = EnvironmentHosts(environment_from_factory(Noted), workers=0)
+    try:
+        episodes = run_episodes(policy, hosts, [{"prompt": "=1>", "n": 1}, {"prompt": "=2>", "n": 2}], 2, 1.0,
+                                torch.Generator().manual_seed(0), EpisodeLimits(1, 4))
+    finally:
+        hosts.close()
+    assert [vars(e.environment) for e in episodes] == [{"reward": 0.25, "seen": n} for n in (1, 1, 2, 2)]

@@ -5,10 +5,11 @@ A request's messages are checked and normalised (``messages``): roles ``system``
 ``user``, ``assistant`` and ``tool``; content a string or a list of text parts; an
 assistant message's ``tool_calls`` written into its text as the model writes calls
 (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, the "json" style of
-``rlvr.environments.tool_parsing``). The request's ``tools`` are described in the system
-message (``with_tools``), for every template alike, so the same request renders the same
-prompt. A completion that writes ``<tool_call>`` blocks naming the request's tools comes
-back with them as ``tool_calls`` (``reply``), its text before the first call as content.
+``rlvr.environments.tool_parsing``). The request's ``tools`` reach the model as an
+environment's do (``rlvr.environments.tool_parsing.shown_tools``): in the chat template's
+tools slot where it has one, else described in the system message. A completion that
+writes ``<tool_call>`` blocks naming the request's tools comes back with them as
+``tool_calls`` (``reply``), its text before the first call as content.
 
 A bad request raises ``RequestError``: an OpenAI-style error with its HTTP status.
 """
@@ -73,20 +74,6 @@ def tool_names(tools: Any) -> list[str]:
                                param=f"tools[{k}]")
         names.append(function["name"])
     return names
-
-
-def with_tools(chat: list[dict[str, str]], tools: Any) -> list[dict[str, str]]:
-    """``chat`` with the request's tools described at the end of its system message (one
-    added first when it has none): their schemas as JSON, one a line, and how to call them."""
-    if not tools:
-        return chat
-    schemas = "\n".join(json.dumps(tool.get("function", tool), sort_keys=True) for tool in tools)
-    text = ("You can call these tools. Their schemas, one a line:\n" + schemas + "\n"
-            f"To call one, write {CALL_OPEN}{{\"name\": NAME, \"arguments\": {{...}}}}{CALL_CLOSE} and stop; "
-            "its result comes back in a tool message.")
-    if chat[0]["role"] == "system":
-        return [{"role": "system", "content": f"{chat[0]['content']}\n\n{text}"}, *chat[1:]]
-    return [{"role": "system", "content": text}, *chat]
 
 
 def reply(text: str, names: list[str], call_id: str) -> tuple[dict[str, Any], str | None]:

@@ -29,6 +29,9 @@ Refused, with OpenAI-style error JSON: an unknown or finished episode (404), a m
 wrong API key (401), a body over ``max_body_bytes`` (413), a malformed body or message
 (400), a prompt past the episode's budget or the model's positions (400,
 ``context_length_exceeded``). Nothing listens beyond loopback unless ``host`` says so.
+The same app also listens on a Unix socket (``unix_socket``, in a private temporary
+folder): the way in for agent commands jailed in a network namespace of their own
+(``rlvr.agents.command``).
 """
 
 from __future__ import annotations
@@ -37,8 +40,11 @@ import asyncio
 import concurrent.futures
 import contextlib
 import json
+import os
 import queue
 import secrets
+import socket
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -50,6 +56,7 @@ import torch
 from rlvr.agents import chat
 from rlvr.agents.calls import Call
 from rlvr.agents.chat import RequestError
+from rlvr.environments.tool_parsing import shown_tools
 
 if TYPE_CHECKING:
     from rlvr.policies.causal_lm import CausalLMPolicy
@@ -122,25 +129,32 @@ class Endpoint:
         self._batcher = _Batcher(policy, batch_wait, lambda: len(self._episodes), lambda: len(self._arriving))
         self._server: Any = None
         self._thread: threading.Thread | None = None
+        self.unix_socket: str | None = None  # its path while started
 
     # ---- life ---------------------------------------------------------------------
 
     def start(self) -> None:
-        """Listen (once); the port is known when this returns."""
+        """Listen (once), on ``host``:``port`` and on ``unix_socket``; the port is known when
+        this returns."""
         if self._server is not None:
             return
         import uvicorn
 
-        config = uvicorn.Config(self.app(), host=self.host, port=self.port, log_level="warning", lifespan="off",
-                                access_log=False)
+        tcp = socket.create_server((self.host, self.port))
+        self._folder = tempfile.TemporaryDirectory(prefix="rlvr-endpoint-")  # 0700: this user's alone
+        self.unix_socket = os.path.join(self._folder.name, "endpoint.sock")
+        unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        unix.bind(self.unix_socket)
+        self.port = tcp.getsockname()[1]
+        config = uvicorn.Config(self.app(), log_level="warning", lifespan="off", access_log=False)
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, name="rlvr-endpoint", daemon=True)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [tcp, unix]},
+                                        name="rlvr-endpoint", daemon=True)
         self._thread.start()
         while not self._server.started:
             if not self._thread.is_alive():
                 raise RuntimeError(f"the agent endpoint could not listen on {self.host}:{self.port}")
             time.sleep(0.005)
-        self.port = self._server.servers[0].sockets[0].getsockname()[1]
         self._batcher.start()
 
     def close(self) -> None:
@@ -148,6 +162,7 @@ class Endpoint:
             self._server.should_exit = True
             self._thread.join(timeout=10)
             self._server = None
+            self._folder.cleanup()
         self._batcher.stop()
 
     def url(self, episode_id: str) -> str:
@@ -322,11 +337,13 @@ class Endpoint:
             key = chat.reply_key(raw[last])
             follows = next((s for s in reversed(episode.served) if s.messages is not None and s.key == key
                             and s.messages == plain[:last] and s.tools == tools), None)
+        template = self.policy.tokenizer.get_chat_template()
         if follows is not None:
-            history = chat.with_tools([*plain[:last], {"role": "assistant", "content": follows.call.text}], tools)
+            history, template_tools = shown_tools(
+                template, [*plain[:last], {"role": "assistant", "content": follows.call.text}], tools or [], "json")
             room = self._room(episode, len(follows.call.prompt_ids) + len(follows.call.completion_ids))
             try:
-                _, ids = turns.observation_ids(self.policy, history, plain[last + 1:], room)
+                _, ids = turns.observation_ids(self.policy, history, plain[last + 1:], room, template_tools)
             except ChatTemplateMismatch:  # the template renders the turns differently whole: rendered whole
                 ids = None
                 follows = None
@@ -336,7 +353,7 @@ class Endpoint:
             if follows is not None:
                 return [*follows.call.prompt_ids, *follows.call.completion_ids,
                         *turns.end_of_turn_ids(self.policy, follows.call.completion_ids), *ids]
-        return self._encoded(chat.with_tools(plain, tools))
+        return self._encoded(*shown_tools(template, plain, tools or [], "json"))
 
     def _text_prompt(self, episode: AgentEpisode, prompt: str) -> list[int]:
         """A text prompt's ids: a follow-up (the prompt starts with a served call's prompt and
@@ -353,13 +370,13 @@ class Endpoint:
             raise RequestError(400, "the prompt runs past the episode's token budget", code="context_length_exceeded")
         return [*follows.call.prompt_ids, *follows.call.completion_ids, *ids]
 
-    def _encoded(self, prompt: Any) -> list[int]:
+    def _encoded(self, prompt: Any, tools: list[dict] | None = None) -> list[int]:
         from rlvr.policies.prompts import PromptError, prompt_token_ids
 
         policy = self.policy
         try:
             return prompt_token_ids(policy.tokenizer, [prompt], policy.add_special_tokens if isinstance(prompt, str)
-                                    else False, 1, policy.max_positions, "request prompt")[0]
+                                    else False, 1, policy.max_positions, "request prompt", tools=tools)[0]
         except PromptError as err:
             raise RequestError(400, str(err), code="context_length_exceeded") from None
 

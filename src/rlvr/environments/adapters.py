@@ -22,6 +22,8 @@ from numbers import Real
 from typing import Any
 
 from rlvr.environments.base import Environment, EnvironmentFactory, Message, Observation, Step
+from rlvr.environments.hosts import public_attributes
+from rlvr.environments.tool_parsing import tool_schema
 from rlvr.errors import ConfigError
 from rlvr.rewards.calls import RewardError
 from rlvr.rewards.loading import _import
@@ -40,6 +42,8 @@ class TRLEnvironment:
 
     tools(): the instance's public bound methods, ``reset`` and ``get_reward`` excepted (an
     async one is run to completion when called).
+
+    tool_schemas(): the tools' schemas (``tool_schema``), shown to the policy.
 
     step(text): a turn that calls no tool ends the episode, as in TRL. Its reward is
     ``get_reward()`` when the instance defines it, else its numeric ``reward`` attribute,
@@ -71,6 +75,15 @@ class TRLEnvironment:
 
     def step(self, text: str) -> Step:
         return Step(observation=None, reward=self.reward(), done=True, solved=self.solved())
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """The tools' function schemas, shown to the policy as TRL shows them (``tools=`` to
+        the chat template; rlvr.environments.tool_parsing.shown_tools)."""
+        return [tool_schema(tool) for tool in self.tools().values()]
+
+    def snapshot(self) -> Any:
+        """The instance's public attributes, what reward functions read from ``environments``."""
+        return public_attributes(self.instance)
 
     def final_reward(self) -> tuple[float, bool | None]:
         """(reward, solved) of an episode the runner ended (its turn or token limit) before a

@@ -80,6 +80,12 @@ class Environment(Protocol):
     returns the first observation. ``step(text)`` takes the policy's text of one turn that
     called no tool. ``tools()`` names the callables bound to this episode (TRL's
     environment methods): called where the environment lives (``rlvr.environments.hosts``).
+
+    Optional, read where defined: ``tool_schemas()``, the function schemas the policy is
+    shown (none: the environment's own prompt describes its tools);
+    ``final_reward()``, the (reward, solved) of an episode the runner ended at its turn or
+    token limit; ``snapshot()``, what reward functions get as this episode's entry of
+    ``environments`` (default: the instance's public attributes).
     """
 
     def reset(self, start: Any) -> Observation:
@@ -139,6 +145,7 @@ class Episode:
     done: bool = False
     truncated: bool = False
     error: str | None = None
+    environment: Any = None  # its environment's snapshot when it ended (reward functions' ``environments``)
 
     @property
     def episode_return(self) -> float:

@@ -101,12 +101,15 @@ class EpisodeText(str):
 
 class _Running:
     """One episode while it runs: the episode, its row in the environment hosts, its
-    environment's class name, and for a chat its messages so far."""
+    environment's class name, for a chat its messages so far (``shown``: the prompt as
+    rendered, its tools described) and the tools its chat template gets."""
 
-    def __init__(self, episode: Episode, row: int, name: str = "environment") -> None:
-        self.episode, self.row, self.name = episode, row, name
+    def __init__(self, episode: Episode, row: int, name: str = "environment", shown: Observation | None = None,
+                 tools: list[dict] | None = None) -> None:
+        self.episode, self.row, self.name, self.tools = episode, row, name, tools
         self.chat = not isinstance(episode.prompt, str)
-        self.history: list[dict[str, Any]] = [dict(m) for m in episode.prompt] if self.chat else []
+        shown = episode.prompt if shown is None else shown
+        self.history: list[dict[str, Any]] = [dict(m) for m in shown] if self.chat else []
 
     def observation(self, observation: Observation) -> Observation:
         """``observation`` in this episode's form: text for a text episode, messages for a chat."""
@@ -144,7 +147,16 @@ def run_episodes(policy: CausalLMPolicy, hosts: EnvironmentHosts, starts: Sequen
         if not episode.done:  # the turn limit
             episode.done = episode.truncated = True
     _final_rewards(hosts, [r for r in running if r.episode.truncated and r.episode.error is None], limits)
+    _snapshots(hosts, [r for r in running if r.episode.error is None], limits)
     return episodes
+
+
+def _snapshots(hosts: EnvironmentHosts, ended: list[_Running], limits: EpisodeLimits) -> None:
+    """Each ended episode's ``environment``: its environment's snapshot (``hosts``' snapshot),
+    what reward functions get as ``environments``; None where taking it failed."""
+    if ended:
+        for r, outcome in zip(ended, hosts.call([(r.row, "snapshot", ()) for r in ended], limits.step_timeout)):
+            r.episode.environment = None if isinstance(outcome, EnvironmentFailed) else outcome
 
 
 def _final_rewards(hosts: EnvironmentHosts, ended: list[_Running], limits: EpisodeLimits) -> None:
@@ -166,20 +178,25 @@ def _final_rewards(hosts: EnvironmentHosts, ended: list[_Running], limits: Episo
 def start_episodes(policy: CausalLMPolicy, hosts: EnvironmentHosts, starts: Sequence[Any], indices: Sequence[int],
                    limits: EpisodeLimits) -> list[_Running]:
     """Episode ``i``'s environment made and reset from ``starts[i]`` in ``hosts`` (row ``i``),
-    all at once; one that fails there ends its episode with the error. ``indices`` name the
-    starts in a prompt error."""
+    all at once; one that fails there ends its episode with the error. The tools it shows
+    (``tool_schemas()``) reach the policy by ``shown_tools``. ``indices`` name the starts in
+    a prompt error."""
+    from rlvr.environments.tool_parsing import shown_tools
+
     requests = [request for row, start in enumerate(starts)
-                for request in ((row, "make", ()), (row, "reset", (copy.deepcopy(start),)))]
+                for request in ((row, "make", ()), (row, "reset", (copy.deepcopy(start),)), (row, "schemas", ()))]
     outcomes = hosts.call(requests, limits.step_timeout)
+    template = getattr(policy.tokenizer, "chat_template", None) and policy.tokenizer.get_chat_template()
     running = []
     for row, start in enumerate(starts):
-        name, prompt = outcomes[2 * row], outcomes[2 * row + 1]
-        failed = name if isinstance(name, EnvironmentFailed) else prompt
-        if isinstance(failed, EnvironmentFailed):
+        name, prompt, schemas = outcomes[3 * row:3 * row + 3]
+        failed = next((o for o in (name, prompt, schemas) if isinstance(o, EnvironmentFailed)), None)
+        if failed is not None:
             running.append(_Running(Episode(start=start, prompt="", prompt_ids=[], done=True, error=str(failed)), row))
             continue
-        ids = turns.first_prompt_ids(policy, prompt, indices[row], limits.max_tokens)
-        running.append(_Running(Episode(start=start, prompt=prompt, prompt_ids=ids), row, name))
+        shown, tools = shown_tools(template, prompt, schemas, limits.tool_style)
+        ids = turns.first_prompt_ids(policy, shown, indices[row], limits.max_tokens, tools)
+        running.append(_Running(Episode(start=start, prompt=prompt, prompt_ids=ids), row, name, shown, tools))
     return running
 
 
@@ -319,7 +336,7 @@ def _append(policy: CausalLMPolicy, r: _Running, turn: Turn, observation: Observ
     closing = []  # a chat turn cut at max_new_tokens gets its end-of-turn token first, as the template writes it
     if r.chat and r.episode.turns and r.episode.turns[-1].trained:
         closing = turns.end_of_turn_ids(policy, r.episode.turns[-1].ids)
-    text, ids = turns.observation_ids(policy, r.history, observation, room - len(closing))
+    text, ids = turns.observation_ids(policy, r.history, observation, room - len(closing), r.tools)
     if ids is not None and closing:
         text, ids = policy.tokenizer.eos_token + text, closing + ids
     if ids is None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import json
 import logging
 import math
 import multiprocessing
@@ -42,6 +43,7 @@ import pickle
 import signal
 import threading
 import time
+import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -51,6 +53,8 @@ from rlvr.rewards.workers import Reaper, die_with_parent, lead_group, trainer_en
 
 HARD_GRACE = 2.0  # seconds past a call's limit before its worker is killed
 WORKERS = 64  # worker processes at most by default: episodes beyond share them
+MAX_SCHEMA_CHARS = 65_536  # an environment's tool schemas, as JSON
+MAX_SNAPSHOT_BYTES = 1 << 20  # an environment's snapshot, pickled: attributes past it are left out
 _POLL = 0.25  # seconds between looks at the run's stop request while waiting on workers
 logger = logging.getLogger(__name__)
 
@@ -126,7 +130,48 @@ def _final(envs: dict[int, Any], row: int) -> tuple[float, bool | None] | None:
     return step_reward(reward), None if solved is None else bool(solved)
 
 
-_OPERATIONS = {"make": _make, "reset": _reset, "tools": _tools, "tool": _tool, "step": _step, "final": _final}
+def _schemas(envs: dict[int, Any], row: int) -> list[dict[str, Any]]:
+    """The function schemas of the tools the environment shows the policy (``tool_schemas()``:
+    a list of dicts, JSON text at most MAX_SCHEMA_CHARS in all); none where it defines none."""
+    schemas = getattr(envs[row], "tool_schemas", None)
+    if not callable(schemas):
+        return []
+    found = schemas()
+    if not isinstance(found, list) or not all(isinstance(schema, dict) for schema in found):
+        raise TypeError(f"tool_schemas() returned {kind(found)}, not a list of function schemas (dicts)")
+    size = len(json.dumps(found))
+    if size > MAX_SCHEMA_CHARS:
+        raise ValueError(f"tool_schemas() is {size:,} characters of JSON; at most {MAX_SCHEMA_CHARS:,}")
+    return found
+
+
+def _snapshot(envs: dict[int, Any], row: int) -> Any:
+    """What reward functions get of the environment as its episode ends: ``snapshot()`` where
+    it defines one, else a copy of its public attributes (``public_attributes``)."""
+    env = envs[row]
+    snapshot = getattr(env, "snapshot", None)
+    return snapshot() if callable(snapshot) else public_attributes(env)
+
+
+def public_attributes(instance: Any) -> types.SimpleNamespace:
+    """A copy of ``instance``'s public attributes (names not starting with "_") as a
+    namespace: those that pickle (open files and locks do not), in order while they fit
+    in MAX_SNAPSHOT_BYTES in all; the rest are left out."""
+    kept, size = {}, 0
+    for name, value in getattr(instance, "__dict__", {}).items():
+        if name.startswith("_"):
+            continue
+        try:
+            data = pickle.dumps(value)
+        except Exception:  # noqa: S112 (what does not pickle is not part of the snapshot)
+            continue
+        if size + len(data) <= MAX_SNAPSHOT_BYTES:
+            kept[name], size = pickle.loads(data), size + len(data)  # noqa: S301 (bytes made just above)
+    return types.SimpleNamespace(**kept)
+
+
+_OPERATIONS = {"make": _make, "reset": _reset, "tools": _tools, "tool": _tool, "step": _step, "final": _final,
+               "schemas": _schemas, "snapshot": _snapshot}
 
 
 def call_name(env_name: str | None, operation: str, args: tuple) -> str:

@@ -43,6 +43,7 @@ class ToolStyle:
     help: str
     parse: Callable[[str, Collection[str]], tuple[list[ToolCall], list[ToolResult]]]
     format: Callable[[ToolResult], str]
+    how_to_call: str  # what a policy is told, after the tools' schemas (``describe_tools``)
 
 
 def parse_tool_calls(text: str, style: str, known: Collection[str]) -> tuple[list[ToolCall], list[ToolResult]]:
@@ -165,11 +166,15 @@ TOOL_STYLES: dict[str, ToolStyle] = {
         help='<tool_call>{"name": ..., "arguments": {...}}</tool_call> (Qwen, Hermes); results in <tool_response>',
         parse=_parse_json,
         format=_format_json,
+        how_to_call='To call one, write <tool_call>{"name": NAME, "arguments": {...}}</tool_call> and stop; '
+                    "its result comes back in a tool message.",
     ),
     "plain": ToolStyle(
         help="name(argument text) on one line, for tiny character-level models; results as '= content'",
         parse=_parse_plain,
         format=_format_plain,
+        how_to_call="To call one, write NAME(ARGUMENT) on a line of its own and stop; its result comes back "
+                    "as a line '= RESULT'.",
     ),
 }
 
@@ -206,6 +211,38 @@ def tool_schema(fn: Callable[..., Any]) -> dict[str, Any]:
     description = (inspect.getdoc(fn) or "").split("\n\n")[0].replace("\n", " ").strip()
     parameters = {"type": "object", "properties": properties, "required": required}
     return {"type": "function", "function": {"name": fn.__name__, "description": description, "parameters": parameters}}
+
+
+def shown_tools(template: str | None, prompt: Any, schemas: list[dict[str, Any]], style: str
+                ) -> tuple[Any, list[dict[str, Any]] | None]:
+    """How a prompt's tools reach the policy: (the prompt to render, the ``tools`` to give
+    its chat template). A chat template with a ``tools`` slot gets the schemas there when
+    calls are written in the "json" style (the one the Qwen and Hermes templates teach);
+    otherwise the chat's system message describes them (``describe_tools``). A text prompt
+    is left as it is (as TRL shows tools through the chat template alone)."""
+    from rlvr.policies.prompts import template_takes_tools
+
+    if not schemas or isinstance(prompt, str):  # a text prompt describes its tools itself
+        return prompt, None
+    if style == "json" and template and template_takes_tools(template):
+        return prompt, schemas
+    return describe_tools(prompt, schemas, style), None
+
+
+def describe_tools(chat: list[dict[str, Any]], schemas: list[dict[str, Any]], style: str) -> list[dict[str, Any]]:
+    """``chat`` with its tools described at the end of its system message (one added first
+    when it has none): their function schemas as JSON, one a line, and how to call them in
+    ``style``."""
+    lines = "\n".join(json.dumps(schema.get("function", schema), sort_keys=True) for schema in schemas)
+    text = f"You can call these tools. Their schemas, one a line:\n{lines}\n{_style(style).how_to_call}"
+    if not chat or chat[0].get("role") != "system":
+        return [{"role": "system", "content": text}, *chat]
+    content = chat[0].get("content") or ""
+    if isinstance(content, list):  # content parts: the description as one more part
+        content = [*content, {"type": "text", "text": f"\n\n{text}"}]
+    else:
+        content = f"{content}\n\n{text}"
+    return [{**chat[0], "content": content}, *chat[1:]]
 
 
 _FROM_TEXT = {int: int, float: float, bool: lambda text: {"true": True, "false": False}[text.strip().lower()]}

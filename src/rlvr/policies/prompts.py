@@ -92,9 +92,11 @@ def excerpt(text: str, at: int = 0, width: int = 40) -> str:
 
 def prompt_token_ids(tokenizer: Any, prompts: Sequence[str | dict], add_special_tokens: bool, max_new_tokens: int,
                      max_positions: int | None, what: str = "prompt", offset: int = 0,
-                     budget: str = "policy.options.max_new_tokens") -> list[list[int]]:
+                     budget: str = "policy.options.max_new_tokens", tools: list[dict] | None = None
+                     ) -> list[list[int]]:
     """The token ids of each prompt (text or a chat, on its own or as the "prompt" of a
-    dict; a chat rendered and encoded as the module docstring says).
+    dict; a chat rendered and encoded as the module docstring says, ``tools`` given to
+    its template).
 
     PromptError naming the first prompt (as "<what> <offset + index>") that has no
     tokens, a character the tokenizer cannot encode, or more than ``max_positions``
@@ -112,7 +114,7 @@ def prompt_token_ids(tokenizer: Any, prompts: Sequence[str | dict], add_special_
                     f"{what} {offset + i} ({excerpt(str(value))}): {content_chars(value)} characters, more than "
                     f"{chars} ({max_positions} positions - max_new_tokens {max_new_tokens}, at most "
                     f"{max_token_chars(tokenizer)} characters a token) could hold; shorten the prompt", offset + i)
-    texts = prompt_texts(tokenizer, prompts, what, offset)
+    texts = prompt_texts(tokenizer, prompts, what, offset, tools)
     chats = [i for i, value in enumerate(values) if not isinstance(value, str)]
     plain = [i for i, value in enumerate(values) if isinstance(value, str)]
     encoded: list[list[int]] = [[] for _ in texts]
@@ -141,17 +143,19 @@ def prompt_token_ids(tokenizer: Any, prompts: Sequence[str | dict], add_special_
     return encoded
 
 
-def prompt_texts(tokenizer: Any, prompts: Sequence[str | dict], what: str = "prompt", offset: int = 0) -> list[str]:
+def prompt_texts(tokenizer: Any, prompts: Sequence[str | dict], what: str = "prompt", offset: int = 0,
+                 tools: list[dict] | None = None) -> list[str]:
     """Each prompt as the text the tokenizer encodes (a chat rendered by ``render_chat``)."""
     values = [p["prompt"] if isinstance(p, dict) else p for p in prompts]
-    return [value if isinstance(value, str) else render_chat(tokenizer, value, f"{what} {offset + i}")
+    return [value if isinstance(value, str) else render_chat(tokenizer, value, f"{what} {offset + i}", tools)
             for i, value in enumerate(values)]
 
 
-def render_chat(tokenizer: Any, messages: Any, where: str = "prompt") -> str:
+def render_chat(tokenizer: Any, messages: Any, where: str = "prompt", tools: list[dict] | None = None) -> str:
     """The text of a chat (a list of {"role", "content"} messages) by the tokenizer's
-    chat template, ending with the generation prompt. PromptError (naming ``where``) when
-    the tokenizer has no chat template or the template fails on these messages."""
+    chat template, ending with the generation prompt; ``tools`` (function schemas) go to
+    the template's ``tools`` variable. PromptError (naming ``where``) when the tokenizer
+    has no chat template or the template fails on these messages."""
     if not getattr(tokenizer, "chat_template", None):
         raise PromptError(
             f"{where} is a chat (a list of messages), and the tokenizer has no chat template to render it; "
@@ -159,7 +163,7 @@ def render_chat(tokenizer: Any, messages: Any, where: str = "prompt") -> str:
     template = tokenizer.get_chat_template()
     try:
         return render_template(template, messages=list(messages), add_generation_prompt=True,
-                               **tokenizer.special_tokens_map)
+                               **({"tools": tools} if tools else {}), **tokenizer.special_tokens_map)
     except TemplateLimitError as err:
         raise PromptError(f"{where}: the chat template (policy.options.chat_template, or the tokenizer's own) "
                           f"{err}") from err
@@ -208,6 +212,15 @@ def render_template(template: str, **variables: Any) -> str:
     if len(text) > MAX_TEMPLATE_SIZE:
         raise TemplateLimitError(f"wrote {len(text):,} characters; the limit is {MAX_TEMPLATE_SIZE:,}")
     return text
+
+
+@lru_cache(maxsize=8)
+def template_takes_tools(template: str) -> bool:
+    """Does a chat template read a ``tools`` variable (a slot for the tools' schemas, as the
+    Qwen and Hermes templates have)?"""
+    from jinja2 import meta
+
+    return "tools" in meta.find_undeclared_variables(_environment().parse(template))
 
 
 @lru_cache(maxsize=8)

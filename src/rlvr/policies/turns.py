@@ -22,13 +22,14 @@ if TYPE_CHECKING:
     from rlvr.policies.causal_lm import CausalLMPolicy
 
 
-def first_prompt_ids(policy: CausalLMPolicy, prompt: str | list[dict], index: int, max_tokens: int) -> list[int]:
+def first_prompt_ids(policy: CausalLMPolicy, prompt: str | list[dict], index: int, max_tokens: int,
+                     tools: list[dict] | None = None) -> list[int]:
     """An episode's first observation as the policy encodes prompts (a chat rendered with its
-    template, the generation prompt added); a PromptError names what cannot be encoded, or
-    a prompt that leaves the model's positions no room for the episode's ``max_tokens``
-    tokens after it (as the episode prompt of start ``index``)."""
+    template, ``tools`` given to it, the generation prompt added); a PromptError names what
+    cannot be encoded, or a prompt that leaves the model's positions no room for the
+    episode's ``max_tokens`` tokens after it (as the episode prompt of start ``index``)."""
     return prompt_token_ids(policy.tokenizer, [prompt], policy.add_special_tokens, max_tokens, policy.max_positions,
-                            "episode prompt of start", index, budget="task.options.max_tokens")[0]
+                            "episode prompt of start", index, budget="task.options.max_tokens", tools=tools)[0]
 
 
 def next_turns(policy: CausalLMPolicy, prefixes: list[list[int]], temperature: float, max_new_tokens: int,
@@ -48,7 +49,7 @@ def next_turns(policy: CausalLMPolicy, prefixes: list[list[int]], temperature: f
 
 
 def observation_ids(policy: CausalLMPolicy, history: list[dict[str, Any]], observation: str | list[dict],
-                    room: int | None = None) -> tuple[str, list[int] | None]:
+                    room: int | None = None, tools: list[dict] | None = None) -> tuple[str, list[int] | None]:
     """The text appended for ``observation`` and its token ids: plain text as it is; chat
     messages as the chat template renders them after ``history`` (the conversation so far,
     ending with the policy's turn), the next turn's generation prompt included. Characters
@@ -64,7 +65,7 @@ def observation_ids(policy: CausalLMPolicy, history: list[dict[str, Any]], obser
     else:
         from rlvr.environments.chat_check import render_delta
 
-        text = render_delta(policy.tokenizer, history, list(observation))
+        text = render_delta(policy.tokenizer, history, list(observation), **({"tools": tools} if tools else {}))
     try:
         return text, _encoded(policy, text)
     except UnknownCharacters as err:  # e.g. a tool's error message to a character model: what it can read of it

@@ -27,6 +27,7 @@ One idea per module:
   faults   functions that misbehave on purpose, for tests and soak runs
   verifiers ready reward functions: ``math_answer``, ``exact_match``, ``numeric_match``
            (gold column ``answer``), ``answer_format``, ``regex_reward(pattern)``
+  judge    ``judge``: a model behind any OpenAI-compatible endpoint grades each completion
 """
 
 from rlvr.rewards.calls import RewardError, RewardFn, TrainerState

@@ -50,6 +50,7 @@ RewardFn = Callable[..., Sequence[Any]]
 # A reward beyond this in absolute value is invalid, as NaN is: sums and squares of such
 # values overflow (1e308 + 1e308 is inf) in the group statistics and the tallies.
 MAX_ABS_REWARD = 1e9
+MAX_NOTE_CHARS = 500  # of a value's note kept for samples.md (a judge's reply)
 _CAUGHT = (BaseException,)  # what user code may raise without ending its caller (but see call_reward)
 
 
@@ -147,8 +148,8 @@ def _finite_mean(returned: Any, size: int) -> float | None:
 def judge_values(returned: Any, size: int) -> list[tuple[str, float, str, str]]:
     """(kind, value, what, detail) of each of ``size`` completions from what a call returned.
 
-    kind is "scored" (value a finite float), "abstained" (None) or "invalid" (what says
-    why). Accepted, as TRL accepts them: a list or tuple, or a 1-d numpy array or
+    kind is "scored" (value a finite float; detail its ``note``, if any), "abstained"
+    (None) or "invalid" (what says why). Accepted, as TRL accepts them: a list or tuple, or a 1-d numpy array or
     tensor, of numbers, None, 0-d arrays or 0-d tensors.
     """
     try:
@@ -183,7 +184,14 @@ def _judge_value(value: Any) -> tuple[str, float, str, str]:
     if abs(as_float) > MAX_ABS_REWARD:
         what = f"returned {as_float!r}, beyond the bound of {MAX_ABS_REWARD:g} on a reward's size"
         return ("invalid", math.nan, what, "")
-    return ("scored", as_float, "", "")
+    return ("scored", as_float, "", _note(value))
+
+
+def _note(value: Any) -> str:
+    """A scored value's ``note`` (a judge's reply: ``rlvr.rewards.judge``), cut to
+    MAX_NOTE_CHARS; "" for a plain number."""
+    note = getattr(value, "note", None)
+    return note[:MAX_NOTE_CHARS] if isinstance(note, str) else ""
 
 
 def _describe(value: Any) -> str:

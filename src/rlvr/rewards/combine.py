@@ -92,12 +92,15 @@ class RewardResult:
     stats:        function name -> its RewardStats, in spec order.
     failures:     function name -> its first failure on the batch, one line ("raised
                   KeyError: 0"), for the functions that failed on any completion.
+    notes:        [N] (flat, row b*G + g) what the scores said of each completion ("judge:
+                  <its reply>"; "" for none), from values with a ``note`` (rlvr.rewards.judge).
     """
 
     rewards: torch.Tensor
     per_function: torch.Tensor
     stats: dict[str, RewardStats]
     failures: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
     def column(self, name: str) -> torch.Tensor:
         """One function's rewards, [N] (or [B, G]), NaN where it abstained."""
@@ -106,7 +109,7 @@ class RewardResult:
     def reshape(self, *shape: int) -> RewardResult:
         """The same result with the completions in ``shape``, e.g. [N] -> [B, G]."""
         return RewardResult(self.rewards.reshape(shape), self.per_function.reshape(*shape, len(self.stats)), self.stats,
-                            self.failures)
+                            self.failures, self.notes)
 
     def metrics(self, names: Sequence[str] | None = None) -> dict[str, float]:
         """Flat metrics: per function its stats, overall abstentions (and all-abstain groups).

@@ -137,19 +137,22 @@ class RewardRunner:
             columns["completion_ids"] = completion_ids
         constants = {} if trainer_state is None else {"trainer_state": trainer_state}
         n = len(completions)
-        values, stats, failures = [], {}, {}
+        values, stats, failures, notes = [], {}, {}, [""] * n
         for index in chosen:
             spec = self.specs[index]
-            spec_values, stats[spec.name], first = self._run_spec(index, spec, prompts, completions, columns, constants)
+            spec_values, stats[spec.name], first, spec_notes = self._run_spec(index, spec, prompts, completions,
+                                                                             columns, constants)
             values.append(torch.as_tensor(spec_values, dtype=torch.float32))
             if first:
                 failures[spec.name] = first
+            for i, note in spec_notes.items():
+                notes[i] = f"{notes[i]}; {spec.name}: {note}" if notes[i] else f"{spec.name}: {note}"
         per_function = (torch.stack(values) if values else torch.empty(0, n)).T  # [N, F]
         weights, required = self._weights, self._required
         if len(chosen) < len(self.specs):
             weights, required = weights[chosen], None if required is None else required[chosen]
         combined = combine_rewards(per_function, weights, required)
-        return RewardResult(combined, per_function, stats, failures)
+        return RewardResult(combined, per_function, stats, failures, notes)
 
     def score_groups(
         self,
@@ -159,6 +162,7 @@ class RewardRunner:
         *,
         completion_ids: Sequence[Sequence[int]] | None = None,
         trainer_state: TrainerState | None = None,
+        completion_columns: dict[str, Sequence[Any]] | None = None,
     ) -> RewardResult:
         """Score G responses to each of B prompts.
 
@@ -167,7 +171,9 @@ class RewardRunner:
         but "prompt" becomes a column, repeated for each response. A chat prompt's
         completions reach the functions as one assistant message each, as TRL gives them.
         completion_ids: [B*G] lists of token ids, row b*G + g; trainer_state: see
-        ``__call__``. Returns rewards [B, G] and per_function [B, G, F].
+        ``__call__``; completion_columns: name -> [B*G] values, one for each response
+        (an environment task's ``environments``). Returns rewards [B, G] and
+        per_function [B, G, F].
         """
         if len(prompts) != len(responses):
             raise ValueError(f"{len(prompts)} prompts but {len(responses)} groups of responses")
@@ -180,6 +186,13 @@ class RewardRunner:
                 raise ValueError(f"prompt {b} has keys {sorted(prompt)}; expected 'prompt' and {sorted(keys)}")
         repeated = {key: [p[key] for p in prompts for _ in range(group_size)] for key in keys}
         texts = repeated.pop("prompt")
+        for name, values in (completion_columns or {}).items():
+            if name in repeated or name in ARGUMENTS:
+                raise ValueError(f"completion column {name!r} clashes with a prompt column or an argument")
+            if len(values) != len(prompts) * group_size:
+                raise ValueError(f"completion column {name!r} has {len(values)} values for "
+                                 f"{len(prompts) * group_size} responses")
+            repeated[name] = values
         completions = [as_completion(completion, prompt["prompt"]) for prompt, group in zip(prompts, responses)
                        for completion in group]
         result = self(texts, completions, repeated, only, completion_ids=completion_ids, trainer_state=trainer_state)
@@ -219,15 +232,15 @@ class RewardRunner:
     def _run_spec(
         self, index: int, spec: RewardSpec, prompts: Sequence, completions: Sequence, columns: dict[str, Sequence],
         constants: dict[str, Any],
-    ) -> tuple[list[float] | torch.Tensor, RewardStats, str]:
-        """One function on the batch: its values [N] (NaN unless scored), stats and first
-        failure ("" when none)."""
+    ) -> tuple[list[float] | torch.Tensor, RewardStats, str, dict[int, str]]:
+        """One function on the batch: its values [N] (NaN unless scored), stats, first
+        failure ("" when none) and the notes of its scored values (completion -> note)."""
         n = len(completions)
         size = max(n, 1) if spec.timeout is None else self.chunk_size
         calls = [range(start, min(start + size, n)) for start in range(0, n, size)]
         outcomes = self._execute(index, spec, calls, prompts, completions, columns, constants)
         if len(calls) == 1 and outcomes[0][0] == "scored":  # a tensor of finite floats: all scored at once
-            return outcomes[0][1], RewardStats(outcomes[0][2], n, 0, 0, 0, 0), ""
+            return outcomes[0][1], RewardStats(outcomes[0][2], n, 0, 0, 0, 0), "", {}
         done, retry = [], []
         for call, outcome in zip(calls, outcomes):
             # a batched call that raised is retried one completion at a time, so that only
@@ -241,16 +254,18 @@ class RewardRunner:
         return self._tally(spec, n, done)
 
     def _tally(self, spec: RewardSpec, n: int, done: list[tuple[range, tuple]]
-               ) -> tuple[list[float], RewardStats, str]:
-        """Each completion's value (NaN unless scored), the counts and the first failure
-        ("" when none), from the outcomes of calls that cover the batch; failures are
-        reported (logged, or raised if strict)."""
-        values, kinds, failures = [math.nan] * n, ["scored"] * n, []
+               ) -> tuple[list[float], RewardStats, str, dict[int, str]]:
+        """Each completion's value (NaN unless scored), the counts, the first failure
+        ("" when none) and the scored values' notes, from the outcomes of calls that cover
+        the batch; failures are reported (logged, or raised if strict)."""
+        values, kinds, failures, notes = [math.nan] * n, ["scored"] * n, [], {}
         for call, outcome in done:
             for sample, (kind, value, what, detail) in zip(call, judge_outcome(outcome, len(call))):
                 values[sample], kinds[sample] = value, kind
                 if kind in ("errors", "timeouts", "invalid"):
                     failures.append(_Failure(sample, kind, what, detail))
+                elif kind == "scored" and detail:
+                    notes[sample] = detail
         failures.sort()
         self._report(spec, failures)
         first = _failure_line(spec, failures[0]) if failures else ""
@@ -262,7 +277,7 @@ class RewardRunner:
         mean = math.fsum(scored) / len(scored) if scored else math.nan
         return values, RewardStats(
             mean, counts["scored"], counts["abstained"], counts["errors"], counts["timeouts"], counts["invalid"]
-        ), first
+        ), first, notes
 
     def _execute(
         self, index: int, spec: RewardSpec, calls: list[range], prompts: Sequence, completions: Sequence,

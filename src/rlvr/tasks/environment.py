@@ -183,6 +183,12 @@ class EnvironmentTask(GradedTask):
             self._log_errors(errors)
         return grades
 
+    def completion_columns(self, responses: Any) -> dict[str, list[Any]]:
+        """``environments``, as TRL passes them to reward functions: each episode's
+        environment as it ended (its snapshot: a copy of its public attributes, or what its
+        ``snapshot()`` gives; None for an episode whose environment failed)."""
+        return {"environments": [r.episode.environment for group in responses for r in group]}
+
     def _log_errors(self, errors: list[str]) -> None:
         """Log the first error of each kind (what failed and the exception's type) once a run."""
         for error in errors:

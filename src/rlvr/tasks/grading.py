@@ -124,8 +124,15 @@ class GradedTask(Task):
               trainer_state: TrainerState | None = None) -> RewardResult:
         """Every reward of B prompt dicts x G response strings: rewards [B, G], per
         function [B, G, F] and per-function stats. completion_ids ([B*G] lists of token
-        ids) and trainer_state reach the reward functions when given."""
-        return self.runner.score_groups(prompts, responses, completion_ids=completion_ids, trainer_state=trainer_state)
+        ids) and trainer_state reach the reward functions when given, with the task's
+        ``completion_columns``."""
+        return self.runner.score_groups(prompts, responses, completion_ids=completion_ids, trainer_state=trainer_state,
+                                        completion_columns=self.completion_columns(responses))
+
+    def completion_columns(self, responses: list[list[Any]]) -> dict[str, list[Any]]:
+        """Columns the reward functions get with one value for each response (name -> [B*G]),
+        beside the data's: none by default."""
+        return {}
 
     def grade(self, prompts: Any, responses: Any, *, completion_ids: Any = None,
               trainer_state: TrainerState | None = None) -> Grades:
@@ -139,7 +146,11 @@ class GradedTask(Task):
             correct = result.column(self.gold_reward) == 1.0  # an abstention is not right
         reported = None if self.reports_builtin_rewards else self._user_reward_names
         failures = {f"reward/{name}/failure": line for name, line in result.failures.items()}
-        return Grades(result.rewards, correct, result.metrics(reported), prompts, failures)
+        notes = None
+        if any(result.notes):
+            size = result.rewards.shape[1]
+            notes = [result.notes[b * size:(b + 1) * size] for b in range(result.rewards.shape[0])]
+        return Grades(result.rewards, correct, result.metrics(reported), prompts, failures, notes)
 
     def close(self) -> None:
         """Stop the reward workers, if any."""

@@ -1,0 +1,154 @@
+"""The judge reward against a real OpenAI-compatible HTTP server on loopback (Starlette on
+uvicorn): the request it sends, how replies are read, the cache, the concurrency cap,
+abstaining on failures and time-outs, and its place in a reward config."""
+
+import asyncio
+import json
+import threading
+import time
+
+import pytest
+import torch
+
+pytest.importorskip("openai")
+pytest.importorskip("uvicorn")
+
+from rlvr.rewards import judge as judge_module  # noqa: E402
+from rlvr.rewards.judge import Judged, judge, score  # noqa: E402
+
+
+class Grader:
+    """A chat-completions server whose reply is scripted by the request's text: "slow" waits
+    past the client's time-out, "broken" answers 500, else the reply is the text after
+    "reply:" in the request. It records every request and the most in flight at once."""
+
+    def __init__(self):
+        from starlette.applications import Starlette
+        from starlette.responses import JSONResponse
+        from starlette.routing import Route
+
+        self.requests, self.in_flight, self.most = [], 0, 0
+
+        async def chat(request):
+            body = await request.json()
+            self.requests.append(body)
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+            try:
+                text = body["messages"][-1]["content"]
+                await asyncio.sleep(0.05)  # overlapping requests: the cap shows in ``most``
+                if "slow" in text:
+                    await asyncio.sleep(1.0)
+                if "broken" in text:
+                    return JSONResponse({"error": {"message": "down"}}, status_code=500)
+                reply = text.split("reply:", 1)[1].split("\n", 1)[0].strip() if "reply:" in text else "?"
+                return JSONResponse({"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+                                     "choices": [{"index": 0, "finish_reason": "stop",
+                                                  "message": {"role": "assistant", "content": reply}}]})
+            finally:
+                self.in_flight -= 1
+
+        self.app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+
+    def __enter__(self):
+        import uvicorn
+
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning",
+                                                    lifespan="off", access_log=False))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.005)
+        self.url = f"http://127.0.0.1:{self.server.servers[0].sockets[0].getsockname()[1]}/v1"
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture()
+def grader():
+    judge_module._cache.clear()
+    with Grader() as server:
+        yield server
+
+
+def test_each_completion_is_one_request_and_its_reply_is_the_score(grader):
+    prompts = [[{"role": "user", "content": "What is 2+2?"}]] * 3
+    completions = [[{"role": "assistant", "content": f"It is 4. reply: {k}"}] for k in (10, 7, 0)]
+    scores = judge(prompts, completions, base_url=grader.url, model="grader", api_key="k", answer=["4"] * 3,
+                   template="Q: {prompt}\nA: {completion}\nGold: {answer}")
+    assert scores == [1.0, 0.7, 0.0] and all(isinstance(s, Judged) for s in scores)
+    assert [s.note for s in scores] == ["10", "7", "0"]  # the judge's reply travels with its score
+    sent = sorted(r["messages"][-1]["content"] for r in grader.requests)
+    assert sent[0] == "Q: user: What is 2+2?\nA: It is 4. reply: 0\nGold: 4"
+    assert {r["model"] for r in grader.requests} == {"grader"} and all(r["max_tokens"] == 16 for r in grader.requests)
+
+
+def test_the_cache_asks_once_per_prompt_and_completion_and_the_cap_holds(grader):
+    completions = [f"reply: {k % 4}" for k in range(12)]
+    first = judge(["q"] * 12, completions, base_url=grader.url, model="m", concurrency=2)
+    assert first == [0.0, 0.1, 0.2, 0.3] * 3
+    assert len(grader.requests) == 4 and grader.most <= 2  # 4 distinct requests, at most 2 at once
+    assert judge(["q"] * 12, completions, base_url=grader.url, model="m", concurrency=2) == first
+    assert len(grader.requests) == 4  # all from the cache
+    judge(["q"], ["reply: 1"], base_url=grader.url, model="m", template="{completion}")
+    assert len(grader.requests) == 5  # another template is another request
+
+
+def test_failures_and_replies_without_a_score_abstain_and_all_failing_raises(grader):
+    scores = judge(["q"] * 4, ["reply: 3", "broken", "slow", "reply: twelve"], base_url=grader.url, model="m",
+                   timeout=0.5)
+    assert scores == [0.3, None, None, None]
+    with pytest.raises(RuntimeError, match="all 2 requests failed; the first: "):
+        judge(["q"] * 2, ["broken", "broken too"], base_url=grader.url, model="m")
+
+
+def test_reading_a_reply():
+    assert score("Score: 8/10", 10) == 0.8 and score("8 out of 10") == 0.8
+    assert score("11", 10) is None and score("none", 10) is None
+    verdicts = {"CORRECT": 1.0, "INCORRECT": 0.0}
+    assert score("The answer is incorrect.", verdicts=verdicts) == 0.0
+    assert score("Correct!", verdicts=verdicts) == 1.0 and score("unsure", verdicts=verdicts) is None
+
+
+def test_a_template_field_that_is_no_column_is_named(grader):
+    with pytest.raises(ValueError, match=r"names \['gold'\], which are neither prompt, completion nor a data column"):
+        judge(["q"], ["a"], base_url=grader.url, model="m", template="{completion} vs {gold}", answer=["a"])
+    assert not grader.requests
+
+
+def test_the_judge_in_a_reward_config_scores_through_the_runner(grader):
+    from rlvr.rewards import RewardRunner, load_reward_specs
+
+    specs = load_reward_specs([{"function": "rlvr.rewards.judge:judge", "name": "judge",
+                                "options": {"base_url": grader.url, "model": "m", "scale": 4}}], timeout=None)
+    with RewardRunner(specs) as runner:
+        result = runner(["q", "q"], ["reply: 2", "reply: 1"])
+    assert result.rewards.tolist() == [0.5, 0.25]
+    assert result.stats["judge"].scored == 2
+    assert result.notes == ["judge: 2", "judge: 1"]  # the judge's replies, for samples.md
+
+
+def test_a_judges_reply_reaches_samples_md_and_the_report_escaped(tmp_path):
+    """A score's note (the judge's reply, run-directory data) is a column of samples.md and
+    of the report's samples table, escaped there."""
+    from rlvr.evaluation import sample_table
+    from rlvr.metrics import write_samples_markdown
+    from rlvr.rollout import Grades
+
+    grades = Grades(torch.tensor([[0.8], [0.1]]), torch.tensor([[True], [False]]), {},
+                    notes=[["judge: 8 <b>good</b>"], [""]])
+    table = sample_table(["a", "b"], [["x"], ["y"]], grades, 0, 0, 2)
+    assert [row.get("note") for row in table["rows"]] == ["judge: 8 <b>good</b>", None]
+    write_samples_markdown(tmp_path / "samples.md", table)
+    lines = (tmp_path / "samples.md").read_text().splitlines()
+    assert "| prompt | response | reward | correct | note |" in lines
+    assert "| a | x | 0.800 | yes | judge: 8 <b>good</b> |" in lines and "| b | y | 0.100 | no |  |" in lines
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(table) + "\n")
+    from rlvr.report import samples_html
+    from rlvr.run_records import load_run
+
+    html = samples_html(load_run(tmp_path, "run"))
+    assert "judge: 8 &lt;b&gt;good&lt;/b&gt;" in html and "<b>good" not in html
