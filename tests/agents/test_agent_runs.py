@@ -3,6 +3,7 @@ calls join into one sequence, a failing or hanging agent's episode abstains, and
 whose every agent failed stops the run naming the first error."""
 
 import json
+import re
 
 import pytest
 
@@ -65,11 +66,51 @@ def test_failing_and_hanging_agents_abstain_and_a_batch_of_failures_stops_the_ru
     assert "every one of the" in err and "ValueError: no tools today" in err
 
 
+def test_an_agent_command_trains(chat_model, tmp_path, monkeypatch):
+    """task.options.agent_command: a program per episode (jailed where bwrap runs), reading
+    its row on stdin and writing its reward on stdout, trains as a Python agent does."""
+    import sys
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "agent.py").write_text(
+        "import json, sys, openai\n"
+        "row = json.loads(sys.stdin.readline())\n"
+        "reply = openai.OpenAI(max_retries=0).chat.completions.create(\n"
+        "    model='m', messages=[{'role': 'user', 'content': f\"Say {row['digit']}\"}])\n"
+        "print(json.dumps({'reward': float(str(row['digit']) in reply.choices[0].message.content)}))\n")
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"digit": d}) + "\n" for d in range(10)))
+    out = tmp_path / "run"
+    code = main(["train", f"out_dir={out}", "task.name=agent", f"task.options.agent_command={sys.executable} agent.py",
+                 f"task.options.data={data}", "task.options.eval_size=2", "task.options.max_tokens=32",
+                 "task.prompts_per_epoch=2", "policy.name=causal_lm", f"policy.options.model={chat_model}",
+                 "policy.options.max_new_tokens=4", "algo.group_size=2", "algo.epochs=1", "algo.inner_steps=1",
+                 "log.eval_every=5", "log.progress=false", "log.plot=false", "seed=1"])
+    assert code == 0
+    (train,) = [r for r in read_records(out) if r["kind"] == "train"]
+    assert train["episode/calls"] == 1 and train["episode/env_errors"] == 0
+    assert train["reward/episode_return/scored"] == 4
+
+
 def test_a_missing_agent_is_one_line_before_any_work(chat_model, tmp_path, capsys):
     code, _ = agent_run(chat_model, tmp_path, "nosuch")
     assert code == 2
     assert "task.options.agent: 'agents_for_tests:nosuch': module 'agents_for_tests' has no 'nosuch'" in \
         capsys.readouterr().err
+    code, _ = agent_run(chat_model, tmp_path, "two_calls", "task.options.agent_command=python agent.py")
+    assert code == 2
+    assert "task.options: give one of agent ('module:function') and agent_command (a program), not both" in \
+        capsys.readouterr().err
+    from rlvr.errors import ConfigError
+    from rlvr.tasks.agent import AgentTask
+
+    data = tmp_path / "rows.jsonl"
+    for command, message in [("python 'x", "task.options.agent_command: No closing quotation"),
+                             ([], "task.options.agent_command: expected a command line"),
+                             (None, "give one of agent ('module:function') and agent_command (a program), "
+                                    "not neither")]:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            AgentTask(str(data), agent_command=command)
 
 
 def test_the_example_agent_and_its_config_run(tmp_path, monkeypatch):

@@ -263,7 +263,9 @@ def test_a_program_reaches_no_host_socket_and_no_host_file(tmp_path):
 
 
 def test_without_bwrap_it_says_so_once_and_runs_unjailed(monkeypatch):
-    sandbox.cache_clear()
+    from rlvr.environments.tools import jail
+
+    jail.cache_clear()
     monkeypatch.setattr("shutil.which", lambda name: None)
     try:
         with pytest.warns(UserWarning, match=r"without a namespace sandbox: bwrap is not installed "
@@ -271,7 +273,7 @@ def test_without_bwrap_it_says_so_once_and_runs_unjailed(monkeypatch):
             assert sandbox() is None
         assert run_python("print(1)") == "1\n"
     finally:
-        sandbox.cache_clear()
+        jail.cache_clear()
 
 
 _TRAINER = """

@@ -3,6 +3,6 @@ endpoint, and the run trains on the tokens that endpoint sampled.
 
 ``server`` (the endpoint and its records), ``chat`` (requests and replies in OpenAI's form),
 ``calls`` (the recorded calls and the joining rule), ``runner`` (agents run per episode),
-``policy`` (the Policy whose samples are agents' episodes); the task is
-``rlvr.tasks.agent``.
+``command`` (an agent as a jailed program, once per episode), ``policy`` (the Policy whose
+samples are agents' episodes); the task is ``rlvr.tasks.agent``.
 """

@@ -372,40 +372,49 @@ _JAIL_TMPFS_BYTES = 64 * 2**20
 
 
 @functools.cache
-def sandbox() -> tuple[str, ...] | None:
-    """bubblewrap's command line that jails a program: new PID, network, mount, IPC, UTS and
-    user namespaces (every process it starts ends with it; no network, not even loopback),
-    killed with its parent, read-only system and Python folders and nothing else of the
-    host, a private tmpfs ``/tmp`` as its only writable place. None where ``bwrap`` is not
-    installed or cannot make namespaces here (said once, as a warning)."""
+def jail() -> tuple[str, ...] | None:
+    """bubblewrap's options that jail a program (the program and its working folder follow
+    them): new PID, network, mount, IPC, UTS and user namespaces (every process it starts
+    ends with it; no network but its own loopback), killed with its parent, read-only
+    system and Python folders and nothing else of the host, a private tmpfs ``/tmp`` as its
+    only writable place. None where ``bwrap`` is not installed or cannot make namespaces
+    here (said once, as a warning)."""
     found = shutil.which("bwrap")
     if found is None:
         why = "bwrap is not installed (Debian: apt-get install bubblewrap)"
     else:
         interpreter = os.path.realpath(sys.executable)
-        jail = [found, "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
-                "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", _JAIL_WORK, "--setenv", "TMPDIR", _JAIL_WORK]
+        options = [found, "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
+                   "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", _JAIL_WORK, "--setenv", "TMPDIR",
+                   _JAIL_WORK]
         for name in ("usr", "bin", "lib", "lib32", "lib64", "sbin"):
             path = os.path.join("/", name)
             if os.path.islink(path):
-                jail += ["--symlink", os.readlink(path), path]
+                options += ["--symlink", os.readlink(path), path]
             elif os.path.isdir(path):
-                jail += ["--ro-bind", path, path]
+                options += ["--ro-bind", path, path]
         for path in sorted({sys.base_prefix, os.path.dirname(os.path.dirname(interpreter))}):
             if not path.startswith("/usr/"):
-                jail += ["--ro-bind", path, path]
-        jail += ["--proc", "/proc", "--dev", "/dev", "--size", str(_JAIL_TMPFS_BYTES), "--tmpfs", "/tmp",
-                 "--dir", _JAIL_WORK, "--chdir", _JAIL_WORK, "--", interpreter]
+                options += ["--ro-bind", path, path]
+        options += ["--proc", "/proc", "--dev", "/dev", "--size", str(_JAIL_TMPFS_BYTES), "--tmpfs", "/tmp",
+                    "--dir", _JAIL_WORK]
         try:
-            probe = subprocess.run([*jail, "-I", "-S", "-c", "pass"], capture_output=True, timeout=30)
+            probe = subprocess.run([*options, "--chdir", _JAIL_WORK, "--", interpreter, "-I", "-S", "-c", "pass"],
+                                   capture_output=True, timeout=30)
             if probe.returncode == 0:
-                return tuple(jail)
+                return tuple(options)
             why = f"bwrap cannot make its namespaces here ({_first_line(probe.stderr) or probe.returncode})"
         except (OSError, subprocess.TimeoutExpired) as err:
             why = f"bwrap does not run ({err})"
-    warnings.warn(f"the python tool runs programs without a namespace sandbox: {why}; a program's processes "
-                  "are then bounded by its process group, resource limits and blocked sockets only", stacklevel=2)
+    warnings.warn(f"programs (the python tool's, an agent command) run without a namespace sandbox: {why}; a "
+                  "program's processes are then bounded by its process group and resource limits only", stacklevel=2)
     return None
+
+
+def sandbox() -> tuple[str, ...] | None:
+    """``jail()``'s command line for the python tool: the interpreter, in ``/tmp/work``."""
+    options = jail()
+    return None if options is None else (*options, "--chdir", _JAIL_WORK, "--", os.path.realpath(sys.executable))
 
 
 def _first_line(data: bytes) -> str:

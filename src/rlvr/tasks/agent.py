@@ -40,6 +40,10 @@ class AgentTask(GradedTask):
     options = {
         "agent": option("your agent, 'module:function': run(client, row) -> reward or {'reward', 'solved', ...}, "
                         "async with openai.AsyncOpenAI or plain with openai.OpenAI"),
+        "agent_command": option("or your agent as a program, run once per episode (jailed where bubblewrap "
+                                "runs): the row as JSON on stdin, OPENAI_BASE_URL and OPENAI_API_KEY set, the "
+                                "reward (a number or JSON object) as stdout's last line"),
+        "agent_memory_mb": option("address space of an agent_command run, MiB", min=64, max=2**20),
         "data": option("a JSON Lines file of rows, each given to the agent"),
         "eval_data": option("a JSON Lines file of held-out rows (none: the last eval_size rows of data)"),
         "eval_size": option("held-out rows", min=1, max=2**16),
@@ -50,17 +54,33 @@ class AgentTask(GradedTask):
                              max=2**20),
     }
 
-    def __init__(self, agent: str, data: str, eval_data: str | None = None, eval_size: int = 64,
+    def __init__(self, data: str, agent: str | None = None, agent_command: str | list[str] | None = None,
+                 agent_memory_mb: int = 2048, eval_data: str | None = None, eval_size: int = 64,
                  concurrency: int = 32, episode_timeout: float = 120.0, max_tokens: int = 1024) -> None:
         from rlvr.extras import AGENT_MODULES, require
         from rlvr.rewards.calls import RewardError
         from rlvr.rewards.loading import load_reward_function
 
         require("task.name='agent'", AGENT_MODULES)
-        try:
-            self.agent = load_reward_function(agent)
-        except RewardError as err:  # its message speaks of a reward function; say what was loaded here
-            raise ConfigError(f"task.options.agent: {str(err).removeprefix('reward function ')}") from err
+        if (agent is None) == (agent_command is None):
+            raise ConfigError("task.options: give one of agent ('module:function') and agent_command (a program), "
+                              f"not {'both' if agent else 'neither'}")
+        self.agent, self.agent_command, self.agent_memory_mb = None, agent_command, agent_memory_mb
+        if agent_command is not None:
+            import shlex
+
+            try:
+                argv = shlex.split(agent_command) if isinstance(agent_command, str) else list(agent_command)
+            except ValueError as err:
+                raise ConfigError(f"task.options.agent_command: {err}") from None
+            if not argv or not all(isinstance(part, str) and part for part in argv):
+                raise ConfigError("task.options.agent_command: expected a command line or a list of its words, "
+                                  f"got {agent_command!r:.80}")
+        else:
+            try:
+                self.agent = load_reward_function(agent)
+            except RewardError as err:  # its message speaks of a reward function; say what was loaded here
+                raise ConfigError(f"task.options.agent: {str(err).removeprefix('reward function ')}") from err
         self.limits = AgentLimits(concurrency=concurrency, timeout=episode_timeout, max_tokens=max_tokens)
         self.train_rows, self.eval_rows = start_rows(data, eval_data, eval_size)
         self.data_files = tuple(p for p in (data, eval_data) if p is not None)
@@ -77,6 +97,10 @@ class AgentTask(GradedTask):
                               f"tokens after it must fit the model's {positions} positions; lower it below {positions}")
         if self.endpoint is None:
             self.endpoint = Endpoint(policy)
+        if self.agent_command is not None:
+            from rlvr.agents.command import command_agent
+
+            self.agent = command_agent(self.agent_command, self.endpoint, self.agent_memory_mb)
         return AgentPolicy(policy, self.endpoint, self.agent, self.limits)
 
     def reward_specs(self) -> list[RewardSpec]:

@@ -1,0 +1,178 @@
+"""An agent that is a program: ``task.options.agent_command``, started once per episode.
+
+The program is any command (``python my_agent.py``, a binary, a shell script): it reads
+its row as one line of JSON on stdin, talks to the model through the environment's
+``OPENAI_BASE_URL`` and ``OPENAI_API_KEY`` (what every OpenAI client reads), and writes
+its reward on stdout, the last line: a number, or a JSON object with ``reward`` (and
+``solved``, and more numbers), as ``run(client, row)`` returns them. A non-zero exit, no
+reward line, or a run past the episode's time-out is the episode's error (it abstains).
+
+Where bubblewrap makes namespaces (``rlvr.environments.tools.jail``) the program runs
+jailed: its own PID, mount and network namespaces, the system and Python folders
+read-only, the working folder read-only (where it is started), a private ``/tmp``, and no
+network but its own loopback. There a small relay of the jail's own
+(``_RELAY``) listens on the jail's loopback and passes each connection to the
+endpoint's Unix socket, the one way out; the program gets that loopback address as its
+base URL. Without bwrap (said once, as a warning) it runs in its own process group. Either
+way it gets ``memory_mb`` of address space, and it and everything it started are killed
+when the episode ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shlex
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from rlvr.environments.tools import jail
+
+MAX_OUTPUT_BYTES = 1 << 20  # of stdout kept (the reward is its last line) and of stderr (its tail, in the error)
+_ERROR_CHARS = 300
+_JAILED_SOCKET = "/tmp/rlvr-endpoint.sock"  # the endpoint's Unix socket, inside the jail
+
+# Runs inside the jail: listen on the jail's loopback, relay each connection to the endpoint's
+# Unix socket, start the agent with the base URL on that port, and exit with its exit code.
+_RELAY = r"""
+import asyncio, os, resource, sys
+socket_path, path, memory = sys.argv[1], sys.argv[2], int(sys.argv[3])
+argv = sys.argv[4:]
+
+async def pipe(reader, writer):
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    except OSError:
+        pass
+    finally:
+        writer.close()
+
+async def relay(reader, writer):
+    try:
+        upstream_reader, upstream_writer = await asyncio.open_unix_connection(socket_path)
+    except OSError:
+        writer.close()
+        return
+    await asyncio.gather(pipe(reader, upstream_writer), pipe(upstream_reader, writer))
+
+def limit():
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+
+async def main():
+    server = await asyncio.start_server(relay, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    env = dict(os.environ, OPENAI_BASE_URL=f"http://127.0.0.1:{port}{path}")
+    try:
+        agent = await asyncio.create_subprocess_exec(*argv, env=env, preexec_fn=limit)
+    except OSError as err:
+        print(f"cannot start the agent command: {err}", file=sys.stderr)
+        return 127
+    code = await agent.wait()
+    return 128 - code if code < 0 else code  # killed by signal N: 128 + N, as a shell says it
+
+sys.exit(asyncio.run(main()))
+"""
+
+
+def command_agent(command: str | Sequence[str], endpoint: Any, memory_mb: int = 2048) -> Callable[..., Any]:
+    """An agent (``run(client, row)``, async) that runs ``command`` for each episode against
+    ``endpoint`` (its URL and key come from the client the runner gives); see the module
+    docstring."""
+    argv = shlex.split(command) if isinstance(command, str) else [str(part) for part in command]
+    if not argv:
+        raise ValueError("the agent command is empty")
+
+    async def run(client: Any, row: Any) -> Any:
+        url, key = str(client.base_url).rstrip("/"), client.api_key
+        data = (json.dumps(row) + "\n").encode()
+        return _outcome(*await _run(argv, url, key, data, endpoint.unix_socket, memory_mb << 20))
+
+    run.__name__ = os.path.basename(argv[0])
+    return run
+
+
+async def _run(argv: list[str], url: str, key: str, data: bytes, unix_socket: str | None, memory: int
+               ) -> tuple[int, bytes, bytes]:
+    """(exit code, stdout's last MAX_OUTPUT_BYTES, stderr's) of one run of ``argv``, jailed where ``jail()``
+    can; killed with everything it started when this returns or is cancelled (the episode's time-out)."""
+    options = jail()
+    env = {"PATH": f"{os.path.dirname(sys.executable)}:/usr/bin:/bin", "OPENAI_API_KEY": key,
+           "OPENAI_BASE_URL": url, "HOME": os.environ.get("HOME", "/"), "LANG": "C.UTF-8"}
+    if options is not None and unix_socket is not None:
+        cwd = os.getcwd()
+        program = [*options, "--ro-bind", cwd, cwd, "--bind", unix_socket, _JAILED_SOCKET, "--chdir", cwd,
+                   "--setenv", "PATH", env["PATH"], "--setenv", "OPENAI_API_KEY", key, "--setenv", "LANG", "C.UTF-8",
+                   "--", sys.executable, "-I", "-S", "-c", _RELAY, _JAILED_SOCKET, urlsplit(url).path, str(memory),
+                   *argv]
+        process = await asyncio.create_subprocess_exec(*program, stdin=asyncio.subprocess.PIPE,
+                                                       stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                                                       env=env, start_new_session=True)
+    else:
+        process = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.PIPE,
+                                                       stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                                                       env=env, start_new_session=True,
+                                                       preexec_fn=lambda: _limit_memory(memory))
+    try:
+        out, err, _ = await asyncio.gather(_tail(process.stdout), _tail(process.stderr), _feed(process.stdin, data))
+        return await process.wait(), out, err
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # it, and whatever it started and left
+            os.killpg(process.pid, signal.SIGKILL)
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            await asyncio.shield(process.wait())
+
+
+def _limit_memory(memory: int) -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+
+
+async def _feed(stdin: asyncio.StreamWriter, data: bytes) -> None:
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # a program that never reads its row
+        stdin.write(data)
+        await stdin.drain()
+        stdin.close()
+
+
+async def _tail(stream: asyncio.StreamReader) -> bytes:
+    """All of ``stream`` read, its last MAX_OUTPUT_BYTES kept."""
+    kept = b""
+    while chunk := await stream.read(65536):
+        kept = (kept + chunk)[-MAX_OUTPUT_BYTES:]
+    return kept
+
+
+def _outcome(code: int, out: bytes, err: bytes) -> Any:
+    """What the program returned: its last stdout line as JSON (a number or an object), or
+    a RuntimeError naming why there is none."""
+    if code != 0:
+        if code < 0 or code > 128:  # a signal (bwrap reports its program's death by signal N as 128 + N)
+            number = -code if code < 0 else code - 128
+            name = signal.Signals(number).name if number in signal.valid_signals() else str(number)
+            why = f"was killed by {name}"
+        else:
+            why = f"exited with code {code}"
+        raise RuntimeError(f"the agent command {why}{_stderr(err)}")
+    lines = out.decode("utf-8", errors="replace").strip().splitlines()
+    if not lines:
+        raise RuntimeError(f"the agent command wrote no reward on stdout{_stderr(err)}")
+    try:
+        return json.loads(lines[-1])
+    except json.JSONDecodeError:
+        raise RuntimeError(f"the agent command's last line is not a number or JSON object: "
+                           f"{lines[-1][:_ERROR_CHARS]!r}") from None
+
+
+def _stderr(err: bytes) -> str:
+    tail = err.decode("utf-8", errors="replace").strip()[-_ERROR_CHARS:]
+    return f": {tail}" if tail else ""

@@ -1,0 +1,154 @@
+"""Agent commands: a program per episode, its row on stdin, the endpoint through
+OPENAI_BASE_URL, its reward on stdout; jailed where bubblewrap runs (its only way out is
+the endpoint), and every way it can fail named as its episode's error."""
+
+import asyncio
+import sys
+import textwrap
+
+import pytest
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+
+from rlvr.agents.command import command_agent  # noqa: E402
+from rlvr.environments.tools import jail  # noqa: E402
+
+AGENT = textwrap.dedent("""
+    import json, os, sys
+    import openai
+
+    row = json.loads(sys.stdin.readline())
+    client = openai.OpenAI(max_retries=0)  # OPENAI_BASE_URL and OPENAI_API_KEY from the environment
+    reply = client.chat.completions.create(model="any", messages=[{"role": "user", "content": f"Say {row['digit']}"}])
+    text = reply.choices[0].message.content
+    print("some chatter first")
+    print(json.dumps({"reward": float(str(row["digit"]) in text), "solved": False, "length": len(text)}))
+""")
+
+
+@pytest.fixture(scope="module")
+def endpoint(chat_model):
+    from rlvr.agents.server import Endpoint
+    from rlvr.policies.causal_lm import CausalLMPolicy
+
+    served = Endpoint(CausalLMPolicy.from_pretrained(str(chat_model), max_new_tokens=6))
+    served.start()
+    yield served
+    served.close()
+
+
+def run(endpoint, program, tmp_path, row, timeout=60.0, memory_mb=2048):
+    """One episode of ``program`` (Python source, run as ``python agent.py`` in ``tmp_path``):
+    (what it returned, the endpoint's record of its calls)."""
+    (tmp_path / "agent.py").write_text(program)
+    agent = command_agent([sys.executable, "agent.py"], endpoint, memory_mb)
+    episode = endpoint.open(seed=3, temperature=1.0, max_tokens=100)
+    client = openai.AsyncOpenAI(base_url=endpoint.url(episode), api_key=endpoint.api_key)
+    try:
+        return asyncio.run(asyncio.wait_for(agent(client, row), timeout)), endpoint.finish(episode)
+    except BaseException:
+        endpoint.finish(episode)
+        raise
+
+
+@pytest.mark.parametrize("jailed", [True, False])
+def test_a_command_reads_its_row_calls_the_endpoint_and_writes_its_reward(endpoint, tmp_path, monkeypatch, jailed):
+    if jailed and jail() is None:
+        pytest.skip("bwrap is not installed (CI installs bubblewrap)")
+    if not jailed:
+        monkeypatch.setattr("rlvr.agents.command.jail", lambda: None)
+    monkeypatch.chdir(tmp_path)
+    returned, record = run(endpoint, AGENT, tmp_path, {"digit": 4})
+    assert set(returned) == {"reward", "solved", "length"} and returned["solved"] is False
+    assert len(record.calls) == 1  # its one call, recorded token in token out
+    assert returned["length"] == len(endpoint.policy.tokenizer.decode(record.calls[0].completion_ids,
+                                                                       skip_special_tokens=True))
+
+
+@pytest.mark.skipif(jail() is None, reason="bwrap is not installed (CI installs bubblewrap)")
+def test_a_jailed_command_reaches_the_endpoint_and_nothing_else(endpoint, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    probe = textwrap.dedent(f"""
+        import json, os, socket, sys
+        sys.stdin.readline()
+        try:
+            socket.create_connection(("127.0.0.1", {endpoint.port}), timeout=2)  # the host's loopback
+            host = "reached"
+        except OSError as err:
+            host = type(err).__name__
+        try:
+            open("written.txt", "w")
+            wrote = True
+        except OSError:
+            wrote = False
+        print(json.dumps({{"reward": 0.5, "host": host, "wrote": wrote, "pid": os.getpid(),
+                          "base": os.environ["OPENAI_BASE_URL"].startswith("http://127.0.0.1:")}}))
+    """)
+    returned, _ = run(endpoint, probe, tmp_path, {})
+    assert returned["host"] != "reached" and returned["wrote"] is False  # no way out but the endpoint; cwd read-only
+    assert returned["base"] and returned["pid"] < 10  # its own PID namespace
+    returned, record = run(endpoint, AGENT, tmp_path, {"digit": 2})  # and the endpoint is reachable
+    assert len(record.calls) == 1 and "reward" in returned
+
+
+@pytest.mark.parametrize(("program", "message"), [
+    ("import sys; sys.stderr.write('no key given'); sys.exit(3)", "the agent command exited with code 3: no key given"),
+    ("print('done')", "the agent command's last line is not a number or JSON object: 'done'"),
+    ("pass", "the agent command wrote no reward on stdout"),
+    ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", "the agent command was killed by SIGKILL"),
+])
+def test_a_failing_command_is_named(endpoint, tmp_path, monkeypatch, program, message):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RuntimeError) as raised:
+        run(endpoint, program, tmp_path, {})
+    assert str(raised.value) == message
+
+
+def test_a_command_past_its_time_is_killed_with_what_it_started(endpoint, tmp_path, monkeypatch):
+    import os
+    import time
+    import uuid
+
+    monkeypatch.chdir(tmp_path)
+    tag = f"rlvr-test-{uuid.uuid4().hex}"
+    program = textwrap.dedent(f"""
+        import subprocess, sys, time
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "{tag}"])
+        time.sleep(60)
+    """)
+
+    def running():
+        found = 0
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                found += tag.encode() in open(f"/proc/{pid}/cmdline", "rb").read()
+            except OSError:
+                pass
+        return found
+
+    (tmp_path / "agent.py").write_text(program)
+    agent = command_agent([sys.executable, "agent.py"], endpoint)
+    episode = endpoint.open(seed=3, temperature=1.0, max_tokens=100)
+
+    async def until_its_child_runs_then_cancelled():
+        task = asyncio.ensure_future(agent(openai.AsyncOpenAI(base_url=endpoint.url(episode), api_key="k"), {}))
+        for _ in range(200):
+            await asyncio.sleep(0.05)
+            if running():
+                break
+        seen = running()
+        task.cancel()  # what the episode's time-out does
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return seen
+
+    try:
+        assert asyncio.run(until_its_child_runs_then_cancelled()) == 1
+    finally:
+        endpoint.finish(episode)
+    deadline = time.monotonic() + 5
+    while running() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not running()  # the program's own child went with it
