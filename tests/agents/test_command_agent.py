@@ -152,3 +152,34 @@ def test_a_command_past_its_time_is_killed_with_what_it_started(endpoint, tmp_pa
     while running() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not running()  # the program's own child went with it
+
+
+def test_the_runs_stop_signal_cuts_a_batch_of_agents_short(endpoint, tmp_path, monkeypatch):
+    """The first Ctrl-C (STOPPING) cancels every running episode at once, hung agents and
+    agent commands alike, and raises CutShort: the trainer drops the batch; no episode stays
+    live at the endpoint."""
+    import threading
+    import time
+
+    from rlvr.agents.runner import AgentLimits, run_agents
+    from rlvr.errors import STOPPING, CutShort
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "agent.py").write_text("import time; time.sleep(60)")
+
+    async def hangs(client, row):
+        await asyncio.sleep(3600)
+
+    for agent in (hangs, command_agent([sys.executable, "agent.py"], endpoint)):
+        timer = threading.Timer(0.5, STOPPING.set)
+        timer.start()
+        began = time.monotonic()
+        try:
+            with pytest.raises(CutShort, match="a stop signal cut the agents' episodes short"):
+                run_agents(endpoint, agent, [{"digit": 1}, {"digit": 2}], 2, 1.0, [1, 2, 3, 4],
+                           AgentLimits(timeout=60))
+        finally:
+            timer.cancel()
+            STOPPING.clear()
+        assert time.monotonic() - began < 10
+        assert not endpoint._episodes  # every episode finished

@@ -125,10 +125,15 @@ async def _run(argv: list[str], url: str, key: str, data: bytes, unix_socket: st
     finally:
         with contextlib.suppress(ProcessLookupError):  # it, and whatever it started and left
             os.killpg(process.pid, signal.SIGKILL)
-        if process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
-            await asyncio.shield(process.wait())
+        transport = getattr(process, "_transport", None)
+        try:
+            if process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                await asyncio.shield(process.wait())
+        finally:  # its pipes closed now (also when cancelled again while waiting), not after the loop is gone
+            if transport is not None:
+                transport.close()
 
 
 def _limit_memory(memory: int) -> None:

@@ -8,7 +8,9 @@ returns the episode's reward: a number, or a dict with ``reward`` and optionally
 
 At most ``concurrency`` episodes run at once, each within ``timeout`` seconds. An episode
 whose agent raised, timed out, returned no reward, or made no model call abstains (its
-``error`` says which, and it is counted), and never stalls the run. Its calls join into
+``error`` says which, and it is counted), and never stalls the run. The run's first stop
+signal cancels every running episode at once and raises ``CutShort`` (the trainer drops
+the batch, as it drops one whose environments were waited on). Its calls join into
 training segments (``rlvr.agents.calls``); an episode whose calls split into more than one
 segment (a rewritten history) abstains in this version, counted as ``episode/split``.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import copy
 import inspect
 import math
@@ -27,6 +30,9 @@ from typing import Any
 from rlvr.agents.calls import join_calls
 from rlvr.agents.server import AgentEpisode, Endpoint
 from rlvr.environments.base import Episode, describe_error
+from rlvr.errors import STOPPING, CutShort
+
+STOP_POLL = 0.05  # seconds between looks at the run's stop signal while agents run
 
 
 @dataclass
@@ -78,12 +84,29 @@ async def _run_all(endpoint: Endpoint, agent: Callable[..., Any], rows: list[Any
                 error = f"the agent ran past task.options.episode_timeout={limits.timeout:g} s"
             except Exception as exc:  # noqa: BLE001 - the user's agent: its failure is its episode's
                 error = f"the agent raised {describe_error(exc, 300)}"
-            return episode_of(row, endpoint.finish(episode_id), outcome, error)
+            finally:
+                record = endpoint.finish(episode_id)  # also when cut short: no episode stays live
+            return episode_of(row, record, outcome, error)
 
+    episodes = asyncio.gather(*(one(row, seed) for row, seed in zip(rows, seeds)))
+    stop = asyncio.ensure_future(_stop_signal())
     try:
-        return list(await asyncio.gather(*(one(row, seed) for row, seed in zip(rows, seeds))))
+        await asyncio.wait({episodes, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if not episodes.done():  # the run's first stop signal: every episode cancelled, the batch dropped
+            episodes.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await episodes
+            raise CutShort("a stop signal cut the agents' episodes short")
+        return list(episodes.result())
     finally:
+        stop.cancel()
         await shared.aclose() if isinstance(shared, openai.DefaultAsyncHttpxClient) else shared.close()
+
+
+async def _stop_signal() -> None:
+    """Returns once the run's first stop signal is set (``rlvr.errors.STOPPING``)."""
+    while not STOPPING.is_set():
+        await asyncio.sleep(STOP_POLL)
 
 
 async def _call_agent(agent: Callable[..., Any], endpoint: Endpoint, episode_id: str, row: Any, shared: Any) -> Any:
