@@ -62,6 +62,12 @@ class Samples:
                       episode's environment tokens are in the response but not here. None
                       when built: the response's tokens (a single-turn response is all
                       policy tokens; checkpoints written before this field load so).
+    truncated:        [R] bool, the rows cut at a length limit, or None (the policy cannot tell)
+    episodes:         [R] long, non-decreasing: the response (row b*G + g of the grades)
+                      each row belongs to, when an episode trains as several sequences (an
+                      agent whose history was rewritten: each segment a row, with its
+                      episode's delta), or None: row i is response i (R = N = B*G). Every
+                      response has at least one row.
     """
 
     responses: Any
@@ -72,6 +78,7 @@ class Samples:
     sample_log_probs: torch.Tensor | None = None
     policy_mask: torch.Tensor = None  # type: ignore[assignment]  # None: response_mask (__post_init__)
     truncated: torch.Tensor | None = None
+    episodes: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.policy_mask is None:
@@ -79,11 +86,36 @@ class Samples:
 
     @property
     def num_responses(self) -> int:
+        """R: the rows (sequences that train)."""
         return self.response_ids.shape[0]
 
-    def completion_ids(self) -> CompletionIds:
-        """Each response's tokens without padding (EOS included), N lists: TRL's ``completion_ids``."""
-        return CompletionIds(self.response_ids, self.response_mask.sum(dim=1))
+    @property
+    def num_episodes(self) -> int:
+        """N: the responses the rows belong to (graded, one delta each); R when each is one row."""
+        if self.episodes is None:
+            return self.num_responses
+        return int(self.episodes[-1]) + 1 if len(self.episodes) else 0
+
+    def per_row(self, values: torch.Tensor) -> torch.Tensor:
+        """A response's value [N, ...] for each of its rows [R, ...]."""
+        return values if self.episodes is None else values[self.episodes]
+
+    def per_episode(self, values: torch.Tensor) -> torch.Tensor:
+        """Rows' values [R] summed over each response's rows [N]."""
+        if self.episodes is None:
+            return values
+        return torch.zeros(self.num_episodes, dtype=values.dtype).index_add_(0, self.episodes, values)
+
+    def completion_ids(self) -> Sequence[list[int]]:
+        """Each response's tokens without padding (EOS included), N lists: TRL's ``completion_ids``
+        (a response of several rows: theirs one after another)."""
+        rows = CompletionIds(self.response_ids, self.response_mask.sum(dim=1))
+        if self.episodes is None:
+            return rows
+        out: list[list[int]] = [[] for _ in range(self.num_episodes)]
+        for episode, ids in zip(self.episodes.tolist(), rows):
+            out[episode] += ids
+        return out
 
     def rows(self, index: torch.Tensor | slice) -> Samples:
         """The responses at ``index`` ([n] or a slice; token tensors only, ``responses`` dropped)."""
@@ -97,6 +129,7 @@ class Samples:
             sample_log_probs=lp,
             policy_mask=self.policy_mask[index],
             truncated=None if self.truncated is None else self.truncated[index],
+            episodes=None if self.episodes is None else self.episodes[index],
         )
 
 
@@ -107,11 +140,25 @@ class Samples:
                        sample_log_probs=lp, policy_mask=self.policy_mask[:, :width])
 
     def groups(self, index: torch.Tensor, group_size: int) -> Samples:
-        """The groups (prompts) at ``index`` [k]: their G responses each, ``responses`` included."""
-        rows = (index.unsqueeze(1) * group_size + torch.arange(group_size)).reshape(-1)  # [k*G]
-        part = self.rows(rows)
+        """The groups (prompts) at ``index`` [k]: their G responses each (all their rows,
+        the responses numbered anew in the order of ``index``), ``responses`` included."""
+        if self.episodes is None:
+            rows = (index.unsqueeze(1) * group_size + torch.arange(group_size)).reshape(-1)  # [k*G]
+            part = self.rows(rows)
+        else:
+            starts = self.group_rows(group_size)  # [B + 1]: each group's first row
+            ranges = [torch.arange(starts[b], starts[b + 1]) for b in index.tolist()]
+            part = self.rows(torch.cat(ranges) if ranges else torch.zeros(0, dtype=torch.long))
+            part.episodes = torch.cat([self.episodes[r] + (k - b) * group_size
+                                       for k, (b, r) in enumerate(zip(index.tolist(), ranges))]) if ranges else \
+                torch.zeros(0, dtype=torch.long)
         part.responses = _pick(self.responses, index)
         return part
+
+    def group_rows(self, group_size: int) -> torch.Tensor:
+        """[B + 1] long: the first row of each group (prompt), then R."""
+        episodes = torch.arange(self.num_responses) if self.episodes is None else self.episodes
+        return torch.searchsorted(episodes, torch.arange(0, self.num_episodes + group_size, group_size))
 
     @staticmethod
     def cat(parts: list[Samples]) -> Samples:
@@ -120,6 +167,13 @@ class Samples:
         if len(parts) == 1:
             return parts[0]
         lps, cuts = [s.sample_log_probs for s in parts], [s.truncated for s in parts]
+        episodes, offset = None, 0
+        if any(s.episodes is not None for s in parts):
+            episodes = []
+            for s in parts:
+                episodes.append((torch.arange(s.num_responses) if s.episodes is None else s.episodes) + offset)
+                offset += s.num_episodes
+            episodes = torch.cat(episodes)
         return Samples(
             responses=_join([s.responses for s in parts]),
             response_ids=_pad_cat([s.response_ids for s in parts]),
@@ -129,6 +183,7 @@ class Samples:
             sample_log_probs=None if any(lp is None for lp in lps) else _pad_cat(lps),
             policy_mask=_pad_cat([s.policy_mask for s in parts]),
             truncated=None if any(t is None for t in cuts) else torch.cat(cuts),
+            episodes=episodes,
         )
 
 
@@ -329,8 +384,9 @@ class Task(Protocol):
 class Rollout:
     """One epoch's batch, reused by each of its inner steps.
 
-    samples:       the sampled responses (N = B*G rows)
-    deltas:        [N] per-response deltas (0 where the reward abstained)
+    samples:       the sampled responses (N = B*G, in R rows: N unless a response trains as
+                   several sequences, ``Samples.episodes``); every [N]/[N, T] below is per row
+    deltas:        [N] per-response deltas (0 where the reward abstained), each row its response's
     old_log_probs: [N, T] log-probs of the policy that sampled them, or None (naive loss)
     ref_log_probs: [N, T] log-probs under the frozen reference, or None (no KL penalty)
     weights:       [N, T] per-token aggregation weights (sum(w * loss) is the loss)

@@ -26,17 +26,18 @@ def shaped_rewards(config: Config, policy: Policy, samples: Samples, rewards: to
     truncated responses out of the mask (``algo.overlong=mask``)."""
     a, mask, shaping = config.algo, samples.policy_mask, {}
     if a.kl_coef > 0 and a.kl_in == "reward":
-        penalty = core.kl_reward_penalty(old_log_probs, ref_log_probs, mask, a.kl_coef)  # [N]
+        penalty = samples.per_episode(core.kl_reward_penalty(old_log_probs, ref_log_probs, mask, a.kl_coef))  # [N]
         rewards = rewards - penalty.reshape(rewards.shape)
         shaping["kl_reward_penalty"] = penalty.mean().item()
     if a.overlong != "none":
         truncated = policy.truncated(samples)  # None: the toy's answers have one fixed length, never cut
         truncated = torch.zeros(samples.num_responses, dtype=torch.bool) if truncated is None else truncated
+        truncated = samples.per_episode(truncated.long()) > 0  # [N]: a response with a row cut is cut
         shaping["truncated_frac"] = truncated.float().mean().item()
         if a.overlong == "mask":
-            mask = core.overlong_mask(truncated, mask)
+            mask = core.overlong_mask(samples.per_row(truncated), mask)
         else:
-            lengths = samples.response_mask.sum(dim=1)  # [N]: the responses' lengths, as the limit counts them
+            lengths = samples.per_episode(samples.response_mask.sum(dim=1))  # [N]: as the limit counts them
             penalty = core.overlong_penalty(lengths, policy.max_response_length, a.overlong_cache,
                                             a.overlong_factor, dtype=rewards.dtype)
             rewards = rewards + penalty.reshape(rewards.shape)

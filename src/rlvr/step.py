@@ -151,9 +151,10 @@ def noise_part_size(aggregation: str, part: Rollout, batch: Rollout, group_size:
     mean over tokens: the part's share of the loss weight, times B.
     """
     if aggregation == "token_mean":
-        prompts = batch.samples.num_responses / group_size
+        prompts = batch.samples.num_episodes / group_size
         return (part.weights.sum() / batch.weights.sum()).item() * prompts
-    return part.samples.num_responses / group_size
+    episodes = part.samples.episodes  # the responses its rows belong to
+    return (part.samples.num_responses if episodes is None else len(torch.unique(episodes))) / group_size
 
 
 @torch.no_grad()
@@ -207,8 +208,9 @@ def skip_step(st: TrainState, module: torch.nn.Module, metrics: dict[str, float]
 
 def group_parts(rollout: Rollout, count: int, group_size: int) -> list[Rollout]:
     """``count`` parts of ``rollout`` made of whole groups (at most one part per group)."""
-    groups = rollout.samples.num_responses // group_size
-    return [rollout.rows(slice(start * group_size, stop * group_size))
+    starts = rollout.samples.group_rows(group_size).tolist()  # [B + 1]: each group's first row
+    groups = len(starts) - 1
+    return [rollout.rows(slice(starts[start], starts[stop]))
             for start, stop in contiguous_bounds(groups, min(count, groups))]
 
 

@@ -161,7 +161,7 @@ def build_rollout(config: Config, st: TrainState, samples: Samples, grades: Grad
             ref_log_probs, _ = score(samples, temp, reference=True)
     rewards, mask, shaping = shaped_rewards(config, policy, samples, grades.rewards, old_log_probs, ref_log_probs)
     # kl_in=reward keeps the reference log-probs: the steps log the policy's KL, and add no term to the loss
-    lengths = mask.sum(dim=-1).reshape(rewards.shape)  # [B, G]: reinforce_pp whitens over these tokens
+    lengths = samples.per_episode(mask.sum(dim=-1)).reshape(rewards.shape)  # [B, G]: reinforce_pp whitens over these
     deltas = core.compute_deltas(rewards, a.deltas, eps=a.adv_eps, lengths=lengths).reshape(-1)  # [N]; 0: abstained
     pg_token_mask = None
     if a.top_entropy_q is not None:  # the policy gradient of the batch's highest-entropy tokens only
@@ -171,14 +171,14 @@ def build_rollout(config: Config, st: TrainState, samples: Samples, grades: Grad
     tokens = samples.response_mask.sum().item()  # the responses' extent, not only the policy's tokens
     stats = {
         # the task's rewards, unshaped
-        **rollout_stats(grades.rewards[None], grades.correct[None], deltas[None], a.group_size)[0],
+        **rollout_stats(grades.rewards[None], grades.correct[None], deltas[None], a.group_size)[0],  # per response
         **grades.metrics,
         **grades.failures,  # the first failure of each reward function, and an environment's, for the summary
         **stats,  # time/generate, time/reward and the sampler's own numbers
         **shaping,
         "time/score": score_seconds,
         "response_tokens": tokens,
-        "response_length": tokens / max(samples.num_responses, 1),
+        "response_length": tokens / max(samples.num_episodes, 1),
         "tokens_per_sec_generate": tokens / max(stats["time/generate"], 1e-9),
         **{key: value.item() for key, value in mismatch.items()},
     }
@@ -188,8 +188,8 @@ def build_rollout(config: Config, st: TrainState, samples: Samples, grades: Grad
     normalizer = policy.max_response_length if a.normalizer is None else a.normalizer
     weights = core.aggregation_weights(mask, a.aggregation, normalizer)  # [N, T]
     solved = None if grades.prompts is None else prompt_solve_shares(grades.prompts, grades.correct[None])[0]
-    return Rollout(samples, deltas, old_log_probs, ref_log_probs, weights, stats, importance_weights, solved,
-                   pg_token_mask)
+    return Rollout(samples, samples.per_row(deltas), old_log_probs, ref_log_probs, weights, stats, importance_weights,
+                   solved, pg_token_mask)
 
 
 def old_policy_log_probs(

@@ -146,6 +146,9 @@ class Episode:
     truncated: bool = False
     error: str | None = None
     environment: Any = None  # its environment's snapshot when it ended (reward functions' ``environments``)
+    # further sequences that train with its delta, each (prompt ids, turns): an agent's calls
+    # after it rewrote its history (``rlvr.agents.calls``); the prompt and turns above are the first
+    more_segments: list[tuple[list[int], list[Turn]]] = field(default_factory=list)
 
     @property
     def episode_return(self) -> float:

@@ -80,9 +80,17 @@ class EpisodeText(str):
 
     def as_record(self) -> list[dict[str, Any]]:
         """The turns as a samples table shows them: role, text, trained, tool calls and results, reward;
-        then the environment's error, where one ended the episode."""
+        each later segment's after a line that says it starts; then the environment's error, where
+        one ended the episode."""
         rows = []
-        for turn in self.episode.turns:
+        numbered = [(0, turn) for turn in self.episode.turns]
+        numbered += [(k, turn) for k, (_, turns) in enumerate(self.episode.more_segments, 1) for turn in turns]
+        segment = 0
+        for k, turn in numbered:
+            if k != segment:
+                segment = k
+                rows.append({"role": "segment", "text": f"segment {k + 1}: a new sequence (the history was rewritten)",
+                             "trained": False})
             row: dict[str, Any] = {"role": turn.role, "text": turn.text, "trained": turn.trained}
             if turn.tool_calls:
                 row["tool_calls"] = [{"name": c.name, "arguments": c.arguments} for c in turn.tool_calls]
@@ -352,23 +360,28 @@ def _append(policy: CausalLMPolicy, r: _Running, turn: Turn, observation: Observ
 
 
 def episodes_samples(episodes: Sequence[Episode], group_size: int, pad_id: int) -> Samples:
-    """The episodes as ``Samples``: prompts left-padded [N, P], every token after the prompt
-    right-padded [N, T], ``policy_mask`` on the policy's tokens (with their sampler
-    log-probs), ``truncated`` [N], and ``responses`` B lists of G ``EpisodeText``."""
-    n, width = len(episodes), max(1, max(e.length for e in episodes))
-    prompt_width = max(len(e.prompt_ids) for e in episodes)
+    """The episodes as ``Samples``: prompts left-padded [R, P], every token after the prompt
+    right-padded [R, T], ``policy_mask`` on the policy's tokens (with their sampler
+    log-probs), ``truncated`` [R], and ``responses`` B lists of G ``EpisodeText``. An
+    episode is one row, or one row per segment where it has more (``more_segments``: then
+    ``episodes`` says which episode each row is of)."""
+    sequences = [(i, prompt, segment) for i, e in enumerate(episodes)
+                 for prompt, segment in ((e.prompt_ids, e.turns), *e.more_segments)]
+    n = len(sequences)
+    width = max(1, max(sum(len(t.ids) for t in segment) for _, _, segment in sequences))
+    prompt_width = max(len(prompt) for _, prompt, _ in sequences)
     prompt_ids = torch.full((n, prompt_width), pad_id, dtype=torch.long)
     prompt_mask = torch.zeros((n, prompt_width), dtype=torch.bool)
     response_ids = torch.full((n, width), pad_id, dtype=torch.long)
     response_mask = torch.zeros((n, width), dtype=torch.bool)
     policy_mask = torch.zeros((n, width), dtype=torch.bool)
     log_probs = torch.zeros((n, width))
-    for row, e in enumerate(episodes):
-        if e.prompt_ids:
-            prompt_ids[row, prompt_width - len(e.prompt_ids):] = torch.tensor(e.prompt_ids)
-            prompt_mask[row, prompt_width - len(e.prompt_ids):] = True
+    for row, (_, prompt, segment) in enumerate(sequences):
+        if prompt:
+            prompt_ids[row, prompt_width - len(prompt):] = torch.tensor(prompt)
+            prompt_mask[row, prompt_width - len(prompt):] = True
         at = 0
-        for turn in e.turns:
+        for turn in segment:
             end = at + len(turn.ids)
             if turn.ids:
                 response_ids[row, at:end] = torch.tensor(turn.ids)
@@ -378,9 +391,11 @@ def episodes_samples(episodes: Sequence[Episode], group_size: int, pad_id: int) 
             at = end
         response_mask[row, :at] = True
     texts = [EpisodeText(e) for e in episodes]
+    split = n > len(episodes)
     return Samples(
-        responses=[texts[b:b + group_size] for b in range(0, n, group_size)],
+        responses=[texts[b:b + group_size] for b in range(0, len(episodes), group_size)],
         response_ids=response_ids, response_mask=response_mask, prompt_ids=prompt_ids, prompt_mask=prompt_mask,
         sample_log_probs=log_probs, policy_mask=policy_mask,
-        truncated=torch.tensor([e.truncated for e in episodes], dtype=torch.bool),
+        truncated=torch.tensor([episodes[i].truncated for i, _, _ in sequences], dtype=torch.bool),
+        episodes=torch.tensor([i for i, _, _ in sequences]) if split else None,
     )
