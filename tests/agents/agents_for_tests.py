@@ -35,3 +35,15 @@ async def always_fails(client, row):
 async def hangs(client, row):
     await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "x"}], max_tokens=2)
     await asyncio.sleep(3600)
+
+
+async def rewrites(client, row):
+    """Two calls, the second after a rewritten history (a summary instead of the first
+    exchange): two segments, each trained with the episode's reward."""
+    first = await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "Hi."}],
+                                                 max_tokens=4)
+    summary = f"Earlier you said: {first.choices[0].message.content!r}. Say {row['digit']}."
+    second = await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": summary}],
+                                                  max_tokens=4)
+    right = str(row["digit"]) in (second.choices[0].message.content or "")
+    return {"reward": float(right), "solved": right}

@@ -43,6 +43,17 @@ def test_an_agent_of_two_calls_trains_on_one_joined_sequence(chat_model, tmp_pat
     assert "Say" in (out / "samples.md").read_text()
 
 
+def test_an_agent_that_rewrites_its_history_trains_each_segment(chat_model, tmp_path):
+    """Two calls whose second does not extend the first (a summary): two segments, two rows
+    of the batch, each with the episode's reward; nothing abstains."""
+    code, out = agent_run(chat_model, tmp_path, "rewrites", "algo.epochs=1", "log.eval_every=5")
+    assert code == 0
+    (train,) = [r for r in read_records(out) if r["kind"] == "train"]
+    assert train["episode/calls"] == 2 and train["episode/segments"] == 2 and train["episode/split"] == 1
+    assert train["episode/env_errors"] == 0 and train["reward/episode_return/scored"] == 6
+    assert 0 < train["episode/policy_tokens"] <= 4  # the first segment's tokens (a row of its own)
+
+
 def test_a_plain_function_agent_with_the_sync_client(chat_model, tmp_path):
     code, out = agent_run(chat_model, tmp_path, "plain_agent", "algo.epochs=1", "log.eval_every=5")
     assert code == 0

@@ -8,11 +8,12 @@ returns the episode's reward: a number, or a dict with ``reward`` and optionally
 
 At most ``concurrency`` episodes run at once, each within ``timeout`` seconds. An episode
 whose agent raised, timed out, returned no reward, or made no model call abstains (its
-``error`` says which, and it is counted), and never stalls the run. The run's first stop
-signal cancels every running episode at once and raises ``CutShort`` (the trainer drops
-the batch, as it drops one whose environments were waited on). Its calls join into
-training segments (``rlvr.agents.calls``); an episode whose calls split into more than one
-segment (a rewritten history) abstains in this version, counted as ``episode/split``.
+``error`` says which, and it is counted), and never stalls the run. Its calls join into
+training segments (``rlvr.agents.calls``); an episode whose calls split into several (a
+rewritten history, counted as ``episode/split``) trains each as a sequence of its own, with
+the episode's delta (``Episode.more_segments``). The run's first stop signal cancels every
+running episode at once and raises ``CutShort`` (the trainer drops the batch, as it drops
+one whose environments were waited on).
 """
 
 from __future__ import annotations
@@ -130,12 +131,10 @@ def episode_of(row: Any, record: AgentEpisode, outcome: Any, error: str | None) 
     segments = join_calls(record.calls)
     if error is None and not segments:
         error = "the agent made no call to the model"
-    if error is None and len(segments) > 1:
-        error = (f"its {len(record.calls)} calls split into {len(segments)} segments (the agent rewrote its history), "
-                 "which this version does not train")
     run = AgentRun(start=row, prompt=record.prompt or "", prompt_ids=segments[0].prompt_ids if segments else [],
                    turns=segments[0].turns if segments else [], solved=solved, done=True, truncated=record.truncated,
-                   error=error, calls=len(record.calls), segments=len(segments), metrics=metrics)
+                   error=error, calls=len(record.calls), segments=len(segments), metrics=metrics,
+                   more_segments=[(s.prompt_ids, s.turns) for s in segments[1:]])
     if run.turns and reward is not None:
         run.turns[-1].reward = reward
     return run
