@@ -14,12 +14,14 @@ pytest.importorskip("openai")
 pytest.importorskip("starlette")
 
 
-def agent_run(model, tmp_path, agent, *more):
+def agent_run(model, tmp_path, agent, *more, command=None):
+    """A short run of ``agents_for_tests:<agent>``, or of the program ``command``; (exit code, run dir)."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps({"digit": d}) + "\n" for d in range(10)))
     out = tmp_path / "run"
-    code = main(["train", f"out_dir={out}", "task.name=agent", f"task.options.agent=agents_for_tests:{agent}",
+    which = f"task.options.agent_command={command}" if command else f"task.options.agent=agents_for_tests:{agent}"
+    code = main(["train", f"out_dir={out}", "task.name=agent", which,
                  f"task.options.data={data}", "task.options.eval_size=2", "task.options.max_tokens=64",
                  "task.prompts_per_epoch=2", "policy.name=causal_lm", f"policy.options.model={model}",
                  "policy.options.max_new_tokens=4", "algo.group_size=3", "algo.epochs=2", "algo.inner_steps=1",
@@ -89,14 +91,8 @@ def test_an_agent_command_trains(chat_model, tmp_path, monkeypatch):
         "reply = openai.OpenAI(max_retries=0).chat.completions.create(\n"
         "    model='m', messages=[{'role': 'user', 'content': f\"Say {row['digit']}\"}])\n"
         "print(json.dumps({'reward': float(str(row['digit']) in reply.choices[0].message.content)}))\n")
-    data = tmp_path / "rows.jsonl"
-    data.write_text("".join(json.dumps({"digit": d}) + "\n" for d in range(10)))
-    out = tmp_path / "run"
-    code = main(["train", f"out_dir={out}", "task.name=agent", f"task.options.agent_command={sys.executable} agent.py",
-                 f"task.options.data={data}", "task.options.eval_size=2", "task.options.max_tokens=32",
-                 "task.prompts_per_epoch=2", "policy.name=causal_lm", f"policy.options.model={chat_model}",
-                 "policy.options.max_new_tokens=4", "algo.group_size=2", "algo.epochs=1", "algo.inner_steps=1",
-                 "log.eval_every=5", "log.progress=false", "log.plot=false", "seed=1"])
+    code, out = agent_run(chat_model, tmp_path, None, "algo.group_size=2", "algo.epochs=1", "log.eval_every=5",
+                          command=f"{sys.executable} agent.py")
     assert code == 0
     (train,) = [r for r in read_records(out) if r["kind"] == "train"]
     assert train["episode/calls"] == 1 and train["episode/env_errors"] == 0
