@@ -152,3 +152,12 @@ def test_a_judges_reply_reaches_samples_md_and_the_report_escaped(tmp_path):
 
     html = samples_html(load_run(tmp_path, "run"))
     assert "judge: 8 &lt;b&gt;good&lt;/b&gt;" in html and "<b>good" not in html
+
+
+def test_a_config_naming_the_judge_needs_the_openai_client_before_any_work():
+    from rlvr.compose import needed_modules
+    from rlvr.config import config_from_dict
+
+    config = config_from_dict({"rewards": {"functions": [{"function": "rlvr.rewards.judge:judge",
+                                                          "options": {"base_url": "http://x/v1", "model": "m"}}]}})
+    assert ("rewards.functions[0]='rlvr.rewards.judge:judge'", ("openai",)) in needed_modules(config)
