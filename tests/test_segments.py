@@ -27,6 +27,9 @@ def test_a_split_episode_is_one_row_per_segment_and_the_rest_one_row_each():
     assert samples.per_row(torch.tensor([10.0, 11, 12, 13])).tolist() == [10, 11, 11, 12, 13, 13]
     assert samples.per_episode(torch.tensor([1, 2, 3, 4, 5, 6])).tolist() == [1, 5, 4, 11]
     assert samples.group_rows(2).tolist() == [0, 3, 6]
+    assert samples.rows(slice(1, 6)).group_rows(2).tolist() == [0, 2, 5]  # a share: the groups it holds
+    assert samples.rows(slice(3, 6)).group_rows(2).tolist() == [0, 3]
+    assert [str(t) for t in samples.responses[0]] == ["x", "xy"]  # reward functions read every segment's text
     # the second group, then the first: all their rows, the responses numbered in that order
     part = samples.groups(torch.tensor([1, 0]), 2)
     assert part.episodes.tolist() == [0, 1, 1, 2, 3, 3] and part.prompt_ids[0, -1].item() == 6
@@ -57,3 +60,20 @@ def test_build_rollout_gives_each_row_its_responses_delta(tiny_model):
     rollout = build_rollout(config, st, samples, grades, {"time/generate": 1.0}, Learner())
     assert rollout.deltas.tolist() == [0.5, -0.5, -0.5, -0.25, 0.25, 0.25]  # centered per group, per row
     assert rollout.weights.shape == (6, samples.response_ids.shape[1])
+
+
+def test_an_agent_episode_past_the_segment_cap_abstains_named():
+    from types import SimpleNamespace
+
+    from rlvr.agents.calls import Call
+    from rlvr.agents.runner import MAX_SEGMENTS, episode_of
+
+    calls = [Call([k, k], [7], [-1.0], "x") for k in range(MAX_SEGMENTS + 1)]  # no call extends another
+    record = SimpleNamespace(calls=calls, prompt="p", truncated=False)  # the endpoint's record, as episode_of reads it
+    run = episode_of({}, record, 1.0, None)
+    assert run.segments == MAX_SEGMENTS + 1 and run.error == (
+        f"its {MAX_SEGMENTS + 1} calls split into {MAX_SEGMENTS + 1} segments, more than the {MAX_SEGMENTS} an "
+        "episode may train as (each a row of the batch)")
+    record.calls = record.calls[:MAX_SEGMENTS]
+    run = episode_of({}, record, 1.0, None)
+    assert run.error is None and len(run.more_segments) == MAX_SEGMENTS - 1

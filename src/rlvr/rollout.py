@@ -98,13 +98,14 @@ class Samples:
 
     def per_row(self, values: torch.Tensor) -> torch.Tensor:
         """A response's value [N, ...] for each of its rows [R, ...]."""
-        return values if self.episodes is None else values[self.episodes]
+        return values if self.episodes is None else values[self.episodes.to(values.device)]
 
     def per_episode(self, values: torch.Tensor) -> torch.Tensor:
         """Rows' values [R] summed over each response's rows [N]."""
         if self.episodes is None:
             return values
-        return torch.zeros(self.num_episodes, dtype=values.dtype).index_add_(0, self.episodes, values)
+        total = torch.zeros(self.num_episodes, dtype=values.dtype, device=values.device)
+        return total.index_add_(0, self.episodes.to(values.device), values)
 
     def completion_ids(self) -> Sequence[list[int]]:
         """Each response's tokens without padding (EOS included), N lists: TRL's ``completion_ids``
@@ -156,9 +157,15 @@ class Samples:
         return part
 
     def group_rows(self, group_size: int) -> torch.Tensor:
-        """[B + 1] long: the first row of each group (prompt), then R."""
-        episodes = torch.arange(self.num_responses) if self.episodes is None else self.episodes
-        return torch.searchsorted(episodes, torch.arange(0, self.num_episodes + group_size, group_size))
+        """The first row of each group (prompt) these rows hold, then R: [B + 1] for a whole
+        batch. Rows taken from a batch (a learner's share) keep their responses' numbers:
+        their groups are the ones they hold; without ``episodes``, every G rows from the first
+        are a group (rows past the last whole group are left out)."""
+        if self.episodes is None:
+            return torch.arange(0, (self.num_responses // group_size) * group_size + 1, group_size)
+        group = self.episodes // group_size
+        starts = torch.nonzero(group[1:] != group[:-1]).reshape(-1) + 1
+        return torch.cat([torch.zeros(1, dtype=torch.long), starts, torch.tensor([self.num_responses])])
 
     @staticmethod
     def cat(parts: list[Samples]) -> Samples:

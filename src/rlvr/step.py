@@ -153,8 +153,10 @@ def noise_part_size(aggregation: str, part: Rollout, batch: Rollout, group_size:
     if aggregation == "token_mean":
         prompts = batch.samples.num_episodes / group_size
         return (part.weights.sum() / batch.weights.sum()).item() * prompts
-    episodes = part.samples.episodes  # the responses its rows belong to
-    return (part.samples.num_responses if episodes is None else len(torch.unique(episodes))) / group_size
+    if batch.samples.episodes is None:
+        return part.samples.num_responses / group_size
+    # a row's share of a sequence-mean loss is 1 / R: the part's rows' share of the batch's prompts
+    return part.samples.num_responses * batch.samples.num_episodes / (batch.samples.num_responses * group_size)
 
 
 @torch.no_grad()

@@ -83,12 +83,16 @@ def test_a_jailed_command_reaches_the_endpoint_and_nothing_else(endpoint, tmp_pa
             wrote = True
         except OSError:
             wrote = False
+        key = os.environ["OPENAI_API_KEY"].encode()
+        shown = [open(f"/proc/{{p}}/cmdline", "rb").read() for p in os.listdir("/proc") if p.isdigit()]
         print(json.dumps({{"reward": 0.5, "host": host, "wrote": wrote, "pid": os.getpid(),
+                          "key_in_argv": any(key in line for line in shown),
                           "base": os.environ["OPENAI_BASE_URL"].startswith("http://127.0.0.1:")}}))
     """)
     returned, _ = run(endpoint, probe, tmp_path, {})
     assert returned["host"] != "reached" and returned["wrote"] is False  # no way out but the endpoint; cwd read-only
     assert returned["base"] and returned["pid"] < 10  # its own PID namespace
+    assert returned["key_in_argv"] is False  # the key is in no command line (the relay's, its own)
     returned, record = run(endpoint, AGENT, tmp_path, {"digit": 2})  # and the endpoint is reachable
     assert len(record.calls) == 1 and "reward" in returned
 

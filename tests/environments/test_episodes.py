@@ -417,9 +417,9 @@ def test_a_trl_style_episode_ended_by_the_token_budget_reads_get_reward(policy):
     assert [e.episode_return for e in episodes] == [0.75] * 8
 
 
-TOOLS_TEMPLATE = (  # a template with a tools slot, as Qwen's and Hermes' have
+TOOLS_TEMPLATE = (  # a template with a tools slot that teaches <tool_call>, as Qwen's and Hermes' do
     "{% if tools %}<|tools|>\n{% for t in tools %}{{ t.function.name }}: {{ t.function.description }}\n{% endfor %}"
-    "{{ eos_token }}\n{% endif %}" + CHAT_TEMPLATE
+    "Call one as <tool_call>{...}</tool_call>.{{ eos_token }}\n{% endif %}" + CHAT_TEMPLATE
 )
 SCHEMA = {"type": "function", "function": {"name": "add", "description": "Add two numbers.",
                                            "parameters": {"type": "object", "properties": {}, "required": []}}}
@@ -463,7 +463,8 @@ def test_an_environments_tools_reach_the_policy_through_the_template_slot_or_the
         assert e.prompt == [{"role": "user", "content": f"go {e.start}"}]  # reward functions see the prompt as given
         first = tok.decode(e.prompt_ids)
         if slot:
-            assert first.startswith("<|tools|>\nadd: Add two numbers.\n<eos>\n<|user|>\ngo")
+            assert first.startswith("<|tools|>\nadd: Add two numbers.\nCall one as <tool_call>{...}</tool_call>.<eos>"
+                                    "\n<|user|>\ngo")
         else:
             assert first.startswith("<|system|>\nYou can call these tools.") and '"name": "add"' in first
             assert "<tool_call>" in first and "<|tools|>" not in first
@@ -498,3 +499,18 @@ def test_each_episode_keeps_a_copy_of_its_environments_public_attributes(policy)
     finally:
         hosts.close()
     assert [vars(e.environment) for e in episodes] == [{"reward": 0.25, "seen": n} for n in (1, 1, 2, 2)]
+
+
+def test_a_tools_slot_that_teaches_another_call_syntax_is_not_used():
+    """Llama 3's and Mistral's templates take tools but teach calls other than <tool_call>,
+    which is what is parsed: there the system message describes the tools."""
+    from rlvr.environments.tool_parsing import shown_tools
+
+    chat = [{"role": "user", "content": "hi"}]
+    llama_like = "{% if tools %}Call a function as {\"name\": ..., \"parameters\": ...}{% endif %}" + CHAT_TEMPLATE
+    shown, tools = shown_tools(llama_like, chat, [SCHEMA], "json")
+    assert tools is None and shown[0]["role"] == "system" and "<tool_call>" in shown[0]["content"]
+    assert shown_tools(TOOLS_TEMPLATE, chat, [SCHEMA], "json") == (chat, [SCHEMA])
+    shown, tools = shown_tools(TOOLS_TEMPLATE, chat, [SCHEMA], "plain")  # the plain style is never in a slot
+    assert tools is None and "NAME(ARGUMENT)" in shown[0]["content"]
+    assert shown_tools(TOOLS_TEMPLATE, "text", [SCHEMA], "json") == ("text", None)

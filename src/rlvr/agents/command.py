@@ -41,8 +41,9 @@ _JAILED_SOCKET = "/tmp/rlvr-endpoint.sock"  # the endpoint's Unix socket, inside
 # Unix socket, start the agent with the base URL on that port, and exit with its exit code.
 _RELAY = r"""
 import asyncio, os, resource, sys
-socket_path, path, memory = sys.argv[1], sys.argv[2], int(sys.argv[3])
-argv = sys.argv[4:]
+socket_path, memory = sys.argv[1], int(sys.argv[2])
+argv = sys.argv[3:]
+path = os.environ.pop("RLVR_EPISODE_PATH")
 
 async def pipe(reader, writer):
     try:
@@ -105,23 +106,41 @@ async def _run(argv: list[str], url: str, key: str, data: bytes, unix_socket: st
     options = jail()
     env = {"PATH": f"{os.path.dirname(sys.executable)}:/usr/bin:/bin", "OPENAI_API_KEY": key,
            "OPENAI_BASE_URL": url, "HOME": os.environ.get("HOME", "/"), "LANG": "C.UTF-8"}
-    if options is not None and unix_socket is not None:
+    if options is not None:
+        if unix_socket is None:
+            raise RuntimeError("the endpoint has no Unix socket for a jailed agent command (it is not started)")
         cwd = os.getcwd()
-        program = [*options, "--ro-bind", cwd, cwd, "--bind", unix_socket, _JAILED_SOCKET, "--chdir", cwd,
-                   "--setenv", "PATH", env["PATH"], "--setenv", "OPENAI_API_KEY", key, "--setenv", "LANG", "C.UTF-8",
-                   "--", sys.executable, "-I", "-S", "-c", _RELAY, _JAILED_SOCKET, urlsplit(url).path, str(memory),
+        # the key and the episode's path reach the jail through a pipe (bwrap's --args), not the
+        # command line, which every local user can read
+        secret = [*(part for name in ("OPENAI_API_KEY", "RLVR_EPISODE_PATH")
+                    for part in ("--setenv", name, key if name == "OPENAI_API_KEY" else urlsplit(url).path))]
+        reader, writer = os.pipe()
+        os.write(writer, "\0".join(secret).encode() + b"\0")
+        os.close(writer)
+        program = [*options, "--args", str(reader), "--ro-bind", cwd, cwd, "--bind", unix_socket,
+                   _JAILED_SOCKET, "--chdir", cwd, "--setenv", "PATH", env["PATH"], "--setenv", "LANG", "C.UTF-8",
+                   "--", os.path.realpath(sys.executable), "-I", "-S", "-c", _RELAY, _JAILED_SOCKET, str(memory),
                    *argv]
-        process = await asyncio.create_subprocess_exec(*program, stdin=asyncio.subprocess.PIPE,
-                                                       stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                                                       env=env, start_new_session=True)
+        try:
+            process = await asyncio.create_subprocess_exec(*program, stdin=asyncio.subprocess.PIPE,
+                                                           stdout=asyncio.subprocess.PIPE,
+                                                           stderr=asyncio.subprocess.PIPE, env=env,
+                                                           start_new_session=True, pass_fds=(reader,))
+        finally:
+            os.close(reader)
     else:
         process = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.PIPE,
                                                        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
                                                        env=env, start_new_session=True,
                                                        preexec_fn=lambda: _limit_memory(memory))
+    tails = asyncio.gather(_tail(process.stdout), _tail(process.stderr))
     try:
-        out, err, _ = await asyncio.gather(_tail(process.stdout), _tail(process.stderr), _feed(process.stdin, data))
-        return await process.wait(), out, err
+        await _feed(process.stdin, data)
+        code = await process.wait()
+        with contextlib.suppress(ProcessLookupError):  # what it left running would hold its pipes open
+            os.killpg(process.pid, signal.SIGKILL)
+        out, err = await tails
+        return code, out, err
     finally:
         with contextlib.suppress(ProcessLookupError):  # it, and whatever it started and left
             os.killpg(process.pid, signal.SIGKILL)
@@ -132,6 +151,7 @@ async def _run(argv: list[str], url: str, key: str, data: bytes, unix_socket: st
                     process.kill()
                 await asyncio.shield(process.wait())
         finally:  # its pipes closed now (also when cancelled again while waiting), not after the loop is gone
+            tails.cancel()
             if transport is not None:
                 transport.close()
 
@@ -151,10 +171,12 @@ async def _feed(stdin: asyncio.StreamWriter, data: bytes) -> None:
 
 async def _tail(stream: asyncio.StreamReader) -> bytes:
     """All of ``stream`` read, its last MAX_OUTPUT_BYTES kept."""
-    kept = b""
+    kept = bytearray()
     while chunk := await stream.read(65536):
-        kept = (kept + chunk)[-MAX_OUTPUT_BYTES:]
-    return kept
+        kept += chunk
+        if len(kept) > 2 * MAX_OUTPUT_BYTES:
+            del kept[:-MAX_OUTPUT_BYTES]
+    return bytes(kept[-MAX_OUTPUT_BYTES:])
 
 
 def _outcome(code: int, out: bytes, err: bytes) -> Any:

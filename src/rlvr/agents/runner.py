@@ -11,7 +11,8 @@ whose agent raised, timed out, returned no reward, or made no model call abstain
 ``error`` says which, and it is counted), and never stalls the run. Its calls join into
 training segments (``rlvr.agents.calls``); an episode whose calls split into several (a
 rewritten history, counted as ``episode/split``) trains each as a sequence of its own, with
-the episode's delta (``Episode.more_segments``). The run's first stop signal cancels every
+the episode's delta (``Episode.more_segments``), up to MAX_SEGMENTS (past it the episode
+abstains: each segment is a row of the batch). The run's first stop signal cancels every
 running episode at once and raises ``CutShort`` (the trainer drops the batch, as it drops
 one whose environments were waited on).
 """
@@ -34,6 +35,7 @@ from rlvr.environments.base import Episode, describe_error
 from rlvr.errors import STOPPING, CutShort
 
 STOP_POLL = 0.05  # seconds between looks at the run's stop signal while agents run
+MAX_SEGMENTS = 8  # sequences one episode may train as; past it the episode abstains
 
 
 @dataclass
@@ -131,6 +133,9 @@ def episode_of(row: Any, record: AgentEpisode, outcome: Any, error: str | None) 
     segments = join_calls(record.calls)
     if error is None and not segments:
         error = "the agent made no call to the model"
+    if error is None and len(segments) > MAX_SEGMENTS:
+        error = (f"its {len(record.calls)} calls split into {len(segments)} segments, more than the {MAX_SEGMENTS} "
+                 "an episode may train as (each a row of the batch)")
     run = AgentRun(start=row, prompt=record.prompt or "", prompt_ids=segments[0].prompt_ids if segments else [],
                    turns=segments[0].turns if segments else [], solved=solved, done=True, truncated=record.truncated,
                    error=error, calls=len(record.calls), segments=len(segments), metrics=metrics,

@@ -140,11 +140,20 @@ class Endpoint:
             return
         import uvicorn
 
-        tcp = socket.create_server((self.host, self.port))
-        self._folder = tempfile.TemporaryDirectory(prefix="rlvr-endpoint-")  # 0700: this user's alone
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        tcp = socket.create_server((self.host, self.port), family=family)
+        # 0700: this user's alone; under /tmp, as a socket's path has room for about 100 characters
+        self._folder = tempfile.TemporaryDirectory(prefix="rlvr-endpoint-",
+                                                   dir="/tmp" if os.path.isdir("/tmp") else None)
         self.unix_socket = os.path.join(self._folder.name, "endpoint.sock")
         unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        unix.bind(self.unix_socket)
+        try:
+            unix.bind(self.unix_socket)
+        except OSError:
+            unix.close()
+            tcp.close()
+            self._folder.cleanup()
+            raise
         self.port = tcp.getsockname()[1]
         config = uvicorn.Config(self.app(), log_level="warning", lifespan="off", access_log=False)
         self._server = uvicorn.Server(config)

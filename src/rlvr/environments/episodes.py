@@ -71,7 +71,8 @@ class EpisodeText(str):
     episode: Episode
 
     def __new__(cls, episode: Episode) -> EpisodeText:
-        text = super().__new__(cls, "".join(turn.text for turn in episode.turns))
+        later = [turn for _, turns in episode.more_segments for turn in turns]  # a rewritten history's segments
+        text = super().__new__(cls, "".join(turn.text for turn in [*episode.turns, *later]))
         text.episode = episode
         return text
 

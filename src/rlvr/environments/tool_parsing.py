@@ -216,15 +216,16 @@ def tool_schema(fn: Callable[..., Any]) -> dict[str, Any]:
 def shown_tools(template: str | None, prompt: Any, schemas: list[dict[str, Any]], style: str
                 ) -> tuple[Any, list[dict[str, Any]] | None]:
     """How a prompt's tools reach the policy: (the prompt to render, the ``tools`` to give
-    its chat template). A chat template with a ``tools`` slot gets the schemas there when
-    calls are written in the "json" style (the one the Qwen and Hermes templates teach);
-    otherwise the chat's system message describes them (``describe_tools``). A text prompt
+    its chat template). A chat template with a ``tools`` slot that teaches ``<tool_call>``
+    (Qwen's, Hermes') gets the schemas there when calls are written in that "json" style;
+    otherwise (no slot, a slot that teaches another syntax, as Llama 3's and Mistral's do, or
+    the "plain" style) the chat's system message describes them (``describe_tools``). A text prompt
     is left as it is (as TRL shows tools through the chat template alone)."""
     from rlvr.policies.prompts import template_takes_tools
 
     if not schemas or isinstance(prompt, str):  # a text prompt describes its tools itself
         return prompt, None
-    if style == "json" and template and template_takes_tools(template):
+    if style == "json" and template and template_takes_tools(template) and "<tool_call>" in template:
         return prompt, schemas
     return describe_tools(prompt, schemas, style), None
 

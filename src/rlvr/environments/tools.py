@@ -393,7 +393,7 @@ def jail() -> tuple[str, ...] | None:
                 options += ["--symlink", os.readlink(path), path]
             elif os.path.isdir(path):
                 options += ["--ro-bind", path, path]
-        for path in sorted({sys.base_prefix, os.path.dirname(os.path.dirname(interpreter))}):
+        for path in sorted({sys.base_prefix, sys.prefix, os.path.dirname(os.path.dirname(interpreter))}):
             if not path.startswith("/usr/"):
                 options += ["--ro-bind", path, path]
         options += ["--proc", "/proc", "--dev", "/dev", "--size", str(_JAIL_TMPFS_BYTES), "--tmpfs", "/tmp",

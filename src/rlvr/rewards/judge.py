@@ -14,7 +14,8 @@ names (the longest first, whole words, any case); else its first number divided 
 or a request past ``timeout`` seconds abstains (None); when every request of a call
 fails, the call raises with the first failure, which the reward runner logs.
 
-At most ``concurrency`` requests are in flight at once. Replies are cached by the whole
+At most ``concurrency`` requests of a call are in flight at once (a reward with a
+``timeout`` runs in worker processes: each of its calls has its own). Replies are cached by the whole
 request (endpoint, model, settings, system and user text), ``CACHE_SIZE`` at most, so a
 completion sampled twice, or graded again at evaluation, costs one request. The key is
 read from ``api_key``, else from the environment variable ``api_key_env`` (a local server
@@ -127,6 +128,9 @@ def _replies(requests: list[str], settings: tuple, api_key: str, concurrency: in
     keys = [(*settings, text) for text in requests]
     with _cache_lock:
         replies: list[Any] = [_cache.get(key) for key in keys]
+        for key, reply in zip(keys, replies):
+            if reply is not None:
+                _cache.move_to_end(key)  # recently used
     todo = [i for i, reply in enumerate(replies) if reply is None]
     first = {}  # each distinct request once: key -> the first completion that asks it
     for i in todo:
