@@ -147,12 +147,11 @@ class Samples:
             rows = (index.unsqueeze(1) * group_size + torch.arange(group_size)).reshape(-1)  # [k*G]
             part = self.rows(rows)
         else:
-            starts = self.group_rows(group_size)  # [B + 1]: each group's first row
+            starts, none = self.group_rows(group_size), torch.zeros(0, dtype=torch.long)  # [B + 1]: first rows
             ranges = [torch.arange(starts[b], starts[b + 1]) for b in index.tolist()]
-            part = self.rows(torch.cat(ranges) if ranges else torch.zeros(0, dtype=torch.long))
-            part.episodes = torch.cat([self.episodes[r] + (k - b) * group_size
-                                       for k, (b, r) in enumerate(zip(index.tolist(), ranges))]) if ranges else \
-                torch.zeros(0, dtype=torch.long)
+            part = self.rows(torch.cat([none, *ranges]))
+            part.episodes = torch.cat([none, *(self.episodes[r] + (k - b) * group_size
+                                               for k, (b, r) in enumerate(zip(index.tolist(), ranges)))])
         part.responses = _pick(self.responses, index)
         return part
 
