@@ -161,3 +161,60 @@ def test_a_config_naming_the_judge_needs_the_openai_client_before_any_work():
     config = config_from_dict({"rewards": {"functions": [{"function": "rlvr.rewards.judge:judge",
                                                           "options": {"base_url": "http://x/v1", "model": "m"}}]}})
     assert ("rewards.functions[0]='rlvr.rewards.judge:judge'", ("openai",)) in needed_modules(config)
+
+
+def test_base_url_reference_asks_the_runs_frozen_starting_model(chat_model):
+    """A judge with ``base_url: reference`` is served by the model the run starts from (loaded
+    once more, no adapter): its note is what that model says greedily to the judge's request,
+    and the served model stays as loaded."""
+    from rlvr.compose import build_causal_lm_policy
+    from rlvr.config import load_config
+    from rlvr.rewards.reference import MODEL_NAME, serve_reference
+
+    config = load_config(None, ["task.name=sort_text", "policy.name=causal_lm", f"policy.options.model={chat_model}",
+                                "policy.options.max_new_tokens=6", "policy.options.lora={r: 2}"])
+    functions = [{"function": "rlvr.rewards.judge:judge", "name": "judged",
+                  "options": {"base_url": "reference", "template": "Grade: {completion}", "scale": 9}},
+                 "rlvr.tasks.gsm8k:answer_reward"]
+    served, endpoint = serve_reference(functions, config.policy)
+    try:
+        assert served[1] == functions[1] and functions[0]["options"]["base_url"] == "reference"  # a copy is filled
+        assert served[0]["options"]["model"] == MODEL_NAME and served[0]["options"]["base_url"].startswith("http://127.")
+        assert not hasattr(endpoint.policy.module, "peft_config")  # the base model, without the LoRA adapter
+        judge_module._cache.clear()
+        scores = judge(["q", "q"], ["ab", "cd"], **served[0]["options"])
+        fresh = build_causal_lm_policy(config.policy)  # the starting model, asked directly
+        tok = fresh.tokenizer
+        said = []
+        for completion in ["ab", "cd"]:
+            messages = [{"role": "user", "content": f"Grade: {completion}"}]
+            ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+            out = fresh.module.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False)
+            said.append(tok.decode(out[0, len(ids):], skip_special_tokens=True))
+        assert scores == [score(s, 9) for s in said]
+        assert [getattr(s, "note", None) for s in scores] == [getattr(score(s, 9), "note", None) for s in said]
+        # the open route itself, as any OpenAI client asks it
+        import openai
+
+        api = openai.OpenAI(base_url=served[0]["options"]["base_url"], api_key=served[0]["options"]["api_key"])
+        reply = api.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "Grade: ab"}])
+        assert reply.choices[0].message.content == said[0]
+        assert endpoint._episodes == {}  # each request's own episode, finished
+    finally:
+        endpoint.close()
+    assert serve_reference(["rlvr.tasks.gsm8k:answer_reward"], config.policy) == (["rlvr.tasks.gsm8k:answer_reward"],
+                                                                                  None)
+
+
+def test_a_run_serves_the_reference_while_its_task_lives(chat_model):
+    from rlvr.compose import build_task
+    from rlvr.config import load_config
+
+    config = load_config(None, ["task.name=sort_text", "policy.name=causal_lm", f"policy.options.model={chat_model}",
+                                "rewards.functions=[{function: 'rlvr.rewards.judge:judge', "
+                                "options: {base_url: reference}}]"])
+    task = build_task(config)
+    (endpoint,) = task.services
+    assert endpoint.open_routes and endpoint._server is not None
+    task.close()
+    assert endpoint._server is None and task.services == []

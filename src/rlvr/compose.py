@@ -15,6 +15,7 @@ import torch
 from rlvr.errors import ConfigError
 from rlvr.extras import AGENT_MODULES, LM_MODULES, require
 from rlvr.policies.positional import PositionalPolicy
+from rlvr.rewards.reference import serve_reference
 from rlvr.tasks import SortingTask, check_task_options, settings_field, task_class
 from rlvr.tasks.grading import GradedTask, reward_runner
 
@@ -48,8 +49,15 @@ def build_task(config: Config) -> GradedTask:
     except (TypeError, ValueError, OSError) as err:
         raise ConfigError(f"{settings_field(t.name)}: {err}") from err
     # the task has started no runner of its own
-    task.runner = reward_runner(task, r.functions, r.timeout, strict=r.strict, num_workers=r.num_workers,
-                                replace_task_rewards=r.replace_task_rewards)
+    functions, reference = serve_reference(r.functions, config.policy)
+    if reference is not None:
+        task.services.append(reference)
+    try:
+        task.runner = reward_runner(task, functions, r.timeout, strict=r.strict, num_workers=r.num_workers,
+                                    replace_task_rewards=r.replace_task_rewards)
+    except BaseException:
+        task.close()
+        raise
     return task
 
 
@@ -107,6 +115,8 @@ def needed_modules(config: Config) -> list[tuple[str, tuple[str, ...]]]:
         needs.append(("task.name='gsm8k'", ("math_verify",)))
     if t.name == "agent":
         needs.append(("task.name='agent'", AGENT_MODULES))
+    if t.name == "verifiers":
+        needs.append(("task.name='verifiers'", (*AGENT_MODULES, "verifiers")))
     for i, item in enumerate(config.rewards.functions):
         function = item.get("function") if isinstance(item, dict) else item
         if isinstance(function, str) and function.startswith("rlvr.rewards.judge:"):

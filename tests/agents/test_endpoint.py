@@ -177,3 +177,52 @@ def test_models_and_text_completions(endpoint):
     record = endpoint.finish(episode)
     assert record.calls[0].prompt_ids == endpoint.policy.tokenizer.encode("12+", add_special_tokens=False)
     assert reply.choices[0].logprobs.token_logprobs == pytest.approx(record.calls[0].log_probs)
+
+
+def test_a_streamed_reply_is_the_same_reply_in_chunks(endpoint, monkeypatch):
+    """``stream: true`` (as most agent frameworks ask): the same draw as unstreamed, tool
+    calls and usage included, read by the openai client's own stream accumulator."""
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}]
+    said = 'Sum: <tool_call>{"name": "add", "arguments": {"a": 2}}</tool_call>'
+    tok = endpoint.policy.tokenizer
+
+    def scripted(jobs, temperature, stop):
+        ids = tok.encode(said, add_special_tokens=False) + [tok.eos_token_id]
+        for job in jobs:
+            job.future.set_result((ids, [-1.0] * len(ids), said, "stop"))
+
+    plain = {}
+    for stream in (False, True):
+        episode = endpoint.open(seed=3, temperature=1.0, max_tokens=100)
+        api = client(endpoint, episode).chat.completions
+        if stream:
+            chunks = list(api.create(model="m", messages=QUESTION, n=2, stream=True,
+                                     stream_options={"include_usage": True}))
+            assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == plain["usage"].completion_tokens
+            texts = ["".join(c.choices[0].delta.content or "" for c in chunks if c.choices and c.choices[0].index == k)
+                     for k in range(2)]
+            assert texts == [choice.message.content for choice in plain["reply"].choices]
+            finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+            assert finishes == [choice.finish_reason for choice in plain["reply"].choices]
+            assert endpoint.finish(episode).calls[0].completion_ids == plain["ids"]
+        else:
+            reply = api.create(model="m", messages=QUESTION, n=2)
+            plain = {"reply": reply, "usage": reply.usage, "ids": endpoint.finish(episode).calls[0].completion_ids}
+    # tool calls arrive as deltas the client's accumulator puts together
+    monkeypatch.setattr(endpoint._batcher, "_generate", scripted)
+    episode = endpoint.open(seed=3, temperature=1.0, max_tokens=100)
+    with client(endpoint, episode).chat.completions.stream(model="m", messages=QUESTION, tools=tools) as stream:
+        final = stream.get_final_completion()
+    endpoint.finish(episode)
+    (call,) = final.choices[0].message.tool_calls
+    assert final.choices[0].finish_reason == "tool_calls" and call.function.name == "add"
+    assert json.loads(call.function.arguments) == {"a": 2} and final.choices[0].message.content == "Sum:"
+    # text completions stream too; a malformed flag is refused before anything is sampled
+    episode = endpoint.open(seed=0, temperature=1.0, max_tokens=100)
+    api = client(endpoint, episode)
+    chunks = list(api.completions.create(model="m", prompt="12+", max_tokens=3, stream=True))
+    assert chunks[0].choices[0].text == endpoint.finish(episode).calls[0].text
+    episode = endpoint.open(seed=0, temperature=1.0, max_tokens=100)
+    with pytest.raises(openai.BadRequestError, match="'stream' must be true or false"):
+        client(endpoint, episode).chat.completions.create(model="m", messages=QUESTION, extra_body={"stream": "yes"})
+    assert endpoint.finish(episode).calls == []

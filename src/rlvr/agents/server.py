@@ -6,8 +6,8 @@ trainer's process) over the run's own engine. Every episode has its base URL,
 key; under it:
 
     POST /chat/completions   messages, tools, n, temperature, max_tokens /
-                             max_completion_tokens, stop, logprobs
-    POST /completions        prompt (text), n, max_tokens, stop, logprobs
+                             max_completion_tokens, stop, logprobs, stream
+    POST /completions        prompt (text), n, max_tokens, stop, logprobs, stream
     GET  /models
 
 Requests of every live episode that arrive together are sampled in one engine call
@@ -29,6 +29,10 @@ Refused, with OpenAI-style error JSON: an unknown or finished episode (404), a m
 wrong API key (401), a body over ``max_body_bytes`` (413), a malformed body or message
 (400), a prompt past the episode's budget or the model's positions (400,
 ``context_length_exceeded``). Nothing listens beyond loopback unless ``host`` says so.
+
+With ``open_routes``, ``/v1/chat/completions`` and ``/v1/completions`` also answer requests
+of no episode, each sampled at its own ``temperature`` (0 unless it says) and ``seed``:
+the way a judge reward asks the run's frozen reference model (``rlvr.rewards.reference``).
 The same app also listens on a Unix socket (``unix_socket``, in a private temporary
 folder): the way in for agent commands jailed in a network namespace of their own
 (``rlvr.agents.command``).
@@ -53,7 +57,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlvr.agents import chat
+from rlvr.agents import chat, streaming
 from rlvr.agents.calls import Call
 from rlvr.agents.chat import RequestError
 from rlvr.environments.tool_parsing import shown_tools
@@ -119,9 +123,10 @@ class Endpoint:
     episodes opened by ``open`` and read back by ``finish``."""
 
     def __init__(self, policy: CausalLMPolicy, host: str = "127.0.0.1", port: int = 0,
-                 max_body_bytes: int = 1 << 20, batch_wait: float = 1.0, model_name: str = "rlvr-policy") -> None:
+                 max_body_bytes: int = 1 << 20, batch_wait: float = 1.0, model_name: str = "rlvr-policy",
+                 open_routes: bool = False) -> None:
         self.policy, self.host, self.port = policy, host, port
-        self.max_body_bytes, self.model_name = max_body_bytes, model_name
+        self.max_body_bytes, self.model_name, self.open_routes = max_body_bytes, model_name, open_routes
         self.api_key = "rlvr-" + secrets.token_hex(16)
         self._episodes: dict[str, AgentEpisode] = {}
         self._lock = threading.Lock()
@@ -206,7 +211,7 @@ class Endpoint:
     def app(self) -> Any:
         from starlette.applications import Starlette
         from starlette.exceptions import HTTPException
-        from starlette.responses import JSONResponse
+        from starlette.responses import JSONResponse, StreamingResponse
         from starlette.routing import Route
 
         def error(err: RequestError) -> JSONResponse:
@@ -219,6 +224,11 @@ class Endpoint:
                 return error(RequestError(exc.status_code, str(exc.detail), kind="invalid_request_error"))
             return error(RequestError(500, f"{type(exc).__name__}: {exc}", kind="server_error"))
 
+        def reply(response: dict[str, Any], stream: bool, usage: bool) -> Any:
+            if not stream:
+                return JSONResponse(response)
+            return StreamingResponse(streaming.events(response, usage), media_type="text/event-stream")
+
         async def models(request: Any) -> JSONResponse:
             self._authorised(request)
             return JSONResponse({"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
@@ -228,15 +238,37 @@ class Endpoint:
             self._authorised(request)
             episode = self._live(request.path_params["episode"])
             with self._arrival(request):
-                return JSONResponse(await self._chat(episode, await self._body(request), id(request)))
+                body = await self._body(request)
+                stream = streaming.streamed(body)  # checked before anything is sampled
+                return reply(await self._chat(episode, body, id(request)), *stream)
 
         async def completions(request: Any) -> JSONResponse:
             self._authorised(request)
             episode = self._live(request.path_params["episode"])
             with self._arrival(request):
-                return JSONResponse(await self._completion(episode, await self._body(request), id(request)))
+                body = await self._body(request)
+                stream = streaming.streamed(body)  # checked before anything is sampled
+                return reply(await self._completion(episode, body, id(request)), *stream)
 
+        async def open_call(request: Any) -> Any:
+            """A request of no episode (``open_routes``): an episode of its own, at the request's
+            temperature (0 unless it says) and seed, over when it is answered."""
+            self._authorised(request)
+            body = await self._body(request)
+            stream = streaming.streamed(body)
+            episode_id = self.open(_seed(body), _temperature(body), self.policy.max_positions or 2**20)
+            call = self._chat if request.url.path.endswith("/chat/completions") else self._completion
+            try:
+                with self._arrival(request):
+                    response = await call(self._live(episode_id), body, id(request))
+            finally:
+                self.finish(episode_id)
+            return reply(response, *stream)
+
+        open_routes = [Route("/v1/chat/completions", open_call, methods=["POST"]),
+                       Route("/v1/completions", open_call, methods=["POST"])] if self.open_routes else []
         routes = [
+            *open_routes,
             Route("/v1/models", models),
             Route("/episodes/{episode}/v1/models", models),
             Route("/episodes/{episode}/v1/chat/completions", chat_completions, methods=["POST"]),
@@ -547,6 +579,22 @@ def _stops(body: dict[str, Any]) -> tuple[str, ...]:
         raise RequestError(400, f"'stop' must be a non-empty string or a list of at most {MAX_STOPS}",
                            param="stop")
     return tuple(stops)
+
+
+def _temperature(body: dict[str, Any]) -> float:
+    value = body.get("temperature", 0.0)
+    value = 0.0 if value is None else value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 2:
+        raise RequestError(400, f"'temperature' must be a number from 0 to 2, got {value!r:.40}", param="temperature")
+    return float(value)
+
+
+def _seed(body: dict[str, Any]) -> int:
+    value = body.get("seed", 0)
+    value = 0 if value is None else value
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestError(400, f"'seed' must be an integer, got {value!r:.40}", param="seed")
+    return value
 
 
 def _max_tokens(body: dict[str, Any]) -> int | None:

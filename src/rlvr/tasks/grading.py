@@ -108,7 +108,8 @@ class GradedTask(Task):
 
     @runner.setter
     def runner(self, runner: RewardRunner) -> None:
-        self.close()
+        if self._runner is not None:
+            self._runner.close()
         self._runner = runner
         builtin = {spec.name for spec in self.reward_specs()}
         self._user_reward_names = [name for name in runner.names if name not in builtin]
@@ -152,10 +153,20 @@ class GradedTask(Task):
             notes = [result.notes[b * size:(b + 1) * size] for b in range(result.rewards.shape[0])]
         return Grades(result.rewards, correct, result.metrics(reported), prompts, failures, notes)
 
+    @property
+    def services(self) -> list[Any]:
+        """What the run serves for this task's rewards (a judge's reference model), closed with it."""
+        if "_services" not in self.__dict__:
+            self._services = []
+        return self._services
+
     def close(self) -> None:
-        """Stop the reward workers, if any."""
+        """Stop the reward workers and the services, if any."""
         if self._runner is not None:
             self._runner.close()
+        for service in self.services:
+            service.close()
+        self.services.clear()
 
     def __enter__(self) -> GradedTask:
         return self
