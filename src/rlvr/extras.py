@@ -21,6 +21,7 @@ EXTRA_OF = {
     "tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio",
     "textarena": "textarena",
     "starlette": "agents", "uvicorn": "agents", "openai": "agents",
+    "verifiers": "verifiers",
 }
 LM_MODULES = ("transformers", "tokenizers", "safetensors", "huggingface_hub")
 AGENT_MODULES = ("starlette", "uvicorn", "openai")  # the endpoint agents call (task.name=agent)

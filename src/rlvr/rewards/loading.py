@@ -87,13 +87,10 @@ def _import(path: str, module_name: str, top: str) -> ModuleType:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name in {".".join(dotted[: i + 1]) for i in range(len(dotted))}:
-            cwd = os.getcwd()
-            if exc.name == top and _in_directory(top, cwd) and cwd not in sys.path:
-                sys.path.append(cwd)  # last: a file here never hides an installed package
-                importlib.invalidate_caches()
+            if exc.name == top and look_in_working_directory(top):
                 return _import(path, module_name, top)
             raise RewardError(f"reward function {path!r}: no module named {exc.name!r} "
-                              f"(looked on sys.path and in {cwd})") from exc
+                              f"(looked on sys.path and in {os.getcwd()})") from exc
         raise RewardError(f"reward function {path!r}: importing {module_name!r} failed: {exc}") from exc
     except Exception as exc:  # the module's own import-time failure: say which import, keep the cause
         raise RewardError(
@@ -110,6 +107,17 @@ def _defined(module: ModuleType) -> str:
         and getattr(value, "__module__", None) == module.__name__
     )
     return f"; it defines: {', '.join(defined)}" if defined else ""
+
+
+def look_in_working_directory(top: str) -> bool:
+    """Append the working directory to ``sys.path`` (last: a file there never hides an
+    installed package) when it holds the module ``top`` and is not there yet: whether it was."""
+    cwd = os.getcwd()
+    if not _in_directory(top, cwd) or cwd in sys.path:
+        return False
+    sys.path.append(cwd)
+    importlib.invalidate_caches()
+    return True
 
 
 def _in_directory(top: str, directory: str) -> bool:

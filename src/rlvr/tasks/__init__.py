@@ -23,10 +23,11 @@ from rlvr.tasks.gsm8k import Gsm8kTask
 from rlvr.tasks.reasoning_gym import ReasoningGymTask
 from rlvr.tasks.sort_text import SortTextTask
 from rlvr.tasks.sorting import SortingTask
+from rlvr.tasks.verifiers_env import VerifiersTask
 
 TASKS: dict[str, type[GradedTask]] = {
     cls.name: cls for cls in (SortingTask, SortTextTask, ArithmeticTask, Gsm8kTask, DatasetTask, ReasoningGymTask,
-                              EnvironmentTask, AgentTask)
+                              EnvironmentTask, AgentTask, VerifiersTask)
 }
 
 __all__ = ["TASKS", "GradedTask", "SortingTask", "check_prompts_fit", "check_task_options", "reward_runner",

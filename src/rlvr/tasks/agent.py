@@ -35,6 +35,8 @@ class AgentTask(GradedTask):
     """Episodes of the user's agent against the run's endpoint; see the module docstring."""
 
     name = "agent"
+    agent_command: str | list[str] | None = None  # the agent as a program (its run made per endpoint)
+    endpoint = None  # the endpoint serving the policy, made by policy_for
     gold_reward = "solved"
     no_gold_hint = "the agent never said whether an episode was solved (return {'reward': r, 'solved': bool})"
     options = {
@@ -65,7 +67,7 @@ class AgentTask(GradedTask):
         if (agent is None) == (agent_command is None):
             raise ConfigError("task.options: give one of agent ('module:function') and agent_command (a program), "
                               f"not {'both' if agent else 'neither'}")
-        self.agent, self.agent_command, self.agent_memory_mb = None, agent_command, agent_memory_mb
+        self.agent_command, self.agent_memory_mb = agent_command, agent_memory_mb
         if agent_command is not None:
             import shlex
 
@@ -78,12 +80,17 @@ class AgentTask(GradedTask):
                                   f"got {agent_command!r:.80}")
         else:
             try:
-                self.agent = load_reward_function(agent)
+                agent = load_reward_function(agent)
             except RewardError as err:  # its message speaks of a reward function; say what was loaded here
                 raise ConfigError(f"task.options.agent: {str(err).removeprefix('reward function ')}") from err
-        self.limits = AgentLimits(concurrency=concurrency, timeout=episode_timeout, max_tokens=max_tokens)
-        self.train_rows, self.eval_rows = start_rows(data, eval_data, eval_size)
+        self._serve(agent, AgentLimits(concurrency=concurrency, timeout=episode_timeout, max_tokens=max_tokens),
+                    *start_rows(data, eval_data, eval_size))
         self.data_files = tuple(p for p in (data, eval_data) if p is not None)
+
+    def _serve(self, agent: Any, limits: AgentLimits, train_rows: list[Any], eval_rows: list[Any]) -> None:
+        """Episodes of ``agent`` (None: the ``agent_command`` program) on these rows, within ``limits``."""
+        self.agent, self.limits = agent, limits
+        self.train_rows, self.eval_rows = train_rows, eval_rows
         self.endpoint = None
 
     def policy_for(self, policy: Policy) -> Policy:
