@@ -165,12 +165,12 @@ def test_python_dash_m_rlvr_runs_the_command_and_warnings_are_one_line():
 
 
 def test_the_readme_python_api_example_runs(tiny_model, tmp_path, capsys):
-    """The README's example as written, on the tiny model, cut to one short epoch."""
+    """The Python API page's example as written, on the tiny model, cut to one short epoch."""
     import re
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    block = re.findall(r"```python\n(.*?)```", readme, flags=re.S)[1]
+    page = (Path(__file__).resolve().parents[1] / "docs" / "guide" / "python-api.md").read_text()
+    block = re.findall(r"```python\n(.*?)```", page, flags=re.S)[0]
     short = ('"algo": {"preset": "grpo", "epochs": 1, "group_size": 2}, "task": {"name": "sort_text", '
              '"prompts_per_epoch": 2, "options": {"num_digits": 3, "num_eval": 2}}, '
              '"log": {"progress": False, "plot": False, "eval_samples": 1}')

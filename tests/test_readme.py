@@ -1,4 +1,4 @@
-"""The README's Python example and its reasoning-gym lines run as written."""
+"""The README's Python example and the getting-started page's reasoning-gym lines run as written."""
 
 import re
 from pathlib import Path
@@ -27,9 +27,9 @@ def test_readme_python_example_runs():
 @pytest.mark.slow
 def test_readme_reasoning_gym_lines_run_as_written(workdir):
     pytest.importorskip("reasoning_gym")
-    text = README.read_text()
+    text = (README.parent / "docs" / "getting-started.md").read_text()
     section = text[text.index("**Train on generated problems**"):]
-    command = re.search(r"\n\n    (rlvr init-model [^\n]*)\n", section)[1]
+    command = re.search(r"```bash\n(rlvr init-model [^\n]*)\n", section)[1]
     done = shell(command + " algo.epochs=1", workdir)
     assert done.returncode == 0, done.stderr[-2000:]
     metrics = (workdir / "runs" / "reasoning_gym_tiny" / "metrics.jsonl").read_text()

@@ -1,4 +1,5 @@
-"""The README's "your own data" quick start runs as written, and shows the example file as it is."""
+"""The "your own data" quick start (docs/getting-started.md, and the README's tour) runs as
+written, and shows the example file as it is."""
 
 import json
 import re
@@ -12,17 +13,18 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def own_data_block() -> tuple[str, str]:
-    """The YAML and the command of the README's "Train on your own data" block."""
-    text = (ROOT / "README.md").read_text()
+    """The YAML and the command of the "Train on your own data" block (docs/getting-started.md)."""
+    text = (ROOT / "docs" / "getting-started.md").read_text()
     section = text[text.index("**Train on your own data**"):]
-    match = re.match(r".*?```yaml\n(.*?)```\n\n    (rlvr [^\n]*)\n", section, flags=re.S)
+    match = re.match(r".*?```yaml\n(.*?)```\n\n<!-- runnable -->\n```bash\n(rlvr [^\n]*)\n", section, flags=re.S)
     assert match, "the block moved or changed shape"
     return match[1], match[2]
 
 
 def test_readme_shows_the_example_file():
-    yaml, _ = own_data_block()
+    yaml, command = own_data_block()
     assert yaml == (ROOT / "examples" / "your_own_data.yaml").read_text()
+    assert f"\n    {command}\n" in (ROOT / "README.md").read_text()  # the README's tour gives the same line
 
 
 @pytest.mark.slow

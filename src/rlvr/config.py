@@ -175,7 +175,8 @@ class AlgoConfig:
         "this C (null: off; needs recompute); also seq_tis's and seq_mask_is's cap, and beside token_mis, "
         "seq_mis or geo_mask the kept tokens' weight min(r, C)"), min=1)
     is_correction: str | None = setting(None, (
-        "off-policy correction of each token's policy-gradient term, r = pi_old / pi_sampler (README): token_tis, "
+        "off-policy correction of each token's policy-gradient term, r = pi_old / pi_sampler "
+        "(docs/algorithms.md): token_tis, "
         "seq_tis (truncated at tis_cap); token_mis, seq_mis, geo_mask (tokens, responses by prod r, responses by "
         "the geometric mean of r outside [is_low, is_high] dropped); icepop (r outside dropped, the rest weighted "
         "by r); seq_mask_is (prod r per response, 0 above tis_cap: TRL's sequence_mask); null: token_tis when "

@@ -46,7 +46,8 @@ def load_pairs(config: Config, task: Any, generator: torch.Generator, chat: bool
         return pairs
     if not hasattr(task, "sft_examples"):
         raise ConfigError(f"task {config.task.name!r} has no SFT examples; set sft.data to a JSONL file of "
-                          "'prompt' and 'completion' rows, or of episodes as 'messages' (see the README)")
+                          "'prompt' and 'completion' rows, or of episodes as 'messages' "
+                          "(see docs/tutorials/environments.md)")
     return task.sft_examples(s.num_examples, generator)
 
 

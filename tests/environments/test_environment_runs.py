@@ -172,7 +172,7 @@ def test_the_readmes_environment_example_runs_as_written(tmp_path, monkeypatch, 
     import re
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "tutorials" / "environments.md").read_text()
     [block] = [b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if "environment_factory=" in b]
     scope: dict = {}
     monkeypatch.chdir(tmp_path)

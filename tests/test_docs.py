@@ -1,0 +1,124 @@
+"""The docs site: it builds with ``mkdocs build --strict``, its reference pages are made from
+the code, no internal link is broken, the search index exists, headless Chromium renders its
+front page and a reference page, and every shell block marked runnable runs as written."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNNABLE = re.compile(r"<!-- runnable -->\n```bash\n(.*?)```", flags=re.S)
+
+
+def runnable_blocks():
+    return [(page.relative_to(ROOT).as_posix(), k, block)
+            for page in sorted((ROOT / "docs").rglob("*.md"))
+            for k, block in enumerate(RUNNABLE.findall(page.read_text()))]
+
+
+def test_there_are_runnable_blocks():
+    pages = {page for page, _, _ in runnable_blocks()}
+    assert {"docs/getting-started.md", "docs/tutorials/resume.md"} <= pages
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page, index, block", runnable_blocks(), ids=lambda v: str(v)[:40])
+def test_a_runnable_block_runs_as_written(page, index, block, tmp_path):
+    pytest.importorskip("transformers")
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    bin_dir = str(Path(sys.executable).parent)
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=600, env={"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert done.returncode == 0, f"{page} block {index}:\n{done.stderr[-3000:]}"
+
+
+class _Links(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.links = []
+
+    def handle_starttag(self, tag, attrs):
+        for name, value in attrs:
+            if name in ("href", "src") and value:
+                self.links.append(value)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    pytest.importorskip("mkdocs")
+    pytest.importorskip("material")
+    out = tmp_path_factory.mktemp("site")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}  # Material's notice of its successor, not the site's
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not re.search(r"WARNING\s+-", done.stderr), done.stderr[-3000:]
+    return out
+
+
+def test_the_site_builds_strict_with_its_reference_made_from_the_code(site):
+    config_page = (site / "reference" / "config" / "index.html").read_text()
+    for key in ("algo.group_size", "algo.kl_coef", "policy.options.model", "cluster.rollout_workers"):
+        assert key in config_page
+    assert "rlvr compare" in (site / "reference" / "cli" / "index.html").read_text()
+    assert "num_generations" in (site / "reference" / "trl-names" / "index.html").read_text()
+    assert "TrainResult" in (site / "reference" / "api" / "index.html").read_text()
+    index = site / "search" / "search_index.json"
+    assert index.is_file() and index.stat().st_size > 10_000
+
+
+def test_no_internal_link_is_broken(site):
+    broken = []
+    for page in site.rglob("*.html"):
+        parser = _Links()
+        parser.feed(page.read_text())
+        for link in parser.links:
+            parts = urlparse(link)
+            if parts.scheme or parts.netloc or not parts.path:
+                continue  # another site, or an anchor on this page
+            path = unquote(parts.path)  # the 404 page's links start at the site's root
+            target = (site / path.lstrip("/") if path.startswith("/") else page.parent / path).resolve()
+            if target.is_dir():
+                target = target / "index.html"
+            if not target.exists():
+                broken.append(f"{page.relative_to(site)} -> {link}")
+    assert not broken, broken[:20]
+
+
+@pytest.mark.parametrize("path", ["index.html", "reference/config/index.html"])
+def test_chromium_renders_the_page(site, path, tmp_path):
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("headless Chromium is not installed (apt-get install chromium; .ci/run does)")
+    shot = tmp_path / "page.png"
+    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                    f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,900", f"--screenshot={shot}",
+                    (site / path).as_uri()], capture_output=True, timeout=120)
+    assert shot.is_file()
+    from matplotlib.image import imread
+
+    pixels = imread(shot)
+    assert pixels.shape[:2] == (900, 1280)
+    # a rendered page, not a blank one: many distinct colours (text, the header bar, links)
+    flat = (pixels[..., :3] * 255).astype(int).reshape(-1, 3)
+    assert len({tuple(p) for p in flat[:: 97]}) > 20
+
+
+def test_the_readme_is_a_front_page_whose_set_up_commands_are_the_getting_started_pages():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 200
+    commands = re.findall(r"\n    (pip install torch==2\.13\.0 [^\n]*)\n", readme)
+    assert len(commands) == 2 and commands[0].endswith("rlvr train") and commands[1].endswith("python -m pytest -q")
+    started = (ROOT / "docs" / "getting-started.md").read_text()
+    assert all(f"\n    {command}\n" in started for command in commands)
+    ci = (ROOT / ".ci" / "run").read_text()
+    extras = re.search(r'-e "\.\[([a-z,-]+)\]"', commands[1])[1]
+    assert f'-e ".[{extras}]"' in ci  # CI installs what the README's test command installs
