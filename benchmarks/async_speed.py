@@ -30,8 +30,8 @@ import sys
 import time
 from pathlib import Path
 
+from rlvr.api import run_loop as train
 from rlvr.config import load_config
-from rlvr.trainer import train
 
 ROOT = Path("runs/async_speed")
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

@@ -167,9 +167,8 @@ def test_base_url_reference_asks_the_runs_frozen_starting_model(chat_model):
     """A judge with ``base_url: reference`` is served by the model the run starts from (loaded
     once more, no adapter): its note is what that model says greedily to the judge's request,
     and the served model stays as loaded."""
-    from rlvr.compose import build_causal_lm_policy
+    from rlvr.compose import MODEL_NAME, build_causal_lm_policy, serve_reference
     from rlvr.config import load_config
-    from rlvr.rewards.reference import MODEL_NAME, serve_reference
 
     config = load_config(None, ["task.name=sort_text", "policy.name=causal_lm", f"policy.options.model={chat_model}",
                                 "policy.options.max_new_tokens=6", "policy.options.lora={r: 2}"])

@@ -39,9 +39,14 @@ LAYERS = {
     "rlvr.report": 10, "rlvr.run_records": 10, "rlvr.export": 11,
     "rlvr.api": 12, "rlvr": 12,
     "rlvr.cli": 13, "rlvr.__main__": 13,
+    # the docs' reference pages, made from the config, the tasks and the command line's parsers
+    "rlvr.reference_pages": 14,
 }
-# the cluster sits beside the loop: it may use the step, seams and state, never the trainer
-FORBIDDEN = {"rlvr.cluster": ("rlvr.trainer",)}
+# the cluster sits beside the loop: it may use the step, seams and state, never the trainer, and
+# the loop takes its seams from its caller, never from the cluster; policies render and sample,
+# and know no environment or agent; a task knows no policy (a prompt's error is rlvr.errors')
+FORBIDDEN = {"rlvr.cluster": ("rlvr.trainer",), "rlvr.trainer": ("rlvr.cluster",),
+             "rlvr.policies": ("rlvr.environments", "rlvr.agents"), "rlvr.tasks": ("rlvr.policies",)}
 
 
 def module_name(path: Path) -> str:
@@ -112,3 +117,35 @@ def test_the_table_names_every_module_and_the_core_imports_nothing_of_rlvr():
     edges = graph()
     assert all(layer(name) >= 0 for name in edges)
     assert all(b.startswith("rlvr.core") for a, deps in edges.items() if a.startswith("rlvr.core") for b in deps)
+
+
+def package(name: str) -> str:
+    """A module's package under rlvr (``rlvr.tasks.dataset`` -> ``rlvr.tasks``); a top-level module is its own."""
+    parts = name.split(".")
+    return ".".join(parts[:2])
+
+
+def test_no_import_cycle_between_packages():
+    """Read package by package (every module of a package as one node), the imports form no
+    cycle: policies and environments, tasks and policies, no longer lean on each other."""
+    edges: dict[str, set[str]] = {}
+    for a, deps in graph().items():
+        edges.setdefault(package(a), set()).update(package(b) for b in deps if package(b) != package(a))
+    packages = {p for p in edges if p.count(".") == 1 and (SRC / p.replace(".", "/")).is_dir()}
+    cycles, state = [], {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(edges.get(node, ())):
+            if nxt not in packages:
+                continue
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join([*path[path.index(nxt):], node, nxt]) if nxt in path else f"{node} -> {nxt}")
+            elif nxt not in state:
+                visit(nxt, [*path, node])
+        state[node] = 2
+
+    for node in sorted(packages):
+        if node not in state:
+            visit(node, [])
+    assert not cycles, "\n".join(cycles)

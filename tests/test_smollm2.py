@@ -114,7 +114,7 @@ def test_lora_on_the_real_model_trains_its_adapters_and_exports_merged(smollm2, 
 def test_its_chat_template_renders_episodes_turn_by_turn_as_whole(smollm2):
     from transformers import AutoTokenizer
 
-    from rlvr.environments.chat_check import check_chat_template, render_delta
+    from rlvr.policies.chat_check import check_chat_template, render_delta
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2[1])
     tool_episode = [

@@ -150,6 +150,21 @@ def _train_in_memory(config: Config, on_record: Callable[[Record], None] | None)
     return TrainResult(records, None, policy, config)
 
 
+def run_loop(config: Config, on_record: Callable[[Record], None] | None = None,
+             state: tuple[Any, Any] | None = None, on_epoch_end: Callable[[Any], None] | None = None) -> list[Record]:
+    """``rlvr.trainer.train`` with the seams ``config`` asks for (``loop_parts``: this
+    process's, or Ray actors that end with the loop); ``state`` as ``setup`` builds it (default:
+    built here). The records, as ``train`` returns them."""
+    from rlvr.cluster.session import loop_parts
+    from rlvr.trainer import setup
+    from rlvr.trainer import train as train_loop
+
+    task, st = state if state is not None else setup(config)
+    with loop_parts(config, st) as (source, learner):
+        return train_loop(config, on_record=on_record, state=(task, st), on_epoch_end=on_epoch_end, source=source,
+                          learner=learner)
+
+
 def _check_callables(reward_funcs: Sequence[Callable]) -> None:
     if isinstance(reward_funcs, (str, bytes)) or callable(reward_funcs):
         raise ConfigError("reward_funcs: expected a list of functions, e.g. reward_funcs=[my_reward]")

@@ -6,25 +6,43 @@ config needs (``check_extras``), checked before anything is built.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import inspect
+from collections.abc import Sequence
 from contextlib import nullcontext
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rlvr.errors import ConfigError
 from rlvr.extras import AGENT_MODULES, LM_MODULES, require
 from rlvr.policies.positional import PositionalPolicy
-from rlvr.rewards.reference import serve_reference
 from rlvr.tasks import SortingTask, check_task_options, settings_field, task_class
 from rlvr.tasks.grading import GradedTask, reward_runner
 
 if TYPE_CHECKING:
+    from rlvr.agents.server import Endpoint
     from rlvr.config import Config, PolicyConfig
     from rlvr.policies.causal_lm import CausalLMPolicy
     from rlvr.rollout import Policy, Task
 
-__all__ = ["build_causal_lm_policy", "build_policy", "build_task", "check_extras", "needed_modules"]
+__all__ = ["build_causal_lm_policy", "build_policy", "build_task", "check_extras", "driver_holds_weights",
+           "needed_modules", "runs_on_ray"]
+
+
+def runs_on_ray(config: Config) -> bool:
+    """Whether ``config`` runs any part of the loop on Ray (rollout workers, or data-parallel
+    learners): its seams then come from ``rlvr.cluster.session.loop_parts``."""
+    return config.cluster.rollout_workers > 0 or config.cluster.learners > 1
+
+
+def driver_holds_weights(config: Config) -> bool:
+    """Whether the driver process holds the policy's weights: not when data-parallel
+    learners hold them and rollout workers sample (``cluster.learners > 1`` and
+    ``cluster.rollout_workers > 0``); then its policy is built without weights (on the meta
+    device: the tokenizer and the limits only), and its memory does not grow with the model."""
+    return not (config.cluster.learners > 1 and config.cluster.rollout_workers > 0)
 
 
 def build_task(config: Config) -> GradedTask:
@@ -137,3 +155,45 @@ def check_extras(config: Config) -> None:
     back end of ``config`` whose package is missing; nothing is imported."""
     for what, modules in needed_modules(config):
         require(what, modules)
+
+
+REFERENCE = "reference"
+MODEL_NAME = "rlvr-reference"
+
+
+def asks_reference(item: Any) -> bool:
+    """Is this ``rewards.functions`` item a function whose options say ``base_url: reference``?"""
+    return isinstance(item, dict) and isinstance(item.get("options"), dict) and \
+        item["options"].get("base_url") == REFERENCE
+
+
+def serve_reference(functions: Sequence[Any], policy: PolicyConfig) -> tuple[list[Any], Endpoint | None]:
+    """A judge reward whose options say ``base_url: reference`` asks the model the run starts
+    from, frozen: ``policy.options.model`` loaded once more (without a LoRA adapter, on the hf
+    engine, never trained), served on loopback for the run's length by an endpoint with open
+    routes (``rlvr.agents.server``), its requests batched, each at its own temperature.
+    Returns ``functions`` with each such judge pointed at it (a copy: its URL, model name and a
+    fresh key, never written to the run directory), and the endpoint (started; None when no
+    function asks for it: nothing is loaded)."""
+    if not any(asks_reference(item) for item in functions):
+        return list(functions), None
+    from rlvr.agents.server import Endpoint
+
+    require("rewards.functions: a judge with base_url 'reference'", AGENT_MODULES)
+    if policy.name != "causal_lm":
+        raise ConfigError("rewards.functions: a judge with base_url 'reference' needs a language model "
+                          f"(policy.name: causal_lm), not policy.name={policy.name!r}")
+    options = dataclasses.replace(policy.options, lora=None, engine="hf", engine_options={}, compile=False,
+                                  gradient_checkpointing=False)
+    model = build_causal_lm_policy(dataclasses.replace(policy, options=options))
+    model.module.requires_grad_(False)
+    endpoint = Endpoint(model, model_name=MODEL_NAME, open_routes=True)
+    endpoint.start()
+    served = []
+    for item in functions:
+        if asks_reference(item):
+            item = copy.deepcopy(item)
+            item["options"].update(base_url=f"http://{endpoint.host}:{endpoint.port}/v1", model=MODEL_NAME,
+                                   api_key=endpoint.api_key)
+        served.append(item)
+    return served, endpoint

@@ -12,6 +12,16 @@ class ConfigError(ValueError):
     """A configuration that cannot run; the message names the field."""
 
 
+class PromptError(ConfigError):
+    """A prompt the model cannot take: with the response it is longer than the model's
+    positions, or it holds a character the tokenizer cannot encode. Names the prompt;
+    ``index`` is its position in the prompts checked (None: not one prompt's fault)."""
+
+    def __init__(self, message: str, index: int | None = None) -> None:
+        super().__init__(message)
+        self.index = index
+
+
 class RunError(RuntimeError):
     """A run that cannot start or go on (its directory is taken, a write failed)."""
 

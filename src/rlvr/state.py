@@ -36,7 +36,7 @@ class TrainState:
     records: list[Record] = field(default_factory=list)
     stop_requested: bool = False  # set by a signal handler: stop after the current step
     # a one-process checkpoint's weights, optimizer state and reference, kept for the learners
-    # by a driver that holds no weights (``rlvr.cluster.driver_holds_weights``) until they take them
+    # by a driver that holds no weights (``rlvr.compose.driver_holds_weights``) until they take them
     handover: dict | None = None
 
 

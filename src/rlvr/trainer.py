@@ -5,7 +5,8 @@ become deltas, the old policy's log-probs are cached once (a tensor, not a model
 learner takes ``inner_steps`` optimizer steps on that batch (``rlvr.step``: micro-batches
 with gradient accumulation). A frozen reference copy exists only when ``kl_coef > 0``.
 The source and the learner are the loop's seams (``rlvr.seams``): in this process or on
-Ray actors, built once by ``rlvr.cluster.session.loop_parts``; the loop never asks which.
+Ray actors, built once by ``rlvr.cluster.session.loop_parts`` and handed in by the caller
+(``rlvr.api.run_loop``, ``rlvr.runs``); the loop never asks which.
 Shapes: B prompts, G responses per prompt, N = B*G responses, T response tokens.
 """
 
@@ -14,23 +15,20 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from contextlib import ExitStack
 from functools import partial
 from typing import Any
 
 import torch
 
 from rlvr import core
-from rlvr.cluster import driver_holds_weights
-from rlvr.cluster.session import loop_parts
-from rlvr.compose import build_policy, build_task, check_extras
+from rlvr.compose import build_policy, build_task, check_extras, driver_holds_weights, runs_on_ray
 from rlvr.config import AlgoConfig, Config
 from rlvr.diagnostics import max_reward_stats, prompt_solve_shares
 from rlvr.errors import CutShort
 from rlvr.metrics import Record
 from rlvr.optim import build_optimizer, build_scheduler
 from rlvr.rollout import Grades, Policy, Rollout, Samples, Task, sampler_log_probs_exact
-from rlvr.seams import Learner, LocalLearner, LocalRolloutSource, RolloutSource
+from rlvr.seams import Learner, LocalLearner, LocalRolloutSource, RolloutSource, local_learner
 from rlvr.shaping import shaped_rewards
 from rlvr.state import TrainingError, TrainState, seed_everything
 from rlvr.tasks import check_prompts_fit
@@ -72,11 +70,10 @@ def train(
     ``on_epoch_end`` sees the state after each epoch, and after the step at which a
     stop was requested (the CLI writes checkpoints then). ``state`` continues a run
     built by ``setup`` or restored from a checkpoint, mid-epoch included. ``source`` and
-    ``learner``: the loop's seams, both or neither (default: ``loop_parts(config, st)``,
-    whose Ray actors, if the config asks for any, end with the loop).
+    ``learner``: the loop's seams, both or neither (default: this process's; a config
+    that runs on Ray gets its parts from ``rlvr.api.run_loop``).
     """
-    if (source is None) != (learner is None):
-        raise ValueError("train: give both a rollout source and a learner, or neither")
+    source, learner = seams(config, source, learner)
     task, st = state if state is not None else setup(config)
     a = config.algo
     emit = on_record or (lambda record: None)
@@ -86,33 +83,43 @@ def train(
             st.records.append(r)
             emit(r)
 
-    with ExitStack() as stack:
-        if source is None:
-            source, learner = stack.enter_context(loop_parts(config, st))
-        if config.log.eval_at_start and st.step == 0 and not st.records:
-            record(*unless_cut_short(st, lambda: source.evaluate(st, task)) or ())  # the starting point
-        while st.epoch < a.epochs:
-            if st.rollout is None:
-                st.rollout = unless_cut_short(st, lambda: collect_rollout(config, task, st, source, learner))
-                if st.rollout is not None and config.log.prompt_records and st.rollout.prompt_solved is not None:
-                    record({"kind": "prompts", "epoch": st.epoch, "step": st.step, "solved": st.rollout.prompt_solved})
-            while st.rollout is not None and st.inner_step < a.inner_steps:
-                record(learner.optimizer_step(st, st.rollout))
-                source.offer_weights(st)  # for rollout workers that take new weights between batches
-                st.inner_step += 1
-                if st.stop_requested and st.inner_step < a.inner_steps:
-                    break
-            learner.pull(st)  # the scheduler (and the weights, where the driver samples or checkpoints with them)
-            if st.inner_step == a.inner_steps:  # the epoch is complete
-                st.rollout, st.inner_step = None, 0
-                st.epoch += 1
-                if st.epoch % config.log.eval_every == 0 or st.epoch == a.epochs:
-                    record(*unless_cut_short(st, lambda: source.evaluate(st, task)) or ())  # the new weights
-            if on_epoch_end is not None:
-                on_epoch_end(st)
-            if st.stop_requested:
+    if config.log.eval_at_start and st.step == 0 and not st.records:
+        record(*unless_cut_short(st, lambda: source.evaluate(st, task)) or ())  # the starting point
+    while st.epoch < a.epochs:
+        if st.rollout is None:
+            st.rollout = unless_cut_short(st, lambda: collect_rollout(config, task, st, source, learner))
+            if st.rollout is not None and config.log.prompt_records and st.rollout.prompt_solved is not None:
+                record({"kind": "prompts", "epoch": st.epoch, "step": st.step, "solved": st.rollout.prompt_solved})
+        while st.rollout is not None and st.inner_step < a.inner_steps:
+            record(learner.optimizer_step(st, st.rollout))
+            source.offer_weights(st)  # for rollout workers that take new weights between batches
+            st.inner_step += 1
+            if st.stop_requested and st.inner_step < a.inner_steps:
                 break
+        learner.pull(st)  # the scheduler (and the weights, where the driver samples or checkpoints with them)
+        if st.inner_step == a.inner_steps:  # the epoch is complete
+            st.rollout, st.inner_step = None, 0
+            st.epoch += 1
+            if st.epoch % config.log.eval_every == 0 or st.epoch == a.epochs:
+                record(*unless_cut_short(st, lambda: source.evaluate(st, task)) or ())  # the new weights
+        if on_epoch_end is not None:
+            on_epoch_end(st)
+        if st.stop_requested:
+            break
     return st.records
+
+
+def seams(config: Config, source: RolloutSource | None, learner: Learner | None) -> tuple[RolloutSource, Learner]:
+    """The loop's seams: the ones given (both or neither), else this process's; a config that
+    runs on Ray must be handed its (``rlvr.api.run_loop`` builds them)."""
+    if (source is None) != (learner is None):
+        raise ValueError("train: give both a rollout source and a learner, or neither")
+    if source is not None:
+        return source, learner
+    if runs_on_ray(config):
+        raise ValueError("train: this config runs parts of the loop on Ray; rlvr.api.run_loop (or rlvr.train) "
+                         "builds them (rlvr.cluster.session.loop_parts) and hands them in")
+    return LocalRolloutSource(config), local_learner(config)
 
 
 def unless_cut_short(st: TrainState, make: Callable[[], Any]) -> Any:

@@ -56,7 +56,7 @@ def assert_follows(records, reference, rel=1e-4, abs=1e-6):
 
 def test_the_driver_holds_no_weights_and_the_run_follows_the_single_process_run(ray_local):
     import rlvr
-    from rlvr.trainer import train
+    from rlvr.api import run_loop as train
 
     local = rlvr.train(load_config(None, TOY))
     seen = []

@@ -19,6 +19,7 @@ import pytest
 from ray_actors import record_actors
 
 from conftest import QUIET, sigkill_mid_run
+from rlvr.api import run_loop as train
 from rlvr.checkpoint import list_checkpoints, verify
 from rlvr.cli import main
 from rlvr.config import load_config
@@ -27,7 +28,6 @@ from rlvr.metrics import read_records, without_timings
 from rlvr.resume import resume_config
 from rlvr.runs import run_training
 from rlvr.state import TrainingError
-from rlvr.trainer import train
 
 pytestmark = pytest.mark.ray
 

@@ -76,7 +76,7 @@ def test_a_run_with_two_learners_follows_the_single_process_run(ray_local):
     """The whole loop with the optimizer steps on two learners: the records agree with the
     single-process run's to float rounding (the gradient is summed in another order), and the
     driver ends with the learners' weights."""
-    from rlvr.trainer import train
+    from rlvr.api import run_loop as train
 
     local = train(load_config(None, RUN))
     states = []
@@ -98,8 +98,8 @@ def test_a_dead_learner_stops_the_run_with_a_clear_message(ray_local, monkeypatc
     import os
     import signal
 
+    from rlvr.api import run_loop as train
     from rlvr.state import TrainingError
-    from rlvr.trainer import train
 
     built = record_actors(monkeypatch)
 
@@ -152,7 +152,7 @@ def test_fsdp_learners_match_the_single_process_gradient_and_run(ray_local, tiny
     """FSDP2 (parameters, gradients and Adam state sharded over two learners): the summed
     gradient is the single-process one, and a short run follows the single-process run."""
     pytest.importorskip("transformers")
-    from rlvr.trainer import train
+    from rlvr.api import run_loop as train
 
     config = lm_config(tiny_model, "cluster.learners=2", "cluster.learner_strategy=fsdp")
     task, st = setup(config)
@@ -188,7 +188,7 @@ def test_two_learners_measure_the_gradient_noise_of_the_single_process_step(ray_
     """Each learner splits its share (whole groups) into parts and the parts of both are
     gathered: 4 prompts in 2 shares of 2, parts of one group each, as the single process
     splits the batch, so grad/* agree to float rounding."""
-    from rlvr.trainer import train
+    from rlvr.api import run_loop as train
 
     run = RUN + ["task.prompts=null", "task.prompts_per_epoch=4", "log.grad_noise_every=1", "algo.epochs=2",
                  "log.eval_every=2"]

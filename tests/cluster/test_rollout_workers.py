@@ -10,9 +10,9 @@ import torch
 from ray_actors import record_actors
 
 from conftest import QUIET
+from rlvr.api import run_loop as train
 from rlvr.config import load_config
 from rlvr.errors import ConfigError
-from rlvr.trainer import train
 
 pytestmark = pytest.mark.ray
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from conftest import QUIET
+from rlvr.api import run_loop
 from rlvr.cluster.jobs import Job
 from rlvr.cluster.session import loop_parts
 from rlvr.cluster.staleness import sample_versions, staleness_stats, step_bound, too_old
@@ -81,12 +82,12 @@ def test_a_bound_below_k_epochs_drops_the_parts_of_split_batches(ray_local):
     overrides = ASYNC + ["algo.epochs=5", "cluster.max_staleness=2", "cluster.max_staleness_steps=3",
                          "cluster.rollout_workers=2", "cluster.split_batch=true", "task.prompts=null",
                          "task.prompts_per_epoch=5"]
-    records = train_records(train(load_config(None, overrides)))
+    records = train_records(run_loop(load_config(None, overrides)))
     firsts = records[::2]
     assert all(r["cluster/staleness_steps_max"] <= 3 for r in records)
     assert [r["cluster/staleness_steps_max"] for r in firsts] == [0.0, 2.0, 0.0, 0.0, 0.0]
     assert [r["cluster/dropped_stale"] for r in firsts] == [0.0, 0.0, 2.0, 2.0, 2.0]
     assert firsts[-1]["cluster/dropped_stale_total"] == 6.0
     assert all(r["response_tokens"] == 5 * 10 * 3 for r in records)  # B x G x n: every part replaced whole
-    again = train_records(train(load_config(None, overrides)))
+    again = train_records(run_loop(load_config(None, overrides)))
     assert [r["loss"] for r in again] == [r["loss"] for r in records]  # a replaced part's generator is its own

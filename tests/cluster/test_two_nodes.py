@@ -8,9 +8,9 @@ import pytest
 from ray_actors import record_actors
 
 from conftest import QUIET
+from rlvr.api import run_loop as train
 from rlvr.cluster.session import remove_session
 from rlvr.config import load_config
-from rlvr.trainer import train
 
 pytestmark = pytest.mark.ray
 

@@ -12,10 +12,10 @@ import pytest
 from ray_actors import record_actors
 
 from conftest import QUIET
+from rlvr.api import run_loop as train
 from rlvr.cli import main
 from rlvr.config import load_config
 from rlvr.state import TrainingError
-from rlvr.trainer import train
 
 pytestmark = pytest.mark.ray
 

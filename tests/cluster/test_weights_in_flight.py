@@ -47,7 +47,7 @@ def test_a_worker_takes_the_newest_weights_posted_on_the_board(ray_local):
 
 
 def test_a_run_with_weights_in_flight_keeps_every_batch_within_the_bound(ray_local):
-    from rlvr.trainer import train
+    from rlvr.api import run_loop as train
 
     records = train(load_config(None, IN_FLIGHT + ["algo.epochs=5"]))
     steps = [r for r in records if r["kind"] == "train"]

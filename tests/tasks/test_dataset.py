@@ -57,8 +57,9 @@ def test_every_format_gives_the_same_prompts(tmp_path, jsonl):
 
 
 def test_chat_prompts_render_with_the_template_and_system_prompt(jsonl, tiny_model):
+    from rlvr.errors import PromptError
     from rlvr.modeling import load_model_and_tokenizer
-    from rlvr.policies.prompts import PromptError, prompt_token_ids
+    from rlvr.policies.prompts import prompt_token_ids
 
     task = DatasetTask(jsonl, system_prompt="s", answer_column="answer", gold="exact")
     prompt = task.eval_prompts()[0]

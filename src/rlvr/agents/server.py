@@ -16,7 +16,7 @@ prompt with the model's chat template, except a follow-up: when the request's la
 assistant message is one this endpoint served (its content and tool call ids) after the
 same earlier messages, the prompt is that call's prompt and completion ids (its
 end-of-turn token added when it was cut at ``max_tokens``), then the ids of what the
-template adds for the new messages (``rlvr.environments.chat_check.render_delta``), so
+template adds for the new messages (``rlvr.policies.chat_check.render_delta``), so
 the calls join into one sequence (``rlvr.agents.calls``) with the tokens exactly as
 sampled. Each call is recorded with its prompt ids, completion ids, sampler log-probs and
 the engine's weights version.
@@ -32,7 +32,7 @@ wrong API key (401), a body over ``max_body_bytes`` (413), a malformed body or m
 
 With ``open_routes``, ``/v1/chat/completions`` and ``/v1/completions`` also answer requests
 of no episode, each sampled at its own ``temperature`` (0 unless it says) and ``seed``:
-the way a judge reward asks the run's frozen reference model (``rlvr.rewards.reference``).
+the way a judge reward asks the run's frozen reference model (``rlvr.compose.serve_reference``).
 The same app also listens on a Unix socket (``unix_socket``, in a private temporary
 folder): the way in for agent commands jailed in a network namespace of their own
 (``rlvr.agents.command``).
@@ -369,8 +369,8 @@ class Endpoint:
     def _chat_prompt(self, episode: AgentEpisode, raw: list, plain: list[dict[str, str]], tools: Any) -> list[int]:
         """The prompt's ids: a follow-up's from the recorded call it follows, else the
         whole conversation rendered (see the module docstring)."""
-        from rlvr.environments.chat_check import ChatTemplateMismatch
         from rlvr.policies import turns
+        from rlvr.policies.chat_check import ChatTemplateMismatch
 
         last = max((j for j, m in enumerate(plain) if m["role"] == "assistant"), default=None)
         follows = None
@@ -412,7 +412,8 @@ class Endpoint:
         return [*follows.call.prompt_ids, *follows.call.completion_ids, *ids]
 
     def _encoded(self, prompt: Any, tools: list[dict] | None = None) -> list[int]:
-        from rlvr.policies.prompts import PromptError, prompt_token_ids
+        from rlvr.errors import PromptError
+        from rlvr.policies.prompts import prompt_token_ids
 
         policy = self.policy
         try:

@@ -4,7 +4,7 @@
 each epoch's batch with the trainer's current weights (``rollout.RayRolloutSource``);
 ``cluster.learners > 1`` has data-parallel learners take the optimizer steps
 (``learners.LearnerGroup``, each running ``rlvr.step``); with both, the driver holds no
-weights (``driver_holds_weights``). ``session.loop_parts`` builds the pair the loop
+weights (``rlvr.compose.driver_holds_weights``). ``session.loop_parts`` builds the pair the loop
 receives. Nothing here imports the loop (``rlvr.trainer``). Ray is optional: ``pip install
 'rlvr[ray]'``; nothing here imports it until a run asks for actors.
 
@@ -19,23 +19,10 @@ wait that runs out, or an actor that dies, stops the run with one line naming th
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from rlvr.errors import RunError
-
-if TYPE_CHECKING:
-    from rlvr.config import Config
 
 READY_TIMEOUT = 300.0  # seconds an actor may take to start (build its policy), or to come back after a restart
 PROBE_TIMEOUT = 5.0  # seconds a learner that missed its deadline may take to say what it is doing
-
-
-def driver_holds_weights(config: Config) -> bool:
-    """Whether the driver process holds the policy's weights: not when data-parallel
-    learners hold them and rollout workers sample (``cluster.learners > 1`` and
-    ``cluster.rollout_workers > 0``); then its policy is built without weights (on the meta
-    device: the tokenizer and the limits only), and its memory does not grow with the model."""
-    return not (config.cluster.learners > 1 and config.cluster.rollout_workers > 0)
 
 
 class ClusterError(RunError):

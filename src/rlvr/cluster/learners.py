@@ -43,11 +43,12 @@ from typing import Any
 
 import torch
 
-from rlvr.cluster import READY_TIMEOUT, driver_holds_weights, first_line
+from rlvr.cluster import READY_TIMEOUT, first_line
 from rlvr.cluster.learner_rank import LearnerRank, load_train_state, policy_device, share_bounds
 from rlvr.cluster.sharded import has_reference
 from rlvr.cluster.watch import WATCH, diagnose
 from rlvr.cluster.weight_sync import free_port
+from rlvr.compose import driver_holds_weights
 from rlvr.config import Config
 from rlvr.metrics import Record
 from rlvr.policies import holds_weights

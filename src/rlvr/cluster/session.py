@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from rlvr.cluster import driver_holds_weights
+from rlvr.compose import driver_holds_weights, runs_on_ray
 from rlvr.config import Config
 from rlvr.policies import holds_weights
 from rlvr.seams import Learner, LocalRolloutSource, RolloutSource, local_learner
@@ -58,16 +58,11 @@ def import_ray() -> Any:
     return ray
 
 
-def wanted(config: Config) -> bool:
-    """Whether ``config`` runs any part of the loop on Ray."""
-    return config.cluster.rollout_workers > 0 or config.cluster.learners > 1
-
-
 @contextmanager
 def loop_parts(config: Config, st: TrainState) -> Iterator[tuple[RolloutSource, Learner]]:
     """The rollout source and the learner ``config`` asks for, the learners starting from
     ``st``; Ray's actors (and Ray, if this starts it) end with the block."""
-    if not wanted(config):
+    if not runs_on_ray(config):
         yield LocalRolloutSource(config), local_learner(config)
         return
     cluster = Cluster(config, st)

@@ -3,8 +3,8 @@
 ``base``: the interface (``Environment``, ``Step``, ``Episode``). ``episodes``: running a
 batch of episodes with a causal LM. ``policy``: the LM acting in an environment, as a
 ``Policy``. ``tools``: tool calls parsed and run in sandboxed workers. ``games``: ready
-environments. ``adapters``: TRL-style and ``verifiers`` environments. ``chat_check``: does a
-chat template render a conversation the same turn by turn as whole?
+environments. ``adapters``: TRL-style and ``verifiers`` environments. Whether a chat
+template renders a conversation the same turn by turn as whole is ``rlvr.policies.chat_check``.
 """
 
 from rlvr.environments.base import Environment, Episode, Observation, Step, ToolCall, ToolError, ToolResult, Turn

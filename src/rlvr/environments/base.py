@@ -19,7 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-Message = dict[str, Any]  # {"role": "user" | "assistant" | "tool" | "system", "content": str, ...}
+from rlvr.policies.chat_check import Message
+
 Observation = str | list[Message]  # text appended as it is, or chat messages rendered by the chat template
 
 

@@ -16,7 +16,7 @@ import torch
 
 from rlvr.environments.episodes import EpisodeLimits, EpisodeText, episodes_samples, run_episodes, start_episodes
 from rlvr.environments.hosts import EnvironmentHosts
-from rlvr.policies.prompts import PromptError
+from rlvr.errors import PromptError
 from rlvr.rollout import Policy, Samples
 
 CHECKED_STARTS = 8  # starts whose prompts are checked before any work
@@ -84,7 +84,7 @@ class EpisodePolicy(Policy):
                 chats.append([*prompt, {"role": "assistant", "content": "1"}, {"role": "user", "content": "2"},
                               {"role": "assistant", "content": "3"}])
         if chats:
-            from rlvr.environments.chat_check import check_chat_template
+            from rlvr.policies.chat_check import check_chat_template
 
             try:
                 differences = check_chat_template(self.lm.tokenizer, chats, limit=1)

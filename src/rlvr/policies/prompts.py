@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from rlvr.errors import ConfigError
+from rlvr.errors import ConfigError, PromptError
 
 # A chat template renders a prompt in well under a millisecond and writes a few thousand
 # characters; past these it is broken or hostile (a string repeated 2e9 times, nested
@@ -64,14 +64,6 @@ def max_token_chars(tokenizer: Any) -> int:
     return max(1, longest)
 
 
-class PromptError(ConfigError):
-    """A prompt the model cannot take: with the response it is longer than the model's
-    positions, or it holds a character the tokenizer cannot encode. Names the prompt;
-    ``index`` is its position in the prompts checked (None: not one prompt's fault)."""
-
-    def __init__(self, message: str, index: int | None = None) -> None:
-        super().__init__(message)
-        self.index = index
 
 
 def content_chars(value: Any) -> int:

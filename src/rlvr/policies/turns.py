@@ -5,7 +5,7 @@ Token in, token out: a prefix is the prompt's ids, then every turn's ids as they
 sampled or appended; the policy's text is decoded for the environment to read, never
 encoded again. An observation's ids are its text's, encoded on its own: plain text as it
 is (a tiny model's episodes), chat messages as the text the chat template adds for them
-after the conversation so far (``rlvr.environments.chat_check.render_delta``).
+after the conversation so far (``rlvr.policies.chat_check.render_delta``).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def observation_ids(policy: CausalLMPolicy, history: list[dict[str, Any]], obser
     if isinstance(observation, str):
         text = observation
     else:
-        from rlvr.environments.chat_check import render_delta
+        from rlvr.policies.chat_check import render_delta
 
         text = render_delta(policy.tokenizer, history, list(observation), **({"tools": tools} if tools else {}))
     try:

@@ -10,8 +10,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, get_type_hints
 
-from rlvr.errors import ConfigError, did_you_mean
-from rlvr.policies.prompts import PromptError
+from rlvr.errors import ConfigError, PromptError, did_you_mean
 from rlvr.rollout import Policy, Task
 from rlvr.rules import check_rules, coerce
 from rlvr.tasks.agent import AgentTask

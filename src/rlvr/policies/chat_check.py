@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlvr.environments.base import Message
+Message = dict[str, Any]  # {"role": "user" | "assistant" | "tool" | "system", "content": str, ...}
 
 EXCERPT_WIDTH = 40  # characters of each side shown around a first difference
 
