@@ -67,6 +67,7 @@ def test_the_site_builds_strict_with_its_reference_made_from_the_code(site):
     config_page = (site / "reference" / "config" / "index.html").read_text()
     for key in ("algo.group_size", "algo.kl_coef", "policy.options.model", "cluster.rollout_workers"):
         assert key in config_page
+    assert "runs/&lt;name&gt;" in config_page  # help text shown as text, not read as a tag
     assert "rlvr compare" in (site / "reference" / "cli" / "index.html").read_text()
     assert "num_generations" in (site / "reference" / "trl-names" / "index.html").read_text()
     assert "TrainResult" in (site / "reference" / "api" / "index.html").read_text()

@@ -213,7 +213,7 @@ def test_sorting_takes_required_user_functions():
 
 def test_the_registry_names_every_task_by_its_config_name():
     assert list(TASKS) == ["sorting", "sort_text", "arithmetic", "gsm8k", "dataset", "reasoning_gym", "environment",
-                           "agent"]
+                           "agent", "verifiers"]
     assert all(cls.name == name for name, cls in TASKS.items())
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import html
 import typing
 from typing import Any
 
@@ -131,4 +132,6 @@ def _rules(metadata: Any) -> str:
 
 
 def _cell(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    """``text`` as one table cell: HTML's special characters escaped (``runs/<name>`` is text,
+    not a tag), the column bar escaped, on one line."""
+    return html.escape(str(text), quote=False).replace("|", "\\|").replace("\n", " ")
