@@ -6,7 +6,7 @@ and a follow-up question (the second call's prompt is the first's prompt and com
 and the template's delta, as the endpoint builds it). Through the endpoint, E agents
 (``openai.AsyncOpenAI``) run at once; directly, the same prompts go to the engine in one
 batch per call (``rlvr.policies.turns.next_turns``) with the same per-completion seeds
-(``rlvr.agents.server.call_seed``). Wall time of each side, repeated, interleaved; the
+(``rlvr.agents.batcher.call_seed``). Wall time of each side, repeated, interleaved; the
 script prints the medians, endpoint / direct - 1 (the overhead; goal: at most 10 %), and
 whether every recorded completion equals the direct one token for token.
 
@@ -67,7 +67,7 @@ def through_endpoint(endpoint, episodes: int, new_tokens: int) -> list[list[list
 
 def direct(policy, episodes: int, new_tokens: int) -> list[list[list[int]]]:
     """The same episodes on the engine: each call one batch, the same seeds and prompt ids."""
-    from rlvr.agents.server import call_seed
+    from rlvr.agents.batcher import call_seed
     from rlvr.policies import turns
     from rlvr.policies.prompts import prompt_token_ids
 

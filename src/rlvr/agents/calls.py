@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from rlvr.environments.base import Turn
 
@@ -85,3 +86,35 @@ def join_calls(calls: Sequence[Call]) -> list[Segment]:
         best.turns.append(Turn("policy", call.text, list(call.completion_ids), list(call.log_probs)))
         best.calls.append(index)
     return segments
+
+
+@dataclass
+class Served:
+    """A call with what the agent sent and got back: the request's messages (normalised,
+    before the tools' description), its tools, and the key of the reply it got."""
+
+    call: Call
+    messages: list[dict[str, str]] | None  # None: a /completions call
+    tools: Any
+    key: Any  # chat.reply_key of the reply; the prompt + completion text for /completions
+    stop_cut: bool = False  # ended by a request's stop string, not the end-of-turn token
+
+
+@dataclass
+class AgentEpisode:
+    """One episode's record: its calls in order, the first request's messages or text,
+    whether a request ran past its token budget, and the seed its draws come from."""
+
+    id: str
+    seed: int
+    temperature: float
+    max_tokens: int
+    served: list[Served] = field(default_factory=list)
+    prompt: Any = None
+    first_prompt_length: int | None = None
+    truncated: bool = False
+    draws: int = 0  # completions asked for so far: the next one's index (its seed, its tool call ids)
+
+    @property
+    def calls(self) -> list[Call]:
+        return [s.call for s in self.served]

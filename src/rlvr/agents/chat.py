@@ -11,18 +11,25 @@ tools slot where it has one, else described in the system message. A completion 
 writes ``<tool_call>`` blocks naming the request's tools comes back with them as
 ``tool_calls`` (``reply``), its text before the first call as content.
 
+The request's other fields are read here too (``n_choices``, ``stops``, ``temperature``,
+``seed``, ``max_tokens``), and a reply is put in OpenAI's form (``response``).
+
 A bad request raises ``RequestError``: an OpenAI-style error with its HTTP status.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
+import time
 from typing import Any
 
 from rlvr.environments.tool_parsing import parse_tool_calls
 
 ROLES = ("system", "user", "assistant", "tool")
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+MAX_CHOICES = 16
+MAX_STOPS = 4
 
 
 class RequestError(Exception):
@@ -129,3 +136,64 @@ def _list(value: Any, where: str) -> list:
     if not isinstance(value, list):
         raise RequestError(400, f"'{where}' must be a list", param=where)
     return value
+
+
+def n_choices(body: dict[str, Any]) -> int:
+    n = body.get("n", 1)
+    if n is None:
+        return 1
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_CHOICES:
+        raise RequestError(400, f"'n' must be an integer from 1 to {MAX_CHOICES}, got {n!r}", param="n")
+    return n
+
+
+def stops(body: dict[str, Any]) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or len(stops) > MAX_STOPS or not all(isinstance(s, str) and s for s in stops):
+        raise RequestError(400, f"'stop' must be a non-empty string or a list of at most {MAX_STOPS}",
+                           param="stop")
+    return tuple(stops)
+
+
+def temperature(body: dict[str, Any]) -> float:
+    value = body.get("temperature", 0.0)
+    value = 0.0 if value is None else value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 2:
+        raise RequestError(400, f"'temperature' must be a number from 0 to 2, got {value!r:.40}", param="temperature")
+    return float(value)
+
+
+def seed(body: dict[str, Any]) -> int:
+    value = body.get("seed", 0)
+    value = 0 if value is None else value
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestError(400, f"'seed' must be an integer, got {value!r:.40}", param="seed")
+    return value
+
+
+def max_tokens(body: dict[str, Any]) -> int | None:
+    value = body.get("max_completion_tokens", body.get("max_tokens"))
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise RequestError(400, f"'max_tokens' must be a positive integer, got {value!r}", param="max_tokens")
+    return value
+
+
+def without_stop(text: str, stop: tuple[str, ...]) -> str:
+    """``text`` without the request's stop string it ends with (OpenAI leaves it out)."""
+    for s in stop:
+        if text.endswith(s):
+            return text[:-len(s)]
+    return text
+
+
+def response(kind: str, model: str, choices: list, prompt_ids: list[int], outcomes: list) -> dict[str, Any]:
+    completion = sum(len(o[0]) for o in outcomes)
+    return {"id": f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{secrets.token_hex(8)}", "object": kind,
+            "created": int(time.time()), "model": model, "choices": choices,
+            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": completion,
+                      "total_tokens": len(prompt_ids) + completion}}

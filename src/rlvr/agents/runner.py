@@ -29,8 +29,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlvr.agents.calls import join_calls
-from rlvr.agents.server import AgentEpisode, Endpoint
+from rlvr.agents.calls import AgentEpisode, join_calls
+from rlvr.agents.server import Endpoint
 from rlvr.environments.base import Episode, describe_error
 from rlvr.errors import STOPPING, CutShort
 

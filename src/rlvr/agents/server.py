@@ -11,7 +11,7 @@ key; under it:
     GET  /models
 
 Requests of every live episode that arrive together are sampled in one engine call
-(``_Batcher``, a thread that owns the engine while rollouts run). A request renders its
+(``rlvr.agents.batcher``, a thread that owns the engine while rollouts run). A request renders its
 prompt with the model's chat template, except a follow-up: when the request's last
 assistant message is one this endpoint served (its content and tool call ids) after the
 same earlier messages, the prompt is that call's prompt and completion ids (its
@@ -41,81 +41,26 @@ folder): the way in for agent commands jailed in a network namespace of their ow
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import json
 import os
-import queue
 import secrets
 import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from rlvr.agents import chat, streaming
-from rlvr.agents.calls import Call
+from rlvr.agents.batcher import Batcher, Job, Outcome, call_seed
+from rlvr.agents.calls import AgentEpisode, Call, Served
 from rlvr.agents.chat import RequestError
 from rlvr.environments.tool_parsing import shown_tools
 
 if TYPE_CHECKING:
     from rlvr.policies.causal_lm import CausalLMPolicy
 
-Outcome = tuple[list[int], list[float], str, str]  # a completion: its ids, log-probs, text and finish reason
-MAX_CHOICES = 16
-MAX_STOPS = 4
-POLL = 0.002  # seconds between the batcher's looks at the live episodes
-GAP = 0.2  # seconds without a new request after which the batcher stops waiting for the rest
-
-
-@dataclass
-class _Served:
-    """A call with what the agent sent and got back: the request's messages (normalised,
-    before the tools' description), its tools, and the key of the reply it got."""
-
-    call: Call
-    messages: list[dict[str, str]] | None  # None: a /completions call
-    tools: Any
-    key: Any  # chat.reply_key of the reply; the prompt + completion text for /completions
-    stop_cut: bool = False  # ended by a request's stop string, not the end-of-turn token
-
-
-@dataclass
-class AgentEpisode:
-    """One episode's record: its calls in order, the first request's messages or text,
-    whether a request ran past its token budget, and the seed its draws come from."""
-
-    id: str
-    seed: int
-    temperature: float
-    max_tokens: int
-    served: list[_Served] = field(default_factory=list)
-    prompt: Any = None
-    first_prompt_length: int | None = None
-    truncated: bool = False
-    draws: int = 0  # completions asked for so far: the next one's index (its seed, its tool call ids)
-
-    @property
-    def calls(self) -> list[Call]:
-        return [s.call for s in self.served]
-
-
-@dataclass
-class _Job:
-    """One completion to sample: its prompt ids, its seed (None: greedy), the tokens it
-    may draw, its stop strings; ``future`` gets (ids, log-probs, text, finish)."""
-
-    episode: str
-    prompt_ids: list[int]
-    seed: int | None
-    temperature: float
-    max_new: int
-    stop: tuple[str, ...]
-    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
 
 
 class Endpoint:
@@ -131,7 +76,7 @@ class Endpoint:
         self._episodes: dict[str, AgentEpisode] = {}
         self._lock = threading.Lock()
         self._arriving: set[int] = set()  # requests read but not yet queued for the engine (the server's thread)
-        self._batcher = _Batcher(policy, batch_wait, lambda: len(self._episodes), lambda: len(self._arriving))
+        self._batcher = Batcher(policy, batch_wait, lambda: len(self._episodes), lambda: len(self._arriving))
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self.unix_socket: str | None = None  # its path while started
@@ -256,7 +201,7 @@ class Endpoint:
             self._authorised(request)
             body = await self._body(request)
             stream = streaming.streamed(body)
-            episode_id = self.open(_seed(body), _temperature(body), self.policy.max_positions or 2**20)
+            episode_id = self.open(chat.seed(body), chat.temperature(body), self.policy.max_positions or 2**20)
             call = self._chat if request.url.path.endswith("/chat/completions") else self._completion
             try:
                 with self._arrival(request):
@@ -322,16 +267,16 @@ class Endpoint:
         plain = chat.messages(raw)
         tools = body.get("tools")
         names = chat.tool_names(tools)
-        n, stop, logprobs = _choices(body), _stops(body), bool(body.get("logprobs"))
-        requested = _max_tokens(body)
+        n, stop, logprobs = chat.n_choices(body), chat.stops(body), bool(body.get("logprobs"))
+        requested = chat.max_tokens(body)
         prompt_ids = self._chat_prompt(episode, raw, plain, tools)
         first, outcomes = await self._sample(episode, prompt_ids, n, requested, stop, arrival)
         choices = []
         for k, (ids, log_probs, text, finish) in enumerate(outcomes):
-            shown = _without_stop(text, stop) if finish == "stop" else text
+            shown = chat.without_stop(text, stop) if finish == "stop" else text
             message, called = chat.reply(shown, names, f"call_{first + k}_")
             call = Call(prompt_ids, ids, log_probs, text, finish, self.policy.engine.weights_version)
-            episode.served.append(_Served(call, plain, tools, chat.reply_key(message), shown != text))
+            episode.served.append(Served(call, plain, tools, chat.reply_key(message), shown != text))
             choice = {"index": k, "message": message, "finish_reason": called or finish, "logprobs": None}
             if logprobs:
                 choice["logprobs"] = {"content": [{"token": self._token(i), "logprob": lp, "bytes": None,
@@ -339,21 +284,21 @@ class Endpoint:
             choices.append(choice)
         if episode.prompt is None:
             episode.prompt = plain
-        return _response("chat.completion", self.model_name, choices, prompt_ids, outcomes)
+        return chat.response("chat.completion", self.model_name, choices, prompt_ids, outcomes)
 
     async def _completion(self, episode: AgentEpisode, body: dict[str, Any], arrival: int = 0) -> dict[str, Any]:
         prompt = body.get("prompt")
         if not isinstance(prompt, str) or not prompt:
             raise RequestError(400, "'prompt' must be a non-empty string", param="prompt")
-        n, stop, logprobs = _choices(body), _stops(body), body.get("logprobs") is not None
-        requested = _max_tokens(body)
+        n, stop, logprobs = chat.n_choices(body), chat.stops(body), body.get("logprobs") is not None
+        requested = chat.max_tokens(body)
         prompt_ids = self._text_prompt(episode, prompt)
         _, outcomes = await self._sample(episode, prompt_ids, n, requested, stop, arrival)
         choices = []
         for k, (ids, log_probs, text, finish) in enumerate(outcomes):
-            shown = _without_stop(text, stop) if finish == "stop" else text
+            shown = chat.without_stop(text, stop) if finish == "stop" else text
             call = Call(prompt_ids, ids, log_probs, text, finish, self.policy.engine.weights_version)
-            episode.served.append(_Served(call, None, None, prompt + shown, shown != text))
+            episode.served.append(Served(call, None, None, prompt + shown, shown != text))
             choice = {"index": k, "text": shown, "finish_reason": finish, "logprobs": None}
             if logprobs:
                 choice["logprobs"] = {"tokens": [self._token(i) for i in ids], "token_logprobs": log_probs,
@@ -361,7 +306,7 @@ class Endpoint:
             choices.append(choice)
         if episode.prompt is None:
             episode.prompt = prompt
-        return _response("text_completion", self.model_name, choices, prompt_ids, outcomes)
+        return chat.response("text_completion", self.model_name, choices, prompt_ids, outcomes)
 
     def _token(self, token_id: int) -> str:
         return self.policy.tokenizer.decode([token_id])
@@ -445,179 +390,11 @@ class Endpoint:
         first, episode.draws = episode.draws, episode.draws + n
         if episode.temperature > 0:
             seeds = [call_seed(episode.seed, first + k) for k in range(n)]
-            jobs = [_Job(episode.id, prompt_ids, seed, episode.temperature, max_new, stop) for seed in seeds]
+            jobs = [Job(episode.id, prompt_ids, seed, episode.temperature, max_new, stop) for seed in seeds]
         else:  # greedy: n choices alike, one decoded
-            jobs = [_Job(episode.id, prompt_ids, None, 0.0, max_new, stop)]
+            jobs = [Job(episode.id, prompt_ids, None, 0.0, max_new, stop)]
         for job in jobs:
             self._batcher.put(job)
         self._arriving.discard(arrival)
         outcomes = [await asyncio.wrap_future(job.future) for job in jobs]
         return first, outcomes * n if episode.temperature == 0 else outcomes
-
-
-class _Batcher:
-    """The thread that samples pending requests in batches: from the first request it
-    waits until every live episode (``live()``) has one pending, while requests keep
-    arriving (being read, ``arriving()``, or one queued within ``GAP`` seconds of the
-    last), ``wait`` seconds at most (an agent
-    may be running its tools), then sends them all to the engine, one call per
-    (temperature, stop strings), each row cut to its own ``max_new``."""
-
-    def __init__(self, policy: CausalLMPolicy, wait: float, live: Callable[[], int], arriving: Callable[[], int]
-                 ) -> None:
-        self.policy, self.wait, self.live, self.arriving = policy, wait, live, arriving
-        self._queue: queue.Queue = queue.Queue()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="rlvr-endpoint-engine", daemon=True)
-            self._thread.start()
-
-    def stop(self) -> None:
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join(timeout=60)
-            self._thread = None
-
-    def put(self, job: _Job) -> None:
-        self._queue.put(job)
-
-    def _run(self) -> None:
-        while True:
-            first = self._queue.get()
-            if first is None:
-                return
-            jobs, start = [first], time.monotonic()
-            last = start
-            while len({job.episode for job in jobs}) < self.live():
-                now = time.monotonic()
-                if (now - last > GAP and not self.arriving()) or now - start > self.wait:
-                    break  # none arriving (being read, or sent within GAP), or waited long enough
-                # short waits: an episode that finishes meanwhile lowers the count waited for
-                taken = self._take(jobs, POLL)
-                if taken is None:
-                    break
-                if taken:
-                    last = time.monotonic()
-            while self._take(jobs, None):  # and whatever else is already waiting
-                pass
-            groups: dict[tuple, list[_Job]] = {}
-            for job in jobs:
-                groups.setdefault((job.temperature, job.stop), []).append(job)
-            for (temperature, stop), group in groups.items():
-                try:
-                    self._generate(group, temperature, stop)
-                except BaseException as err:  # noqa: BLE001 - every waiting request gets the error
-                    for job in group:
-                        if not job.future.done():
-                            job.future.set_exception(err)
-
-    calls = 0  # engine calls made so far
-
-    def _take(self, jobs: list[_Job], timeout: float | None) -> bool | None:
-        """Move one queued job into ``jobs`` (waiting ``timeout`` seconds; None: not at all):
-        True when one was there, False when none, None at the stop mark (left queued)."""
-        try:
-            job = self._queue.get(timeout=timeout) if timeout is not None else self._queue.get_nowait()
-        except queue.Empty:
-            return False
-        if job is None:
-            self._queue.put(None)
-            return None
-        jobs.append(job)
-        return True
-
-    def _generate(self, jobs: list[_Job], temperature: float, stop: tuple[str, ...]) -> None:
-        from rlvr.environments.episodes import turn_calls
-        from rlvr.policies import turns
-
-        policy = self.policy
-        prefixes = [job.prompt_ids for job in jobs]
-        room = [job.max_new for job in jobs]
-        for rows, max_new in turn_calls([len(p) for p in prefixes], room, max(room), policy.max_positions):
-            self.calls += 1
-            seeds = None if temperature == 0 else torch.tensor([jobs[i].seed for i in rows], dtype=torch.long)
-            with torch.no_grad():
-                generation, texts = turns.next_turns(policy, [prefixes[i] for i in rows], temperature, max_new,
-                                                     seeds, stop)
-            lengths = generation.lengths.tolist()
-            ids, log_probs = generation.response_ids.tolist(), generation.sample_log_probs.tolist()
-            ends = set(policy.sampling.end_token_ids)
-            for k, i in enumerate(rows):
-                job, length, text = jobs[i], lengths[k], texts[k]
-                if length > job.max_new:  # drawn with a roomier row: cut at its own limit
-                    length = job.max_new
-                    text = policy.tokenizer.decode(ids[k][:length], skip_special_tokens=True)
-                ended = length > 0 and (ids[k][length - 1] in ends or length < job.max_new
-                                        or any(s in text for s in stop + policy.sampling.stop_strings))
-                job.future.set_result((ids[k][:length], log_probs[k][:length], text, "stop" if ended else "length"))
-
-
-def call_seed(episode_seed: int, index: int) -> int:
-    """The seed completion ``index`` of an episode draws from (its calls' choices counted in
-    order): its draws depend on the episode's seed and its place alone, not on the batch."""
-    from rlvr.engines.hf import keyed_uniforms
-
-    return int(keyed_uniforms(torch.tensor([episode_seed]), index).item() * 2**62)
-
-
-def _choices(body: dict[str, Any]) -> int:
-    n = body.get("n", 1)
-    if n is None:
-        return 1
-    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_CHOICES:
-        raise RequestError(400, f"'n' must be an integer from 1 to {MAX_CHOICES}, got {n!r}", param="n")
-    return n
-
-
-def _stops(body: dict[str, Any]) -> tuple[str, ...]:
-    stop = body.get("stop")
-    if stop is None:
-        return ()
-    stops = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or len(stops) > MAX_STOPS or not all(isinstance(s, str) and s for s in stops):
-        raise RequestError(400, f"'stop' must be a non-empty string or a list of at most {MAX_STOPS}",
-                           param="stop")
-    return tuple(stops)
-
-
-def _temperature(body: dict[str, Any]) -> float:
-    value = body.get("temperature", 0.0)
-    value = 0.0 if value is None else value
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 2:
-        raise RequestError(400, f"'temperature' must be a number from 0 to 2, got {value!r:.40}", param="temperature")
-    return float(value)
-
-
-def _seed(body: dict[str, Any]) -> int:
-    value = body.get("seed", 0)
-    value = 0 if value is None else value
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise RequestError(400, f"'seed' must be an integer, got {value!r:.40}", param="seed")
-    return value
-
-
-def _max_tokens(body: dict[str, Any]) -> int | None:
-    value = body.get("max_completion_tokens", body.get("max_tokens"))
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise RequestError(400, f"'max_tokens' must be a positive integer, got {value!r}", param="max_tokens")
-    return value
-
-
-def _without_stop(text: str, stop: tuple[str, ...]) -> str:
-    """``text`` without the request's stop string it ends with (OpenAI leaves it out)."""
-    for s in stop:
-        if text.endswith(s):
-            return text[:-len(s)]
-    return text
-
-
-def _response(kind: str, model: str, choices: list, prompt_ids: list[int], outcomes: list) -> dict[str, Any]:
-    completion = sum(len(o[0]) for o in outcomes)
-    return {"id": f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{secrets.token_hex(8)}", "object": kind,
-            "created": int(time.time()), "model": model, "choices": choices,
-            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": completion,
-                      "total_tokens": len(prompt_ids) + completion}}
