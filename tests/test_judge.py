@@ -217,3 +217,18 @@ def test_a_run_serves_the_reference_while_its_task_lives(chat_model):
     assert endpoint.open_routes and endpoint._server is not None
     task.close()
     assert endpoint._server is None and task.services == []
+
+
+def test_a_check_names_a_reference_judge_it_cannot_serve_and_loads_nothing(chat_model, monkeypatch):
+    import rlvr
+    from rlvr.agents import server
+    from rlvr.errors import ConfigError
+
+    judge_item = "rewards.functions=[{function: 'rlvr.rewards.judge:judge', options: {base_url: reference}}]"
+    started = []
+    monkeypatch.setattr(server.Endpoint, "start", lambda self: started.append(self))
+    rlvr.check(None, ["task.name=sort_text", "policy.name=causal_lm", f"policy.options.model={chat_model}",
+                      judge_item])
+    assert started == []  # checked, not served: no model loaded for it
+    with pytest.raises(ConfigError, match="base_url 'reference' needs a language model"):
+        rlvr.check(None, [judge_item])  # the lecture's positional toy

@@ -93,7 +93,7 @@ def check(config: Config | dict | str | Path | None = None, overrides: Sequence[
     check_options(resolved)
     check_extras(resolved)
     try:
-        build_task(resolved).close()
+        build_task(resolved, serve=False).close()
     except ImportError as err:  # an optional reader the task's options need (a Parquet file: pyarrow)
         hint = missing_module_hint(err)
         if hint is None:

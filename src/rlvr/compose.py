@@ -45,12 +45,14 @@ def driver_holds_weights(config: Config) -> bool:
     return not (config.cluster.learners > 1 and config.cluster.rollout_workers > 0)
 
 
-def build_task(config: Config) -> GradedTask:
+def build_task(config: Config, serve: bool = True) -> GradedTask:
     """The task of ``config`` with the runner of its and the user's reward functions;
     configuration errors name the field. Sorting takes its settings from ``task.*``; the
     text tasks take their constructor's keyword arguments from ``task.options``, and a task
     that shuffles its data (a ``shuffle_seed`` argument: dataset, reasoning_gym) gets the
-    run's ``seed`` there unless the options set it."""
+    run's ``seed`` there unless the options set it. Without ``serve``, what a reward would be
+    served by (a judge's reference model) is checked, not loaded: for a check, or a caller
+    that grades nothing."""
     t, r = config.task, config.rewards
     cls = task_class(t.name)
     options = check_task_options(t.name, t.options)
@@ -67,10 +69,10 @@ def build_task(config: Config) -> GradedTask:
     except (TypeError, ValueError, OSError) as err:
         raise ConfigError(f"{settings_field(t.name)}: {err}") from err
     # the task has started no runner of its own
-    functions, reference = serve_reference(r.functions, config.policy)
-    if reference is not None:
-        task.services.append(reference)
     try:
+        functions, reference = serve_reference(r.functions, config.policy, start=serve)
+        if reference is not None:
+            task.services.append(reference)
         task.runner = reward_runner(task, functions, r.timeout, strict=r.strict, num_workers=r.num_workers,
                                     replace_task_rewards=r.replace_task_rewards)
     except BaseException:
@@ -167,14 +169,15 @@ def asks_reference(item: Any) -> bool:
         item["options"].get("base_url") == REFERENCE
 
 
-def serve_reference(functions: Sequence[Any], policy: PolicyConfig) -> tuple[list[Any], Endpoint | None]:
+def serve_reference(functions: Sequence[Any], policy: PolicyConfig, start: bool = True
+                    ) -> tuple[list[Any], Endpoint | None]:
     """A judge reward whose options say ``base_url: reference`` asks the model the run starts
     from, frozen: ``policy.options.model`` loaded once more (without a LoRA adapter, on the hf
     engine, never trained), served on loopback for the run's length by an endpoint with open
     routes (``rlvr.agents.server``), its requests batched, each at its own temperature.
     Returns ``functions`` with each such judge pointed at it (a copy: its URL, model name and a
     fresh key, never written to the run directory), and the endpoint (started; None when no
-    function asks for it: nothing is loaded)."""
+    function asks for it, or without ``start``: then it is checked, nothing loaded)."""
     if not any(asks_reference(item) for item in functions):
         return list(functions), None
     from rlvr.agents.server import Endpoint
@@ -183,6 +186,8 @@ def serve_reference(functions: Sequence[Any], policy: PolicyConfig) -> tuple[lis
     if policy.name != "causal_lm":
         raise ConfigError("rewards.functions: a judge with base_url 'reference' needs a language model "
                           f"(policy.name: causal_lm), not policy.name={policy.name!r}")
+    if not start:
+        return list(functions), None
     options = dataclasses.replace(policy.options, lora=None, engine="hf", engine_options={}, compile=False,
                                   gradient_checkpointing=False)
     model = build_causal_lm_policy(dataclasses.replace(policy, options=options))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import html
+import types
 import typing
 from typing import Any
 
@@ -57,7 +58,7 @@ def _task_options() -> str:
     for name, cls in TASKS.items():
         if cls is SortingTask:
             continue
-        task = argparse.Namespace(name=name)
+        task = types.SimpleNamespace(name=name)  # the config section task_option_entries reads
         rows = [f"### `task.name: {name}`\n", "| option | default | rules | help |", "| --- | --- | --- | --- |"]
         for key, default, rules in task_option_entries(task, {}):
             shown = "*required*" if default == "required" else _value(default)

@@ -85,3 +85,39 @@ def test_an_unknown_taskset_is_named_before_any_work(chat_model, tmp_path, capsy
     assert code == 2
     err = capsys.readouterr().err
     assert "no_such_taskset" in err and "not found" in err
+
+
+FAILING_TASKSET = '''
+import verifiers.v1 as vf
+
+__all__ = ["FailingTaskset"]
+
+
+class FailingTask(vf.Task[vf.TaskData]):
+    @vf.reward(weight=1.0)
+    async def graded(self, trace: vf.Trace) -> float:
+        raise ValueError("no sums today")
+
+
+class FailingTaskset(vf.Taskset[FailingTask, vf.TasksetConfig]):
+    def load(self):
+        return [FailingTask(vf.TaskData(prompt=f"Say {i}."), self.config.task) for i in range(4)]
+'''
+
+
+def test_an_episode_verifiers_reports_as_failed_abstains_with_its_error_named(chat_model, tmp_path, uv_on_path):
+    from rlvr.agents.runner import run_agents
+    from rlvr.policies.causal_lm import CausalLMPolicy
+    from rlvr.tasks.verifiers_env import VerifiersTask
+
+    (tmp_path / "vf_failing").mkdir()
+    (tmp_path / "vf_failing" / "__init__.py").write_text(FAILING_TASKSET)
+    task = VerifiersTask(str(tmp_path / "vf_failing"), eval_size=1, max_tokens=32)
+    task.policy_for(CausalLMPolicy.from_pretrained(str(chat_model), max_new_tokens=4))
+    try:
+        task.endpoint.start()
+        (run,) = run_agents(task.endpoint, task.agent, task.train_rows[:1], 1, 1.0, [0], task.limits)
+    finally:
+        task.close()
+    assert run.error is not None and "no sums today" in run.error
+    assert run.calls == 1  # the policy answered; the taskset's scoring failed

@@ -49,7 +49,7 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from rlvr.agents import chat, streaming
@@ -179,21 +179,16 @@ class Endpoint:
             return JSONResponse({"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
                                                              "owned_by": "rlvr"}]})
 
-        async def chat_completions(request: Any) -> JSONResponse:
-            self._authorised(request)
-            episode = self._live(request.path_params["episode"])
-            with self._arrival(request):
-                body = await self._body(request)
-                stream = streaming.streamed(body)  # checked before anything is sampled
-                return reply(await self._chat(episode, body, id(request)), *stream)
+        def sampler(request: Any) -> Callable[..., Any]:
+            return self._chat if request.url.path.endswith("/chat/completions") else self._completion
 
-        async def completions(request: Any) -> JSONResponse:
+        async def episode_call(request: Any) -> Any:
             self._authorised(request)
             episode = self._live(request.path_params["episode"])
             with self._arrival(request):
                 body = await self._body(request)
                 stream = streaming.streamed(body)  # checked before anything is sampled
-                return reply(await self._completion(episode, body, id(request)), *stream)
+                return reply(await sampler(request)(episode, body, id(request)), *stream)
 
         async def open_call(request: Any) -> Any:
             """A request of no episode (``open_routes``): an episode of its own, at the request's
@@ -202,10 +197,9 @@ class Endpoint:
             body = await self._body(request)
             stream = streaming.streamed(body)
             episode_id = self.open(chat.seed(body), chat.temperature(body), self.policy.max_positions or 2**20)
-            call = self._chat if request.url.path.endswith("/chat/completions") else self._completion
             try:
                 with self._arrival(request):
-                    response = await call(self._live(episode_id), body, id(request))
+                    response = await sampler(request)(self._live(episode_id), body, id(request))
             finally:
                 self.finish(episode_id)
             return reply(response, *stream)
@@ -216,8 +210,8 @@ class Endpoint:
             *open_routes,
             Route("/v1/models", models),
             Route("/episodes/{episode}/v1/models", models),
-            Route("/episodes/{episode}/v1/chat/completions", chat_completions, methods=["POST"]),
-            Route("/episodes/{episode}/v1/completions", completions, methods=["POST"]),
+            Route("/episodes/{episode}/v1/chat/completions", episode_call, methods=["POST"]),
+            Route("/episodes/{episode}/v1/completions", episode_call, methods=["POST"]),
         ]
         return Starlette(routes=routes, exception_handlers={Exception: refused, HTTPException: refused,
                                                             RequestError: refused})

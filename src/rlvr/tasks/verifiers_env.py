@@ -116,20 +116,19 @@ class _Verifiers:
                               "sandbox, task.options.runtime: docker, podman or apptainer (subprocess runs it "
                               "beside the trainer)")
         self.solved_reward = solved_reward
-        self.tasks: dict[int, Any] = {}
+        self.tasks: list[Any] = []  # row["task"] is its place here
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._serving: Any = None
 
     def rows(self, max_tasks: int) -> list[dict[str, Any]]:
         """The taskset's first ``max_tasks`` tasks as rows (their data), each kept by its index."""
-        rows = []
         for task in self.env.taskset:
-            if len(rows) >= max_tasks:
+            if len(self.tasks) >= max_tasks:
                 break
-            self.tasks[len(rows)] = task
-            rows.append({"task": len(rows), **task.data.model_dump(mode="json", exclude_none=True)})
-        return rows
+            self.tasks.append(task)
+        return [{"task": i, **task.data.model_dump(mode="json", exclude_none=True)}
+                for i, task in enumerate(self.tasks)]
 
     async def run(self, client: Any, row: dict[str, Any]) -> dict[str, float]:
         """One verifiers episode of ``row``'s task, its model calls sent to ``client``'s URL."""
@@ -150,8 +149,8 @@ class _Verifiers:
         (slot,) = self.env.slots(self.tasks[row["task"]])
         episode = await self.env.run_slot(slot, context)
         if not episode.ok:
-            errors = [f"{e.type}: {e.message}" for e in [*episode.errors, *(err for t in episode.traces
-                                                                            for err in _errors(t))]]
+            found = [*episode.errors, *(error for trace in episode.traces for error in trace.errors)]
+            errors = [f"{e.type}: {e.message}" for e in found]
             raise RuntimeError(f"verifiers' episode failed: {errors[0] if errors else 'no reason given'}"[:600])
         outcome: dict[str, Any] = {"reward": sum(trace.reward for trace in episode.traces)}
         for trace in episode.traces:
@@ -183,8 +182,3 @@ class _Verifiers:
             self._thread.join(timeout=10)
             self._loop.close()
             self._loop = None
-
-
-def _errors(trace: Any) -> list[Any]:
-    error = getattr(trace, "error", None)
-    return [error] if error is not None else []
