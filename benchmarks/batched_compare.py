@@ -1,6 +1,6 @@
 """Time ``rlvr compare``'s runs (3 delta modes x 5 seeds on the lecture's sorting toy,
-the default 100 epochs x 10 inner steps) run one by one (``rlvr.trainer.train``) against
-one batched computation (``rlvr.batched.train_batched``), and one run of the
+the default 100 epochs x 10 inner steps) run one by one (``rlvr.loop.trainer.train``) against
+one batched computation (``rlvr.loop.batched.train_batched``), and one run of the
 lecture-style reference loop (benchmarks/lecture_toy.py). Process CPU time, one thread
 count for all, in this process; the batched records are checked equal to the one-by-one
 ones (timings aside) before anything is printed.
@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 import rlvr
-from rlvr.batched import TIMING_KEYS, train_batched
-from rlvr.trainer import train
+from rlvr.loop.batched import TIMING_KEYS, train_batched
+from rlvr.loop.trainer import train
 
 sys.path.insert(0, str(Path(__file__).parent))
 from lecture_toy import LECTURE_PROMPTS, baseline_run  # noqa: E402

@@ -17,7 +17,7 @@ import argparse
 import statistics
 
 from rlvr.config import load_config
-from rlvr.trainer import train
+from rlvr.loop.trainer import train
 
 QUIET = ["log.progress=false", "log.plot=false", "log.checkpoint_every=0", "log.eval_every=100"]
 SETTINGS = {

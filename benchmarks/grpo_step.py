@@ -67,10 +67,11 @@ from pathlib import Path
 
 import torch
 
-from rlvr import core, optim
+from rlvr import core
+from rlvr.base.modeling import build_char_tokenizer, build_model
 from rlvr.config import Config, OptimConfig, PolicyConfig
-from rlvr.modeling import build_char_tokenizer, build_model
-from rlvr.optim import build_optimizer
+from rlvr.loop import optim
+from rlvr.loop.optim import build_optimizer
 from rlvr.policies.causal_lm import CausalLMPolicy
 
 # the trainer's update; revisions without optimizer_update (--memory of an older checkout) step()
@@ -160,7 +161,7 @@ class Ours:
         start = self.clock()
         log_probs, _ = self.policy.log_probs(samples, 1.0, with_entropy=True)
         grpo_loss(log_probs, old_log_probs, rewards, samples.response_mask).backward()
-        optimizer_update(self.optimizer)  # as the trainer steps (rlvr.step.optimizer_step)
+        optimizer_update(self.optimizer)  # as the trainer steps (rlvr.loop.step.optimizer_step)
         clear_grads(self.optimizer)
         times.append(self.clock() - start + times[-1])
         self.last_tokens = int(samples.response_mask.sum())  # response tokens of this step
@@ -205,7 +206,7 @@ class Baseline:
         start = self.clock()
         log_probs = self.sequence_log_probs(sequences, attention, prompt_len)
         grpo_loss(log_probs, old_log_probs, rewards, mask).backward()
-        optimizer_update(self.optimizer)  # as the trainer steps (rlvr.step.optimizer_step)
+        optimizer_update(self.optimizer)  # as the trainer steps (rlvr.loop.step.optimizer_step)
         clear_grads(self.optimizer)
         times.append(self.clock() - start + times[-1])
         self.last_tokens = int(mask.sum())

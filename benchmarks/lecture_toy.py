@@ -23,10 +23,10 @@ import torch
 from torch import nn
 
 import rlvr
-from rlvr.optim import optimizer_update
+from rlvr.loop.optim import optimizer_update
+from rlvr.loop.trainer import setup, train
 from rlvr.policies.positional import Workspace
 from rlvr.policies.positional_step import naive_batch, naive_gradients
-from rlvr.trainer import setup, train
 
 LECTURE_PROMPTS = [[1, 0, 2], [3, 2, 4], [1, 2, 3]]
 

@@ -15,7 +15,7 @@ import argparse
 import time
 
 import rlvr
-from rlvr.metrics import summary
+from rlvr.runs.metrics import summary
 
 FUNCTIONS = "['rlvr.rewards.faults:flaky', 'rlvr.rewards.faults:sometimes_hangs', 'rlvr.rewards.faults:sometimes_nan']"
 

@@ -60,7 +60,7 @@ SETTINGS = ("steps", "eval_every", "eval_size", "threads", "seed")  # what a reu
 def rlvr_curve(args: argparse.Namespace, out: Path) -> list[tuple[float, float]]:
     """(training seconds so far, held-out greedy accuracy) at each evaluation of rlvr's run."""
     import rlvr
-    from rlvr.metrics import read_records
+    from rlvr.runs.metrics import read_records
 
     rlvr.train(RECIPE, [f"algo.epochs={args.rlvr_steps or args.steps}", f"log.eval_every={args.eval_every}",
                         "log.eval_samples=1",
@@ -74,7 +74,7 @@ def rlvr_curve(args: argparse.Namespace, out: Path) -> list[tuple[float, float]]
 
 def trl_curve(args: argparse.Namespace, folder: Path, config) -> tuple[list[tuple[float, float]], dict]:
     """(training seconds so far, held-out greedy accuracy) at each evaluation of TRL's run."""
-    from rlvr.data import read_jsonl
+    from rlvr.base.data import read_jsonl
     from rlvr.rewards.verifiers import exact_match
 
     options = config.task.options

@@ -15,7 +15,7 @@ import statistics
 import time
 
 import rlvr
-from rlvr.metrics import summary
+from rlvr.runs.metrics import summary
 
 QUIET = ["log.progress=false", "log.plot=false", "log.checkpoint_every=0"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from rlvr.metrics import read_records
+from rlvr.runs.metrics import read_records
 
 RUNS = {"guessing": "guessing game (1..16, 4 turns)", "calculator": "5-digit addition, calculator tool",
         "notool": "5-digit addition, no tool"}

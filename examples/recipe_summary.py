@@ -15,7 +15,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from rlvr.metrics import read_records
+from rlvr.runs.metrics import read_records
 
 SMOOTH = 5  # steps the training reward is averaged over in the plot
 

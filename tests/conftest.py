@@ -37,7 +37,7 @@ def tiny_model(tmp_path_factory):
     """A 2-layer Llama (hidden 32) with a character tokenizer, written by ``init_model``:
     the model every language-model test trains (a few hundred ms to build, once)."""
     pytest.importorskip("transformers")
-    from rlvr.modeling import init_model
+    from rlvr.base.modeling import init_model
 
     out = tmp_path_factory.mktemp("tiny") / "model"
     init_model(out, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, seed=0)
@@ -59,7 +59,7 @@ def chat_model(tmp_path_factory):
 
     from transformers import AutoTokenizer
 
-    from rlvr.modeling import init_model
+    from rlvr.base.modeling import init_model
 
     out = tmp_path_factory.mktemp("chat") / "model"
     chars = string.printable.replace("\r", "").replace("\x0b", "").replace("\x0c", "")
@@ -196,7 +196,7 @@ def sigkill_mid_run(args: list[str], run_dir: Path) -> None:
     import signal
     import time
 
-    from rlvr.checkpoint import list_checkpoints
+    from rlvr.runs.checkpoint import list_checkpoints
 
     proc = subprocess.Popen([sys.executable, "-m", "rlvr.cli", "train", *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -8,10 +8,10 @@ import torch
 import yaml
 
 import rlvr
-import rlvr.trainer
+import rlvr.loop.trainer
 from rlvr.cli import main
 from rlvr.config import ConfigError
-from rlvr.metrics import read_records, without_timings
+from rlvr.runs.metrics import read_records, without_timings
 
 SMALL = {"algo": {"epochs": 2, "inner_steps": 2}, "log": {"progress": False, "plot": False}}
 
@@ -19,7 +19,7 @@ SMALL = {"algo": {"epochs": 2, "inner_steps": 2}, "log": {"progress": False, "pl
 def test_rlvr_train_is_the_api_and_the_loop_stays_in_the_trainer():
     import rlvr.api
 
-    assert rlvr.train is rlvr.api.train and rlvr.trainer.train is not rlvr.train
+    assert rlvr.train is rlvr.api.train and rlvr.loop.trainer.train is not rlvr.train
     assert rlvr.TrainResult is rlvr.api.TrainResult
 
 

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import rlvr
-from rlvr.batched import ANY_VALUE, BATCHED_ALGO, TIMING_KEYS, BatchedPositional, batching_refusal, train_batched
+from rlvr.base.errors import ConfigError
 from rlvr.config import AlgoConfig
-from rlvr.errors import ConfigError
-from rlvr.evaluation import evaluate, evaluate_runs
-from rlvr.trainer import rollout_stats, setup, train
+from rlvr.loop.batched import ANY_VALUE, BATCHED_ALGO, TIMING_KEYS, BatchedPositional, batching_refusal, train_batched
+from rlvr.loop.evaluation import evaluate, evaluate_runs
+from rlvr.loop.trainer import rollout_stats, setup, train
 
 
 def configs(modes=("raw", "centered", "normalized"), seeds=(0, 1), extra=()):
@@ -175,8 +175,8 @@ def test_a_non_finite_step_is_skipped_for_its_run_only(monkeypatch):
     # the shared optimizer leaves its parameters alone (its Adam step count is one behind);
     # run 0 trains as alone. A second such step
     # in a row stops the runs at optim.max_bad_steps=2.
-    import rlvr.batched as batched
-    from rlvr.state import TrainingError
+    import rlvr.loop.batched as batched
+    from rlvr.loop.state import TrainingError
 
     real, calls = batched.step_batched, []
 

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import QUIET, cli, rlvr_cli
 from rlvr.cli import main
-from rlvr.metrics import read_records, summary, without_timings
+from rlvr.runs.metrics import read_records, summary, without_timings
 
 
 def test_train_writes_a_run_directory(tmp_path, capsys):
@@ -179,7 +179,7 @@ def test_the_rlvr_process_ignores_further_stop_signals_once_it_is_stopping(monke
     import signal
 
     import rlvr.cli
-    from rlvr.runs import Stopped
+    from rlvr.runs.launch import Stopped
 
     def stopped(args):
         raise Stopped("stopped by SIGTERM at epoch 1", signal.SIGTERM)

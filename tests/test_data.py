@@ -1,4 +1,4 @@
-"""rlvr.data.read_jsonl: records out, and file:line errors for every kind of bad input."""
+"""rlvr.base.data.read_jsonl: records out, and file:line errors for every kind of bad input."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from rlvr.data import DataError, read_jsonl
+from rlvr.base.data import DataError, read_jsonl
 
 REQUIRED = {"question": str, "answer": str}
 
@@ -83,13 +83,14 @@ def test_check_errors_get_the_line(tmp_path):
 def test_line_over_the_size_limit_names_file_line_and_limit(tmp_path, monkeypatch):
     """Limit 64 bytes (the real one is MiBs): a 64-byte line passes, 65 bytes do not,
     and reading stops there instead of holding the whole line."""
-    import rlvr.data
+    import rlvr.base.data
 
-    monkeypatch.setattr(rlvr.data, "MAX_LINE_BYTES", 64)
+    monkeypatch.setattr(rlvr.base.data, "MAX_LINE_BYTES", 64)
     fits = '{"question": "q", "answer": "' + "a" * 33 + '"}'  # 64 bytes
     assert len(fits) == 64 and len(read_jsonl(write(tmp_path, fits + "\n" + fits), REQUIRED)) == 2
     path = write(tmp_path, f'{fits}\n\n{fits[:-2]}a"}}\n')
-    with pytest.raises(DataError, match=re.escape(f"{path}:3: line longer than 64 bytes (rlvr.data.MAX_LINE_BYTES)")):
+    message = f"{path}:3: line longer than 64 bytes (rlvr.base.data.MAX_LINE_BYTES)"
+    with pytest.raises(DataError, match=re.escape(message)):
         read_jsonl(path, REQUIRED)
 
 

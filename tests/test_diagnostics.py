@@ -5,8 +5,9 @@ import torch
 
 from conftest import QUIET, train_record
 from rlvr import core
+from rlvr.base.rollout import Rollout
 from rlvr.config import ConfigError, load_config
-from rlvr.diagnostics import (
+from rlvr.loop.diagnostics import (
     GradientNoiseMeter,
     classify_prompts,
     epoch_series,
@@ -21,10 +22,9 @@ from rlvr.diagnostics import (
     prompt_summary,
     reward_gold_divergence,
 )
-from rlvr.rollout import Rollout
-from rlvr.step import accumulate_gradients, micro_batches
-from rlvr.trainer import collect_rollout, setup
-from rlvr.trainer import train as train_run
+from rlvr.loop.step import accumulate_gradients, micro_batches
+from rlvr.loop.trainer import collect_rollout, setup
+from rlvr.loop.trainer import train as train_run
 
 # ---------------------------------------------------------------- gradient noise
 
@@ -345,7 +345,7 @@ def test_classify_prompts_and_summary():
 def test_divergence_reads_each_epoch_a_bounded_number_of_times(monkeypatch):
     """The reward's span so far is kept as the windows move: a run of n epochs costs O(n),
     not a max over the whole prefix for every window (100k epochs took 100 s and 1 GB)."""
-    import rlvr.diagnostics as diagnostics
+    import rlvr.loop.diagnostics as diagnostics
 
     read = [0]
 
@@ -365,7 +365,7 @@ def test_divergence_reads_each_epoch_a_bounded_number_of_times(monkeypatch):
 
 
 def test_no_gold_signal_or_a_reward_that_is_the_gold_check_keeps_the_monitor_quiet():
-    from rlvr.diagnostics import gold_notes
+    from rlvr.loop.diagnostics import gold_notes
 
     rising = [e / 20 for e in range(20)]
     unknown = [dict(r, **{"episode/solved_reported": 0.0, "hack/max_reward_not_gold": 1.0})

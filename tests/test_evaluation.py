@@ -15,7 +15,7 @@ def test_summary_says_the_lecture_evaluates_its_training_prompts(tmp_path, capsy
 
 def test_eval_prompts_label():
     from rlvr.config import load_config
-    from rlvr.evaluation import eval_prompts_label
+    from rlvr.loop.evaluation import eval_prompts_label
 
     assert eval_prompts_label(load_config(None, [])) == "training prompts"
     assert eval_prompts_label(load_config(None, ["task.prompts=null"])) == "held-out prompts"

@@ -1,4 +1,4 @@
-"""Optional installs (``rlvr.extras``): the core install runs the main job, and a missing extra is one
+"""Optional installs (``rlvr.base.extras``): the core install runs the main job, and a missing extra is one
 line naming it, before any work."""
 
 import re

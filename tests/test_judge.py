@@ -134,9 +134,9 @@ def test_the_judge_in_a_reward_config_scores_through_the_runner(grader):
 def test_a_judges_reply_reaches_samples_md_and_the_report_escaped(tmp_path):
     """A score's note (the judge's reply, run-directory data) is a column of samples.md and
     of the report's samples table, escaped there."""
-    from rlvr.evaluation import sample_table
-    from rlvr.metrics import write_samples_markdown
-    from rlvr.rollout import Grades
+    from rlvr.base.rollout import Grades
+    from rlvr.loop.evaluation import sample_table
+    from rlvr.runs.metrics import write_samples_markdown
 
     grades = Grades(torch.tensor([[0.8], [0.1]]), torch.tensor([[True], [False]]), {},
                     notes=[["judge: 8 <b>good</b>"], [""]])
@@ -147,16 +147,16 @@ def test_a_judges_reply_reaches_samples_md_and_the_report_escaped(tmp_path):
     assert "| prompt | response | reward | correct | note |" in lines
     assert "| a | x | 0.800 | yes | judge: 8 <b>good</b> |" in lines and "| b | y | 0.100 | no |  |" in lines
     (tmp_path / "metrics.jsonl").write_text(json.dumps(table) + "\n")
-    from rlvr.report import samples_html
-    from rlvr.run_records import load_run
+    from rlvr.runs.reading import load_run
+    from rlvr.runs.report import samples_html
 
     html = samples_html(load_run(tmp_path, "run"))
     assert "judge: 8 &lt;b&gt;good&lt;/b&gt;" in html and "<b>good" not in html
 
 
 def test_a_config_naming_the_judge_needs_the_openai_client_before_any_work():
-    from rlvr.compose import needed_modules
     from rlvr.config import config_from_dict
+    from rlvr.config.compose import needed_modules
 
     config = config_from_dict({"rewards": {"functions": [{"function": "rlvr.rewards.judge:judge",
                                                           "options": {"base_url": "http://x/v1", "model": "m"}}]}})
@@ -167,8 +167,8 @@ def test_base_url_reference_asks_the_runs_frozen_starting_model(chat_model):
     """A judge with ``base_url: reference`` is served by the model the run starts from (loaded
     once more, no adapter): its note is what that model says greedily to the judge's request,
     and the served model stays as loaded."""
-    from rlvr.compose import MODEL_NAME, build_causal_lm_policy, serve_reference
     from rlvr.config import load_config
+    from rlvr.config.compose import MODEL_NAME, build_causal_lm_policy, serve_reference
 
     config = load_config(None, ["task.name=sort_text", "policy.name=causal_lm", f"policy.options.model={chat_model}",
                                 "policy.options.max_new_tokens=6", "policy.options.lora={r: 2}"])
@@ -206,8 +206,8 @@ def test_base_url_reference_asks_the_runs_frozen_starting_model(chat_model):
 
 
 def test_a_run_serves_the_reference_while_its_task_lives(chat_model):
-    from rlvr.compose import build_task
     from rlvr.config import load_config
+    from rlvr.config.compose import build_task
 
     config = load_config(None, ["task.name=sort_text", "policy.name=causal_lm", f"policy.options.model={chat_model}",
                                 "rewards.functions=[{function: 'rlvr.rewards.judge:judge', "
@@ -222,7 +222,7 @@ def test_a_run_serves_the_reference_while_its_task_lives(chat_model):
 def test_a_check_names_a_reference_judge_it_cannot_serve_and_loads_nothing(chat_model, monkeypatch):
     import rlvr
     from rlvr.agents import server
-    from rlvr.errors import ConfigError
+    from rlvr.base.errors import ConfigError
 
     judge_item = "rewards.functions=[{function: 'rlvr.rewards.judge:judge', options: {base_url: reference}}]"
     started = []

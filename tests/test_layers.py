@@ -15,37 +15,37 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 LAYERS = {
     # pure tensor math
     "rlvr.core": 0,
-    # contracts and base utilities every part may use: the batch and its interfaces (rollout),
-    # the one-line errors, metric records and sinks, the rule check, the generic config loader
-    # (settings, and the foreign names it maps), which optional install each back end needs
-    # (extras), tiny models and loading (modeling), data files (data)
-    "rlvr.rollout": 1, "rlvr.errors": 1, "rlvr.metrics": 1, "rlvr.rules": 1, "rlvr.settings": 1,
-    "rlvr.trl_names": 1, "rlvr.extras": 1, "rlvr.modeling": 1, "rlvr.data": 1,
+    # what every part shares (rlvr.base): the batch and its interfaces (rollout), the one-line
+    # errors, a metrics record, the rule check, the generic config loader (settings, and the
+    # foreign names it maps), which optional install each back end needs (extras), tiny models
+    # and loading (modeling), data files (data)
+    "rlvr.base": 1,
     # the parts that take plain arguments; rewards and engines know no task or policy
     "rlvr.rewards": 2, "rlvr.engines": 2,
     "rlvr.tasks": 3, "rlvr.policies": 3, "rlvr.environments": 3, "rlvr.agents": 3,
     # the typed config reads the parts' registries (names, option rules); the composition root
-    # builds the parts from it; the optimizer is built from its section
-    "rlvr.presets": 4, "rlvr.config": 4, "rlvr.config_rules": 4,
-    "rlvr.compose": 5, "rlvr.optim": 5,
-    # one optimizer step, the same in every learner; the training state it updates; the
-    # measurements the step and the loop take (the noise meter is part of every step)
-    "rlvr.state": 6, "rlvr.step": 6, "rlvr.diagnostics": 6,
-    # the loop and what it calls
-    "rlvr.seams": 7, "rlvr.shaping": 7, "rlvr.dynamic_sampling": 7, "rlvr.evaluation": 7,
-    "rlvr.cluster": 7, "rlvr.trainer": 8, "rlvr.batched": 9,
-    # a run on disk, then the library's entry points, then the command line
-    "rlvr.run_dir": 10, "rlvr.checkpoint": 10, "rlvr.resume": 10, "rlvr.runs": 10, "rlvr.sft": 10,
-    "rlvr.report": 10, "rlvr.run_records": 10, "rlvr.export": 11,
+    # builds the parts from it
+    "rlvr.config": 4, "rlvr.config.compose": 5,
+    # the loop (rlvr.loop): the optimizer built from its section; one optimizer step, the same
+    # in every learner; the training state it updates; the measurements the step and the loop
+    # take (the noise meter is part of every step); the loop's seams and what it calls; the
+    # loop; many toy runs as one; the supervised warm start
+    "rlvr.loop.optim": 5,
+    "rlvr.loop.state": 6, "rlvr.loop.step": 6, "rlvr.loop.diagnostics": 6,
+    "rlvr.loop.seams": 7, "rlvr.loop.shaping": 7, "rlvr.loop.dynamic_sampling": 7, "rlvr.loop.evaluation": 7,
+    "rlvr.cluster": 7, "rlvr.loop.trainer": 8, "rlvr.loop.batched": 9, "rlvr.loop.sft": 9, "rlvr.loop": 9,
+    # a run on disk (rlvr.runs), then the library's entry points, then the command line
+    "rlvr.runs": 10, "rlvr.runs.export": 11,
     "rlvr.api": 12, "rlvr": 12,
     "rlvr.cli": 13, "rlvr.__main__": 13,
     # the docs' reference pages, made from the config, the tasks and the command line's parsers
     "rlvr.reference_pages": 14,
 }
 # the cluster sits beside the loop: it may use the step, seams and state, never the trainer, and
-# the loop takes its seams from its caller, never from the cluster; policies render and sample,
-# and know no environment or agent; a task knows no policy (a prompt's error is rlvr.errors')
-FORBIDDEN = {"rlvr.cluster": ("rlvr.trainer",), "rlvr.trainer": ("rlvr.cluster",),
+# the loop takes its seams from its caller, never from the cluster, and writes no run directory
+# (a run on disk calls the loop, not the other way); policies render and sample,
+# and know no environment or agent; a task knows no policy (a prompt's error is rlvr.base.errors')
+FORBIDDEN = {"rlvr.cluster": ("rlvr.loop.trainer",), "rlvr.loop": ("rlvr.cluster", "rlvr.runs"),
              "rlvr.policies": ("rlvr.environments", "rlvr.agents"), "rlvr.tasks": ("rlvr.policies",)}
 
 
@@ -149,3 +149,15 @@ def test_no_import_cycle_between_packages():
         if node not in state:
             visit(node, [])
     assert not cycles, "\n".join(cycles)
+
+
+def test_the_reader_sees_every_form_of_import(tmp_path):
+    known = {"rlvr.loop", "rlvr.loop.trainer", "rlvr.cluster", "rlvr.cluster.session"}
+    path = tmp_path / "m.py"
+    for text in ("import rlvr.loop.trainer as t\n", "from rlvr.loop import trainer\n",
+                 "def f():\n    from rlvr.loop.trainer import x\n",
+                 "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from rlvr.loop.trainer import x\n"):
+        path.write_text(text)
+        assert "rlvr.loop.trainer" in imports("rlvr.cluster.session", path, known), text
+    path.write_text("from . import session\n")
+    assert imports("rlvr.cluster.m", path, known) == {"rlvr.cluster.session"}

@@ -9,10 +9,10 @@ pytest.importorskip("transformers")
 
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from rlvr.checkpoint import list_checkpoints, load_latest  # noqa: E402
+from rlvr.base.modeling import init_model  # noqa: E402
 from rlvr.cli import main  # noqa: E402
-from rlvr.metrics import read_records, without_timings  # noqa: E402
-from rlvr.modeling import init_model  # noqa: E402
+from rlvr.runs.checkpoint import list_checkpoints, load_latest  # noqa: E402
+from rlvr.runs.metrics import read_records, without_timings  # noqa: E402
 
 
 def lm_args(model, out, epochs=4):
@@ -102,8 +102,8 @@ def test_malformed_sft_data_names_file_and_line(tiny_model, tmp_path, capsys):
 @pytest.mark.parametrize("aggregation", ["seq_mean_token_mean", "token_mean", "seq_mean_token_sum"])
 def test_lm_micro_batching_gives_the_same_gradient(tiny_model, tmp_path, aggregation):
     from rlvr.config import load_config
-    from rlvr.step import optimizer_step
-    from rlvr.trainer import collect_rollout, setup
+    from rlvr.loop.step import optimizer_step
+    from rlvr.loop.trainer import collect_rollout, setup
 
     def gradient(micro_batches):
         args = lm_args(tiny_model, tmp_path / "unused") + [
@@ -129,7 +129,7 @@ def test_lm_micro_batching_gives_the_same_gradient(tiny_model, tmp_path, aggrega
 def test_lora_trains_only_the_adapters(tiny_model, tmp_path):
     pytest.importorskip("peft")
     from rlvr.config import load_config
-    from rlvr.sft import run_sft
+    from rlvr.runs.launch import run_sft
 
     config = load_config(None, [
         "task.name=sort_text", "task.options={num_digits: 3, num_eval: 8}", "policy.name=causal_lm",
@@ -153,7 +153,7 @@ def test_lora_trains_only_the_adapters(tiny_model, tmp_path):
 def test_autocast_keeps_float32_master_weights(tiny_model, tmp_path):
     # bf16 weights lose small Adam updates; autocast computes in bf16 and updates fp32.
     from rlvr.config import load_config
-    from rlvr.sft import run_sft
+    from rlvr.runs.launch import run_sft
 
     config = load_config(None, [
         "task.name=sort_text", "task.options={num_digits: 3, num_eval: 8}", "policy.name=causal_lm",
@@ -190,7 +190,7 @@ def test_unknown_task_option_suggests_the_nearest(tmp_path, capsys):
 def test_dropout_is_disabled_so_sampling_log_probs_are_the_trained_policy(arch):
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-    from rlvr.modeling import build_char_tokenizer
+    from rlvr.base.modeling import build_char_tokenizer
     from rlvr.policies.causal_lm import CausalLMPolicy
 
     tokenizer = build_char_tokenizer()
@@ -272,7 +272,7 @@ def test_compiled_scoring_gives_the_eager_log_probs_and_gradient_within_1e_5(tin
 
 
 def test_sft_reads_whole_episodes_as_messages(tiny_model, tmp_path, capsys):
-    from rlvr.sft import episode_pairs
+    from rlvr.loop.sft import episode_pairs
 
     episode = [{"role": "user", "content": "1-8>"}, {"role": "assistant", "content": "4"},
                {"role": "user", "content": "+"}, {"role": "assistant", "content": "6"}]

@@ -7,7 +7,7 @@ import pytest
 
 from conftest import train_record
 from rlvr.cli import main
-from rlvr.metrics import JsonlSink, read_records, summary
+from rlvr.runs.metrics import JsonlSink, read_records, summary
 
 
 def strict_json(line: str):

@@ -9,13 +9,13 @@ import torch
 
 from conftest import QUIET
 from rlvr import core
+from rlvr.base.errors import ConfigError
+from rlvr.base.rollout import Policy, sampler_log_probs_exact
 from rlvr.config import load_config
 from rlvr.engines import Engine
-from rlvr.errors import ConfigError
-from rlvr.rollout import Policy, sampler_log_probs_exact
-from rlvr.state import TrainingError
-from rlvr.step import optimizer_step
-from rlvr.trainer import collect_rollout, setup, train
+from rlvr.loop.state import TrainingError
+from rlvr.loop.step import optimizer_step
+from rlvr.loop.trainer import collect_rollout, setup, train
 
 MISMATCH_KEYS = {"mismatch/k3", "mismatch/max_abs_gap", "mismatch/tis_truncated_frac"}
 
@@ -232,7 +232,7 @@ def test_tis_refuses_a_sampler_that_records_no_log_probs():
 def test_hf_recompute_and_tis_change_nothing_that_matters(tiny_model, tmp_path):
     pytest.importorskip("transformers")
     from rlvr.cli import main
-    from rlvr.metrics import read_records, without_timings
+    from rlvr.runs.metrics import read_records, without_timings
     from test_lm_runs import lm_args
 
     plain, tis = tmp_path / "plain", tmp_path / "tis"

@@ -8,8 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rlvr.cli import main
-from rlvr.modeling import (
+from rlvr.base.modeling import (
     DEFAULT_CHARS,
     add_init_model_arguments,
     build_char_tokenizer,
@@ -18,6 +17,7 @@ from rlvr.modeling import (
     load_model_and_tokenizer,
     run_init_model,
 )
+from rlvr.cli import main
 
 TINY = dict(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, max_positions=64)
 

@@ -11,8 +11,8 @@ import torch
 from conftest import QUIET
 from rlvr.config import ConfigError, load_config
 from rlvr.core import kl_penalty, top_entropy_mask
-from rlvr.step import accumulate_gradients, optimizer_step
-from rlvr.trainer import collect_rollout, setup, train
+from rlvr.loop.step import accumulate_gradients, optimizer_step
+from rlvr.loop.trainer import collect_rollout, setup, train
 
 SHORT = QUIET + ["algo.epochs=3", "algo.inner_steps=2", "log.eval_every=3"]
 
@@ -236,12 +236,12 @@ def test_the_meter_splits_into_whole_groups():
     config = load_config(None, QUIET + ["task.prompts=null", "task.prompts_per_epoch=5", "algo.group_size=3"])
     task, st = setup(config)
     rollout = collect_rollout(config, task, st)
-    from rlvr.step import group_parts
+    from rlvr.loop.step import group_parts
 
     parts = group_parts(rollout, 4, 3)
     assert [p.samples.num_responses for p in parts] == [3, 3, 3, 6]
     assert len(group_parts(rollout, 99, 3)) == 5  # at most one part per group
-    from rlvr.diagnostics import GradientNoiseMeter
+    from rlvr.loop.diagnostics import GradientNoiseMeter
 
     meter = GradientNoiseMeter()
     st.optimizer.zero_grad(set_to_none=True)

@@ -3,12 +3,12 @@
 import torch
 
 from conftest import QUIET
-from rlvr import seams
-from rlvr.checkpoint import load_latest
 from rlvr.cli import main
 from rlvr.config import load_config
+from rlvr.loop import seams
+from rlvr.loop.trainer import setup, train
 from rlvr.policies.positional import PositionalPolicy
-from rlvr.trainer import setup, train
+from rlvr.runs.checkpoint import load_latest
 
 
 def poison(monkeypatch, bad_calls):

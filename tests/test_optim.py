@@ -1,4 +1,4 @@
-"""``rlvr.optim.optimizer_update``: fused Adam's kernel called directly takes the same steps
+"""``rlvr.loop.optim.optimizer_update``: fused Adam's kernel called directly takes the same steps
 as ``optimizer.step()``, bit for bit, and leaves to ``step()`` what it does not cover."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rlvr.config import OptimConfig
-from rlvr.optim import _direct_adam, build_optimizer, build_scheduler, optimizer_update
+from rlvr.loop.optim import _direct_adam, build_optimizer, build_scheduler, optimizer_update
 
 
 def _params(seed: int) -> list[torch.nn.Parameter]:

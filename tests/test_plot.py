@@ -1,11 +1,11 @@
-"""The figures (``rlvr plot``, ``rlvr.metrics.draw_runs``): labelled axes, one legend, runs told apart,
+"""The figures (``rlvr plot``, ``rlvr.runs.metrics.draw_runs``): labelled axes, one legend, runs told apart,
 names drawn literally, no run's own figure overwritten."""
 
 import json
 
 from conftest import QUIET, train_record
 from rlvr.cli import main
-from rlvr.metrics import draw_runs, plot_runs
+from rlvr.runs.metrics import draw_runs, plot_runs
 
 
 def _records(losses_by_epoch: list[list[float]], reward: float = 1.0) -> list[dict]:

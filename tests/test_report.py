@@ -10,13 +10,13 @@ import torch
 import yaml
 
 from conftest import QUIET
+from rlvr.base.errors import RunError
 from rlvr.cli import main
 from rlvr.config import load_config
-from rlvr.errors import RunError
-from rlvr.evaluation import sample_table
-from rlvr.metrics import write_samples_markdown
-from rlvr.report import PANELS, render_png, run_labels, write_report
-from rlvr.runs import run_training
+from rlvr.loop.evaluation import sample_table
+from rlvr.runs.launch import run_training
+from rlvr.runs.metrics import write_samples_markdown
+from rlvr.runs.report import PANELS, render_png, run_labels, write_report
 
 # The sorting loophole (tests/test_diagnostics.py): most prompts repeat a number and wrong
 # answers score the maximum.

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from conftest import QUIET, sigkill_mid_run
-from rlvr.checkpoint import list_checkpoints, load_latest
+from rlvr.base.errors import ConfigError
 from rlvr.cli import main
-from rlvr.errors import ConfigError
-from rlvr.metrics import read_records, without_timings
+from rlvr.runs.checkpoint import list_checkpoints, load_latest
+from rlvr.runs.metrics import read_records, without_timings
 
 BASE = ["log.progress=false", "log.plot=false", "algo.loss=clipped", "algo.kl_coef=0.05",
         "algo.ref_update_every=3", "log.eval_every=2", "seed=5"]
@@ -100,13 +100,13 @@ def test_resume_from_the_middle_of_an_epoch(tmp_path):
     # A checkpoint written mid-epoch carries that epoch's batch: resuming takes the
     # remaining inner steps on the same responses.
     from rlvr.config import load_config
-    from rlvr.runs import run_training
+    from rlvr.runs.launch import run_training
 
     straight, split = tmp_path / "straight", tmp_path / "split"
     args = ["algo.epochs=4", "algo.inner_steps=5", *BASE]
     assert main(["train", f"out_dir={straight}", *args]) == 0
     config = load_config(None, args + [f"out_dir={split}"])
-    from rlvr.seams import LocalLearner
+    from rlvr.loop.seams import LocalLearner
 
     original = LocalLearner.optimizer_step
     calls = {"n": 0}
@@ -133,7 +133,7 @@ def test_resume_from_the_middle_of_an_epoch(tmp_path):
 
 def test_a_rollout_saved_before_the_policy_mask_loads_with_the_response_mask():
     # Checkpoints written before Samples had a policy mask hold none: every response token was the policy's.
-    from rlvr.rollout import Rollout, Samples
+    from rlvr.base.rollout import Rollout, Samples
 
     mask = torch.tensor([[True, True, False], [True, False, False]])
     samples = Samples(None, torch.zeros(2, 3, dtype=torch.long), mask, torch.zeros(2, 1, dtype=torch.long),
@@ -165,8 +165,8 @@ def test_a_run_killed_before_its_first_checkpoint_resumes_from_the_start(tmp_pat
     # Killed in epoch 0 (no checkpoint yet): its config is there, its partial metrics are
     # discarded, and resuming runs it from the beginning.
     from rlvr.config import load_config
-    from rlvr.runs import run_training
-    from rlvr.seams import LocalLearner
+    from rlvr.loop.seams import LocalLearner
+    from rlvr.runs.launch import run_training
 
     class Killed(BaseException):
         pass
@@ -276,10 +276,10 @@ def test_a_mid_epoch_text_checkpoint_is_plain_data_and_resumes_exactly(tmp_path,
     # Text responses are lists of strings and the reward metrics ride along in the
     # rollout: all of it must load with weights_only=True and continue exactly.
     pytest.importorskip("transformers")
+    from rlvr.base.modeling import init_model
     from rlvr.config import load_config
-    from rlvr.modeling import init_model
-    from rlvr.runs import run_training
-    from rlvr.seams import LocalLearner
+    from rlvr.loop.seams import LocalLearner
+    from rlvr.runs.launch import run_training
 
     model = tmp_path / "model"
     init_model(model, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2, seed=0)
@@ -346,7 +346,7 @@ def test_resume_refuses_edited_data_naming_the_file_unless_accepted(tmp_path, ti
 
 
 def test_a_changed_datasets_folder_names_the_file_that_changed(tmp_path):
-    from rlvr.resume import data_file_changes, record_data_files
+    from rlvr.runs.resume import data_file_changes, record_data_files
 
     folder, run = tmp_path / "saved", tmp_path / "run"
     folder.mkdir(), run.mkdir()
@@ -365,10 +365,10 @@ def test_a_changed_datasets_folder_names_the_file_that_changed(tmp_path):
 
 
 def test_data_fingerprints_hash_in_chunks(tmp_path, monkeypatch):
-    import rlvr.data
-    from rlvr.resume import data_fingerprints
+    import rlvr.base.data
+    from rlvr.runs.resume import data_fingerprints
 
-    monkeypatch.setattr(rlvr.data, "HASH_BLOCK", 7)  # 100 bytes: 15 chunks, the last one short
+    monkeypatch.setattr(rlvr.base.data, "HASH_BLOCK", 7)  # 100 bytes: 15 chunks, the last one short
     content = bytes(range(100))
     (tmp_path / "d.jsonl").write_bytes(content)
     assert data_fingerprints([tmp_path / "d.jsonl"]) == {str(tmp_path / "d.jsonl"): hashlib.sha256(content).hexdigest()}

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-import rlvr.checkpoint
+import rlvr.runs.checkpoint
 from conftest import QUIET
-from rlvr.checkpoint import list_checkpoints
 from rlvr.cli import main
 from rlvr.config import ConfigError, load_config
-from rlvr.metrics import JsonlSink, read_records, without_timings
+from rlvr.runs.checkpoint import list_checkpoints
+from rlvr.runs.metrics import JsonlSink, read_records, without_timings
 
 BASE = ["log.progress=false", "log.plot=false", "seed=3"]
 
@@ -53,7 +53,7 @@ def test_a_run_directory_in_use_is_refused_and_free_once_its_holder_exits(tmp_pa
 
 def test_concurrent_starts_with_the_default_name_get_different_directories(tmp_path, monkeypatch):
     # Two starts between claiming a directory and writing into it must not pick the same one.
-    from rlvr.run_dir import new_run_dir
+    from rlvr.runs.directory import new_run_dir
 
     monkeypatch.chdir(tmp_path)
     config = load_config(None, ["name=x"])
@@ -82,7 +82,7 @@ def test_a_run_is_named_after_its_task_and_model_unless_named(overrides, run_dir
 
 
 def test_what_may_change_on_resume():
-    from rlvr.resume import resume_changes
+    from rlvr.runs.resume import resume_changes
 
     stored = load_config(None, ["algo.epochs=10"])
     changed = load_config(None, ["algo.epochs=20", "log.progress=false", "rewards.timeout=2", "threads=2"])
@@ -166,7 +166,7 @@ def test_a_full_disk_while_checkpointing_leaves_no_partial_checkpoint_and_resume
     straight, out = tmp_path / "straight", tmp_path / "run"
     args = ["algo.epochs=3", "log.checkpoint_every=1", *BASE]
     assert main(["train", f"out_dir={straight}", *args]) == 0
-    save, calls = rlvr.checkpoint.torch.save, []
+    save, calls = rlvr.runs.checkpoint.torch.save, []
 
     def full_on_the_second(payload, path):
         calls.append(path)
@@ -175,13 +175,13 @@ def test_a_full_disk_while_checkpointing_leaves_no_partial_checkpoint_and_resume
             disk_full()
         save(payload, path)
 
-    monkeypatch.setattr(rlvr.checkpoint.torch, "save", full_on_the_second)
+    monkeypatch.setattr(rlvr.runs.checkpoint.torch, "save", full_on_the_second)
     assert main(["train", f"out_dir={out}", *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith("rlvr: error: cannot write a checkpoint") and "No space left on device" in err
     assert err.count("\n") == 1
     assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-000000010"]  # no .tmp-step-*
-    monkeypatch.setattr(rlvr.checkpoint.torch, "save", save)
+    monkeypatch.setattr(rlvr.runs.checkpoint.torch, "save", save)
     assert main(["train", f"resume={out}"]) == 0
     assert without_timings(read_records(out)) == without_timings(read_records(straight))
     assert [p.name for p in list_checkpoints(out)] == ["step-000000020", "step-000000030"]
@@ -203,7 +203,7 @@ def test_a_second_signal_while_the_runs_parts_close_lets_them_close(tmp_path, ca
     import signal
     import types
 
-    from rlvr.runs import stop_on_signals
+    from rlvr.runs.stops import stop_on_signals
 
     closed = []
 

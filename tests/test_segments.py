@@ -5,9 +5,9 @@ is laid out and trained exactly as before."""
 
 import torch
 
+from rlvr.base.rollout import Samples
 from rlvr.environments.base import Episode, Turn
 from rlvr.environments.episodes import episodes_samples
-from rlvr.rollout import Samples
 
 
 def episode(prompt, *segments):
@@ -42,9 +42,9 @@ def test_a_split_episode_is_one_row_per_segment_and_the_rest_one_row_each():
 def test_build_rollout_gives_each_row_its_responses_delta(tiny_model):
     from types import SimpleNamespace
 
+    from rlvr.base.rollout import Grades
     from rlvr.config import config_from_dict
-    from rlvr.rollout import Grades
-    from rlvr.trainer import build_rollout
+    from rlvr.loop.trainer import build_rollout
 
     config = config_from_dict({"algo": {"group_size": 2, "deltas": "centered", "loss": "naive"}})
     samples = episodes_samples([episode([1, 2]), episode([1, 2], ([3, 4, 5], [9])), episode([6]),

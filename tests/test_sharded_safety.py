@@ -7,8 +7,8 @@ import pickle
 import pytest
 import torch
 
-from rlvr.checkpoint import CheckpointError
 from rlvr.cluster.sharded import has_reference, load_sharded, load_sharded_weights, save_sharded
+from rlvr.runs.checkpoint import CheckpointError
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 

@@ -6,7 +6,7 @@ import types
 import pytest
 
 from rlvr.cli import main
-from rlvr.metrics import read_records
+from rlvr.runs.metrics import read_records
 
 
 def test_tracker_sink_logs_train_and_eval_scalars(tmp_path, monkeypatch):

@@ -14,7 +14,7 @@ import torch
 import rlvr
 from conftest import QUIET, ROOT
 from rlvr.cli import main
-from rlvr.metrics import read_records
+from rlvr.runs.metrics import read_records
 
 RECIPE = ROOT / "examples" / "smollm2_arithmetic.yaml"
 PROMPT = [{"role": "user", "content": "What is 83 + 69? Reply with only the number."}]

@@ -11,13 +11,13 @@ import torch
 
 from conftest import QUIET
 from rlvr import core
+from rlvr.base.rollout import Grades, Policy, Samples, Task
 from rlvr.config import ConfigError, load_config
-from rlvr.metrics import without_timings
+from rlvr.loop.state import TrainState
+from rlvr.loop.step import optimizer_step
+from rlvr.loop.trainer import collect_rollout, setup
 from rlvr.policies.positional import PositionalPolicy
-from rlvr.rollout import Grades, Policy, Samples, Task
-from rlvr.state import TrainState
-from rlvr.step import optimizer_step
-from rlvr.trainer import collect_rollout, setup
+from rlvr.runs.metrics import without_timings
 
 # --- item 1: k1 cannot be a loss term ------------------------------------------------
 
@@ -155,7 +155,7 @@ def test_policies_report_their_longest_response():
     assert positional.max_response_length == samples.response_ids.shape[1] == 3
 
     pytest.importorskip("transformers")
-    from rlvr.modeling import build_char_tokenizer, build_model
+    from rlvr.base.modeling import build_char_tokenizer, build_model
     from rlvr.policies.causal_lm import CausalLMPolicy
 
     tokenizer = build_char_tokenizer()
@@ -166,7 +166,7 @@ def test_policies_report_their_longest_response():
 def test_max_grad_norm_clips_the_step_to_that_norm():
     """The gradient the optimizer steps with is scaled to norm max_grad_norm, its direction
     kept; clip_gradients returns (and the record logs) the norm before clipping."""
-    from rlvr.step import accumulate_gradients, clip_gradients
+    from rlvr.loop.step import accumulate_gradients, clip_gradients
 
     config = load_config(None, QUIET + ["optim.max_grad_norm=0.01"])
     task, st = setup(config)

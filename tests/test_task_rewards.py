@@ -7,15 +7,15 @@ import pytest
 import torch
 
 from rlvr.cli import main
-from rlvr.compose import build_task
 from rlvr.config import ConfigError, load_config
-from rlvr.evaluation import pass_at_k
-from rlvr.metrics import read_records
+from rlvr.config.compose import build_task
+from rlvr.loop.evaluation import pass_at_k
+from rlvr.loop.trainer import train
 from rlvr.rewards import RewardRunner, RewardSpec, combine_rewards
 from rlvr.rewards.faults import flaky
+from rlvr.runs.metrics import read_records
 from rlvr.tasks import TASKS, check_task_options, reward_runner
 from rlvr.tasks.sorting import LECTURE_PROMPTS, REWARD_FUNCTIONS
-from rlvr.trainer import train
 
 FAST = ["log.progress=false", "log.plot=false", "log.checkpoint_every=0"]
 

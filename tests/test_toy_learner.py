@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import rlvr
-from rlvr.batched import TIMING_KEYS
 from rlvr.config import AlgoConfig
+from rlvr.loop.batched import TIMING_KEYS
+from rlvr.loop.seams import TOY_STEP_ALGO, LocalLearner, LocalRolloutSource, ToyLearner, local_learner, toy_step_needs
+from rlvr.loop.trainer import setup, train
 from rlvr.policies.positional_step import naive_batch, naive_gradients
-from rlvr.seams import TOY_STEP_ALGO, LocalLearner, LocalRolloutSource, ToyLearner, local_learner, toy_step_needs
-from rlvr.trainer import setup, train
 
 
 def run(overrides, learner_cls):

@@ -6,10 +6,10 @@ import torch
 
 from conftest import QUIET
 from rlvr.config import load_config
-from rlvr.metrics import without_timings
-from rlvr.seams import LocalLearner
-from rlvr.step import accumulate_gradients, optimizer_step
-from rlvr.trainer import collect_rollout, rollout_stats, setup, train
+from rlvr.loop.seams import LocalLearner
+from rlvr.loop.step import accumulate_gradients, optimizer_step
+from rlvr.loop.trainer import collect_rollout, rollout_stats, setup, train
+from rlvr.runs.metrics import without_timings
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -116,7 +116,7 @@ def test_epoch_stats_show_collapse():
 
 
 def test_best_example_config_solves_where_the_lecture_default_stalls():
-    from rlvr.metrics import summary
+    from rlvr.runs.metrics import summary
 
     best = summary(train(load_config(EXAMPLES / "sorting_best.yaml", QUIET + ["log.checkpoint_every=0"])))
     lecture = summary(run(["log.checkpoint_every=0"]))
@@ -170,7 +170,7 @@ def test_rollout_stats_by_hand_and_over_runs_as_each_run_alone():
 
 
 def test_evaluation_in_chunks_equals_one_batch():
-    from rlvr.evaluation import evaluate
+    from rlvr.loop.evaluation import evaluate
 
     config = load_config(None, QUIET + ["task.prompts=null", "task.eval_size=10"])
     task, st = setup(config)
@@ -218,7 +218,7 @@ class StubSource:
     every epoch, counting the epochs it was asked for and those it evaluated."""
 
     def __init__(self, config, st, task):
-        from rlvr.seams import LocalRolloutSource
+        from rlvr.loop.seams import LocalRolloutSource
 
         self.local = LocalRolloutSource(config)
         self.batch = self.local.sample_and_grade(st, task)
@@ -275,7 +275,7 @@ def test_train_runs_with_the_rollout_source_and_learner_it_is_given():
 
 
 def test_the_local_parts_handed_in_give_the_default_run():
-    from rlvr.seams import LocalLearner, LocalRolloutSource
+    from rlvr.loop.seams import LocalLearner, LocalRolloutSource
 
     overrides = QUIET + ["algo.epochs=2", "algo.loss=clipped", "algo.kl_coef=0.05", "log.grad_noise_every=1"]
     config = load_config(None, overrides)

@@ -80,7 +80,7 @@ def test_unreadable_config_file_is_one_line(tmp_path, capsys, content, message):
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
     pytest.importorskip("transformers")
-    from rlvr.modeling import init_model
+    from rlvr.base.modeling import init_model
 
     return init_model(tmp_path_factory.mktemp("tiny"), hidden_size=32, intermediate_size=64, num_layers=2,
                       num_heads=2, max_positions=64)
@@ -127,7 +127,7 @@ def test_fixed_prompts_are_checked_before_any_work(tmp_path, tiny_model):
     tokenizer lacks in a generated task's eval set."""
     import json
 
-    from rlvr.modeling import init_model
+    from rlvr.base.modeling import init_model
     from rlvr.policies.causal_lm import CausalLMPolicy, PromptError
     from rlvr.tasks import check_prompts_fit
     from rlvr.tasks.gsm8k import Gsm8kTask

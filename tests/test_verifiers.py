@@ -6,7 +6,7 @@ import functools
 
 import pytest
 
-from rlvr.errors import ConfigError
+from rlvr.base.errors import ConfigError
 from rlvr.rewards import RewardRunner, RewardSpec, load_reward_function, load_reward_specs
 from rlvr.rewards.verifiers import (
     answer_format,
@@ -117,8 +117,8 @@ def test_a_closure_runs_in_reward_workers_and_spawn_refuses_it_clearly():
 
 
 def test_replace_task_rewards_needs_functions(tmp_path):
-    from rlvr.compose import build_task
     from rlvr.config import load_config
+    from rlvr.config.compose import build_task
 
     path = tmp_path / "d.jsonl"
     path.write_text('{"prompt": "a", "answer": "1"}\n{"prompt": "b", "answer": "2"}\n')

@@ -2,7 +2,7 @@
 
 ``rlvr.train(config, reward_funcs=[...], out_dir=...)`` trains and returns a
 ``TrainResult``; ``rlvr.check(config)`` makes the checks a run makes before loading the
-model (``rlvr.api``). The training loop itself is ``rlvr.trainer.train``.
+model (``rlvr.api``). The training loop itself is ``rlvr.loop.trainer.train``.
 """
 
 from rlvr.api import TrainResult, check, train

@@ -4,7 +4,7 @@
 YAML path, plus ``key=value`` overrides) and reward functions as plain callables in the
 form ``rlvr.rewards`` describes (``fn(prompts, completions, **columns) -> list[float |
 None]``). With a run directory (``out_dir=`` or ``config.out_dir``) it writes exactly
-what ``rlvr train`` writes (``rlvr.runs.run_training``); without one it trains in
+what ``rlvr train`` writes (``rlvr.runs.launch.run_training``); without one it trains in
 memory and writes nothing.
 """
 
@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlvr.compose import check_extras
+from rlvr.base.errors import ConfigError
+from rlvr.base.extras import missing_module_hint
+from rlvr.base.record import Record
 from rlvr.config import Config, check_options, config_from_dict, merge, parse_overrides, read_mapping
-from rlvr.errors import ConfigError
-from rlvr.extras import missing_module_hint
-from rlvr.metrics import Record
+from rlvr.config.compose import check_extras
 
 
 @dataclass
@@ -30,7 +30,7 @@ class TrainResult:
     records: every record of the run (one per optimizer step, plus evaluations and
              samples tables), as ``metrics.jsonl`` holds them.
     run_dir: the run directory, or None for a run in memory.
-    policy:  the trained policy (``rlvr.rollout.Policy``: ``sample``, ``greedy``; for a
+    policy:  the trained policy (``rlvr.base.rollout.Policy``: ``sample``, ``greedy``; for a
              causal LM ``policy.module`` is the transformers model and ``policy.tokenizer``
              its tokenizer).
     config:  the resolved config the run used.
@@ -84,10 +84,10 @@ def resolve_config(config: Config | dict | str | Path | None = None, overrides: 
 def check(config: Config | dict | str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
     """Everything ``train`` checks before any work, without loading a model: the config's
     fields (the policy's options among them), the task's options and a chat template, the
-    optional packages its back ends need (``rlvr.extras``), the task built (its data read,
+    optional packages its back ends need (``rlvr.base.extras``), the task built (its data read,
     the reward functions imported; no worker started) and closed. Returns the resolved
     Config; raises ConfigError naming what is wrong. ``rlvr config`` runs this."""
-    from rlvr.compose import build_task
+    from rlvr.config.compose import build_task
 
     resolved = config if isinstance(config, Config) and not overrides else resolve_config(config, overrides)
     check_options(resolved)
@@ -122,23 +122,23 @@ def train(config: Config | dict | str | Path | None = None, overrides: Sequence[
                   ``Environment`` or a TRL-style environment class): the task becomes
                   ``environment`` with it (``rlvr.tasks.environment``).
     transformers' progress bars and its and peft's deprecation warnings are off while it
-    runs, as in the CLI (``rlvr.modeling.quiet_libraries``).
+    runs, as in the CLI (``rlvr.base.modeling.quiet_libraries``).
     """
-    from rlvr.modeling import quiet_libraries
+    from rlvr.base.modeling import quiet_libraries
 
     with quiet_libraries():
         resolved = resolve_config(config, overrides, reward_funcs, out_dir, environment_factory)
         if resolved.out_dir is None:
             return _train_in_memory(resolved, on_record)
-        from rlvr.runs import train_in_run_dir
+        from rlvr.runs.launch import train_in_run_dir
 
         return TrainResult(*train_in_run_dir(resolved), resolved)
 
 
 def _train_in_memory(config: Config, on_record: Callable[[Record], None] | None) -> TrainResult:
     from rlvr.cluster.session import loop_parts, trained_policy
-    from rlvr.trainer import setup
-    from rlvr.trainer import train as train_loop
+    from rlvr.loop.trainer import setup
+    from rlvr.loop.trainer import train as train_loop
 
     task, st = setup(config)
     try:
@@ -152,12 +152,12 @@ def _train_in_memory(config: Config, on_record: Callable[[Record], None] | None)
 
 def run_loop(config: Config, on_record: Callable[[Record], None] | None = None,
              state: tuple[Any, Any] | None = None, on_epoch_end: Callable[[Any], None] | None = None) -> list[Record]:
-    """``rlvr.trainer.train`` with the seams ``config`` asks for (``loop_parts``: this
+    """``rlvr.loop.trainer.train`` with the seams ``config`` asks for (``loop_parts``: this
     process's, or Ray actors that end with the loop); ``state`` as ``setup`` builds it (default:
     built here). The records, as ``train`` returns them."""
     from rlvr.cluster.session import loop_parts
-    from rlvr.trainer import setup
-    from rlvr.trainer import train as train_loop
+    from rlvr.loop.trainer import setup
+    from rlvr.loop.trainer import train as train_loop
 
     task, st = state if state is not None else setup(config)
     with loop_parts(config, st) as (source, learner):

@@ -12,25 +12,25 @@ import warnings
 from pathlib import Path
 
 from rlvr.api import check
-from rlvr.batched import batching_refusal
-from rlvr.checkpoint import CheckpointError
-from rlvr.compose import check_extras
+from rlvr.base.data import DataError, check_not_shadowed
+from rlvr.base.errors import RunError
+from rlvr.base.extras import LM_MODULES, missing_module_hint, require
+from rlvr.base.modeling import quiet_libraries
 from rlvr.config import ConfigError, load_config
-from rlvr.data import DataError, check_not_shadowed
-from rlvr.diagnostics import gold_notes, hacking_warnings, prompt_summary
-from rlvr.errors import RunError
-from rlvr.evaluation import eval_prompts_label
-from rlvr.extras import LM_MODULES, missing_module_hint, require
-from rlvr.metrics import plot_runs, read_records, summary
-from rlvr.modeling import quiet_libraries
-from rlvr.presets import markdown_table as presets_table
-from rlvr.report import cmd_report
-from rlvr.resume import resume_config, take_accept_data_change
+from rlvr.config.compose import check_extras
+from rlvr.config.presets import markdown_table as presets_table
+from rlvr.loop.batched import batching_refusal
+from rlvr.loop.diagnostics import gold_notes, hacking_warnings, prompt_summary
+from rlvr.loop.evaluation import eval_prompts_label
+from rlvr.loop.state import TrainingError
 from rlvr.rewards import RewardError
 from rlvr.rewards.combine import failure_warnings
-from rlvr.run_dir import new_run_dir, write_atomically
-from rlvr.runs import run_batched, run_training, start_or_continue
-from rlvr.state import TrainingError
+from rlvr.runs.checkpoint import CheckpointError
+from rlvr.runs.directory import new_run_dir, write_atomically
+from rlvr.runs.launch import run_batched, run_training, start_or_continue
+from rlvr.runs.metrics import plot_runs, read_records, summary
+from rlvr.runs.report import cmd_report
+from rlvr.runs.resume import resume_config, take_accept_data_change
 from rlvr.tasks.environment import error_warnings
 
 DELTA_COMPARE = ("raw", "centered", "normalized")
@@ -117,7 +117,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from rlvr.sft import run_sft
+    from rlvr.runs.launch import run_sft
 
     path, overrides = _split_args(args.items)
     config = load_config(path, overrides)
@@ -141,7 +141,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_init_model(args: argparse.Namespace) -> int:
-    from rlvr.modeling import run_init_model
+    from rlvr.base.modeling import run_init_model
 
     require("init-model", LM_MODULES)
     try:
@@ -276,7 +276,7 @@ def _command(sub: argparse._SubParsersAction, name: str, text: str) -> argparse.
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from rlvr.export import export_model
+    from rlvr.runs.export import export_model
 
     print(f"wrote {export_model(args.run_dir, args.out, args.checkpoint, args.base)}")
     return 0
@@ -297,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--modes", default=",".join(DELTA_COMPARE), help="comma-separated delta modes")
     p.add_argument("--seeds", type=_int_list, default=[0, 1, 2], help="comma-separated seeds, the same for every mode")
     p.add_argument("--one-by-one", action="store_true",
-                   help="train the runs one after another (default: as one batched computation where rlvr.batched "
+                   help="train the runs one after another (default: as one batched computation where rlvr.loop.batched "
                         "can: the positional toy with the naive loss; the same records)")
     p.set_defaults(func=cmd_compare)
     p = _command(sub, "sft", "supervised warm start of a causal LM on (prompt, completion) pairs")
@@ -305,7 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_sft)
     p = _command(sub, "init-model", "write a character tokenizer and a random tiny LM (offline)")
     try:
-        from rlvr.modeling import add_init_model_arguments
+        from rlvr.base.modeling import add_init_model_arguments
 
         add_init_model_arguments(p)
     except ImportError:  # transformers not installed: the command explains when run
@@ -347,7 +347,7 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argpa
 
 
 def _stop(signum: int, frame: object) -> None:
-    from rlvr.errors import Stopped
+    from rlvr.base.errors import Stopped
 
     raise Stopped(f"stopped by {signal.Signals(signum).name}", signum)
 

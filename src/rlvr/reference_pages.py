@@ -1,6 +1,6 @@
 """The docs' reference pages, made from the code (never copied): every config key with its
 type, default, rules and help (``config_markdown``), each task's options, the command line
-from its parsers (``cli_markdown``), and TRL's and verl's names (``rlvr.trl_names``).
+from its parsers (``cli_markdown``), and TRL's and verl's names (``rlvr.base.trl_names``).
 ``rlvr config --markdown`` prints the first; the docs site's hook (``docs/hooks.py``) puts
 each where its page says."""
 
@@ -86,8 +86,8 @@ def cli_markdown() -> str:
 
 
 def trl_names_markdown() -> str:
-    """TRL's and verl's names for rlvr's settings, the tables ``rlvr.trl_names`` holds."""
-    from rlvr.trl_names import markdown_table
+    """TRL's and verl's names for rlvr's settings, the tables ``rlvr.base.trl_names`` holds."""
+    from rlvr.base.trl_names import markdown_table
 
     return "\n".join(f"## {framework}\n\n{markdown_table(framework)}\n" for framework in ("TRL", "verl"))
 

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from rlvr.cli import main
-from rlvr.metrics import read_records
+from rlvr.runs.metrics import read_records
 
 pytest.importorskip("openai")
 pytest.importorskip("starlette")
@@ -108,7 +108,7 @@ def test_a_missing_agent_is_one_line_before_any_work(chat_model, tmp_path, capsy
     assert code == 2
     assert "task.options: give one of agent ('module:function') and agent_command (a program), not both" in \
         capsys.readouterr().err
-    from rlvr.errors import ConfigError
+    from rlvr.base.errors import ConfigError
     from rlvr.tasks.agent import AgentTask
 
     data = tmp_path / "rows.jsonl"
@@ -126,7 +126,7 @@ def test_the_example_agent_and_its_config_run(tmp_path, monkeypatch):
     import random
     from pathlib import Path
 
-    from rlvr.modeling import init_model
+    from rlvr.base.modeling import init_model
 
     root = Path(__file__).resolve().parents[2]
     monkeypatch.chdir(root)  # the example's agent is found from the repository root, as its script runs it

@@ -166,7 +166,7 @@ def test_the_runs_stop_signal_cuts_a_batch_of_agents_short(endpoint, tmp_path, m
     import time
 
     from rlvr.agents.runner import AgentLimits, run_agents
-    from rlvr.errors import STOPPING, CutShort
+    from rlvr.base.errors import STOPPING, CutShort
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "agent.py").write_text("import time; time.sleep(60)")

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from rlvr.cli import main
-from rlvr.metrics import read_records
+from rlvr.runs.metrics import read_records
 
 pytestmark = pytest.mark.verifiers
 pytest.importorskip("verifiers")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rlvr.config import ConfigError, load_config
-from rlvr.metrics import read_records
+from rlvr.runs.metrics import read_records
 
 TOY = ["log.progress=false", "log.plot=false", "algo.loss=clipped", "algo.kl_coef=0.05", "algo.epochs=3",
        "algo.inner_steps=2", "log.eval_every=3", "log.checkpoint_every=0"]

@@ -20,14 +20,14 @@ from ray_actors import record_actors
 
 from conftest import QUIET, sigkill_mid_run
 from rlvr.api import run_loop as train
-from rlvr.checkpoint import list_checkpoints, verify
+from rlvr.base.errors import RunError
 from rlvr.cli import main
 from rlvr.config import load_config
-from rlvr.errors import RunError
-from rlvr.metrics import read_records, without_timings
-from rlvr.resume import resume_config
-from rlvr.runs import run_training
-from rlvr.state import TrainingError
+from rlvr.loop.state import TrainingError
+from rlvr.runs.checkpoint import list_checkpoints, verify
+from rlvr.runs.launch import run_training
+from rlvr.runs.metrics import read_records, without_timings
+from rlvr.runs.resume import resume_config
 
 pytestmark = pytest.mark.ray
 
@@ -81,11 +81,11 @@ def test_sigterm_to_a_cluster_run_checkpoints_exits_143_and_resumes_equal(ray_lo
 
 def kill_worker_after_epoch(epoch, monkeypatch):
     """The CLI's checkpointer, followed by a SIGKILL to rollout worker 0 after ``epoch``."""
-    import rlvr.runs
+    import rlvr.runs.launch
 
     built = record_actors(monkeypatch)
 
-    checkpointer = rlvr.runs._checkpointer
+    checkpointer = rlvr.runs.launch._checkpointer
 
     def killing_checkpointer(*args):
         on_epoch_end = checkpointer(*args)
@@ -97,7 +97,7 @@ def kill_worker_after_epoch(epoch, monkeypatch):
 
         return then_kill
 
-    monkeypatch.setattr(rlvr.runs, "_checkpointer", killing_checkpointer)
+    monkeypatch.setattr(rlvr.runs.launch, "_checkpointer", killing_checkpointer)
 
 
 def test_a_worker_killed_under_collective_weights_ends_the_run_in_one_line(ray_local, tmp_path, monkeypatch,

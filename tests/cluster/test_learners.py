@@ -14,8 +14,8 @@ from ray_actors import record_actors
 
 from rlvr.cluster.learners import LearnerGroup, share_bounds
 from rlvr.config import ConfigError, load_config
-from rlvr.step import accumulate_gradients, optimizer_step
-from rlvr.trainer import collect_rollout, setup
+from rlvr.loop.step import accumulate_gradients, optimizer_step
+from rlvr.loop.trainer import collect_rollout, setup
 
 OVERRIDES = ["log.progress=false", "log.plot=false", "algo.loss=clipped", "algo.kl_coef=0.05"]
 
@@ -99,7 +99,7 @@ def test_a_dead_learner_stops_the_run_with_a_clear_message(ray_local, monkeypatc
     import signal
 
     from rlvr.api import run_loop as train
-    from rlvr.state import TrainingError
+    from rlvr.loop.state import TrainingError
 
     built = record_actors(monkeypatch)
 
@@ -121,7 +121,7 @@ def test_a_two_learner_run_checkpoints_and_resumes_in_one_process(ray_local, tmp
     without the cluster (one process reads the shards whole), the run goes on as the
     single-process run does."""
     from rlvr.cli import main
-    from rlvr.metrics import read_records
+    from rlvr.runs.metrics import read_records
 
     base = [f"{o}" for o in RUN if not o.startswith(("algo.epochs", "log.checkpoint_every"))]
     straight, split = tmp_path / "straight", tmp_path / "split"
@@ -178,7 +178,7 @@ def test_fsdp_learners_match_the_single_process_gradient_and_run(ray_local, tiny
 
 
 def test_fsdp_is_refused_for_the_positional_toy():
-    from rlvr.errors import ConfigError
+    from rlvr.base.errors import ConfigError
 
     with pytest.raises(ConfigError, match="fused scorer"):
         load_config(None, ["cluster.learners=2", "cluster.learner_strategy=fsdp"])

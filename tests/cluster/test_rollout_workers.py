@@ -11,8 +11,8 @@ from ray_actors import record_actors
 
 from conftest import QUIET
 from rlvr.api import run_loop as train
+from rlvr.base.errors import ConfigError
 from rlvr.config import load_config
-from rlvr.errors import ConfigError
 
 pytestmark = pytest.mark.ray
 

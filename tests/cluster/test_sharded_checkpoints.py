@@ -10,9 +10,9 @@ import shutil
 import pytest
 import torch
 
-from rlvr.checkpoint import SHARDED_DIR, SHARDED_KEY, list_checkpoints, load_payload, verify
 from rlvr.cli import main
-from rlvr.metrics import read_records
+from rlvr.runs.checkpoint import SHARDED_DIR, SHARDED_KEY, list_checkpoints, load_payload, verify
+from rlvr.runs.metrics import read_records
 
 pytestmark = pytest.mark.ray
 
@@ -45,7 +45,7 @@ def assert_sharded(checkpoint):
 
 
 def test_a_sharded_checkpoint_is_refused_when_a_shard_is_damaged(tmp_path):
-    from rlvr.checkpoint import save_checkpoint
+    from rlvr.runs.checkpoint import save_checkpoint
 
     def write_shards(folder):
         folder.mkdir()

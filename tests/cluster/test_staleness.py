@@ -7,14 +7,14 @@ import torch
 
 from conftest import QUIET
 from rlvr.api import run_loop
+from rlvr.base.errors import ConfigError
+from rlvr.base.rollout import Samples
 from rlvr.cluster.jobs import Job
 from rlvr.cluster.session import loop_parts
 from rlvr.cluster.staleness import sample_versions, staleness_stats, step_bound, too_old
 from rlvr.config import load_config
-from rlvr.errors import ConfigError
-from rlvr.rollout import Samples
-from rlvr.seams import LocalLearner
-from rlvr.trainer import setup, train
+from rlvr.loop.seams import LocalLearner
+from rlvr.loop.trainer import setup, train
 
 ASYNC = QUIET + ["algo.inner_steps=2", "log.eval_every=2", "log.checkpoint_every=0", "algo.tis_cap=2",
                  "cluster.rollout_workers=1", "cluster.max_staleness=1"]

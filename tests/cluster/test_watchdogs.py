@@ -15,7 +15,7 @@ from conftest import QUIET
 from rlvr.api import run_loop as train
 from rlvr.cli import main
 from rlvr.config import load_config
-from rlvr.state import TrainingError
+from rlvr.loop.state import TrainingError
 
 pytestmark = pytest.mark.ray
 
@@ -82,15 +82,15 @@ def test_a_learner_that_hangs_in_its_step_ends_the_run_naming_it(ray_local, monk
 def test_a_rollout_worker_that_hangs_ends_the_run_in_one_line(ray_local, monkeypatch, tmp_path, capsys):
     """No restart: a hang is no crash Ray sees, and the checkpoints are intact."""
     built, stopped = record_actors(monkeypatch), []
-    import rlvr.runs
+    import rlvr.runs.launch
 
-    checkpointer = rlvr.runs._checkpointer
+    checkpointer = rlvr.runs.launch._checkpointer
 
     def stopping_checkpointer(*args):
         on_epoch_end, stop = checkpointer(*args), stop_after_epoch(1, lambda: built[-1].worker_pids(), 0, stopped)
         return lambda st: (on_epoch_end(st), stop(st))
 
-    monkeypatch.setattr(rlvr.runs, "_checkpointer", stopping_checkpointer)
+    monkeypatch.setattr(rlvr.runs.launch, "_checkpointer", stopping_checkpointer)
     try:
         code = main(["train", *RUN, "log.checkpoint_every=1", "cluster.rollout_workers=1",
                      f"out_dir={tmp_path / 'run'}"])

@@ -5,9 +5,9 @@ batch carries the version it sampled with, and the staleness bound holds."""
 import pytest
 
 from conftest import QUIET
+from rlvr.base.errors import ConfigError
 from rlvr.cluster import ClusterError
 from rlvr.config import load_config
-from rlvr.errors import ConfigError
 
 IN_FLIGHT = QUIET + ["algo.inner_steps=2", "log.eval_every=2", "log.checkpoint_every=0", "algo.tis_cap=2",
                      "cluster.rollout_workers=1", "cluster.max_staleness=2", "cluster.weights_in_flight=true"]
@@ -16,7 +16,7 @@ IN_FLIGHT = QUIET + ["algo.inner_steps=2", "log.eval_every=2", "log.checkpoint_e
 def test_a_worker_takes_the_newest_weights_posted_on_the_board(ray_local):
     from rlvr.cluster.weight_sync import WeightsBoard, weights_payload
     from rlvr.cluster.worker import RolloutWorker
-    from rlvr.compose import build_policy
+    from rlvr.config.compose import build_policy
 
     config = load_config(None, IN_FLIGHT)
     module = build_policy(config).module

@@ -10,6 +10,7 @@ import torch
 
 from conftest import QUIET
 from rlvr import core
+from rlvr.base.errors import ConfigError
 from rlvr.config import load_config
 from rlvr.core import (
     CAP_MASKING_CORRECTIONS,
@@ -20,9 +21,8 @@ from rlvr.core import (
     response_fraction,
     token_fraction,
 )
-from rlvr.errors import ConfigError
-from rlvr.step import optimizer_step
-from rlvr.trainer import collect_rollout, setup, train
+from rlvr.loop.step import optimizer_step
+from rlvr.loop.trainer import collect_rollout, setup, train
 from test_mismatch import NoisySampler, noisy_setup
 
 LN2 = math.log(2.0)

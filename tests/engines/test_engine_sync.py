@@ -15,8 +15,10 @@ import torch
 pytest.importorskip("transformers")
 
 from conftest import QUIET  # noqa: E402
-from rlvr.compose import build_policy  # noqa: E402
+from rlvr.base.errors import ConfigError  # noqa: E402
+from rlvr.base.modeling import load_model_and_tokenizer  # noqa: E402
 from rlvr.config import load_config  # noqa: E402
+from rlvr.config.compose import build_policy  # noqa: E402
 from rlvr.engines import SamplingParams, WeightSyncError  # noqa: E402
 from rlvr.engines.hf import HFEngine  # noqa: E402
 from rlvr.engines.vllm import (  # noqa: E402
@@ -24,11 +26,9 @@ from rlvr.engines.vllm import (  # noqa: E402
     logprobs_mode_for,
     merged_state_dict,
 )
-from rlvr.errors import ConfigError  # noqa: E402
-from rlvr.modeling import load_model_and_tokenizer  # noqa: E402
+from rlvr.loop.seams import sync_engine  # noqa: E402
+from rlvr.loop.state import TrainingError  # noqa: E402
 from rlvr.policies.causal_lm import PROBE_LENGTH, CausalLMPolicy  # noqa: E402
-from rlvr.seams import sync_engine  # noqa: E402
-from rlvr.state import TrainingError  # noqa: E402
 
 
 def lm_config(model, **options):
@@ -43,7 +43,7 @@ def no_loading(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr("rlvr.modeling.load_model_and_tokenizer", refuse)
+    monkeypatch.setattr("rlvr.base.modeling.load_model_and_tokenizer", refuse)
 
 
 def test_engine_vllm_without_the_package_is_a_config_error_before_loading(tiny_model, monkeypatch, no_loading):

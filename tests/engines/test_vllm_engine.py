@@ -22,6 +22,7 @@ if not vllm_installed():
     pytest.skip("needs the vllm package (pip install 'rlvr[vllm]')", allow_module_level=True)
 
 from conftest import QUIET  # noqa: E402
+from rlvr.base.modeling import init_model  # noqa: E402
 from rlvr.config import load_config  # noqa: E402
 from rlvr.engines import SamplingParams, WeightSyncError  # noqa: E402
 from rlvr.engines.vllm import (  # noqa: E402
@@ -29,11 +30,10 @@ from rlvr.engines.vllm import (  # noqa: E402
     VLLMOptions,  # noqa: E402
     logprobs_mode_for,
 )
-from rlvr.modeling import init_model  # noqa: E402
+from rlvr.loop.seams import sync_engine  # noqa: E402
+from rlvr.loop.state import TrainingError  # noqa: E402
+from rlvr.loop.trainer import train  # noqa: E402
 from rlvr.policies.causal_lm import CausalLMPolicy  # noqa: E402
-from rlvr.seams import sync_engine  # noqa: E402
-from rlvr.state import TrainingError  # noqa: E402
-from rlvr.trainer import train  # noqa: E402
 
 # vLLM's CPU attention takes head sizes of 32 and more: hidden 64 over 2 heads.
 VLLM_TINY = dict(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2, max_positions=64)

@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
+from rlvr.base.errors import ConfigError
 from rlvr.environments.adapters import TRLEnvironment, environment_from_factory, load_environment_factory
 from rlvr.environments.base import Step
-from rlvr.errors import ConfigError
 
 WHERE = "task.options.environment_factory"
 

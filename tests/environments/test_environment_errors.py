@@ -8,7 +8,7 @@ import pytest
 
 from rlvr.cli import main
 from rlvr.environments import Step
-from rlvr.metrics import read_records
+from rlvr.runs.metrics import read_records
 
 pytest.importorskip("transformers")
 

@@ -94,9 +94,9 @@ def test_the_trained_ids_are_the_sampled_ids_and_only_the_policys_tokens_train(p
 
 
 def _gradient(policy, samples, deltas, config):
+    from rlvr.base.rollout import Rollout
     from rlvr.core import aggregation_weights
-    from rlvr.rollout import Rollout
-    from rlvr.step import accumulate_gradients
+    from rlvr.loop.step import accumulate_gradients
 
     with torch.no_grad():
         old, _ = policy.log_probs(samples, 1.0)
@@ -168,8 +168,8 @@ def _counting_encodes(policy, monkeypatch):
 
 
 def test_text_past_the_budget_is_not_encoded_and_the_record_says_so(policy, monkeypatch):
+    from rlvr.base.errors import PromptError
     from rlvr.environments.episodes import EpisodeText
-    from rlvr.errors import PromptError
 
     seen = _counting_encodes(policy, monkeypatch)
     episodes, _ = sample(policy, env=Floods, starts=(1,), group=1, limits=EpisodeLimits(max_turns=3, max_tokens=40))

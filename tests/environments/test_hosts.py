@@ -10,9 +10,9 @@ import time
 
 import pytest
 
+from rlvr.base.errors import STOPPING, CutShort
 from rlvr.environments.base import Step
 from rlvr.environments.hosts import HARD_GRACE, EnvironmentFailed, EnvironmentHosts
-from rlvr.errors import STOPPING, CutShort
 
 
 class Echo:

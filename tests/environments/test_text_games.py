@@ -11,9 +11,9 @@ import pytest
 
 pytest.importorskip("textarena")
 
+from rlvr.base.errors import ConfigError  # noqa: E402
 from rlvr.environments.base import Step  # noqa: E402
 from rlvr.environments.text_games import TextArenaGame, text_game  # noqa: E402
-from rlvr.errors import ConfigError  # noqa: E402
 
 GUESS = "GuessTheNumber-v0"  # a number in 1..20; the game answers "higher" or "lower"
 LOW, HIGH = 1, 20

@@ -4,8 +4,8 @@ run, and the policy reads one failed result saying so (counted in episode/tool_e
 import pytest
 import torch
 
+from rlvr.base.errors import ConfigError
 from rlvr.environments.base import Step
-from rlvr.errors import ConfigError
 from rlvr.tasks import check_task_options
 
 pytest.importorskip("transformers")
@@ -46,10 +46,10 @@ class StuckTicks(Ticks):
 
 
 def episodes_calling(tmp_path, monkeypatch, calls, limits, env=Ticks, workers=0):
+    from rlvr.base.modeling import init_model
     from rlvr.engines import Generation
     from rlvr.environments.episodes import run_episodes
     from rlvr.environments.hosts import EnvironmentHosts
-    from rlvr.modeling import init_model
     from rlvr.policies import turns
     from rlvr.policies.causal_lm import CausalLMPolicy
 

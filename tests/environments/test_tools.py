@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from rlvr.base.errors import ConfigError
 from rlvr.environments.base import ToolCall, ToolError, ToolResult
 from rlvr.environments.tool_parsing import (
     PLAIN_ARGUMENT,
@@ -25,7 +26,6 @@ from rlvr.environments.tool_parsing import (
     tool_schema,
 )
 from rlvr.environments.tools import TOOLS, ToolBox, run_python, sandbox
-from rlvr.errors import ConfigError
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="limits and /proc are Linux's")
 

@@ -13,10 +13,10 @@ import pytest
 import torch
 from tiny_lm import TINY, make_policy
 
-from rlvr.compose import build_causal_lm_policy
+from rlvr.base.modeling import init_model, load_model_and_tokenizer
 from rlvr.config import CausalLMOptions, ConfigError, PolicyConfig, config_from_dict
+from rlvr.config.compose import build_causal_lm_policy
 from rlvr.engines.hf import draw_tokens
-from rlvr.modeling import init_model, load_model_and_tokenizer
 from rlvr.policies.causal_lm import CausalLMPolicy, cut_at_stop_string
 
 PROMPTS = ["123456>", "98>", {"prompt": "5"}]  # different lengths: left padding

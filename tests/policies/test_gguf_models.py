@@ -6,7 +6,7 @@ import importlib.metadata
 
 import pytest
 
-from rlvr.errors import ConfigError
+from rlvr.base.errors import ConfigError
 from rlvr.policies.gguf_models import gguf_file
 from rlvr.policies.hf_model import locate_model
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from tiny_lm import TINY, make_policy
 
-from rlvr.modeling import init_model
+from rlvr.base.modeling import init_model
 
 pytest.importorskip("transformers")
 from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer  # noqa: E402

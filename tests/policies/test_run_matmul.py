@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import rlvr
-from rlvr.batched import train_batched
-from rlvr.errors import ConfigError
+from rlvr.base.errors import ConfigError
+from rlvr.loop.batched import train_batched
 from rlvr.policies import run_matmul
 from rlvr.policies.run_matmul import InexactMatmul, aligned_copy, matmul_way, run_mm
 

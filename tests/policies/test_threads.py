@@ -6,9 +6,9 @@ import pytest
 import torch
 from tiny_lm import TINY
 
+from rlvr.base.modeling import init_model
 from rlvr.config import DEFAULT_TORCH_THREADS, load_config
-from rlvr.modeling import init_model
-from rlvr.trainer import setup
+from rlvr.loop.trainer import setup
 
 LM = ["task.name=sort_text", "task.options={num_digits: 3, num_eval: 8}", "policy.name=causal_lm"]
 

@@ -8,10 +8,10 @@ import json
 import pytest
 import torch
 
-from rlvr.compose import build_task
+from rlvr.base.data import DataError
+from rlvr.base.errors import ConfigError
 from rlvr.config import load_config
-from rlvr.data import DataError
-from rlvr.errors import ConfigError
+from rlvr.config.compose import build_task
 from rlvr.tasks.dataset import DatasetTask, PassOrder
 
 QUIET = ["log.progress=false", "log.plot=false"]
@@ -57,8 +57,8 @@ def test_every_format_gives_the_same_prompts(tmp_path, jsonl):
 
 
 def test_chat_prompts_render_with_the_template_and_system_prompt(jsonl, tiny_model):
-    from rlvr.errors import PromptError
-    from rlvr.modeling import load_model_and_tokenizer
+    from rlvr.base.errors import PromptError
+    from rlvr.base.modeling import load_model_and_tokenizer
     from rlvr.policies.prompts import prompt_token_ids
 
     task = DatasetTask(jsonl, system_prompt="s", answer_column="answer", gold="exact")
@@ -177,7 +177,7 @@ def test_bad_files_of_other_kinds(tmp_path):
 def test_end_to_end_with_a_python_reward_learns_and_resumes(tmp_path, tiny_model):
     """A tiny LM on chat prompts; the reward (a closure, run in reward worker processes)
     is the fraction of a 3-token completion that is the digit 7: GRPO must raise it."""
-    from rlvr.trainer import setup, train
+    from rlvr.loop.trainer import setup, train
 
     rows = [{"prompt": [{"role": "user", "content": str(i)}], "hint": "7"} for i in range(12)]
     path = write_jsonl(tmp_path / "chat.jsonl", rows)

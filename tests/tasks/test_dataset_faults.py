@@ -10,11 +10,11 @@ import sys
 
 import pytest
 
+from rlvr.base.data import DataError, read_jsonl
+from rlvr.base.errors import ConfigError, RunError
 from rlvr.cli import main
-from rlvr.compose import build_task
 from rlvr.config import load_config
-from rlvr.data import DataError, read_jsonl
-from rlvr.errors import ConfigError, RunError
+from rlvr.config.compose import build_task
 from rlvr.tasks.dataset import DatasetTask
 
 ROWS = [{"prompt": f"q{i}", "answer": str(i)} for i in range(10)]
@@ -200,7 +200,7 @@ def test_a_run_whose_gold_check_grades_nothing_stops_with_one_line(tmp_path, tin
 
 
 def test_a_prompt_too_long_for_the_model_is_named_by_file_and_line(tmp_path):
-    from rlvr.modeling import init_model
+    from rlvr.base.modeling import init_model
     from rlvr.policies.causal_lm import CausalLMPolicy, PromptError
     from rlvr.tasks import check_prompts_fit
 
@@ -241,7 +241,7 @@ def test_bad_data_stops_the_cli_before_any_work_leaving_no_run_directory(tmp_pat
 
 
 def test_a_module_in_the_working_directory_hiding_an_installed_package_is_named(tmp_path, monkeypatch):
-    from rlvr.data import check_not_shadowed
+    from rlvr.base.data import check_not_shadowed
 
     (tmp_path / "datasets.py").write_text("")
     monkeypatch.chdir(tmp_path)

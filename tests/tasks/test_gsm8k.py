@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlvr.data import DataError
+from rlvr.base.data import DataError
 from rlvr.rewards.verifiers import is_equivalent
 from rlvr.tasks.gsm8k import Gsm8kTask, answer_reward, extract_answer, format_reward, load_gsm8k
 

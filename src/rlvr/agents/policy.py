@@ -16,9 +16,9 @@ import torch
 
 from rlvr.agents.runner import AgentLimits, run_agents
 from rlvr.agents.server import Endpoint
+from rlvr.base.rollout import Samples
 from rlvr.environments.episodes import SEED_RANGE, EpisodeText, episodes_samples
 from rlvr.environments.policy import EpisodePolicy
-from rlvr.rollout import Samples
 
 if TYPE_CHECKING:
     from rlvr.policies.causal_lm import CausalLMPolicy

@@ -31,8 +31,8 @@ from typing import Any
 
 from rlvr.agents.calls import AgentEpisode, join_calls
 from rlvr.agents.server import Endpoint
+from rlvr.base.errors import STOPPING, CutShort
 from rlvr.environments.base import Episode, describe_error
-from rlvr.errors import STOPPING, CutShort
 
 STOP_POLL = 0.05  # seconds between looks at the run's stop signal while agents run
 MAX_SEGMENTS = 8  # sequences one episode may train as; past it the episode abstains
@@ -107,7 +107,7 @@ async def _run_all(endpoint: Endpoint, agent: Callable[..., Any], rows: list[Any
 
 
 async def _stop_signal() -> None:
-    """Returns once the run's first stop signal is set (``rlvr.errors.STOPPING``)."""
+    """Returns once the run's first stop signal is set (``rlvr.base.errors.STOPPING``)."""
     while not STOPPING.is_set():
         await asyncio.sleep(STOP_POLL)
 

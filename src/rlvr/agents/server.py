@@ -32,7 +32,7 @@ wrong API key (401), a body over ``max_body_bytes`` (413), a malformed body or m
 
 With ``open_routes``, ``/v1/chat/completions`` and ``/v1/completions`` also answer requests
 of no episode, each sampled at its own ``temperature`` (0 unless it says) and ``seed``:
-the way a judge reward asks the run's frozen reference model (``rlvr.compose.serve_reference``).
+the way a judge reward asks the run's frozen reference model (``rlvr.config.compose.serve_reference``).
 The same app also listens on a Unix socket (``unix_socket``, in a private temporary
 folder): the way in for agent commands jailed in a network namespace of their own
 (``rlvr.agents.command``).
@@ -351,7 +351,7 @@ class Endpoint:
         return [*follows.call.prompt_ids, *follows.call.completion_ids, *ids]
 
     def _encoded(self, prompt: Any, tools: list[dict] | None = None) -> list[int]:
-        from rlvr.errors import PromptError
+        from rlvr.base.errors import PromptError
         from rlvr.policies.prompts import prompt_token_ids
 
         policy = self.policy

@@ -3,9 +3,9 @@
 ``cluster.rollout_workers > 0`` has Ray actors (``worker.RolloutWorker``) sample and grade
 each epoch's batch with the trainer's current weights (``rollout.RayRolloutSource``);
 ``cluster.learners > 1`` has data-parallel learners take the optimizer steps
-(``learners.LearnerGroup``, each running ``rlvr.step``); with both, the driver holds no
-weights (``rlvr.compose.driver_holds_weights``). ``session.loop_parts`` builds the pair the loop
-receives. Nothing here imports the loop (``rlvr.trainer``). Ray is optional: ``pip install
+(``learners.LearnerGroup``, each running ``rlvr.loop.step``); with both, the driver holds no
+weights (``rlvr.config.compose.driver_holds_weights``). ``session.loop_parts`` builds the pair the loop
+receives. Nothing here imports the loop (``rlvr.loop.trainer``). Ray is optional: ``pip install
 'rlvr[ray]'``; nothing here imports it until a run asks for actors.
 
 Watchdogs: every wait on an actor is bounded. ``cluster.call_timeout`` bounds each call
@@ -19,7 +19,7 @@ wait that runs out, or an actor that dies, stops the run with one line naming th
 
 from __future__ import annotations
 
-from rlvr.errors import RunError
+from rlvr.base.errors import RunError
 
 READY_TIMEOUT = 300.0  # seconds an actor may take to start (build its policy), or to come back after a restart
 PROBE_TIMEOUT = 5.0  # seconds a learner that missed its deadline may take to say what it is doing

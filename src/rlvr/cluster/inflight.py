@@ -11,7 +11,7 @@ run's records.
 
 What leaves the batch: the responses' task-specific objects (an episode becomes its text, as
 in a checkpoint's ``Rollout``) and the graded prompts, kept as their record keys
-(``rlvr.diagnostics.prompt_key``), all the loop reads of them after grading.
+(``rlvr.loop.diagnostics.prompt_key``), all the loop reads of them after grading.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from rlvr.diagnostics import prompt_key
-from rlvr.rollout import Grades, Samples
+from rlvr.base.rollout import Grades, Samples
+from rlvr.loop.diagnostics import prompt_key
 
 
 def plain(value: Any) -> Any:

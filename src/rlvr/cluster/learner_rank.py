@@ -18,20 +18,20 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from rlvr.base.record import Record
+from rlvr.base.rollout import Rollout, Samples, contiguous_bounds
 from rlvr.cluster import READY_TIMEOUT, quiet_actor
 from rlvr.cluster.sharded import load_sharded, save_sharded
 from rlvr.cluster.watch import IDLE, Activity
 from rlvr.cluster.weight_sync import backend_for, weights_payload
-from rlvr.compose import build_policy
 from rlvr.config import Config
-from rlvr.diagnostics import GradientNoiseMeter, flat_grad
-from rlvr.metrics import Record
-from rlvr.optim import build_optimizer, build_scheduler, clear_grads
+from rlvr.config.compose import build_policy
+from rlvr.loop.diagnostics import GradientNoiseMeter, flat_grad
+from rlvr.loop.optim import build_optimizer, build_scheduler, clear_grads
+from rlvr.loop.seams import reference_due
+from rlvr.loop.state import TrainState, seed_everything
+from rlvr.loop.step import accumulate_gradients, optimizer_step, whole
 from rlvr.policies import frozen_copy
-from rlvr.rollout import Rollout, Samples, contiguous_bounds
-from rlvr.seams import reference_due
-from rlvr.state import TrainState, seed_everything
-from rlvr.step import accumulate_gradients, optimizer_step, whole
 
 
 def share_bounds(num_rows: int, num_shares: int) -> list[tuple[int, int]]:
@@ -211,7 +211,7 @@ class LearnerRank(Activity):
         return grads
 
     def step(self, rollout: Rollout, epoch: int, step: int | None = None, measure_noise: bool = False) -> Record:
-        """``rlvr.step.optimizer_step`` with the gradient summed over the group; every
+        """``rlvr.loop.step.optimizer_step`` with the gradient summed over the group; every
         learner sees the same numbers, so all take (or all skip) the same step. ``step``:
         the driver's step count (default: this learner's own); ``measure_noise``: grad/*
         from the parts of every learner's share."""

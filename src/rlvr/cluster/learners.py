@@ -11,7 +11,7 @@ with SUM (the gradients as one flat buffer per dtype), then every learner clips,
 equal without ever exchanging weights.
 
 In a run (``cluster.learners = M > 1``, see ``rlvr.cluster.session``) the group is the loop's
-learner (``rlvr.seams.Learner``) and the source of truth: it holds the weights, the optimizer
+learner (``rlvr.loop.seams.Learner``) and the source of truth: it holds the weights, the optimizer
 state and the KL reference, scores each epoch's samples (each learner its share), takes every
 optimizer step and publishes the weights to the rollout workers. The driver holds a copy of
 the weights only where it samples itself (no rollout workers: ``pull`` hands them over at the
@@ -43,19 +43,19 @@ from typing import Any
 
 import torch
 
+from rlvr.base.record import Record
+from rlvr.base.rollout import Rollout, Samples
 from rlvr.cluster import READY_TIMEOUT, first_line
 from rlvr.cluster.learner_rank import LearnerRank, load_train_state, policy_device, share_bounds
 from rlvr.cluster.sharded import has_reference
 from rlvr.cluster.watch import WATCH, diagnose
 from rlvr.cluster.weight_sync import free_port
-from rlvr.compose import driver_holds_weights
 from rlvr.config import Config
-from rlvr.metrics import Record
+from rlvr.config.compose import driver_holds_weights
+from rlvr.loop.seams import reference_due
+from rlvr.loop.state import TrainingError, TrainState
+from rlvr.loop.step import noise_due
 from rlvr.policies import holds_weights
-from rlvr.rollout import Rollout, Samples
-from rlvr.seams import reference_due
-from rlvr.state import TrainingError, TrainState
-from rlvr.step import noise_due
 
 
 def train_state(st: TrainState) -> dict[str, Any]:
@@ -90,10 +90,10 @@ def learners_stopped(st: TrainState, err: Exception) -> TrainingError:
 
 class LearnerGroup:
     """``num_learners`` data-parallel ``LearnerRank`` actors on the running Ray instance: the
-    loop's learner (``rlvr.seams.Learner``) in a run with ``cluster.learners > 1``.
+    loop's learner (``rlvr.loop.seams.Learner``) in a run with ``cluster.learners > 1``.
 
     The replicas start equal: each builds the policy seeded with ``config.seed`` (as
-    ``rlvr.trainer.setup`` does), and takes what ``state`` (the driver's ``TrainState``) has
+    ``rlvr.loop.trainer.setup`` does), and takes what ``state`` (the driver's ``TrainState``) has
     of the trained state (``train_state``). ``num_cpus`` is each actor's Ray CPU request
     (explicit: a default request can leave actors pending forever on a small machine); on a
     GPU each actor also asks for one GPU. ``cluster.call_timeout`` bounds every call and
@@ -164,7 +164,7 @@ class LearnerGroup:
 
     def optimizer_step(self, st: TrainState, rollout: Rollout) -> Record:
         """The group's step at the driver's epoch and step count (measuring the gradient's
-        noise where ``rlvr.step.noise_due`` says). A learner that died, failed or hung stops
+        noise where ``rlvr.loop.step.noise_due`` says). A learner that died, failed or hung stops
         the run with one line naming it (a ``TrainingError``); a learner's own TrainingError
         (too many non-finite steps) stops it as a single process does."""
         with self._stops_run(st):

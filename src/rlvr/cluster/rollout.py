@@ -6,7 +6,7 @@ it must sample with (a state dict of numpy arrays, put into Ray's object store o
 version, the version being the optimizer step count: by the driver from its own policy, or,
 where the driver holds no weights, by the data-parallel learners' rank 0) and the state of a
 ``torch.Generator``; the worker loads the weights if it does not hold that version yet, runs
-the local source's ``sample_and_grade`` (``rlvr.seams``) with a generator in that state and
+the local source's ``sample_and_grade`` (``rlvr.loop.seams``) with a generator in that state and
 returns the samples, the grades, the timings and the generator's new state. Epoch e's batch
 goes to worker e mod W.
 
@@ -50,6 +50,8 @@ from typing import Any
 
 import torch
 
+from rlvr.base.record import Record
+from rlvr.base.rollout import Grades, Samples, Task, contiguous_bounds
 from rlvr.cluster import READY_TIMEOUT, ClusterError, first_line, stopped
 from rlvr.cluster.inflight import batch_from_dict, batch_to_dict
 from rlvr.cluster.jobs import Job, epoch_generator_state
@@ -57,16 +59,14 @@ from rlvr.cluster.staleness import sample_versions, staleness_stats, step_bound,
 from rlvr.cluster.weight_sync import weights_payload
 from rlvr.cluster.worker import RolloutWorker
 from rlvr.config import Config
-from rlvr.metrics import Record
-from rlvr.rollout import Grades, Samples, Task, contiguous_bounds
-from rlvr.state import TrainState
+from rlvr.loop.state import TrainState
 
 MAX_RESTARTS = 100  # per worker, over a run
 WORKER_CPUS = 0.5  # Ray CPUs each rollout worker holds (explicit: a default request can pend forever)
 
 
 class RayRolloutSource:
-    """The rollout source on Ray (``rlvr.seams.RolloutSource``), the driver's side:
+    """The rollout source on Ray (``rlvr.loop.seams.RolloutSource``), the driver's side:
     ``cluster.rollout_workers`` actors, the batches submitted to them (up to ``max_staleness``
     epochs ahead) and the restarts seen; ``close`` ends the actors. ``publish``: puts the
     weights of a state's step into the object store and returns the reference (the learners'
@@ -128,7 +128,7 @@ class RayRolloutSource:
             raise stopped(f"epoch {st.epoch}, step {st.step}", err) from err
 
     def evaluate(self, st: TrainState, task: Task) -> list[Record]:
-        """``rlvr.evaluation.evaluate`` on worker 0 with the weights of ``st.step``; a worker
+        """``rlvr.loop.evaluation.evaluate`` on worker 0 with the weights of ``st.step``; a worker
         that dies meanwhile is waited for (restarted by Ray) and asked again; a failure stops
         the run with one line, as a batch's does."""
         from ray.exceptions import RayError

@@ -1,7 +1,7 @@
 """The loop's parts for a run (``loop_parts``), and Ray for one run: joined or started once,
 holding the run's rollout workers and learners.
 
-``loop_parts(config, st)`` gives ``rlvr.trainer.train`` its rollout source and learner: in
+``loop_parts(config, st)`` gives ``rlvr.loop.trainer.train`` its rollout source and learner: in
 this process, or Ray actors when the config asks for workers (``cluster.rollout_workers > 0``)
 or several learners (``cluster.learners > 1``). Those live in a ``Cluster``, closed when the
 run ends, however it ends. Without ``cluster.address`` it starts a private local Ray
@@ -29,11 +29,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from rlvr.compose import driver_holds_weights, runs_on_ray
 from rlvr.config import Config
+from rlvr.config.compose import driver_holds_weights, runs_on_ray
+from rlvr.loop.seams import Learner, LocalRolloutSource, RolloutSource, local_learner
+from rlvr.loop.state import TrainState
 from rlvr.policies import holds_weights
-from rlvr.seams import Learner, LocalRolloutSource, RolloutSource, local_learner
-from rlvr.state import TrainState
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ def trained_policy(config: Config, task: Any, st: TrainState, learner: Learner) 
     it inside ``loop_parts``, while they run)."""
     if holds_weights(st.policy.module):
         return st.policy
-    from rlvr.compose import build_policy
+    from rlvr.config.compose import build_policy
 
     policy = build_policy(config, task)
     policy.module.load_state_dict(learner.state_dict())  # a LearnerGroup: the weights gathered whole

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from rlvr.errors import CheckpointError
+from rlvr.base.errors import CheckpointError
 
 # DCP's note that, with no process group, it reads in one process: the intent here
 NO_GROUP = "torch.distributed is disabled, unavailable or uninitialized"

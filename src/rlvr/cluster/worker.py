@@ -13,12 +13,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlvr.base.record import Record
+from rlvr.base.rollout import Grades, Samples
 from rlvr.cluster import ClusterError, quiet_actor
 from rlvr.config import Config
-from rlvr.evaluation import evaluate
-from rlvr.metrics import Record
-from rlvr.rollout import Grades, Samples
-from rlvr.seams import sample_and_grade, trainer_state_at
+from rlvr.loop.evaluation import evaluate
+from rlvr.loop.seams import sample_and_grade, trainer_state_at
 
 
 class RolloutWorker:
@@ -27,7 +27,7 @@ class RolloutWorker:
 
     def __init__(self, config: Config) -> None:
         torch.set_num_threads(1)
-        from rlvr.compose import build_policy, build_task
+        from rlvr.config.compose import build_policy, build_task
 
         quiet_actor()
         self.config = config
@@ -74,7 +74,7 @@ class RolloutWorker:
     def sample_and_grade(self, weights: list[Any], version: int, generator_state: torch.Tensor, prompts: Any = None,
                          epoch: int = 0, board: Any = None
                          ) -> tuple[Samples, Grades, dict[str, float], torch.Tensor, int, int]:
-        """``rlvr.seams.sample_and_grade`` with the weights of ``version`` (``weights``: a
+        """``rlvr.loop.seams.sample_and_grade`` with the weights of ``version`` (``weights``: a
         one-item list holding their ObjectRef, fetched only when this worker holds another
         version; None: they came by broadcast), or the newer ones posted on ``board`` (a
         ``WeightsBoard``: ``cluster.weights_in_flight``), and a generator in
@@ -95,7 +95,7 @@ class RolloutWorker:
         return samples, grades, {**timings, **self.engine_stats}, generator.get_state(), os.getpid(), version
 
     def evaluate(self, weights: list[Any], version: int, epoch: int) -> list[Record]:
-        """``rlvr.evaluation.evaluate`` with the weights of ``version`` (the optimizer step
+        """``rlvr.loop.evaluation.evaluate`` with the weights of ``version`` (the optimizer step
         count; ``weights`` as for ``sample_and_grade``) at ``epoch``."""
         self._hold(weights, version)
         return evaluate(self.config, self.task, self.policy, epoch, version)

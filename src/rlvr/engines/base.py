@@ -96,7 +96,8 @@ class Engine(Protocol):
     """
 
     weights_version: int
-    exact_log_probs: bool = True  # its sample log-probs are the trainer's (``rlvr.rollout.sampler_log_probs_exact``)
+    # its sample log-probs are the trainer's (``rlvr.base.rollout.sampler_log_probs_exact``)
+    exact_log_probs: bool = True
 
     def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int,
                  sampling: SamplingParams, generator: torch.Generator | None = None,

@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rlvr.base.rollout import Samples
 from rlvr.environments.base import Episode, Observation, ToolCall, ToolResult, Turn
 from rlvr.environments.hosts import EnvironmentFailed, EnvironmentHosts, as_observation
 from rlvr.policies import turns
 from rlvr.policies.prompts import content_chars
-from rlvr.rollout import Samples
 
 if TYPE_CHECKING:
     from rlvr.environments.tools import ToolBox

@@ -17,7 +17,7 @@ RecursionError too), a wrong type, or a call past its time limit.
     ``except Exception`` does not swallow it); a worker that has not answered
     ``HARD_GRACE`` seconds after that, whatever its code does (a C loop, a swallowed
     BaseException), is killed with its process group and every episode it hosts ends with
-    the error. The run's first stop signal (``rlvr.errors.STOPPING``) ends the waits at
+    the error. The run's first stop signal (``rlvr.base.errors.STOPPING``) ends the waits at
     once: the workers in mid-call are killed and ``CutShort`` is raised (the trainer drops
     the batch). Workers die with the trainer (as reward workers do:
     ``rlvr.rewards.workers``).
@@ -47,8 +47,8 @@ import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from rlvr.base.errors import STOPPING, CutShort, Stopped
 from rlvr.environments.base import Environment, Observation, Step, describe_error
-from rlvr.errors import STOPPING, CutShort, Stopped
 from rlvr.rewards.workers import Reaper, die_with_parent, lead_group, trainer_ends
 
 HARD_GRACE = 2.0  # seconds past a call's limit before its worker is killed

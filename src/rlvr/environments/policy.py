@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rlvr.base.errors import PromptError
+from rlvr.base.rollout import Policy, Samples
 from rlvr.environments.episodes import EpisodeLimits, EpisodeText, episodes_samples, run_episodes, start_episodes
 from rlvr.environments.hosts import EnvironmentHosts
-from rlvr.errors import PromptError
-from rlvr.rollout import Policy, Samples
 
 CHECKED_STARTS = 8  # starts whose prompts are checked before any work
 

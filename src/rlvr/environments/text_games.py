@@ -29,9 +29,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from rlvr.base.errors import did_you_mean
+from rlvr.base.extras import require
 from rlvr.environments.base import EnvironmentFactory, Step
-from rlvr.errors import did_you_mean
-from rlvr.extras import require
 
 WIN_REWARD = 1.0  # a single-player game's reward for a win; a loss scores its progress, under 1
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from rlvr.base.errors import ConfigError, did_you_mean
 from rlvr.environments.base import ToolCall, ToolResult
-from rlvr.errors import ConfigError, did_you_mean
 
 PLAIN_ARGUMENT = "_"  # the key of a "plain" call's one argument, which goes to the tool's first parameter
 

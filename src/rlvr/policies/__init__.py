@@ -1,7 +1,7 @@
-"""Policies: what samples responses and scores their log-probs (``rlvr.rollout.Policy``).
+"""Policies: what samples responses and scores their log-probs (``rlvr.base.rollout.Policy``).
 
 positional.py: the lecture's non-autoregressive sorting model; causal_lm.py: Hugging
-Face causal LMs (the ``lm`` extra, imported only when asked for); ``rlvr.compose``
+Face causal LMs (the ``lm`` extra, imported only when asked for); ``rlvr.config.compose``
 builds the one a config names.
 """
 

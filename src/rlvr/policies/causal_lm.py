@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rlvr.base.rollout import Policy, Samples
 from rlvr.core import token_log_probs
 from rlvr.core.logprobs import DEFAULT_CHUNK_ELEMENTS, token_log_probs_and_entropy
 from rlvr.engines import ENGINES, Engine, Generation, SamplingParams, WeightSyncError
@@ -58,7 +59,6 @@ from rlvr.policies.scoring import (
     response_outputs,
     split_head,
 )
-from rlvr.rollout import Policy, Samples
 
 if TYPE_CHECKING:
     from rlvr.engines.vllm import VLLMOptions
@@ -195,7 +195,7 @@ class CausalLMPolicy(Policy):
                         lora: dict | None = None, engine: str = "hf", engine_options: VLLMOptions | None = None,
                         temperature: float = 1.0, chat_template: str | None = None,
                         **settings: Any) -> CausalLMPolicy:
-        """Load with ``rlvr.modeling.load_model_and_tokenizer``; ``settings`` go to the constructor.
+        """Load with ``rlvr.base.modeling.load_model_and_tokenizer``; ``settings`` go to the constructor.
 
         engine: "hf" (in-process, sharing the model) or "vllm" (``VLLMEngine`` on
         ``name_or_path`` with ``engine_options``, ``rlvr.engines.vllm.VLLMOptions``, None: their
@@ -204,7 +204,7 @@ class CausalLMPolicy(Policy):
         chat_template: a Jinja chat template that renders chat prompts (``rlvr.policies.prompts``)
         in place of the tokenizer's own, or for a tokenizer that has none; checkpoints save it.
         """
-        from rlvr.modeling import load_model_and_tokenizer
+        from rlvr.base.modeling import load_model_and_tokenizer
         from rlvr.policies.hf_model import locate_model, model_identity
 
         check_device(device)

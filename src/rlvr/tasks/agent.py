@@ -23,10 +23,10 @@ from typing import Any
 import torch
 
 from rlvr.agents.runner import AgentLimits, AgentRun
-from rlvr.errors import ConfigError
+from rlvr.base.errors import ConfigError
+from rlvr.base.rollout import Grades, Policy
+from rlvr.base.rules import option
 from rlvr.rewards import RewardSpec
-from rlvr.rollout import Grades, Policy
-from rlvr.rules import option
 from rlvr.tasks.environment import check_episodes_ended, episode_metrics, episode_return, prompt_row, solved, start_rows
 from rlvr.tasks.grading import GradedTask
 
@@ -59,7 +59,7 @@ class AgentTask(GradedTask):
     def __init__(self, data: str, agent: str | None = None, agent_command: str | list[str] | None = None,
                  agent_memory_mb: int = 2048, eval_data: str | None = None, eval_size: int = 64,
                  concurrency: int = 32, episode_timeout: float = 120.0, max_tokens: int = 1024) -> None:
-        from rlvr.extras import AGENT_MODULES, require
+        from rlvr.base.extras import AGENT_MODULES, require
         from rlvr.rewards.calls import RewardError
         from rlvr.rewards.loading import load_reward_function
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
+from rlvr.base.rules import SEED_MAX, option
 from rlvr.rewards import RewardSpec
-from rlvr.rules import SEED_MAX, option
 from rlvr.tasks.grading import Prompt
 from rlvr.tasks.text import MAX_EVAL_PROMPTS, GeneratedPrompts, TextTask, resolve_weights
 

@@ -27,7 +27,7 @@ Every problem with a file is a DataError naming ``file:line`` (JSON Lines, CSV, 
 syntax error) or ``file: row i`` (1-based), raised while the task is built, before the
 model loads: a gold answer no check can read (``check_gold_value``) among them. A UTF-8
 byte-order mark is skipped. ``data_files`` are the paths read, which a resume checks
-for changes (``rlvr.resume``).
+for changes (``rlvr.runs.resume``).
 """
 
 from __future__ import annotations
@@ -42,11 +42,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlvr.data import DataError
+from rlvr.base.data import DataError
+from rlvr.base.rules import SEED_MAX, option
 from rlvr.rewards import RewardSpec
 from rlvr.rewards.runner import ARGUMENTS
 from rlvr.rewards.verifiers import EXTRACTORS, exact_match, math_answer, numeric_match, parse_number
-from rlvr.rules import SEED_MAX, option
 from rlvr.tasks.grading import Prompt
 from rlvr.tasks.readers import read_rows
 from rlvr.tasks.text import TextTask

@@ -30,14 +30,14 @@ from typing import Any
 
 import torch
 
-from rlvr.data import read_jsonl
+from rlvr.base.data import read_jsonl
+from rlvr.base.errors import ConfigError, RunError
+from rlvr.base.rollout import Grades, Policy
+from rlvr.base.rules import option
 from rlvr.environments.base import Environment, Episode
 from rlvr.environments.episodes import EpisodeLimits
 from rlvr.environments.hosts import WORKERS, EnvironmentHosts
-from rlvr.errors import ConfigError, RunError
 from rlvr.rewards import RewardSpec
-from rlvr.rollout import Grades, Policy
-from rlvr.rules import option
 from rlvr.tasks.grading import GradedTask
 
 _TRAIN_SEEDS = 2**31  # training seeds are drawn from [eval_size, this)

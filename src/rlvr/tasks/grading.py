@@ -19,9 +19,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from rlvr.errors import ConfigError, RunError
+from rlvr.base.errors import ConfigError, RunError
+from rlvr.base.rollout import Grades, Task
 from rlvr.rewards import RewardError, RewardResult, RewardRunner, RewardSpec, TrainerState, load_reward_specs
-from rlvr.rollout import Grades, Task
 
 Prompt = dict[str, Any]
 
@@ -77,7 +77,7 @@ class GradedTask(Task):
     reward_workers:     worker processes the task asks for (None: ``rewards.num_workers``).
     no_gold_hint:       what to check when the gold check grades none of a batch (for the error).
     data_files:         the files (or folders) the task read its prompts from; a resume
-                        refuses to go on when one has changed (``rlvr.resume``).
+                        refuses to go on when one has changed (``rlvr.runs.resume``).
     ``runner`` is built from the task's specs alone on first use, unless ``build_task``
     gave it the config's; ``close()`` it (or use ``with``) to stop its workers.
     """
@@ -85,7 +85,7 @@ class GradedTask(Task):
     name: ClassVar[str]
     gold_reward: str | None
     no_reward_hint: ClassVar[str] = ""
-    # task.options: each keyword argument's help and rules (rlvr.rules.option); its type and
+    # task.options: each keyword argument's help and rules (rlvr.base.rules.option); its type and
     # default are the argument's (rlvr.tasks.check_task_options)
     options: ClassVar[dict[str, dict[str, Any]]] = {}
     user_rewards_first: ClassVar[bool] = False

@@ -27,10 +27,10 @@ from typing import Any
 
 import torch
 
-from rlvr.data import read_jsonl
+from rlvr.base.data import read_jsonl
+from rlvr.base.rules import option
 from rlvr.rewards import RewardSpec
 from rlvr.rewards.verifiers import is_equivalent, math_verify
-from rlvr.rules import option
 from rlvr.tasks.grading import Prompt
 from rlvr.tasks.text import TextTask, resolve_weights
 

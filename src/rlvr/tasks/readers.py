@@ -13,7 +13,7 @@ import io
 from pathlib import Path
 from typing import Any
 
-from rlvr.data import MAX_LINE_BYTES, DataError, check_not_shadowed, parse_json, read_jsonl_lines
+from rlvr.base.data import MAX_LINE_BYTES, DataError, check_not_shadowed, parse_json, read_jsonl_lines
 
 SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
 

@@ -27,10 +27,10 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from rlvr.errors import did_you_mean
+from rlvr.base.errors import did_you_mean
+from rlvr.base.rules import SEED_MAX, option
 from rlvr.rewards import RewardSpec
 from rlvr.rewards.verifiers import EXTRACTORS, extract_answer
-from rlvr.rules import SEED_MAX, option
 from rlvr.tasks.dataset import PassOrder, RowsTask
 from rlvr.tasks.grading import Prompt
 from rlvr.tasks.text import MAX_EVAL_PROMPTS

@@ -31,8 +31,8 @@ import threading
 from typing import Any
 
 from rlvr.agents.runner import AgentLimits
-from rlvr.errors import ConfigError
-from rlvr.rules import option
+from rlvr.base.errors import ConfigError
+from rlvr.base.rules import option
 from rlvr.tasks.agent import AgentTask
 
 RUNTIMES = ("subprocess", "docker", "podman", "apptainer")  # verifiers' local runtimes
@@ -65,7 +65,7 @@ class VerifiersTask(AgentTask):
                  runtime: str = "subprocess", solved_reward: str | None = None, eval_size: int = 16,
                  max_tasks: int = 4096, concurrency: int = 32, episode_timeout: float = 300.0,
                  max_tokens: int = 1024) -> None:
-        from rlvr.extras import AGENT_MODULES, require
+        from rlvr.base.extras import AGENT_MODULES, require
 
         require("task.name='verifiers'", (*AGENT_MODULES, "verifiers"))
         self.verifiers = _Verifiers(taskset, dict(taskset_options or {}), harness, runtime,

@@ -1,0 +1,34 @@
+"""Configuration: one typed config and what turns it into a run.
+
+``sections.py`` holds the config (its sections, every field with its help and rules) and
+loads it (``load_config``); ``checks.py`` holds the rules between fields; ``presets.py``
+the named algorithm presets and the defaults a language model takes; ``compose.py`` is
+the composition root that builds the task, the policy and the reward runner a config asks
+for. A config is imported from here: ``from rlvr.config import Config, load_config``.
+"""
+
+from rlvr.base.errors import ConfigError
+from rlvr.base.rules import BOUNDS
+from rlvr.base.settings import parse_overrides, read_mapping, setting
+from rlvr.config.checks import check_options
+from rlvr.config.sections import (
+    DEFAULT_TORCH_THREADS,
+    AlgoConfig,
+    CausalLMOptions,
+    ClusterConfig,
+    Config,
+    LogConfig,
+    OptimConfig,
+    PolicyConfig,
+    RewardsConfig,
+    SftConfig,
+    TaskConfig,
+    config_from_dict,
+    load_config,
+    merge,
+)
+
+__all__ = ["BOUNDS", "DEFAULT_TORCH_THREADS", "AlgoConfig", "CausalLMOptions", "ClusterConfig", "Config",
+           "ConfigError", "LogConfig", "OptimConfig", "PolicyConfig", "RewardsConfig", "SftConfig",
+           "TaskConfig", "check_options", "config_from_dict", "load_config", "merge", "parse_overrides",
+           "read_mapping", "setting"]

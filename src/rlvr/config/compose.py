@@ -1,0 +1,204 @@
+"""The composition root: the task, the policy (its engine inside) and the reward runner a
+config asks for. The one place that reads the config's ``task``, ``rewards`` and ``policy``
+sections; every part it builds takes plain arguments. Also which optional installs a
+config needs (``check_extras``), checked before anything is built.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import inspect
+from collections.abc import Sequence
+from contextlib import nullcontext
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from rlvr.base.errors import ConfigError
+from rlvr.base.extras import AGENT_MODULES, LM_MODULES, require
+from rlvr.policies.positional import PositionalPolicy
+from rlvr.tasks import SortingTask, check_task_options, settings_field, task_class
+from rlvr.tasks.grading import GradedTask, reward_runner
+
+if TYPE_CHECKING:
+    from rlvr.agents.server import Endpoint
+    from rlvr.base.rollout import Policy, Task
+    from rlvr.config import Config, PolicyConfig
+    from rlvr.policies.causal_lm import CausalLMPolicy
+
+__all__ = ["build_causal_lm_policy", "build_policy", "build_task", "check_extras", "driver_holds_weights",
+           "needed_modules", "runs_on_ray"]
+
+
+def runs_on_ray(config: Config) -> bool:
+    """Whether ``config`` runs any part of the loop on Ray (rollout workers, or data-parallel
+    learners): its seams then come from ``rlvr.cluster.session.loop_parts``."""
+    return config.cluster.rollout_workers > 0 or config.cluster.learners > 1
+
+
+def driver_holds_weights(config: Config) -> bool:
+    """Whether the driver process holds the policy's weights: not when data-parallel
+    learners hold them and rollout workers sample (``cluster.learners > 1`` and
+    ``cluster.rollout_workers > 0``); then its policy is built without weights (on the meta
+    device: the tokenizer and the limits only), and its memory does not grow with the model."""
+    return not (config.cluster.learners > 1 and config.cluster.rollout_workers > 0)
+
+
+def build_task(config: Config, serve: bool = True) -> GradedTask:
+    """The task of ``config`` with the runner of its and the user's reward functions;
+    configuration errors name the field. Sorting takes its settings from ``task.*``; the
+    text tasks take their constructor's keyword arguments from ``task.options``, and a task
+    that shuffles its data (a ``shuffle_seed`` argument: dataset, reasoning_gym) gets the
+    run's ``seed`` there unless the options set it. Without ``serve``, what a reward would be
+    served by (a judge's reference model) is checked, not loaded: for a check, or a caller
+    that grades nothing."""
+    t, r = config.task, config.rewards
+    cls = task_class(t.name)
+    options = check_task_options(t.name, t.options)
+    try:
+        if cls is SortingTask:
+            task: GradedTask = SortingTask(
+                num_numbers=t.num_numbers, vocab_size=t.vocab_size, reward=t.reward,
+                allow_repeats=t.allow_repeats, prompts=t.prompts, eval_size=t.eval_size,
+            )
+        else:
+            if "shuffle_seed" in inspect.signature(cls).parameters:
+                options.setdefault("shuffle_seed", config.seed)
+            task = cls(**options)
+    except (TypeError, ValueError, OSError) as err:
+        raise ConfigError(f"{settings_field(t.name)}: {err}") from err
+    # the task has started no runner of its own
+    try:
+        functions, reference = serve_reference(r.functions, config.policy, start=serve)
+        if reference is not None:
+            task.services.append(reference)
+        task.runner = reward_runner(task, functions, r.timeout, strict=r.strict, num_workers=r.num_workers,
+                                    replace_task_rewards=r.replace_task_rewards)
+    except BaseException:
+        task.close()
+        raise
+    return task
+
+
+def build_policy(config: Config, task: Task | None = None, weights: bool = True) -> Policy:
+    """The policy of ``config.policy`` (the positional model sized by ``config.task``); given
+    the ``task`` it samples for, as that task samples it (``Task.policy_for``: an
+    environment's episodes). Without ``weights``: its parameters on the meta device (no
+    memory), the tokenizer and limits real, no generation engine started: for a driver
+    whose learners and rollout workers hold the weights."""
+    p = config.policy
+    if p.name == "positional":
+        with torch.device("meta") if not weights else nullcontext():
+            policy: Policy = PositionalPolicy(config.task.vocab_size, p.embedding_dim, config.task.num_numbers,
+                                              p.embedding_std)
+    else:
+        try:
+            policy = build_causal_lm_policy(p, weights)
+        except (ValueError, TypeError, OSError) as err:  # bad options or a model that is not there
+            raise ConfigError(f"policy.options: {err}") from err
+    return policy if task is None else task.policy_for(policy)
+
+
+def build_causal_lm_policy(config: PolicyConfig, weights: bool = True) -> CausalLMPolicy:
+    """The policy of a ``PolicyConfig`` named "causal_lm": its typed ``options``
+    (``rlvr.config.CausalLMOptions``, already checked) as plain arguments. The policy's
+    ``temperature`` picks the vLLM engine's log-prob mode. Without ``weights``: on the
+    meta device, with the in-process engine (which never samples)."""
+    from rlvr.policies.causal_lm import CausalLMPolicy  # transformers: an optional extra
+
+    o = config.options
+    if o.model is None:
+        raise ValueError("policy.options.model is required: a model folder (rlvr init-model) or a hub name")
+    return CausalLMPolicy.from_pretrained(
+        o.model, dtype=o.dtype, device=o.device if weights else "meta", lora=o.lora,
+        engine=o.engine if weights else "hf", engine_options=o.engine_options,
+        temperature=config.temperature, chat_template=o.chat_template, max_new_tokens=o.max_new_tokens,
+        min_new_tokens=o.min_new_tokens, top_k=o.top_k, top_p=o.top_p, stop_strings=o.stop_strings,
+        gradient_checkpointing=o.gradient_checkpointing, add_special_tokens=o.add_special_tokens,
+        autocast=o.autocast, chunk_elements=o.chunk_elements, share_prompts=o.share_prompts, compile=o.compile,
+        disable_dropout=o.disable_dropout)
+
+
+def needed_modules(config: Config) -> list[tuple[str, tuple[str, ...]]]:
+    """(the setting, the modules it needs) for each optional back end ``config`` uses.
+    The vLLM engine is left to the run: a config may be written for a GPU machine."""
+    p, t, c, lg = config.policy, config.task, config.cluster, config.log
+    needs = []
+    if p.name == "causal_lm":
+        needs.append(("policy.name='causal_lm'", LM_MODULES))
+        if p.options.lora is not None:
+            needs.append(("policy.options.lora", ("peft",)))
+    if t.name == "reasoning_gym":
+        needs.append(("task.name='reasoning_gym'", ("reasoning_gym",)))
+    if t.name == "gsm8k":
+        needs.append(("task.name='gsm8k'", ("math_verify",)))
+    if t.name == "agent":
+        needs.append(("task.name='agent'", AGENT_MODULES))
+    if t.name == "verifiers":
+        needs.append(("task.name='verifiers'", (*AGENT_MODULES, "verifiers")))
+    for i, item in enumerate(config.rewards.functions):
+        function = item.get("function") if isinstance(item, dict) else item
+        if isinstance(function, str) and function.startswith("rlvr.rewards.judge:"):
+            needs.append((f"rewards.functions[{i}]={function!r}", ("openai",)))
+    if c.rollout_workers > 0:
+        needs.append((f"cluster.rollout_workers={c.rollout_workers}", ("ray",)))
+    if c.learners > 1:
+        needs.append((f"cluster.learners={c.learners}", ("ray",)))
+    if lg.tracker:
+        needs.append((f"log.tracker={lg.tracker!r}", (lg.tracker,)))
+    if lg.tensorboard:
+        needs.append(("log.tensorboard=True", ("tensorboard",)))
+    return needs
+
+
+def check_extras(config: Config) -> None:
+    """ConfigError naming the setting and the extra to install for the first optional
+    back end of ``config`` whose package is missing; nothing is imported."""
+    for what, modules in needed_modules(config):
+        require(what, modules)
+
+
+REFERENCE = "reference"
+MODEL_NAME = "rlvr-reference"
+
+
+def asks_reference(item: Any) -> bool:
+    """Is this ``rewards.functions`` item a function whose options say ``base_url: reference``?"""
+    return isinstance(item, dict) and isinstance(item.get("options"), dict) and \
+        item["options"].get("base_url") == REFERENCE
+
+
+def serve_reference(functions: Sequence[Any], policy: PolicyConfig, start: bool = True
+                    ) -> tuple[list[Any], Endpoint | None]:
+    """A judge reward whose options say ``base_url: reference`` asks the model the run starts
+    from, frozen: ``policy.options.model`` loaded once more (without a LoRA adapter, on the hf
+    engine, never trained), served on loopback for the run's length by an endpoint with open
+    routes (``rlvr.agents.server``), its requests batched, each at its own temperature.
+    Returns ``functions`` with each such judge pointed at it (a copy: its URL, model name and a
+    fresh key, never written to the run directory), and the endpoint (started; None when no
+    function asks for it, or without ``start``: then it is checked, nothing loaded)."""
+    if not any(asks_reference(item) for item in functions):
+        return list(functions), None
+    from rlvr.agents.server import Endpoint
+
+    require("rewards.functions: a judge with base_url 'reference'", AGENT_MODULES)
+    if policy.name != "causal_lm":
+        raise ConfigError("rewards.functions: a judge with base_url 'reference' needs a language model "
+                          f"(policy.name: causal_lm), not policy.name={policy.name!r}")
+    if not start:
+        return list(functions), None
+    options = dataclasses.replace(policy.options, lora=None, engine="hf", engine_options={}, compile=False,
+                                  gradient_checkpointing=False)
+    model = build_causal_lm_policy(dataclasses.replace(policy, options=options))
+    model.module.requires_grad_(False)
+    endpoint = Endpoint(model, model_name=MODEL_NAME, open_routes=True)
+    endpoint.start()
+    served = []
+    for item in functions:
+        if asks_reference(item):
+            item = copy.deepcopy(item)
+            item["options"].update(base_url=f"http://{endpoint.host}:{endpoint.port}/v1", model=MODEL_NAME,
+                                   api_key=endpoint.api_key)
+        served.append(item)
+    return served, endpoint
