@@ -161,3 +161,11 @@ def test_the_reader_sees_every_form_of_import(tmp_path):
         assert "rlvr.loop.trainer" in imports("rlvr.cluster.session", path, known), text
     path.write_text("from . import session\n")
     assert imports("rlvr.cluster.m", path, known) == {"rlvr.cluster.session"}
+
+
+MAX_LINES = 400  # a module past this holds more than one idea: split it by what its parts are
+
+
+def test_no_module_is_over_the_line_limit():
+    long = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines: {long}"

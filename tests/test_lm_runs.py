@@ -172,7 +172,7 @@ def test_autocast_runs_the_forward_in_bfloat16(tiny_model):
 
     policy = CausalLMPolicy.from_pretrained(str(tiny_model), autocast="bfloat16", max_new_tokens=4)
     ids = torch.tensor([[4, 5, 6]])
-    assert policy._forward(input_ids=ids).logits.dtype == torch.bfloat16
+    assert policy.forward(input_ids=ids).logits.dtype == torch.bfloat16
     assert next(policy.module.parameters()).dtype == torch.float32
     with pytest.raises(ValueError, match="autocast must be one of"):
         CausalLMPolicy.from_pretrained(str(tiny_model), autocast="int8")

@@ -46,7 +46,7 @@ def test_plot_of_several_run_directories_names_each_with_its_seed(tmp_path, caps
         out = tmp_path / f"run{seed}"
         assert main(["train", f"out_dir={out}", "algo.epochs=1", f"seed={seed}", *QUIET]) == 0
         runs.append(str(out))
-    from rlvr.cli import plot_labels
+    from rlvr.runs.summary import plot_labels
 
     labels, eval_label = plot_labels(runs)
     assert labels == ["run0 (seed 0)", "run1 (seed 1)"] and eval_label == "training prompts"

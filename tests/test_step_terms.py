@@ -11,7 +11,8 @@ import torch
 
 from conftest import QUIET
 from rlvr import core
-from rlvr.base.rollout import Grades, Policy, Samples, Task
+from rlvr.base.interfaces import Policy, Task
+from rlvr.base.rollout import Grades, Samples
 from rlvr.config import ConfigError, load_config
 from rlvr.loop.state import TrainState
 from rlvr.loop.step import optimizer_step

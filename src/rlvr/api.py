@@ -30,7 +30,7 @@ class TrainResult:
     records: every record of the run (one per optimizer step, plus evaluations and
              samples tables), as ``metrics.jsonl`` holds them.
     run_dir: the run directory, or None for a run in memory.
-    policy:  the trained policy (``rlvr.base.rollout.Policy``: ``sample``, ``greedy``; for a
+    policy:  the trained policy (``rlvr.base.interfaces.Policy``: ``sample``, ``greedy``; for a
              causal LM ``policy.module`` is the transformers model and ``policy.tokenizer``
              its tokenizer).
     config:  the resolved config the run used.

@@ -13,7 +13,7 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
 from rlvr.agents.command import command_agent  # noqa: E402
-from rlvr.environments.tools import jail  # noqa: E402
+from rlvr.environments.sandbox import jail  # noqa: E402
 
 AGENT = textwrap.dedent("""
     import json, os, sys

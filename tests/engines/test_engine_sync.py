@@ -28,7 +28,8 @@ from rlvr.engines.vllm import (  # noqa: E402
 )
 from rlvr.loop.seams import sync_engine  # noqa: E402
 from rlvr.loop.state import TrainingError  # noqa: E402
-from rlvr.policies.causal_lm import PROBE_LENGTH, CausalLMPolicy  # noqa: E402
+from rlvr.policies import engine_sync  # noqa: E402
+from rlvr.policies.causal_lm import CausalLMPolicy  # noqa: E402
 
 
 def lm_config(model, **options):
@@ -149,8 +150,8 @@ def test_a_skipped_sync_is_caught_by_the_probe(tiny_model, monkeypatch):
     copy_model, _ = load_model_and_tokenizer(tiny_model)
     engine = CopyingEngine(copy_model, tokenizer, 0)
     policy = CausalLMPolicy(model, tokenizer, max_new_tokens=8, engine=engine)  # handed the weights and probed
-    assert engine.weights_version == 1 and len(policy.probe_ids()) == PROBE_LENGTH
-    assert policy.probe_gap() < 1e-6  # the same float32 weights, scored two ways
+    assert engine.weights_version == 1 and len(engine_sync.probe_ids(policy)) == engine_sync.PROBE_LENGTH
+    assert engine_sync.probe_gap(policy) < 1e-6  # the same float32 weights, scored two ways
     perturb(model.parameters(), seed=1, scale=0.05)  # a training step, say
     monkeypatch.setattr(engine, "load_weights", lambda weights: None)  # the copy is skipped
     with pytest.raises(WeightSyncError, match=r"weights \(version 5\) after a weight sync: its log-probs of a fixed "

@@ -33,6 +33,7 @@ from rlvr.engines.vllm import (  # noqa: E402
 from rlvr.loop.seams import sync_engine  # noqa: E402
 from rlvr.loop.state import TrainingError  # noqa: E402
 from rlvr.loop.trainer import train  # noqa: E402
+from rlvr.policies import engine_sync  # noqa: E402
 from rlvr.policies.causal_lm import CausalLMPolicy  # noqa: E402
 
 # vLLM's CPU attention takes head sizes of 32 and more: hidden 64 over 2 heads.
@@ -207,8 +208,8 @@ def test_lora_weights_reach_the_engine_merged(started, model_dir):
                 p.normal_(0.0, 0.3, generator=gen(7))
     # built with the module's engine: handed the merged weights and probed (raises if they differ)
     merged = CausalLMPolicy(lora.module, lora.tokenizer, max_new_tokens=12, engine=started.policy.engine)
-    assert merged.probe_gap() < LOG_PROB_TOLERANCE
-    assert started.policy.probe_gap() > 1e-2  # the engine holds the adapted weights, not the plain ones
+    assert engine_sync.probe_gap(merged) < LOG_PROB_TOLERANCE
+    assert engine_sync.probe_gap(started.policy) > 1e-2  # the engine holds the adapted weights, not the plain ones
     samples = merged.sample(PROMPTS, 4, 1.0, gen(8))
     trainer, _ = merged.log_probs(samples, 1.0)
     assert (samples.sample_log_probs - trainer).abs().max() < LOG_PROB_TOLERANCE

@@ -169,7 +169,7 @@ def _counting_encodes(policy, monkeypatch):
 
 def test_text_past_the_budget_is_not_encoded_and_the_record_says_so(policy, monkeypatch):
     from rlvr.base.errors import PromptError
-    from rlvr.environments.episodes import EpisodeText
+    from rlvr.environments.base import EpisodeText
 
     seen = _counting_encodes(policy, monkeypatch)
     episodes, _ = sample(policy, env=Floods, starts=(1,), group=1, limits=EpisodeLimits(max_turns=3, max_tokens=40))

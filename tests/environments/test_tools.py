@@ -16,6 +16,7 @@ import pytest
 
 from rlvr.base.errors import ConfigError
 from rlvr.environments.base import ToolCall, ToolError, ToolResult
+from rlvr.environments.sandbox import run_python, sandbox
 from rlvr.environments.tool_parsing import (
     PLAIN_ARGUMENT,
     TOOL_STYLES,
@@ -25,7 +26,7 @@ from rlvr.environments.tool_parsing import (
     parse_tool_calls,
     tool_schema,
 )
-from rlvr.environments.tools import TOOLS, ToolBox, run_python, sandbox
+from rlvr.environments.tools import TOOLS, ToolBox
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="limits and /proc are Linux's")
 
@@ -263,7 +264,7 @@ def test_a_program_reaches_no_host_socket_and_no_host_file(tmp_path):
 
 
 def test_without_bwrap_it_says_so_once_and_runs_unjailed(monkeypatch):
-    from rlvr.environments.tools import jail
+    from rlvr.environments.sandbox import jail
 
     jail.cache_clear()
     monkeypatch.setattr("shutil.which", lambda name: None)

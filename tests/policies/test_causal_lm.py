@@ -16,8 +16,10 @@ from tiny_lm import TINY, make_policy
 from rlvr.base.modeling import init_model, load_model_and_tokenizer
 from rlvr.config import CausalLMOptions, ConfigError, PolicyConfig, config_from_dict
 from rlvr.config.compose import build_causal_lm_policy
+from rlvr.engines.base import cut_at_stop_string
 from rlvr.engines.hf import draw_tokens
-from rlvr.policies.causal_lm import CausalLMPolicy, cut_at_stop_string
+from rlvr.policies import engine_sync
+from rlvr.policies.causal_lm import CausalLMPolicy
 
 PROMPTS = ["123456>", "98>", {"prompt": "5"}]  # different lengths: left padding
 
@@ -387,7 +389,7 @@ def test_a_model_whose_logits_are_not_its_head_of_its_body_is_scored_whole(llama
     from rlvr.policies.scoring import split_head
 
     policy = make_policy(llama_dir)
-    probe = torch.tensor([policy.probe_ids()])
+    probe = torch.tensor([engine_sync.probe_ids(policy)])
     assert split_head(policy.module, probe) is not None
     module = policy.module
 

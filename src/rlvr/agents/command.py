@@ -7,7 +7,7 @@ its reward on stdout, the last line: a number, or a JSON object with ``reward`` 
 ``solved``, and more numbers), as ``run(client, row)`` returns them. A non-zero exit, no
 reward line, or a run past the episode's time-out is the episode's error (it abstains).
 
-Where bubblewrap makes namespaces (``rlvr.environments.tools.jail``) the program runs
+Where bubblewrap makes namespaces (``rlvr.environments.sandbox.jail``) the program runs
 jailed: its own PID, mount and network namespaces, the system and Python folders
 read-only, the working folder read-only (where it is started), a private ``/tmp``, and no
 network but its own loopback. There a small relay of the jail's own
@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from rlvr.environments.tools import jail
+from rlvr.environments.sandbox import jail
 
 MAX_OUTPUT_BYTES = 1 << 20  # of stdout kept (the reward is its last line) and of stderr (its tail, in the error)
 _ERROR_CHARS = 300

@@ -32,7 +32,7 @@ def prompt_text(prompt: Any) -> str:
 
 def response_text(response: Any) -> str:
     """A response as a person reads it: an episode (a list of turns, as
-    ``rlvr.environments.episodes.EpisodeText.as_record`` gives them) one turn per line, its role,
+    ``rlvr.environments.base.EpisodeText.as_record`` gives them) one turn per line, its role,
     "(trained)" on the policy's, tool calls and results, step rewards, the environment's error;
     any other as its ``str``."""
     if not (isinstance(response, list) and response and all(isinstance(t, dict) and "role" in t for t in response)):

@@ -19,7 +19,8 @@ import torch
 
 from rlvr.base.errors import ConfigError
 from rlvr.base.rules import finite
-from rlvr.base.settings import check_fields, unknown_keys, unknown_message
+from rlvr.base.settings import check_fields
+from rlvr.base.unknown_keys import unknown_keys, unknown_message
 from rlvr.core import CAP_MASKING_CORRECTIONS, KL_LOSS_ESTIMATORS, MASKING_CORRECTIONS, TRUNCATING_CORRECTIONS
 
 # deltas that subtract a group statistic

@@ -29,10 +29,9 @@ from rlvr.base.settings import (
     read_mapping,
     setting,
     to_yaml,
-    unknown_keys,
-    unknown_message,
     unused_fields,
 )
+from rlvr.base.unknown_keys import unknown_keys, unknown_message
 from rlvr.config.checks import MAX_RESPONSES, OPTION_OWNERS, validate
 from rlvr.config.presets import ALGO_PRESETS, resolve_defaults
 from rlvr.core import AGGREGATIONS, DELTA_MODES, IS_CORRECTIONS, KL_ESTIMATORS, LOSS_MODES

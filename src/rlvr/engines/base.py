@@ -13,7 +13,7 @@ copy them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -96,7 +96,7 @@ class Engine(Protocol):
     """
 
     weights_version: int
-    # its sample log-probs are the trainer's (``rlvr.base.rollout.sampler_log_probs_exact``)
+    # its sample log-probs are the trainer's (``rlvr.base.interfaces.sampler_log_probs_exact``)
     exact_log_probs: bool = True
 
     def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int,
@@ -119,3 +119,12 @@ def check_seeds(seeds: torch.Tensor | None, rows: int) -> None:
     if seeds is not None and (seeds.dtype != torch.long or tuple(seeds.shape) != (rows,)):
         raise ValueError(f"seeds must be a long tensor of one seed per response ({rows}), "
                          f"got {seeds.dtype} of shape {tuple(seeds.shape)}")
+
+
+def cut_at_stop_string(text: str, stop_strings: Sequence[str]) -> str:
+    """``text`` up to the end of the stop string that ends first in it (all of it if none).
+
+    That is the stop string the token loop meets first, one token at a time.
+    """
+    ends = [text.find(s) + len(s) for s in stop_strings if s in text]
+    return text[: min(ends)] if ends else text

@@ -23,7 +23,7 @@ with both tau != 1 and truncation neither is, and it takes processed_logprobs (t
 right; each value exceeds log pi_tau by -log of the mass the truncation kept). Either
 way the numbers come from vLLM's kernels, not the trainer's (4.8e-7 apart in float32 on
 the tiny model), so ``exact_log_probs`` is False and the trainer recomputes the old
-policy's log-probs (``rlvr.base.rollout.sampler_log_probs_exact``).
+policy's log-probs (``rlvr.base.interfaces.sampler_log_probs_exact``).
 
 Randomness: each prompt's G samples are seeded from the caller's torch.Generator (vLLM
 seeds sample g of a request with seed + g), so the same generator state gives the same

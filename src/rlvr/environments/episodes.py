@@ -30,8 +30,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rlvr.base.rollout import Samples
-from rlvr.environments.base import Episode, Observation, ToolCall, ToolResult, Turn
-from rlvr.environments.hosts import EnvironmentFailed, EnvironmentHosts, as_observation
+from rlvr.environments.base import Episode, EpisodeText, Observation, ToolCall, ToolResult, Turn
+from rlvr.environments.hosts import EnvironmentFailed, EnvironmentHosts
+from rlvr.environments.operations import as_observation
 from rlvr.policies import turns
 from rlvr.policies.prompts import content_chars
 
@@ -62,50 +63,6 @@ class EpisodeLimits:
     step_timeout: float | None = 30.0
     tool_timeout: float | None = None
     max_tool_calls: int = 8
-
-
-class EpisodeText(str):
-    """An episode as reward functions see it: the text of every turn after the prompt, in
-    order, with the episode itself as ``episode`` (its return, ``solved``, turns)."""
-
-    episode: Episode
-
-    def __new__(cls, episode: Episode) -> EpisodeText:
-        later = [turn for _, turns in episode.more_segments for turn in turns]  # a rewritten history's segments
-        text = super().__new__(cls, "".join(turn.text for turn in [*episode.turns, *later]))
-        text.episode = episode
-        return text
-
-    def __reduce__(self) -> tuple:
-        return EpisodeText, (self.episode,)
-
-    def as_record(self) -> list[dict[str, Any]]:
-        """The turns as a samples table shows them: role, text, trained, tool calls and results, reward;
-        each later segment's after a line that says it starts; then the environment's error, where
-        one ended the episode."""
-        rows = []
-        numbered = [(0, turn) for turn in self.episode.turns]
-        numbered += [(k, turn) for k, (_, turns) in enumerate(self.episode.more_segments, 1) for turn in turns]
-        segment = 0
-        for k, turn in numbered:
-            if k != segment:
-                segment = k
-                rows.append({"role": "segment", "text": f"segment {k + 1}: a new sequence (the history was rewritten)",
-                             "trained": False})
-            row: dict[str, Any] = {"role": turn.role, "text": turn.text, "trained": turn.trained}
-            if turn.tool_calls:
-                row["tool_calls"] = [{"name": c.name, "arguments": c.arguments} for c in turn.tool_calls]
-            if turn.tool_results:
-                row["tool_results"] = [{"name": r.name, "content": r.content, "error": r.error}
-                                       for r in turn.tool_results]
-            if turn.reward:
-                row["reward"] = turn.reward
-            if turn.note:
-                row["note"] = turn.note
-            rows.append(row)
-        if self.episode.error is not None:
-            rows.append({"role": "environment", "text": "", "trained": False, "error": self.episode.error})
-        return rows
 
 
 class _Running:

@@ -43,8 +43,8 @@ from torch import nn
 
 from rlvr import core
 from rlvr.base.errors import ConfigError
+from rlvr.base.interfaces import Task
 from rlvr.base.record import Record
-from rlvr.base.rollout import Task
 from rlvr.config import Config
 from rlvr.loop.diagnostics import max_reward_stats, prompt_solve_shares
 from rlvr.loop.evaluation import evaluate_runs

@@ -9,8 +9,9 @@ from typing import Any, Protocol
 
 import torch
 
+from rlvr.base.interfaces import Policy, Task
 from rlvr.base.record import Record
-from rlvr.base.rollout import Grades, Policy, Task
+from rlvr.base.rollout import Grades
 from rlvr.config import Config
 from rlvr.rewards import TrainerState
 

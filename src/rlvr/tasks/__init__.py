@@ -11,7 +11,7 @@ import inspect
 from typing import Any, get_type_hints
 
 from rlvr.base.errors import ConfigError, PromptError, did_you_mean
-from rlvr.base.rollout import Policy, Task
+from rlvr.base.interfaces import Policy, Task
 from rlvr.base.rules import check_rules, coerce
 from rlvr.tasks.agent import AgentTask
 from rlvr.tasks.arithmetic import ArithmeticTask

@@ -24,7 +24,8 @@ import torch
 
 from rlvr.agents.runner import AgentLimits, AgentRun
 from rlvr.base.errors import ConfigError
-from rlvr.base.rollout import Grades, Policy
+from rlvr.base.interfaces import Policy
+from rlvr.base.rollout import Grades
 from rlvr.base.rules import option
 from rlvr.rewards import RewardSpec
 from rlvr.tasks.environment import check_episodes_ended, episode_metrics, episode_return, prompt_row, solved, start_rows

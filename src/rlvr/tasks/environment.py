@@ -32,7 +32,8 @@ import torch
 
 from rlvr.base.data import read_jsonl
 from rlvr.base.errors import ConfigError, RunError
-from rlvr.base.rollout import Grades, Policy
+from rlvr.base.interfaces import Policy
+from rlvr.base.rollout import Grades
 from rlvr.base.rules import option
 from rlvr.environments.base import Environment, Episode
 from rlvr.environments.episodes import EpisodeLimits

@@ -1,0 +1,246 @@
+"""What a host does with an environment (``rlvr.environments.hosts``): the operations a
+request names (make, reset, tools, tool, step, final, schemas, snapshot), each run under its
+time limit (``time_limit``, ``StepTimeout``), with the checks of what the environment
+answered (``step_reward``, ``as_observation``); and a worker process's loop, which runs
+the requests its host sends."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import numbers
+import os
+import pickle
+import signal
+import threading
+import types
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from rlvr.base.errors import STOPPING, Stopped
+from rlvr.environments.base import Environment, Observation, Step, describe_error
+from rlvr.rewards.workers import die_with_parent, lead_group
+
+MAX_SCHEMA_CHARS = 65_536  # an environment's tool schemas, as JSON
+MAX_SNAPSHOT_BYTES = 1 << 20  # an environment's snapshot, pickled: attributes past it are left out
+
+
+class StepTimeout(BaseException):
+    """Environment code ran past its time limit (a BaseException, as KeyboardInterrupt is:
+    an ``except Exception`` in the environment does not swallow it)."""
+
+
+# A request: (episode row, operation, arguments). The operations, each run where the
+# row's environment lives; ``what`` names the call in its error.
+
+def _make(envs: dict[int, Any], row: int, make_env: Callable[[], Environment]) -> str:
+    envs[row] = make_env()
+    return type(envs[row]).__name__
+
+
+def _reset(envs: dict[int, Any], row: int, start: Any) -> Observation:
+    env = envs[row]
+    prompt = env.reset(start)
+    if not (isinstance(prompt, str) or is_chat(prompt)):
+        raise TypeError(f"reset returned {kind(prompt)}, not text or a list of messages "
+                        "({'role': ..., 'content': ...})")
+    return prompt
+
+
+def _tools(envs: dict[int, Any], row: int) -> list[str]:
+    """The names of the environment's own tools."""
+    tools = getattr(envs[row], "tools", None)
+    if not callable(tools):
+        return []
+    found = tools()
+    if not isinstance(found, Mapping) or not all(isinstance(k, str) and callable(v) for k, v in found.items()):
+        raise TypeError(f"tools() returned {kind(found)}, not a mapping of names to callables")
+    return list(found)
+
+
+def _tool(envs: dict[int, Any], row: int, name: str, args: tuple, kwargs: dict) -> str:
+    """The environment's tool ``name`` called, text arguments converted to its annotated types."""
+    from rlvr.environments.tool_parsing import typed_arguments
+
+    tool = envs[row].tools()[name]
+    args, kwargs = typed_arguments(tool, args, kwargs)
+    return str(tool(*args, **kwargs))
+
+
+def _step(envs: dict[int, Any], row: int, text: str, chat: bool
+          ) -> tuple[float, bool, bool | None, Observation | None]:
+    """The environment's step on ``text``, read: its reward, done, solved and observation
+    (a Step's fields may run its own code, so they are read inside the contract)."""
+    env = envs[row]
+    step = env.step(text)
+    if not isinstance(step, Step):
+        raise TypeError(f"step returned {type(step).__name__}, not an rlvr Step")
+    reward, done = step_reward(step.reward), bool(step.done)
+    solved = None if step.solved is None else bool(step.solved)
+    observation = None if done or step.observation is None else as_observation(step.observation, chat,
+                                                                                 type(env).__name__)
+    return reward, done, solved, observation
+
+
+def _final(envs: dict[int, Any], row: int) -> tuple[float, bool | None] | None:
+    """A truncated episode's reward from its environment's state, where it has one to read
+    (``final_reward()``: a TRL-style class's get_reward); None where it has not."""
+    final = getattr(envs[row], "final_reward", None)
+    if not callable(final):
+        return None
+    reward, solved = final()
+    return step_reward(reward), None if solved is None else bool(solved)
+
+
+def _schemas(envs: dict[int, Any], row: int) -> list[dict[str, Any]]:
+    """The function schemas of the tools the environment shows the policy (``tool_schemas()``:
+    a list of dicts, JSON text at most MAX_SCHEMA_CHARS in all); none where it defines none."""
+    schemas = getattr(envs[row], "tool_schemas", None)
+    if not callable(schemas):
+        return []
+    found = schemas()
+    if not isinstance(found, list) or not all(isinstance(schema, dict) for schema in found):
+        raise TypeError(f"tool_schemas() returned {kind(found)}, not a list of function schemas (dicts)")
+    size = len(json.dumps(found))
+    if size > MAX_SCHEMA_CHARS:
+        raise ValueError(f"tool_schemas() is {size:,} characters of JSON; at most {MAX_SCHEMA_CHARS:,}")
+    return found
+
+
+def _snapshot(envs: dict[int, Any], row: int) -> Any:
+    """What reward functions get of the environment as its episode ends: ``snapshot()`` where
+    it defines one, else a copy of its public attributes (``public_attributes``)."""
+    env = envs[row]
+    snapshot = getattr(env, "snapshot", None)
+    return snapshot() if callable(snapshot) else public_attributes(env)
+
+
+def public_attributes(instance: Any) -> types.SimpleNamespace:
+    """A copy of ``instance``'s public attributes (names not starting with "_") as a
+    namespace: those that pickle (open files and locks do not), in order while they fit
+    in MAX_SNAPSHOT_BYTES in all; the rest are left out."""
+    kept, size = {}, 0
+    for name, value in getattr(instance, "__dict__", {}).items():
+        if name.startswith("_"):
+            continue
+        try:
+            data = pickle.dumps(value)
+        except Exception:  # noqa: S112 (what does not pickle is not part of the snapshot)
+            continue
+        if size + len(data) <= MAX_SNAPSHOT_BYTES:
+            kept[name], size = pickle.loads(data), size + len(data)  # noqa: S301 (bytes made just above)
+    return types.SimpleNamespace(**kept)
+
+
+_OPERATIONS = {"make": _make, "reset": _reset, "tools": _tools, "tool": _tool, "step": _step, "final": _final,
+               "schemas": _schemas, "snapshot": _snapshot}
+
+
+def call_name(env_name: str | None, operation: str, args: tuple) -> str:
+    """How an error names a call: "making the environment", a tool's name, "Class.step"."""
+    if operation == "make":
+        return "making the environment"
+    if operation == "tool":
+        return args[0]
+    return f"{env_name or 'the environment'}.{operation}"
+
+
+def call_what(envs: dict[int, Any], row: int, operation: str, args: tuple) -> str:
+    return call_name(type(envs[row]).__name__ if row in envs else None, operation, args)
+
+
+def run_request(envs: dict[int, Any], make_env: Callable[[], Environment], request: tuple, seconds: float | None
+                ) -> tuple:
+    """One request, run here: ("ok", value) or ("failed", one line, whether it timed out)."""
+    row, operation, args = request
+    if operation == "make":
+        args = (make_env,)
+    what = call_what(envs, row, operation, args)
+    try:
+        with time_limit(seconds):
+            return ("ok", _OPERATIONS[operation](envs, row, *args))
+    except Stopped:
+        raise
+    except BaseException as err:  # noqa: BLE001 - the environment's failure ends its episode, not the run
+        return ("failed", f"{what}: {describe_error(err)}"[:500], isinstance(err, StepTimeout))
+
+
+def step_reward(reward: object) -> float:
+    """A Step's reward as a float: a real number (bool, int, float, a numpy scalar), never
+    text or None, which ``float`` would read as 1.0 or refuse with a crash."""
+    if not isinstance(reward, numbers.Real):
+        raise TypeError(f"Step(reward={reward!r:.60}): a reward is a real number, not {type(reward).__name__}")
+    return float(reward)
+
+
+def as_observation(observation: Any, chat: bool, name: str) -> Observation:
+    """``observation`` in its episode's form: text for a text episode, messages for a chat."""
+    if chat:
+        if isinstance(observation, str):
+            return [{"role": "user", "content": observation}]
+        if not is_chat(observation):
+            raise TypeError(f"{name} answered with {kind(observation)}: a chat episode takes text or a list of "
+                            "messages ({'role': ..., 'content': ...})")
+        return observation
+    if is_chat(observation):
+        raise TypeError(f"{name} answered a text episode with chat messages; an episode whose prompt is text "
+                        "takes text observations")
+    if not isinstance(observation, str):
+        raise TypeError(f"{name} answered with {kind(observation)}: a text episode takes text observations")
+    return observation
+
+
+def kind(value: Any) -> str:
+    return "None" if value is None else f"{type(value).__name__} {value!r:.40}"
+
+
+def is_chat(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(m, dict) and "role" in m for m in value)
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float | None) -> Iterator[None]:
+    """Raise StepTimeout in the code within after ``seconds`` (SIGALRM: in the main thread of
+    a POSIX process; elsewhere, or with None, no limit)."""
+    usable = (seconds is not None and hasattr(signal, "setitimer")
+              and threading.current_thread() is threading.main_thread())
+    if not usable:
+        yield
+        return
+
+    def expire(signum: int, frame: Any) -> None:
+        raise StepTimeout(f"no answer within {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds, 0.5)  # again every half second, should code swallow it
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def worker_main(conn: Any, make_env: Callable[[], Environment], parent: int) -> None:
+    """A worker's loop: receive a request, run it, send back its outcome."""
+    if os.name == "posix":
+        lead_group(0)
+    die_with_parent(parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C and the run's stop are the trainer's
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    STOPPING.clear()
+    envs: dict[int, Any] = {}
+    while True:
+        try:
+            request, seconds = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):  # the trainer is gone
+            return
+        outcome = run_request(envs, make_env, request, seconds)
+        try:
+            message = pickle.dumps(outcome)
+        except Exception as err:  # noqa: BLE001 - a value of the environment's that does not pickle
+            message = pickle.dumps(("failed", f"{call_what(envs, request[0], request[1], request[2])}: its answer "
+                                    f"could not be sent back: {describe_error(err, 200)}", False))
+        try:
+            conn.send_bytes(message)
+        except (EOFError, OSError):
+            return
