@@ -352,11 +352,11 @@ class CausalLMPolicy(Policy):
         mask = samples.response_mask  # [n, T]
         parts = None if module is None and self.compiled is not None else self._split_head(scored)
         if parts is None:  # the whole model's logits at every response position
-            logits = response_outputs(logits_forward(functools.partial(self._forward, module)), samples, share)
+            logits = response_outputs(logits_forward(functools.partial(self.forward, module)), samples, share)
             tokens = samples.response_ids  # logits [n, T, V], tokens [n, T]
         else:  # the body's hidden states, then the head at the M real response tokens only
             body, head = parts
-            hidden = response_outputs(hidden_forward(functools.partial(self._forward, body)), samples, share)
+            hidden = response_outputs(hidden_forward(functools.partial(self.forward, body)), samples, share)
             with autocast_context(self.device, self.autocast):
                 logits = head(hidden[mask]).unsqueeze(1)  # [M, 1, V]
             tokens = samples.response_ids[mask].unsqueeze(1)  # [M, 1]
