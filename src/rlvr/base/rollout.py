@@ -68,6 +68,9 @@ class Samples:
                       agent whose history was rewritten: each segment a row, with its
                       episode's delta), or None: row i is response i (R = N = B*G). Every
                       response has at least one row.
+    token_versions:   [R, T] long, the weights version (optimizer step) that sampled each
+                      token, when a response went on with newer weights mid-generation
+                      (``cluster.partial_rollouts``), or None: all by the batch's weights
     """
 
     responses: Any
@@ -79,6 +82,7 @@ class Samples:
     policy_mask: torch.Tensor = None  # type: ignore[assignment]  # None: response_mask (__post_init__)
     truncated: torch.Tensor | None = None
     episodes: torch.Tensor | None = None
+    token_versions: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.policy_mask is None:
@@ -131,14 +135,16 @@ class Samples:
             policy_mask=self.policy_mask[index],
             truncated=None if self.truncated is None else self.truncated[index],
             episodes=None if self.episodes is None else self.episodes[index],
+            token_versions=None if self.token_versions is None else self.token_versions[index],
         )
 
 
     def narrow(self, width: int) -> Samples:
         """The first ``width`` response positions of every row (the rest must be padding)."""
         lp = None if self.sample_log_probs is None else self.sample_log_probs[:, :width]
+        versions = None if self.token_versions is None else self.token_versions[:, :width]
         return replace(self, response_ids=self.response_ids[:, :width], response_mask=self.response_mask[:, :width],
-                       sample_log_probs=lp, policy_mask=self.policy_mask[:, :width])
+                       sample_log_probs=lp, policy_mask=self.policy_mask[:, :width], token_versions=versions)
 
     def groups(self, index: torch.Tensor, group_size: int) -> Samples:
         """The groups (prompts) at ``index`` [k]: their G responses each (all their rows,
@@ -173,6 +179,7 @@ class Samples:
         if len(parts) == 1:
             return parts[0]
         lps, cuts = [s.sample_log_probs for s in parts], [s.truncated for s in parts]
+        versions = [s.token_versions for s in parts]
         episodes, offset = None, 0
         if any(s.episodes is not None for s in parts):
             episodes = []
@@ -190,6 +197,7 @@ class Samples:
             policy_mask=_pad_cat([s.policy_mask for s in parts]),
             truncated=None if any(t is None for t in cuts) else torch.cat(cuts),
             episodes=episodes,
+            token_versions=None if any(v is None for v in versions) else _pad_cat(versions),
         )
 
 

@@ -13,7 +13,7 @@ copy them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -76,11 +76,15 @@ class Generation:
                       T is the longest response's length
     sample_log_probs: [N, T] float, log pi_tau of each chosen token (0 off the mask; all
                       0 when greedy, where there is no tau > 0 to score under)
+    versions:         [N, T] long, the weights version that sampled each token, or None:
+                      all by the version the call started with (an engine that took no
+                      new weights mid-call: ``Engine.new_weights``)
     """
 
     response_ids: torch.Tensor
     response_mask: torch.Tensor
     sample_log_probs: torch.Tensor
+    versions: torch.Tensor | None = None
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -98,6 +102,9 @@ class Engine(Protocol):
     weights_version: int
     # its sample log-probs are the trainer's (``rlvr.base.interfaces.sampler_log_probs_exact``)
     exact_log_probs: bool = True
+    # partial rollouts: asked between tokens; takes newer weights if any are published and says
+    # whether it did (the running responses then go on with them). None: a call keeps its weights
+    new_weights: Callable[[], bool] | None = None
 
     def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int,
                  sampling: SamplingParams, generator: torch.Generator | None = None,

@@ -11,6 +11,12 @@ forward pass.
 
 The KV cache is allocated once per call, [N, heads, P + max_new_tokens, head_dim] per
 layer, and each step writes its token's keys and values in place (``rlvr.engines.kv_cache``).
+
+Partial rollouts (``Engine.new_weights``): between two tokens the engine asks whether newer
+weights were loaded into its module; if so, the running responses go on with them from
+their token prefix, the KV cache recomputed by one forward pass of the new weights over
+prompt and prefix (keys and values of the old weights are not kept), and each token records
+the version that sampled it (``Generation.versions``).
 """
 
 from __future__ import annotations
@@ -131,6 +137,8 @@ class HFEngine(Engine):
         self.module, self.tokenizer, self.pad_token_id, self.autocast = module, tokenizer, pad_token_id, autocast
         self.device = next(module.parameters()).device
         self.weights_version = 0
+        self.new_weights: Callable[[], bool] | None = None
+        self._versions: torch.Tensor | None = None  # the running call's [N, T] token versions
 
     def load_weights(self, weights: torch.nn.Module | Mapping[str, torch.Tensor]) -> None:
         """Sample with ``weights`` from now on: nothing to copy when they are this engine's
@@ -161,7 +169,9 @@ class HFEngine(Engine):
         finally:
             self.module.train(was_training)
         response_mask = torch.arange(response_ids.shape[1], device=self.device) < lengths.unsqueeze(-1)
-        return Generation(response_ids, response_mask, log_probs.masked_fill(~response_mask, 0.0))
+        versions = self._versions if self.new_weights is not None else None
+        return Generation(response_ids, response_mask, log_probs.masked_fill(~response_mask, 0.0),
+                          None if versions is None else versions[:, : response_ids.shape[1]].clone())
 
     def _forward(self, **inputs: Any) -> Any:
         with autocast_context(self.device, self.autocast):
@@ -204,10 +214,12 @@ class HFEngine(Engine):
         response_ids = torch.full((n, width), self.pad_token_id, dtype=torch.long, device=self.device)
         log_probs = torch.zeros((n, width), device=self.device)
         lengths = torch.full((n,), width, dtype=torch.long, device=self.device)
+        self._versions = torch.full((n, width), self.weights_version, dtype=torch.long, device=self.device)
         for step in range(width):
             tokens, picked_log_probs = pick(logits, step, rows)  # [n], [n]
             response_ids[rows, step] = tokens
             log_probs[rows, step] = picked_log_probs
+            self._versions[rows, step] = self.weights_version
             done = torch.isin(tokens, end_ids)
             if sampling.stop_strings:
                 done |= self._stop_string_hits(response_ids[rows, : step + 1], sampling.stop_strings)
@@ -219,13 +231,37 @@ class HFEngine(Engine):
                 cache.batch_select_indices(running.nonzero().squeeze(-1))
                 rows, tokens = rows[running], tokens[running]
                 attention, next_position = attention[running], next_position[running]
-            out = self._forward(input_ids=tokens.unsqueeze(-1), attention_mask=attention[:, : prompt_width + step + 1],
-                                position_ids=next_position.unsqueeze(-1), use_cache=True,
-                                **{kv_cache.cache_name(): cache})
-            logits = out.logits[:, -1]
+            if self.new_weights is not None and self._took_new_weights():
+                # the prefix so far, prompt and response, scored anew: the new weights' cache
+                row_prompts = prompt_ids.repeat_interleave(group_size, dim=0)[rows]  # [n, P]
+                prefix = torch.cat([row_prompts, response_ids[rows, : step + 1]], dim=1)
+                cache, logits = self._recompute(prefix, attention[:, : prompt_width + step + 1],
+                                                prompt_width + width)
+            else:
+                out = self._forward(input_ids=tokens.unsqueeze(-1),
+                                    attention_mask=attention[:, : prompt_width + step + 1],
+                                    position_ids=next_position.unsqueeze(-1), use_cache=True,
+                                    **{kv_cache.cache_name(): cache})
+                logits = out.logits[:, -1]
             next_position = next_position + 1
         longest = int(lengths.max())
         return response_ids[:, :longest], lengths, log_probs[:, :longest]
+
+    def _took_new_weights(self) -> bool:
+        """Ask ``new_weights`` (outside inference mode: it may load a state dict into the module)."""
+        with torch.inference_mode(False):
+            return bool(self.new_weights())
+
+    def _recompute(self, prefix: torch.Tensor, attention: torch.Tensor, capacity: int) -> tuple[Any, torch.Tensor]:
+        """A cache of ``prefix`` [n, L] (``attention`` [n, L]: 0 on left padding) by the module's
+        current weights, with room up to ``capacity`` positions, and the next token's logits [n, V]."""
+        from rlvr.engines import kv_cache
+
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        out = self._forward(input_ids=prefix, attention_mask=attention, position_ids=positions, use_cache=True,
+                            logits_to_keep=1)
+        cache = kv_cache.preallocated_cache(kv_cache.cache_of(out), 1, capacity)
+        return (kv_cache.cache_of(out) if cache is None else cache), out.logits[:, -1]
 
     def _stop_string_hits(self, response_ids: torch.Tensor, stop_strings: tuple[str, ...]) -> torch.Tensor:
         """[n] bool: does the response [n, t] now contain a stop string?

@@ -288,6 +288,7 @@ class CausalLMPolicy(Policy):
             prompt_mask=prompt_mask.repeat_interleave(group_size, dim=0),
             sample_log_probs=generation.sample_log_probs,
             policy_mask=generation.response_mask,  # single-turn: every response token is the policy's
+            token_versions=generation.versions,
         )
 
     def sync_engine(self, version: int | None = None) -> dict[str, float]:
