@@ -12,6 +12,19 @@ whole ``train`` call in wall-clock seconds:
 - ``in flight k=2``: the same worker up to two batches ahead, each started with the newest
   weights, published after every optimizer step (``cluster.weights_in_flight``); TIS cap 2.
 
+``--staleness`` runs the ways that keep a staleness bound of 2 optimizer steps (one epoch)
+with batches wanted two epochs ahead, weights in flight, TIS cap 2:
+
+- ``drop``: batches submitted two epochs ahead; one older than the bound when its training
+  starts is dropped and sampled again (``cluster.stale_policy=drop``);
+- ``admit``: admission control: submitted only one epoch ahead, so none is too old;
+- ``partial``: admission, and weights published mid-batch taken between tokens
+  (``cluster.partial_rollouts``).
+
+and prints for each samples/s (trained samples), the mean sample age, the share of sampled
+batches thrown away, the held-out greedy exact match, and the length and solve-rate shift
+(trained minus sampled, over the run).
+
 It prints samples per second of each, the ratio of async to each single-process run, and
 the held-out greedy exact match at the end (200 held-out prompts) per seed, so a speed-up is
 not bought with learning. Ray's start-up is inside the async time; ``steady`` leaves out the
@@ -19,6 +32,7 @@ first epoch of every run (model loading, Ray's start, the first batch).
 
     python benchmarks/async_speed.py                     # 3 seeds, 100 epochs each
     python benchmarks/async_speed.py --seeds 0 --epochs 20
+    python benchmarks/async_speed.py --staleness --seeds 0 1 --epochs 60
 """
 
 from __future__ import annotations
@@ -43,6 +57,14 @@ WAYS = {
     "in flight k=2": ["threads=1", "cluster.rollout_workers=1", "cluster.max_staleness=2",
                       "cluster.weights_in_flight=true", "algo.tis_cap=2"],
 }
+BOUND = ["threads=1", "cluster.rollout_workers=1", "cluster.max_staleness=2", "cluster.max_staleness_steps=2",
+         "cluster.weights_in_flight=true", "algo.tis_cap=2"]
+STALENESS_WAYS = {
+    "single t1": ["threads=1"],
+    "drop": [*BOUND, "cluster.stale_policy=drop"],
+    "admit": BOUND,
+    "partial": [*BOUND, "cluster.partial_rollouts=true"],
+}
 
 
 def warm_start() -> Path:
@@ -60,7 +82,8 @@ def warm_start() -> Path:
 
 def run(way: str, seed: int, epochs: int, model: Path) -> dict:
     overrides = QUIET + [f"seed={seed}", f"algo.epochs={epochs}", f"log.eval_every={epochs}",
-                         "log.eval_at_start=false", f"policy.options.model={model}", *WAYS[way]]
+                         "log.eval_at_start=false", f"policy.options.model={model}",
+                         *{**WAYS, **STALENESS_WAYS}[way]]
     config = load_config(str(EXAMPLES / "sort_text_tiny.yaml"), overrides)
     starts: list[float] = []  # wall clock at each train record
 
@@ -76,17 +99,25 @@ def run(way: str, seed: int, epochs: int, model: Path) -> dict:
     first_epoch_end = starts[steps_per_epoch - 1]
     steady = (epochs - 1) * config.task.prompts_per_epoch * config.algo.group_size / (starts[-1] - first_epoch_end)
     end = [r for r in records if r["kind"] == "eval"][-1]
-    ages = [r.get("cluster/staleness_steps", 0.0) for r in records if r["kind"] == "train"]
+    trained = [r for r in records if r["kind"] == "train"]
+    ages = [r.get("cluster/staleness_steps", 0.0) for r in trained]
+    last = trained[-1]
+    dropped = last.get("cluster/dropped_stale_total", 0.0)  # batches sampled and thrown away
     return {"samples_per_s": samples / seconds, "steady": steady, "seconds": seconds,
-            "greedy": end["greedy_solve_rate"], "age": statistics.mean(ages)}
+            "greedy": end["greedy_solve_rate"], "age": statistics.mean(ages), "discarded": dropped / (epochs + dropped),
+            "length_shift": last.get("async/length_shift", 0.0), "solve_shift": last.get("async/solve_shift", 0.0),
+            "continued": statistics.mean(r.get("cluster/tokens_continued", 0.0) for r in trained)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--epochs", type=int, default=100)
+    parser.add_argument("--staleness", action="store_true", help="drop against admit and partial rollouts")
     args = parser.parse_args()
     model = warm_start()
+    if args.staleness:
+        return compare_staleness(args.seeds, args.epochs, model)
     results: dict[str, list[dict]] = {way: [] for way in WAYS}
     for seed in args.seeds:
         for way in WAYS:  # interleaved, so a slow spell of the machine hits every way alike
@@ -108,6 +139,30 @@ def main() -> None:
             ratio = statistics.mean(x["samples_per_s"] / y["samples_per_s"] for x, y in zip(a, b))
             steady = statistics.mean(x["steady"] / y["steady"] for x, y in zip(a, b))
             print(f"{way} / {base}: {ratio:.2f}x samples/s ({steady:.2f}x steady)  (goal 1.5x)")
+
+
+
+def compare_staleness(seeds: list[int], epochs: int, model: Path) -> None:
+    results: dict[str, list[dict]] = {way: [] for way in STALENESS_WAYS}
+    for seed in seeds:
+        for way in STALENESS_WAYS:  # interleaved, so a slow spell of the machine hits every way alike
+            results[way].append(run(way, seed, epochs, model))
+            r = results[way][-1]
+            print(f"seed {seed} {way:<9} {r['seconds']:7.1f} s  {r['samples_per_s']:6.1f} samples/s  "
+                  f"age {r['age']:.2f}  discarded {r['discarded']:.3f}  greedy {r['greedy']:.3f}  "
+                  f"length shift {r['length_shift']:+.3f}  solve shift {r['solve_shift']:+.4f}  "
+                  f"tokens continued {r['continued']:.3f}", flush=True)
+    print(f"\n{epochs} epochs x 256 trained samples per run, seeds {seeds}, wall clock, a bound of 2 steps")
+    print(f"{'way':<9} {'samples/s':>10} {'age':>6} {'discarded':>10} {'greedy':>7} {'length shift':>13} "
+          f"{'solve shift':>12} {'continued':>10}")
+    for way, rs in results.items():
+        mean = {key: statistics.mean(r[key] for r in rs) for key in rs[0]}
+        print(f"{way:<9} {mean['samples_per_s']:10.1f} {mean['age']:6.2f} {mean['discarded']:10.3f} "
+              f"{mean['greedy']:7.3f} {mean['length_shift']:+13.3f} {mean['solve_shift']:+12.4f} "
+              f"{mean['continued']:10.3f}")
+    for way in ("admit", "partial"):
+        ratio = statistics.mean(x["samples_per_s"] / y["samples_per_s"] for x, y in zip(results[way], results["drop"]))
+        print(f"{way} / drop: {ratio:.2f}x samples/s")
 
 
 if __name__ == "__main__":

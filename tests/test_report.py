@@ -44,7 +44,9 @@ def test_the_page_is_one_self_contained_file(runs):
     _, page = runs
     assert not re.search(r"<script|<link|src=\"(?!data:)", page)  # nothing fetched from elsewhere
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
-    assert len(images) == len(PANELS)  # the loophole run logged something of every panel
+    synchronous = [p for p in PANELS if not p.title.startswith("Asynchronous")]
+    assert len(images) == len(synchronous)  # the loophole run logged something of every panel but those
+    assert "not logged by any run: Asynchronous: sample age" in page  # only rollout workers ahead log them
     assert all(base64.b64decode(image)[:8] == b"\x89PNG\r\n\x1a\n" for image in images)
 
 
@@ -216,3 +218,17 @@ def test_chat_prompts_read_as_messages_in_samples(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(json.dumps(record) + "\n")
     assert main(["report", str(tmp_path), "--out", str(page)]) == 0
     assert "system: Answer briefly.\nuser: What is 2+2?" in page.read_text() and "&#x27;role" not in page.read_text()
+
+
+def test_an_asynchronous_run_shows_its_sample_age_and_what_it_trained_against_what_it_sampled(tmp_path):
+    run = tmp_path / "async"
+    run.mkdir()
+    records = [{"kind": "train", "epoch": e, "step": e, "reward_mean": 1.0, "cluster/staleness_steps": 1.0,
+                "cluster/staleness_steps_max": 2.0, "cluster/tokens_by_version": {"0": 10},
+                "async/length_shift": -0.5 * e, "async/solve_shift": 0.01 * e} for e in range(3)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    page = write_report([run], tmp_path / "report.html").read_text()
+    for title in ("Asynchronous: sample age", "Asynchronous: response length, trained minus sampled",
+                  "Asynchronous: solve rate, trained minus sampled"):
+        assert f'alt="{title}' in page
+    assert page.count("<img") == 4  # the reward, and the three

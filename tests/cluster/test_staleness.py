@@ -1,6 +1,7 @@
 """Staleness in optimizer steps (rlvr.cluster.staleness): each batch's age when trained on,
-logged per sample; batches older than cluster.max_staleness_steps dropped, counted and
-sampled again with the current weights, never trained on."""
+logged per sample; under cluster.stale_policy=drop, batches older than
+cluster.max_staleness_steps dropped, counted and sampled again with the current weights,
+never trained on (admission, the default: tests/cluster/test_admission.py)."""
 
 import pytest
 import torch
@@ -17,7 +18,7 @@ from rlvr.loop.seams import LocalLearner
 from rlvr.loop.trainer import setup, train
 
 ASYNC = QUIET + ["algo.inner_steps=2", "log.eval_every=2", "log.checkpoint_every=0", "algo.tis_cap=2",
-                 "cluster.rollout_workers=1", "cluster.max_staleness=1"]
+                 "cluster.rollout_workers=1", "cluster.max_staleness=1", "cluster.stale_policy=drop"]
 
 
 def answered(version: int, responses: int) -> Job:
@@ -72,7 +73,7 @@ def test_a_trainer_that_outruns_the_bound_never_trains_on_a_batch_too_old(ray_lo
     assert [r["cluster/dropped_stale"] for r in firsts] == [0.0, 1.0, 1.0, 1.0]
     assert [r["cluster/dropped_stale_total"] for r in firsts] == [0.0, 1.0, 2.0, 3.0]
     assert [r["cluster/weights_version"] for r in firsts] == [0.0, 4.0, 8.0, 12.0]  # the current weights
-    assert kept == {"batches": [], "dropped_stale": 3}  # the count survives a resume
+    assert kept["batches"] == [] and kept["dropped_stale"] == 3  # the count survives a resume
 
 
 def test_a_bound_below_k_epochs_drops_the_parts_of_split_batches(ray_local):

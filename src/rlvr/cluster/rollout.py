@@ -15,9 +15,12 @@ Staleness (``cluster.max_staleness = k``):
 - k = 0: a batch is sampled with the weights of the last optimizer step, with the run's own
   generator (whose new state the driver takes over), so a run's records equal the
   single-process run's (wall-clock ``time/*`` and ``cluster/*`` fields aside).
-- k >= 1: at the start of epoch e the driver also submits the batches of epochs e+1 .. e+k
+- k >= 1: at the start of epoch e the driver also submits the batches of epochs e+1 .. e+a
   with the weights it has then, and the workers generate them while it trains: a batch is
-  sampled with weights at most k epochs (weight versions) old, logged as ``cluster/staleness``.
+  sampled with weights at most a epochs (weight versions) old, logged as ``cluster/staleness``.
+  a (``cluster/lookahead``) is k under ``cluster.stale_policy=drop``, and under admit (the
+  default) as far ahead as the bound in optimizer steps lets a batch be trained
+  (``rlvr.cluster.staleness``; a = 0 samples as k = 0 does).
   Each such batch has its own generator, seeded from (seed, epoch), so it does not depend on
   when it was sampled. The loss corrects for the stale sampler with the trainer's own
   recomputed log-probs as pi_old and truncated importance weights min(pi_old / pi_behaviour, C)
@@ -56,7 +59,15 @@ from rlvr.base.rollout import Grades, Samples, contiguous_bounds
 from rlvr.cluster import READY_TIMEOUT, ClusterError, first_line, stopped
 from rlvr.cluster.inflight import batch_from_dict, batch_to_dict
 from rlvr.cluster.jobs import Job, epoch_generator_state
-from rlvr.cluster.staleness import sample_versions, staleness_stats, step_bound, too_old
+from rlvr.cluster.staleness import (
+    Shift,
+    lookahead,
+    sample_versions,
+    staleness_stats,
+    step_bound,
+    token_stats,
+    too_old,
+)
 from rlvr.cluster.weight_sync import weights_payload
 from rlvr.cluster.worker import RolloutWorker
 from rlvr.config import Config
@@ -68,7 +79,7 @@ WORKER_CPUS = 0.5  # Ray CPUs each rollout worker holds (explicit: a default req
 
 class RayRolloutSource:
     """The rollout source on Ray (``rlvr.loop.seams.RolloutSource``), the driver's side:
-    ``cluster.rollout_workers`` actors, the batches submitted to them (up to ``max_staleness``
+    ``cluster.rollout_workers`` actors, the batches submitted to them (up to ``lookahead``
     epochs ahead) and the restarts seen; ``close`` ends the actors. ``publish``: puts the
     weights of a state's step into the object store and returns the reference (the learners'
     ``publish_weights``, where the driver holds no weights); default: the driver's own."""
@@ -81,6 +92,8 @@ class RayRolloutSource:
         self.split, self.num_prompts = c.split_batch, config.task.prompts_per_epoch
         self.call_timeout = c.call_timeout
         self.bound, self.dropped_total = step_bound(config), 0  # staleness in optimizer steps (rlvr.cluster.staleness)
+        self.stale_policy, self.ahead = c.stale_policy, lookahead(config)  # epochs submitted ahead of training
+        self.shift = Shift()  # what was sampled against what was trained
         actor = ray.remote(num_cpus=WORKER_CPUS, max_restarts=MAX_RESTARTS, max_task_retries=0)(RolloutWorker)
         self.placement_group = None
         self.workers: list[Any] = []
@@ -117,7 +130,7 @@ class RayRolloutSource:
 
     def sample_and_grade(self, st: TrainState, task: Task) -> tuple[Samples, Grades, dict[str, float]]:
         """The batch of epoch ``st.epoch``; first submits the batches of the next
-        ``max_staleness`` epochs with the current weights. With k = 0 and whole batches the
+        ``lookahead`` epochs with the current weights. With none ahead and whole batches the
         driver's generator moves on as if it had sampled the batch itself. Any failure is
         a ClusterError of one line naming the epoch and step (Ray's own errors included:
         a node or raylet that died)."""
@@ -154,8 +167,9 @@ class RayRolloutSource:
 
     def state(self) -> dict[str, Any] | None:
         """The batches submitted ahead of the trainer, waited for, as checkpoint data
-        (``rlvr.cluster.inflight``), and the count of batches dropped as too old; None when
-        none is in flight (``max_staleness`` 0, or the run's last epoch) and none was dropped."""
+        (``rlvr.cluster.inflight``), the count of batches dropped as too old and what was
+        sampled against what was trained (``Shift``); None for a synchronous run
+        (``max_staleness`` 0)."""
         from ray.exceptions import RayError
 
         held = [job for epoch in sorted(self.jobs) for job in self.jobs[epoch]]
@@ -164,14 +178,16 @@ class RayRolloutSource:
                 self._wait(job)
         except (ClusterError, RayError) as err:
             raise stopped("checkpoint: waiting for the batches in flight", err) from err
-        if not held and not self.dropped_total:
+        if self.max_staleness == 0:
             return None
-        return {"batches": [batch_to_dict(job) for job in held], "dropped_stale": self.dropped_total}
+        return {"batches": [batch_to_dict(job) for job in held], "dropped_stale": self.dropped_total,
+                "shift": self.shift.state()}
 
     def restore(self, state: dict[str, Any] | None) -> None:
         """Take back the batches ``state()`` kept: the resumed run trains on them, not on
         batches sampled anew with its newer weights."""
         self.dropped_total = 0 if state is None else state.get("dropped_stale", 0)
+        self.shift = Shift(None if state is None else state.get("shift"))
         for batch in [] if state is None else state["batches"]:
             fields, result = batch_from_dict(batch)
             job = Job(**fields, weights=None, generator_state=None, result=result)
@@ -179,7 +195,7 @@ class RayRolloutSource:
 
     def _sample_and_grade(self, st: TrainState, task: Task) -> tuple[Samples, Grades, dict[str, float]]:
         clock = time.perf_counter()
-        last = min(st.epoch + self.max_staleness, self.epochs - 1)
+        last = min(st.epoch + self.ahead, self.epochs - 1)
         for epoch in range(st.epoch, last + 1):
             if epoch not in self.jobs:
                 weights = self._send_weights(st)
@@ -190,7 +206,9 @@ class RayRolloutSource:
             self._wait(job)
         jobs, dropped = self._replace_too_old(jobs, st, task)
         parts = [job.result for job in jobs]
-        if self.max_staleness == 0 and not self.split:
+        for part in parts:
+            self.shift.add(part[0], part[1], trained=True)
+        if self.ahead == 0 and not self.split:
             st.generator.set_state(jobs[0].new_state)
         samples, grades = Samples.cat([p[0] for p in parts]), Grades.cat([p[1] for p in parts])
         # the parts ran at once: the batch took as long as the slowest
@@ -200,6 +218,9 @@ class RayRolloutSource:
                  "cluster/worker_restarts": float(self.restarts)}
         if self.max_staleness > 0:  # with k = 0 every batch is 0 steps old: nothing to log
             stats.update(staleness_stats(st.step, sample_versions(jobs), dropped, self.dropped_total))
+            admit = float(self.stale_policy == "admit")
+            stats.update({"cluster/admission": admit, "cluster/lookahead": float(self.ahead), **self.shift.stats()})
+            stats.update(token_stats(st.step, samples))
         return samples, grades, stats
 
     def _replace_too_old(self, jobs: list[Job], st: TrainState, task: Task) -> tuple[list[Job], int]:
@@ -210,6 +231,8 @@ class RayRolloutSource:
         if not old:
             return jobs, 0
         self.dropped_total += len(old)
+        for job in old:
+            self.shift.add(job.result[0], job.result[1], trained=False)
         weights = self._send_weights(st)
         fresh = {job.worker: job for job in self._jobs(st.epoch, st, task, weights)}
         again = {id(job): self._submit(fresh[job.worker]) for job in old}
@@ -221,7 +244,7 @@ class RayRolloutSource:
         """The jobs of ``epoch``'s batch: the whole batch on worker epoch mod W, or
         (``cluster.split_batch``) its prompts drawn here and split over the workers, each part
         sampled with its own generator seeded from the epoch's stream."""
-        if self.max_staleness == 0:
+        if self.ahead == 0:
             generator = st.generator  # the run's own stream: a whole batch hands its new state back
         else:
             generator = torch.Generator()
@@ -284,7 +307,7 @@ class RayRolloutSource:
             if self._group is None:
                 from rlvr.cluster.weight_sync import CollectiveWeights
 
-                wait = (1 + self.max_staleness) * self.call_timeout  # a broadcast waits for up to k + 1 queued batches
+                wait = (1 + self.ahead) * self.call_timeout  # a broadcast waits for up to k + 1 queued batches
                 self._group = CollectiveWeights(self.ray, self.workers, st.policy.module, wait)
             if self._weights is None or self._weights[0] != version:
                 self._group.send(st.policy.module, version)

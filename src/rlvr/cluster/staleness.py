@@ -5,9 +5,15 @@ Each sample carries the version of the weights that sampled it (their optimizer 
 its ``Job``'s ``version``, per part of a split batch). A batch's age when trained on is the
 optimizer step at which its first inner step is taken minus that version.
 ``cluster.max_staleness_steps`` bounds it (null: ``max_staleness`` x ``algo.inner_steps``,
-the age a batch submitted k epochs ahead reaches, so a run with the default drops nothing);
-a batch, or part of a split batch, older than the bound when its training would start is
-dropped, counted, and sampled again with the current weights.
+the age a batch submitted k epochs ahead reaches). ``cluster.stale_policy`` keeps the bound:
+
+- admit (the default): a batch is submitted only as far ahead as it can be trained within
+  the bound (``lookahead``: an epoch takes ``algo.inner_steps`` optimizer steps), so none
+  is ever too old and nothing sampled is thrown away;
+- drop: batches go ``max_staleness`` epochs ahead; a batch, or part of a split batch, older
+  than the bound when its training would start is dropped, counted, and sampled again with
+  the current weights. What is dropped is what sampled slowly, so the trained data drifts
+  from the sampled (``Shift``: ``async/length_shift``, ``async/solve_shift``).
 """
 
 from __future__ import annotations
@@ -26,6 +32,17 @@ def step_bound(config: Any) -> int:
     return c.max_staleness * config.algo.inner_steps if c.max_staleness_steps is None else c.max_staleness_steps
 
 
+def lookahead(config: Any) -> int:
+    """How many epochs ahead of its training a batch is submitted: ``max_staleness`` under
+    the drop policy; under admit, no further than the bound lets it be trained, each epoch
+    taking ``algo.inner_steps`` optimizer steps (0: each batch sampled with the newest
+    weights, from the run's own generator, as a synchronous run samples it)."""
+    c = config.cluster
+    if c.stale_policy == "drop":
+        return c.max_staleness
+    return min(c.max_staleness, step_bound(config) // config.algo.inner_steps)
+
+
 def sample_versions(jobs: Sequence[Job]) -> torch.Tensor:
     """The weights version of each of the batch's samples [N] (the answered jobs' in order)."""
     return torch.cat([torch.full((job.size,), job.version, dtype=torch.long) for job in jobs])
@@ -42,3 +59,60 @@ def staleness_stats(step: int, versions: torch.Tensor, dropped: int, dropped_tot
     ages = (step - versions).double()  # [N]
     return {"cluster/staleness_steps": ages.mean().item(), "cluster/staleness_steps_max": ages.max().item(),
             "cluster/dropped_stale": float(dropped), "cluster/dropped_stale_total": float(dropped_total)}
+
+
+def token_stats(step: int, samples: Any) -> dict[str, Any]:
+    """With partial rollouts (``samples.token_versions``): the policy tokens trained from
+    ``step`` on by the weights version that sampled them (``cluster/tokens_by_version``, a
+    mapping), their age in optimizer steps (mean, max) and the share sampled by weights newer
+    than those their response started with (``cluster/tokens_continued``); {} without."""
+    if samples.token_versions is None:
+        return {}
+    versions = samples.token_versions[samples.policy_mask]  # [tokens]
+    started = samples.token_versions[:, :1].expand_as(samples.token_versions)[samples.policy_mask]
+    if versions.numel() == 0:
+        return {}
+    found, counts = versions.unique(return_counts=True)
+    ages = (step - versions).double()
+    return {"cluster/tokens_by_version": {str(v): int(c) for v, c in zip(found.tolist(), counts.tolist())},
+            "cluster/token_age_mean": ages.mean().item(), "cluster/token_age_max": ages.max().item(),
+            "cluster/tokens_continued": (versions > started).double().mean().item()}
+
+
+class Shift:
+    """What was sampled against what was trained, over the run: responses, their policy
+    tokens and how many were solved, for every batch sampled (dropped ones included) and for
+    those trained on. The means' differences (trained minus sampled) show a pipeline that
+    trains on a biased share of what it samples: 0 when nothing is dropped."""
+
+    KEYS = ("responses", "tokens", "solved")
+
+    def __init__(self, state: dict[str, list[float]] | None = None) -> None:
+        self.sampled, self.trained = ([0.0, 0.0, 0.0], [0.0, 0.0, 0.0]) if state is None else (
+            list(state["sampled"]), list(state["trained"]))
+
+    @staticmethod
+    def _sums(samples: Any, grades: Any) -> list[float]:
+        tokens = samples.per_episode(samples.policy_mask.sum(-1).double())  # [N] policy tokens per response
+        return [float(tokens.numel()), tokens.sum().item(), grades.correct.double().sum().item()]
+
+    def add(self, samples: Any, grades: Any, trained: bool) -> None:
+        """A batch (or part) sampled; ``trained``: and trained on (else dropped)."""
+        sums = self._sums(samples, grades)
+        self.sampled = [a + b for a, b in zip(self.sampled, sums)]
+        if trained:
+            self.trained = [a + b for a, b in zip(self.trained, sums)]
+
+    def stats(self) -> dict[str, float]:
+        """``async/length_*`` (mean policy tokens per response) and ``async/solve_*`` (solve
+        rate), sampled and trained, and their shift (trained minus sampled)."""
+        out = {}
+        for name, index in (("length", 1), ("solve", 2)):
+            sampled = self.sampled[index] / max(self.sampled[0], 1.0)
+            trained = self.trained[index] / max(self.trained[0], 1.0)
+            out.update({f"async/{name}_sampled": sampled, f"async/{name}_trained": trained,
+                        f"async/{name}_shift": trained - sampled})
+        return out
+
+    def state(self) -> dict[str, list[float]]:
+        return {"sampled": list(self.sampled), "trained": list(self.trained)}

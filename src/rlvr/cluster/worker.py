@@ -7,6 +7,7 @@ or received by broadcast, ``rlvr.cluster.weight_sync``).
 from __future__ import annotations
 
 import os
+import time
 import warnings
 from typing import Any
 
@@ -35,6 +36,7 @@ class RolloutWorker:
         self.policy = build_policy(config, self.task)
         self.version: int | None = None
         self.engine_stats: dict[str, float] = {}
+        self.partial = config.cluster.partial_rollouts
 
     def pid(self) -> int:
         return os.getpid()
@@ -91,7 +93,14 @@ class RolloutWorker:
         generator = torch.Generator()
         generator.set_state(generator_state)
         state = trainer_state_at(self.config, epoch, version)
-        samples, grades, timings = sample_and_grade(self.config, self.task, self.policy, generator, prompts, state)
+        engine = getattr(self.policy, "engine", None)
+        if self.partial and board is not None:
+            engine.new_weights = NewWeights(self, board)
+        try:
+            samples, grades, timings = sample_and_grade(self.config, self.task, self.policy, generator, prompts, state)
+        finally:
+            if engine is not None:
+                engine.new_weights = None
         return samples, grades, {**timings, **self.engine_stats}, generator.get_state(), os.getpid(), version
 
     def evaluate(self, weights: list[Any], version: int, epoch: int) -> list[Record]:
@@ -112,3 +121,26 @@ class RolloutWorker:
                                "since the broadcast? weight_sync=collective cannot take a restarted worker "
                                "back; weight_sync=object_store survives restarts")
         self.set_weights(ray.get(weights[0]), version)
+
+
+class NewWeights:
+    """A partial rollout's look at the weights board between tokens (``Engine.new_weights``):
+    at most every ``POLL_SECONDS``, the newest version posted; newer than the worker holds,
+    it is loaded (the engine goes on with it from the running responses' prefixes)."""
+
+    POLL_SECONDS = 0.02  # a board call costs about a millisecond: not every token
+
+    def __init__(self, worker: RolloutWorker, board: Any) -> None:
+        self.worker, self.board, self.next_look = worker, board, time.monotonic() + self.POLL_SECONDS
+
+    def __call__(self) -> bool:
+        import ray
+
+        if time.monotonic() < self.next_look:
+            return False
+        self.next_look = time.monotonic() + self.POLL_SECONDS
+        newest, posted = ray.get(self.board.latest.remote())
+        if self.worker.version is not None and newest <= self.worker.version:
+            return False
+        self.worker.set_weights(ray.get(posted[0]), newest)
+        return True

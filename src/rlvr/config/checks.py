@@ -263,6 +263,8 @@ def _check_cluster(config: Any) -> None:
         raise ConfigError("cluster.weights_in_flight=true needs batches sampled ahead (cluster.max_staleness >= 1) "
                           "and weights in the object store (cluster.weight_sync=object_store), where a worker "
                           f"finds the newest; got max_staleness={c.max_staleness}, weight_sync={c.weight_sync!r}")
+    if c.partial_rollouts:
+        _check_partial_rollouts(config)
     if c.max_staleness_steps is not None and c.max_staleness == 0:
         raise ConfigError(f"cluster.max_staleness_steps={c.max_staleness_steps} bounds batches sampled ahead, and "
                           "cluster.max_staleness=0 samples none ahead (every batch is 0 steps old); set "
@@ -278,6 +280,26 @@ def _check_cluster(config: Any) -> None:
                 "algo.is_correction")
 
 
+
+
+def _check_partial_rollouts(config: Any) -> None:
+    c = config.cluster
+    if not c.weights_in_flight:
+        raise ConfigError("cluster.partial_rollouts=true continues running responses with weights published while "
+                          "they generate, and those reach a worker only with cluster.weights_in_flight=true; set it")
+    if config.policy.name != "causal_lm":
+        raise ConfigError(f"cluster.partial_rollouts=true with policy.name={config.policy.name!r}: the positional "
+                          "toy draws every token of a response at once, so there is no token prefix to go on from; "
+                          "use policy.name=causal_lm")
+    engine = config.policy.options.engine
+    if engine != "hf":
+        raise ConfigError(f"cluster.partial_rollouts=true with policy.options.engine={engine!r}: rlvr's vLLM engine "
+                          "runs vLLM's offline LLM, which takes no new weights in the middle of a generate call; "
+                          "partial rollouts need engine=hf")
+    if config.task.name in ("environment", "agent", "verifiers"):
+        raise ConfigError(f"cluster.partial_rollouts=true with task.name={config.task.name!r}: partial rollouts "
+                          "continue single-turn responses; an episode's turns are generated call by call, each "
+                          "with the weights it starts with")
 
 
 def _check_address(address: str) -> None:

@@ -289,9 +289,18 @@ class ClusterConfig:
         "trainer trains (0: synchronous; >= 1 needs rollout workers and an off-policy correction: algo.tis_cap "
         "or algo.is_correction)"), min=0, max=64)
     max_staleness_steps: int | None = setting(None, (
-        "the oldest, in optimizer steps, the weights that sampled a batch may be when its training starts; an "
-        "older batch (or part of a split batch) is dropped, counted (cluster/dropped_stale) and sampled again with "
-        "the current weights (null: max_staleness x algo.inner_steps, which no batch exceeds)"), min=0, max=2**31)
+        "the oldest, in optimizer steps, the weights that sampled a batch may be when its training starts (null: "
+        "max_staleness x algo.inner_steps, the age of a batch sampled k epochs ahead); cluster.stale_policy says "
+        "how the bound is kept"), min=0, max=2**31)
+    stale_policy: str = setting("admit", (
+        "how the staleness bound is kept: admit (a batch is submitted only as far ahead as it can be trained "
+        "within the bound: nothing sampled is thrown away) or drop (submitted max_staleness epochs ahead; one "
+        "older than the bound when its training starts is dropped, counted in cluster/dropped_stale, and "
+        "sampled again, which biases the trained data toward what samples fast)"), choices=("admit", "drop"))
+    partial_rollouts: bool = setting(False, (
+        "with cluster.weights_in_flight: new weights published while a worker generates reach it between tokens; "
+        "the running responses take them and go on from their token prefix (the KV cache recomputed with the "
+        "new weights), each token recording the weights version that sampled it (hf engine, single-turn tasks)"))
     weights_in_flight: bool = setting(False, (
         "max_staleness >= 1: the rollout workers start each batch with the newest weights, published after every "
         "optimizer step, not those held when the batch was submitted (fresher samples; which weights a batch gets "

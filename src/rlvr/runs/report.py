@@ -70,6 +70,12 @@ PANELS = (
     Panel("Gradient signal-to-noise |G|^2 / (tr Sigma / B)", "train", ("grad/snr",), log_y=True),
     Panel("Top-reward responses", "train", ("hack/max_reward_frac", "hack/max_reward_not_gold"),
           note="share of responses at the top reward, and the share of those that fail the gold check"),
+    Panel("Asynchronous: sample age (optimizer steps)", "train",
+          ("cluster/staleness_steps", "cluster/staleness_steps_max", "cluster/token_age_max")),
+    Panel("Asynchronous: response length, trained minus sampled (tokens)", "train", ("async/length_shift",),
+          note="mean policy tokens per response over the run; 0 when no sampled batch was dropped"),
+    Panel("Asynchronous: solve rate, trained minus sampled", "train", ("async/solve_shift",),
+          note="a pipeline that drops what samples slowly trains on a biased share of what it samples"),
 )
 
 LINE_STYLES = ("-", "--", ":", "-.")
