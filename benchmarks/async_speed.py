@@ -12,8 +12,10 @@ whole ``train`` call in wall-clock seconds:
 - ``in flight k=2``: the same worker up to two batches ahead, each started with the newest
   weights, published after every optimizer step (``cluster.weights_in_flight``); TIS cap 2.
 
-``--staleness`` runs the ways that keep a staleness bound of 2 optimizer steps (one epoch)
-with batches wanted two epochs ahead, weights in flight, TIS cap 2:
+``--staleness`` runs, on prompts of 3 to 7 digits (``task.options.min_digits``: prompts of
+several difficulties and answers of several lengths; its own SFT warm start), the ways that
+keep a staleness bound of 2 optimizer steps (one epoch) with batches wanted two epochs
+ahead, weights in flight, TIS cap 2:
 
 - ``drop``: batches submitted two epochs ahead; one older than the bound when its training
   starts is dropped and sampled again (``cluster.stale_policy=drop``);
@@ -67,23 +69,30 @@ STALENESS_WAYS = {
 }
 
 
-def warm_start() -> Path:
-    """The SFT model the RL runs start from (made once, then reused)."""
-    model = ROOT / "sft" / "model"
+# prompts of 3 to 7 digits, answers up to 13 characters and EOS
+MIXED = ["task.options.min_digits=3", "task.options.num_digits=7", "policy.options.max_new_tokens=16"]
+
+
+def warm_start(mixed: bool = False) -> Path:
+    """The SFT model the RL runs start from (made once, then reused); ``mixed``: on
+    prompts of 3 to 7 digits."""
+    root = ROOT / "mixed" if mixed else ROOT
+    model = root / "sft" / "model"
     if not (model / "config.json").exists():
         run = [sys.executable, "-m", "rlvr.cli"]
-        subprocess.run(run + ["init-model", "--out", str(ROOT / "base"), "--hidden-size", "64",
+        subprocess.run(run + ["init-model", "--out", str(root / "base"), "--hidden-size", "64",
                               "--intermediate-size", "192", "--num-layers", "2", "--num-heads", "4", "--seed", "0"],
                        check=True)
-        subprocess.run(run + ["sft", str(EXAMPLES / "sort_text_sft.yaml"), f"out_dir={ROOT / 'sft'}",
-                              f"policy.options.model={ROOT / 'base'}", "log.progress=false"], check=True)
+        subprocess.run(run + ["sft", str(EXAMPLES / "sort_text_sft.yaml"), f"out_dir={root / 'sft'}",
+                              f"policy.options.model={root / 'base'}", "log.progress=false",
+                              *(MIXED if mixed else [])], check=True)
     return model
 
 
-def run(way: str, seed: int, epochs: int, model: Path) -> dict:
+def run(way: str, seed: int, epochs: int, model: Path, mixed: bool = False) -> dict:
     overrides = QUIET + [f"seed={seed}", f"algo.epochs={epochs}", f"log.eval_every={epochs}",
                          "log.eval_at_start=false", f"policy.options.model={model}",
-                         *{**WAYS, **STALENESS_WAYS}[way]]
+                         *(MIXED if mixed else []), *{**WAYS, **STALENESS_WAYS}[way]]
     config = load_config(str(EXAMPLES / "sort_text_tiny.yaml"), overrides)
     starts: list[float] = []  # wall clock at each train record
 
@@ -115,9 +124,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=100)
     parser.add_argument("--staleness", action="store_true", help="drop against admit and partial rollouts")
     args = parser.parse_args()
-    model = warm_start()
     if args.staleness:
-        return compare_staleness(args.seeds, args.epochs, model)
+        return compare_staleness(args.seeds, args.epochs, warm_start(mixed=True))
+    model = warm_start()
     results: dict[str, list[dict]] = {way: [] for way in WAYS}
     for seed in args.seeds:
         for way in WAYS:  # interleaved, so a slow spell of the machine hits every way alike
@@ -146,13 +155,14 @@ def compare_staleness(seeds: list[int], epochs: int, model: Path) -> None:
     results: dict[str, list[dict]] = {way: [] for way in STALENESS_WAYS}
     for seed in seeds:
         for way in STALENESS_WAYS:  # interleaved, so a slow spell of the machine hits every way alike
-            results[way].append(run(way, seed, epochs, model))
+            results[way].append(run(way, seed, epochs, model, mixed=True))
             r = results[way][-1]
             print(f"seed {seed} {way:<9} {r['seconds']:7.1f} s  {r['samples_per_s']:6.1f} samples/s  "
                   f"age {r['age']:.2f}  discarded {r['discarded']:.3f}  greedy {r['greedy']:.3f}  "
                   f"length shift {r['length_shift']:+.3f}  solve shift {r['solve_shift']:+.4f}  "
                   f"tokens continued {r['continued']:.3f}", flush=True)
-    print(f"\n{epochs} epochs x 256 trained samples per run, seeds {seeds}, wall clock, a bound of 2 steps")
+    print(f"\n{epochs} epochs x 256 trained samples per run, seeds {seeds}, prompts of 3-7 digits, wall clock, "
+          "a bound of 2 steps")
     print(f"{'way':<9} {'samples/s':>10} {'age':>6} {'discarded':>10} {'greedy':>7} {'length shift':>13} "
           f"{'solve shift':>12} {'continued':>10}")
     for way, rs in results.items():

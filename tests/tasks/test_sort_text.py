@@ -91,3 +91,17 @@ def test_weights_override_and_unknown_names():
     assert rewards.tolist() == [[1.0, 0.0]]
     with pytest.raises(ValueError, match="unknown reward names \\['exact'\\]; allowed: position, exact_match"):
         SortTextTask(weights={"exact": 1.0})
+
+
+def test_min_digits_gives_prompts_of_every_length_in_the_range():
+    task = SortTextTask(num_digits=7, min_digits=3)
+    prompts = task.sample_prompts(200, gen(0))
+    lengths = {len(p["prompt"][:-1].split()) for p in prompts}
+    assert lengths == {3, 4, 5, 6, 7}
+    assert all(p["answer"] == " ".join(sorted(p["prompt"][:-1].split(), key=int)) for p in prompts)
+    assert {len(p["prompt"][:-1].split()) for p in task.eval_prompts()} == {3, 4, 5, 6, 7}
+    # without it, or equal to num_digits, the prompts are those of num_digits alone
+    same = SortTextTask(num_digits=5, min_digits=5).sample_prompts(16, gen(3))
+    assert same == SortTextTask().sample_prompts(16, gen(3))
+    with pytest.raises(ValueError, match="min_digits"):
+        SortTextTask(num_digits=3, min_digits=4)

@@ -46,6 +46,9 @@ DEFAULT_WEIGHTS = {"position": 1.0, "exact_match": 1.0}
 class SortTextTask(TextTask):
     """Sort ``num_digits`` digits 0-9.
 
+    min_digits: with it, each prompt's length is drawn uniformly from min_digits ..
+               num_digits (prompts of several difficulties, answers of several lengths);
+               None: every prompt has num_digits.
     num_eval:  size of the fixed held-out set, drawn with ``eval_seed``; training prompts
                never repeat one of them.
     weights:   overrides of DEFAULT_WEIGHTS ("position", "exact_match").
@@ -55,7 +58,9 @@ class SortTextTask(TextTask):
     name = "sort_text"
     gold_reward = "exact_match"
     options = {
-        "num_digits": option("digits per prompt", min=1, max=1024),
+        "num_digits": option("digits per prompt (the most, with min_digits)", min=1, max=1024),
+        "min_digits": option("the fewest digits a prompt has: each prompt's length drawn from min_digits .. "
+                             "num_digits (null: all num_digits)", min=1, max=1024),
         "num_eval": option("held-out prompts (at most half the digit sequences)", min=1, max=MAX_EVAL_PROMPTS),
         "eval_seed": option("seed of the held-out prompts", min=0, max=SEED_MAX),
         "weights": option("reward weights by name, over the defaults (position 1, exact_match 1)"),
@@ -65,6 +70,7 @@ class SortTextTask(TextTask):
         self,
         num_digits: int = 5,
         num_eval: int = 100,
+        min_digits: int | None = None,
         eval_seed: int = 0,
         weights: dict[str, float] | None = None,
     ) -> None:
@@ -75,7 +81,10 @@ class SortTextTask(TextTask):
                 f"num_eval must be in [0, {10**min(num_digits, 20) // 2}] (half the {10**min(num_digits, 20)} "
                 f"sequences of {num_digits} digits, to leave room for training), got {num_eval}"
             )
+        if min_digits is not None and min_digits > num_digits:
+            raise ValueError(f"min_digits ({min_digits}) must be at most num_digits ({num_digits})")
         self.num_digits = num_digits
+        self.min_digits = num_digits if min_digits is None else min_digits
         self.weights = resolve_weights(DEFAULT_WEIGHTS, weights)
         self.prompts = GeneratedPrompts(self._draw, num_eval, eval_seed)
 
@@ -87,7 +96,11 @@ class SortTextTask(TextTask):
 
     def _draw(self, num: int, generator: torch.Generator) -> list[Prompt]:
         digits = torch.randint(0, 10, (num, self.num_digits), generator=generator)  # [num, n]
+        rows = digits.tolist()
+        if self.min_digits < self.num_digits:  # then each prompt its own length
+            lengths = torch.randint(self.min_digits, self.num_digits + 1, (num,), generator=generator).tolist()
+            rows = [row[:length] for row, length in zip(rows, lengths)]
         return [
             {"prompt": " ".join(map(str, row)) + ">", "answer": " ".join(map(str, sorted(row)))}
-            for row in digits.tolist()
+            for row in rows
         ]
