@@ -158,21 +158,25 @@ def compare_staleness(seeds: list[int], epochs: int, model: Path) -> None:
             results[way].append(run(way, seed, epochs, model, mixed=True))
             r = results[way][-1]
             print(f"seed {seed} {way:<9} {r['seconds']:7.1f} s  {r['samples_per_s']:6.1f} samples/s  "
+                  f"steady {r['steady']:6.1f}  "
                   f"age {r['age']:.2f}  discarded {r['discarded']:.3f}  greedy {r['greedy']:.3f}  "
                   f"length shift {r['length_shift']:+.3f}  solve shift {r['solve_shift']:+.4f}  "
                   f"tokens continued {r['continued']:.3f}", flush=True)
     print(f"\n{epochs} epochs x 256 trained samples per run, seeds {seeds}, prompts of 3-7 digits, wall clock, "
           "a bound of 2 steps")
-    print(f"{'way':<9} {'samples/s':>10} {'age':>6} {'discarded':>10} {'greedy':>7} {'length shift':>13} "
-          f"{'solve shift':>12} {'continued':>10}")
+    print(f"{'way':<9} {'samples/s':>10} {'steady':>7} {'age':>6} {'discarded':>10} {'greedy':>7} "
+          f"{'length shift':>13} {'solve shift':>12} {'continued':>10}")
     for way, rs in results.items():
         mean = {key: statistics.mean(r[key] for r in rs) for key in rs[0]}
-        print(f"{way:<9} {mean['samples_per_s']:10.1f} {mean['age']:6.2f} {mean['discarded']:10.3f} "
+        print(f"{way:<9} {mean['samples_per_s']:10.1f} {mean['steady']:7.1f} {mean['age']:6.2f} "
+              f"{mean['discarded']:10.3f} "
               f"{mean['greedy']:7.3f} {mean['length_shift']:+13.3f} {mean['solve_shift']:+12.4f} "
               f"{mean['continued']:10.3f}")
     for way in ("admit", "partial"):
-        ratio = statistics.mean(x["samples_per_s"] / y["samples_per_s"] for x, y in zip(results[way], results["drop"]))
-        print(f"{way} / drop: {ratio:.2f}x samples/s")
+        pairs = list(zip(results[way], results["drop"]))
+        ratio = statistics.mean(x["samples_per_s"] / y["samples_per_s"] for x, y in pairs)
+        steady = statistics.mean(x["steady"] / y["steady"] for x, y in pairs)
+        print(f"{way} / drop: {ratio:.2f}x samples/s ({steady:.2f}x steady)")
 
 
 if __name__ == "__main__":

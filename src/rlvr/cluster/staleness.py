@@ -12,8 +12,8 @@ the age a batch submitted k epochs ahead reaches). ``cluster.stale_policy`` keep
   is ever too old and nothing sampled is thrown away;
 - drop: batches go ``max_staleness`` epochs ahead; a batch, or part of a split batch, older
   than the bound when its training would start is dropped, counted, and sampled again with
-  the current weights. What is dropped is what sampled slowly, so the trained data drifts
-  from the sampled (``Shift``: ``async/length_shift``, ``async/solve_shift``).
+  the current weights. What is dropped depends on when and how fast it was sampled, so the
+  trained data can drift from the sampled (``Shift``: ``async/length_shift``, ``async/solve_shift``).
 """
 
 from __future__ import annotations

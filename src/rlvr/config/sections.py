@@ -296,7 +296,8 @@ class ClusterConfig:
         "how the staleness bound is kept: admit (a batch is submitted only as far ahead as it can be trained "
         "within the bound: nothing sampled is thrown away) or drop (submitted max_staleness epochs ahead; one "
         "older than the bound when its training starts is dropped, counted in cluster/dropped_stale, and "
-        "sampled again, which biases the trained data toward what samples fast)"), choices=("admit", "drop"))
+        "sampled again, which can bias the trained data: async/length_shift and async/solve_shift show whether it "
+        "did)"), choices=("admit", "drop"))
     partial_rollouts: bool = setting(False, (
         "with cluster.weights_in_flight: new weights published while a worker generates reach it between tokens; "
         "the running responses take them and go on from their token prefix (the KV cache recomputed with the "
