@@ -1,16 +1,18 @@
 """Configuration: one typed config and what turns it into a run.
 
-``sections.py`` holds the config (its sections, every field with its help and rules) and
-loads it (``load_config``); ``checks.py`` holds the rules between fields; ``presets.py``
-the named algorithm presets and the defaults a language model takes; ``compose.py`` is
-the composition root that builds the task, the policy and the reward runner a config asks
-for. A config is imported from here: ``from rlvr.config import Config, load_config``.
+``sections.py`` holds the config (its sections, every field with its help and rules);
+``loading.py`` loads it (``load_config``: defaults, a YAML file, overrides); ``checks.py``
+holds the rules between fields; ``presets.py`` the named algorithm presets and the
+defaults a language model takes; ``compose.py`` is the composition root that builds the
+task, the policy and the reward runner a config asks for. A config is imported from here:
+``from rlvr.config import Config, load_config``.
 """
 
 from rlvr.base.errors import ConfigError
 from rlvr.base.rules import BOUNDS
 from rlvr.base.settings import parse_overrides, read_mapping, setting
 from rlvr.config.checks import check_options
+from rlvr.config.loading import config_from_dict, load_config, merge
 from rlvr.config.sections import (
     DEFAULT_TORCH_THREADS,
     AlgoConfig,
@@ -23,9 +25,6 @@ from rlvr.config.sections import (
     RewardsConfig,
     SftConfig,
     TaskConfig,
-    config_from_dict,
-    load_config,
-    merge,
 )
 
 __all__ = ["BOUNDS", "DEFAULT_TORCH_THREADS", "AlgoConfig", "CausalLMOptions", "ClusterConfig", "Config",

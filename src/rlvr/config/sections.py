@@ -18,22 +18,15 @@ from pathlib import Path
 
 import torch
 
-from rlvr.base.errors import ConfigError
 from rlvr.base.modeling import DTYPES
 from rlvr.base.settings import (
     Names,
-    build,
     commented_yaml,
-    merge_into,
-    parse_overrides,
-    read_mapping,
     setting,
     to_yaml,
-    unused_fields,
 )
-from rlvr.base.unknown_keys import unknown_keys, unknown_message
-from rlvr.config.checks import MAX_RESPONSES, OPTION_OWNERS, validate
-from rlvr.config.presets import ALGO_PRESETS, resolve_defaults
+from rlvr.config.checks import MAX_RESPONSES
+from rlvr.config.presets import ALGO_PRESETS
 from rlvr.core import AGGREGATIONS, DELTA_MODES, IS_CORRECTIONS, KL_ESTIMATORS, LOSS_MODES
 from rlvr.core.logprobs import DEFAULT_CHUNK_ELEMENTS
 from rlvr.engines import ENGINES
@@ -367,35 +360,3 @@ class Config:
         from rlvr.tasks import task_option_entries
 
         return "\n".join(commented_yaml(self, entries={"task.options": task_option_entries})) + "\n"
-
-
-
-def merge(base: dict, update: dict) -> dict:
-    """Config mappings merged, ``update`` winning: sections key by key, free-form mappings
-    (``task.options``, ``policy.options.lora``) one level deep (``rlvr.base.settings.merge_into``)."""
-    return merge_into(Config, base, update)
-
-
-def config_from_dict(data: dict) -> Config:
-    """A validated Config from a nested mapping (missing keys take the defaults, after
-    ``algo.preset`` and the causal-LM defaults: ``rlvr.config.presets.resolve_defaults``).
-    Unknown keys of ``task.options`` alone are left to ``check_options``."""
-    data = resolve_defaults(data or {})
-    if isinstance(data, dict) and unknown_keys(Config, data, OPTION_OWNERS, free=False):
-        raise ConfigError(unknown_message(unknown_keys(Config, data, OPTION_OWNERS)))
-    config = build(Config, data)
-    validate(config)
-    for section, unused in unused_fields(config).items():
-        # ignored (validate warned when given): the default, as a config written and read back has
-        defaults = type(getattr(config, section))()
-        for name in unused:
-            setattr(getattr(config, section), name, getattr(defaults, name))
-    return config
-
-
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Defaults <- YAML file <- ``key=value`` overrides, then validation."""
-    data = {} if path is None else read_mapping(path)
-    if overrides:
-        data = merge(data, parse_overrides(overrides))
-    return config_from_dict(data)
