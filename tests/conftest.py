@@ -17,6 +17,13 @@ import pytest
 # A run that draws no progress bar and no figure (the tests read metrics, not pictures).
 QUIET = ["log.progress=false", "log.plot=false"]
 
+
+def comparable(records, *more: str):
+    """Records minus wall-clock (time/*, tokens_per_sec*) and cluster/* fields, and the
+    fields under the prefixes ``more`` (what only one of the runs compared measures)."""
+    drop = ("time/", "tokens_per_sec", "cluster/", *more)
+    return [{k: v for k, v in r.items() if not k.startswith(drop)} for r in records]
+
 ROOT = Path(__file__).resolve().parents[1]  # the checkout
 # GSM8K lives beside the checkout (../shared/data/gsm8k); its tests skip without it.
 GSM8K_DATA = ROOT.parent / "shared" / "data" / "gsm8k"

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 from ray_actors import record_actors
 
-from conftest import QUIET, sigkill_mid_run
+from conftest import QUIET, comparable, sigkill_mid_run
 from rlvr.api import run_loop as train
 from rlvr.base.errors import RunError
 from rlvr.cli import main
@@ -33,11 +33,6 @@ pytestmark = pytest.mark.ray
 
 SORTING = QUIET + ["algo.inner_steps=2", "log.eval_every=2"]
 
-
-def comparable(records):
-    """Records minus wall-clock (time/*, tokens_per_sec*) and cluster/* fields."""
-    return [{k: v for k, v in r.items() if not k.startswith(("time/", "tokens_per_sec", "cluster/"))}
-            for r in records]
 
 
 def wait_for_train_record(path: Path, process: subprocess.Popen, timeout: float = 120.0) -> None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from ray_actors import record_actors
 
-from conftest import QUIET
+from conftest import QUIET, comparable
 from rlvr.api import run_loop as train
 from rlvr.base.errors import ConfigError
 from rlvr.config import load_config
@@ -18,11 +18,6 @@ pytestmark = pytest.mark.ray
 
 SORTING = QUIET + ["algo.epochs=4", "algo.inner_steps=2", "log.eval_every=2", "log.checkpoint_every=0"]
 
-
-def comparable(records):
-    """Records minus wall-clock (time/*, tokens_per_sec*) and cluster/* fields."""
-    return [{k: v for k, v in r.items() if not k.startswith(("time/", "tokens_per_sec", "cluster/"))}
-            for r in records]
 
 
 def cpus_freed(ray, timeout=20.0):

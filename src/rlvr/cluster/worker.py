@@ -142,5 +142,5 @@ class NewWeights:
         newest, posted = ray.get(self.board.latest.remote())
         if self.worker.version is not None and newest <= self.worker.version:
             return False
-        self.worker.set_weights(ray.get(posted[0]), newest)
+        self.worker._hold(posted, newest)
         return True

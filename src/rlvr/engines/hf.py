@@ -138,7 +138,6 @@ class HFEngine(Engine):
         self.device = next(module.parameters()).device
         self.weights_version = 0
         self.new_weights: Callable[[], bool] | None = None
-        self._versions: torch.Tensor | None = None  # the running call's [N, T] token versions
 
     def load_weights(self, weights: torch.nn.Module | Mapping[str, torch.Tensor]) -> None:
         """Sample with ``weights`` from now on: nothing to copy when they are this engine's
@@ -164,14 +163,15 @@ class HFEngine(Engine):
             # sampling); its outputs are cloned into ordinary tensors so that scoring can
             # save them for backward.
             with torch.inference_mode():
-                decoded = self._decode(prompt_ids, prompt_mask, group_size, sampling, end_ids, pick)
+                *decoded, step_versions = self._decode(prompt_ids, prompt_mask, group_size, sampling, end_ids, pick)
             response_ids, lengths, log_probs = (t.clone() for t in decoded)
         finally:
             self.module.train(was_training)
         response_mask = torch.arange(response_ids.shape[1], device=self.device) < lengths.unsqueeze(-1)
-        versions = self._versions if self.new_weights is not None else None
-        return Generation(response_ids, response_mask, log_probs.masked_fill(~response_mask, 0.0),
-                          None if versions is None else versions[:, : response_ids.shape[1]].clone())
+        versions = None  # every token at step t was drawn by the weights of step t, in every row
+        if self.new_weights is not None:
+            versions = torch.tensor(step_versions, device=self.device).expand_as(response_ids).clone()
+        return Generation(response_ids, response_mask, log_probs.masked_fill(~response_mask, 0.0), versions)
 
     def _forward(self, **inputs: Any) -> Any:
         with autocast_context(self.device, self.autocast):
@@ -199,9 +199,10 @@ class HFEngine(Engine):
         return cache, logits, attention, next_position
 
     def _decode(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int,
-                sampling: SamplingParams, end_ids: torch.Tensor, pick: TokenPicker) -> tuple[torch.Tensor, ...]:
+                sampling: SamplingParams, end_ids: torch.Tensor, pick: TokenPicker) -> tuple[Any, ...]:
         """The token loop: at most ``max_new_tokens`` tokens; a row ends on one of ``end_ids``
-        [k] or a stop string. Returns response_ids [N, T], lengths [N] and log-probs [N, T].
+        [k] or a stop string. Returns response_ids [N, T], lengths [N], log-probs [N, T] and
+        the weights version each step [T] sampled with.
 
         Finished rows leave the batch (and the cache), so late steps cost only the rows
         still running; the loop stops when none is.
@@ -214,12 +215,12 @@ class HFEngine(Engine):
         response_ids = torch.full((n, width), self.pad_token_id, dtype=torch.long, device=self.device)
         log_probs = torch.zeros((n, width), device=self.device)
         lengths = torch.full((n,), width, dtype=torch.long, device=self.device)
-        self._versions = torch.full((n, width), self.weights_version, dtype=torch.long, device=self.device)
+        step_versions: list[int] = []
         for step in range(width):
             tokens, picked_log_probs = pick(logits, step, rows)  # [n], [n]
             response_ids[rows, step] = tokens
             log_probs[rows, step] = picked_log_probs
-            self._versions[rows, step] = self.weights_version
+            step_versions.append(self.weights_version)
             done = torch.isin(tokens, end_ids)
             if sampling.stop_strings:
                 done |= self._stop_string_hits(response_ids[rows, : step + 1], sampling.stop_strings)
@@ -245,7 +246,7 @@ class HFEngine(Engine):
                 logits = out.logits[:, -1]
             next_position = next_position + 1
         longest = int(lengths.max())
-        return response_ids[:, :longest], lengths, log_probs[:, :longest]
+        return response_ids[:, :longest], lengths, log_probs[:, :longest], step_versions[:longest]
 
     def _took_new_weights(self) -> bool:
         """Ask ``new_weights`` (outside inference mode: it may load a state dict into the module)."""
