@@ -46,10 +46,12 @@ def test_admission_at_a_bound_of_zero_gives_the_synchronous_records(ray_local, i
 
 def test_admission_keeps_the_bound_without_dropping_what_drop_throws_away(ray_local):
     admitted = trains(run_loop(load_config(None, SPLIT)))
-    assert all(r["cluster/lookahead"] == 1 and r["cluster/dropped_stale_total"] == 0 for r in admitted)
+    assert all(r["cluster/admission"] == 1 and r["cluster/lookahead"] == 1 and r["cluster/dropped_stale_total"] == 0
+               for r in admitted)
     assert [r["cluster/staleness_steps_max"] for r in admitted[::2]] == [0.0, 2.0, 2.0, 2.0, 2.0]  # within 3
     assert all(r["async/length_shift"] == 0 and r["async/solve_shift"] == 0 for r in admitted)
     dropped = trains(run_loop(load_config(None, SPLIT + ["cluster.stale_policy=drop"])))
+    assert all(r["cluster/admission"] == 0 and r["cluster/lookahead"] == 2 for r in dropped)
     assert dropped[-1]["cluster/dropped_stale_total"] == 6.0  # two parts in each of the last three epochs
     assert all(r["cluster/staleness_steps_max"] <= 3 for r in dropped)
     assert dropped[-1]["async/length_sampled"] > 0 and "async/solve_shift" in dropped[-1]

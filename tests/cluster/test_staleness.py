@@ -3,6 +3,8 @@ logged per sample; under cluster.stale_policy=drop, batches older than
 cluster.max_staleness_steps dropped, counted and sampled again with the current weights,
 never trained on (admission, the default: tests/cluster/test_admission.py)."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -12,7 +14,7 @@ from rlvr.base.errors import ConfigError
 from rlvr.base.rollout import Samples
 from rlvr.cluster.jobs import Job
 from rlvr.cluster.session import loop_parts
-from rlvr.cluster.staleness import sample_versions, staleness_stats, step_bound, too_old
+from rlvr.cluster.staleness import Shift, sample_versions, staleness_stats, step_bound, too_old
 from rlvr.config import load_config
 from rlvr.loop.seams import LocalLearner
 from rlvr.loop.trainer import setup, train
@@ -92,3 +94,20 @@ def test_a_bound_below_k_epochs_drops_the_parts_of_split_batches(ray_local):
     assert all(r["response_tokens"] == 5 * 10 * 3 for r in records)  # B x G x n: every part replaced whole
     again = train_records(run_loop(load_config(None, overrides)))
     assert [r["loss"] for r in again] == [r["loss"] for r in records]  # a replaced part's generator is its own
+
+
+def test_the_shift_is_trained_minus_sampled_and_survives_its_state():
+    def batch(lengths, solved):
+        mask = torch.arange(4) < torch.tensor(lengths).unsqueeze(-1)  # [N, 4]
+        samples = Samples(None, mask.long(), mask, mask.long(), mask)
+        return samples, SimpleNamespace(correct=torch.tensor(solved))
+
+    shift = Shift()
+    shift.add(*batch([4, 4], [False, False]), trained=False)  # long, unsolved: dropped
+    shift.add(*batch([1, 3], [True, False]), trained=True)
+    stats = shift.stats()
+    assert stats["async/length_sampled"] == 3.0 and stats["async/length_trained"] == 2.0  # 12 / 4, 4 / 2
+    assert stats["async/length_shift"] == -1.0
+    assert stats["async/solve_sampled"] == 0.25 and stats["async/solve_shift"] == 0.25
+    assert Shift(shift.state()).stats() == stats
+    assert Shift().stats()["async/length_shift"] == 0.0  # nothing yet
