@@ -24,6 +24,16 @@ def comparable(records, *more: str):
     drop = ("time/", "tokens_per_sec", "cluster/", *more)
     return [{k: v for k, v in r.items() if not k.startswith(drop)} for r in records]
 
+
+# A line Ray's raylet sends to the driver's stderr (a full disk, say): Ray's, not rlvr's.
+RAYLET_LINE = re.compile(r"^(\x1b\[[0-9;]*m)?\(raylet\)")
+
+
+def rlvr_stderr(err: str) -> str:
+    """What rlvr wrote to stderr: ``err`` less the raylet's own lines."""
+    return "\n".join(line for line in err.strip().splitlines() if not RAYLET_LINE.match(line))
+
+
 ROOT = Path(__file__).resolve().parents[1]  # the checkout
 # GSM8K lives beside the checkout (../shared/data/gsm8k); its tests skip without it.
 GSM8K_DATA = ROOT.parent / "shared" / "data" / "gsm8k"

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 from ray_actors import record_actors
 
-from conftest import QUIET, comparable, sigkill_mid_run
+from conftest import QUIET, comparable, rlvr_stderr, sigkill_mid_run
 from rlvr.api import run_loop as train
 from rlvr.base.errors import RunError
 from rlvr.cli import main
@@ -100,7 +100,7 @@ def test_a_worker_killed_under_collective_weights_ends_the_run_in_one_line(ray_l
     kill_worker_after_epoch(1, monkeypatch)
     code = main(["train", *SORTING, "algo.epochs=3", "log.checkpoint_every=1", "cluster.rollout_workers=1",
                  "cluster.weight_sync=collective", f"out_dir={tmp_path / 'run'}"])
-    err = capsys.readouterr().err.strip()
+    err = rlvr_stderr(capsys.readouterr().err)
     assert code == 2
     assert err.count("\n") == 0 and err.startswith("rlvr: error: epoch 1, step 2: "), err
     assert "weight_sync=collective cannot take a restarted worker" in err and "checkpoints written before" in err
@@ -167,7 +167,7 @@ def test_an_asynchronous_run_resumes_with_the_staleness_it_used_and_needs_its_wo
     context = ray_local.get_runtime_context()
     assert Path(context.get_temp_dir(), context.get_session_name()).is_dir()
     assert main(["train", f"resume={run_dir}", "algo.epochs=6", "cluster.rollout_workers=0"]) == 2
-    err = capsys.readouterr().err.strip()
+    err = rlvr_stderr(capsys.readouterr().err)
     assert err.count("\n") == 0 and "cluster.max_staleness" in err, err
     assert len(read_records(run_dir)) == len(records)  # nothing ran
 

@@ -11,7 +11,7 @@ import time
 import pytest
 from ray_actors import record_actors
 
-from conftest import QUIET
+from conftest import QUIET, rlvr_stderr
 from rlvr.api import run_loop as train
 from rlvr.cli import main
 from rlvr.config import load_config
@@ -94,7 +94,7 @@ def test_a_rollout_worker_that_hangs_ends_the_run_in_one_line(ray_local, monkeyp
     try:
         code = main(["train", *RUN, "log.checkpoint_every=1", "cluster.rollout_workers=1",
                      f"out_dir={tmp_path / 'run'}"])
-        err = capsys.readouterr().err.strip()
+        err = rlvr_stderr(capsys.readouterr().err)
         assert code == 2 and err.count("\n") == 0, err
         assert err.startswith("rlvr: error: epoch 1, step 2: rollout worker 0 gave no answer within 2 s "
                               "(cluster.call_timeout) while sampling and grading the batch of epoch 1 "
