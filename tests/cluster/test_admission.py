@@ -65,10 +65,24 @@ def test_partial_rollouts_are_refused_where_they_cannot_run():
         load_config(None, [*base, "cluster.weights_in_flight=true"])
     lm = [*base, "cluster.weights_in_flight=true", "policy.name=causal_lm", "policy.options.model=m",
           "task.name=sort_text"]
-    with pytest.raises(ConfigError, match="partial rollouts need engine=hf"):
-        load_config(None, [*lm, "policy.options.engine=vllm"])
+    assert load_config(None, [*lm, "policy.options.engine=vllm"]).cluster.partial_rollouts  # vLLM can pause
     with pytest.raises(ConfigError, match="single-turn"):
         load_config(None, [*lm, "task.name=environment", "task.options={environment: guessing}"])
+
+
+def test_a_worker_whose_engine_cannot_pause_refuses_partial_rollouts(tiny_model, monkeypatch):
+    """An installed vLLM without the pause API (its engine's takes_new_weights is False): the
+    worker refuses at its start, before any batch, in one line."""
+    pytest.importorskip("transformers")
+    from rlvr.cluster import ClusterError
+    from rlvr.cluster.worker import RolloutWorker
+    from rlvr.engines.hf import HFEngine
+
+    monkeypatch.setattr(HFEngine, "takes_new_weights", False)
+    monkeypatch.setattr("torch.set_num_threads", lambda threads: None)  # a worker's one thread: not this process's
+    with pytest.raises(ClusterError, match=r"^cluster.partial_rollouts=true: the installed HFEngine cannot take new "
+                                           r"weights mid-generation .*set cluster.partial_rollouts=false$"):
+        RolloutWorker(load_config(None, lm_overrides(tiny_model, 1)))
 
 
 def lm_overrides(model, epochs: int) -> list[str]:

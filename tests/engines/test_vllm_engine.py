@@ -243,3 +243,58 @@ def test_sampling_params_reach_vllm():
     assert (params.max_tokens, params.min_tokens, params.stop, params.logprobs) == (9, 2, ["="], 0)
     assert sorted(params.stop_token_ids) == [2, 7] and params.ignore_eos and params.detokenize
 
+
+
+class SwapAt:
+    """``new_weights`` that hands the engine ``state`` (as weights version 1000) at its
+    ``at``-th call, after token ``at - 1`` of every running response, and says so."""
+
+    def __init__(self, policy, state, at: int):
+        self.policy, self.state, self.at, self.calls = policy, state, at, 0
+
+    def __call__(self) -> bool:
+        self.calls += 1
+        if self.calls != self.at:
+            return False
+        self.policy.module.load_state_dict(self.state)
+        self.policy.sync_engine(1000)  # the copy and its probe, with the responses paused mid-way
+        return True
+
+
+def test_new_weights_mid_generation_reach_the_running_responses(policy):
+    """Partial rollouts: vLLM pauses the running requests, takes the weights, recomputes
+    their keys and values and goes on; each token scored by the weights that drew it."""
+    old = {k: v.clone() for k, v in policy.module.state_dict().items()}
+    gen_noise = torch.Generator().manual_seed(1)
+    new = {k: v + 0.3 * torch.randn(v.shape, generator=gen_noise) for k, v in old.items()}
+    policy.engine.new_weights = SwapAt(policy, new, at=5)
+    try:
+        samples = policy.sample(PROMPTS, 3, 1.0, gen(0))
+    finally:
+        policy.engine.new_weights = None
+    versions, recorded, mask = samples.token_versions, samples.sample_log_probs, samples.response_mask  # [N, T]
+    start = versions[0, 0].item()
+    assert start != 1000 and mask[:, 5:].sum() > 10  # many responses go on past token 4
+    assert (versions[:, :5][mask[:, :5]] == start).all() and (versions[:, 5:][mask[:, 5:]] == 1000).all()
+    with torch.no_grad():
+        scored_new, _ = policy.log_probs(samples, 1.0)  # the module holds the new weights now
+        policy.module.load_state_dict(old)
+        scored_old, _ = policy.log_probs(samples, 1.0)
+    before, after = mask.clone(), mask.clone()
+    before[:, 5:], after[:, :5] = False, False
+    assert (recorded - scored_old)[before].abs().max() < LOG_PROB_TOLERANCE
+    assert (recorded - scored_new)[after].abs().max() < LOG_PROB_TOLERANCE
+    assert (scored_old - scored_new)[after].abs().max() > 1e-2  # the weights did change
+
+
+def test_asking_for_new_weights_and_getting_none_changes_no_draw(policy):
+    plain = policy.sample(PROMPTS, 3, 1.0, gen(5))
+    policy.engine.new_weights = lambda: False
+    try:
+        asked = policy.sample(PROMPTS, 3, 1.0, gen(5))
+    finally:
+        policy.engine.new_weights = None
+    version = policy.engine.weights_version
+    assert plain.token_versions is None and (asked.token_versions[asked.response_mask] == version).all()
+    assert torch.equal(plain.response_ids, asked.response_ids)
+    assert torch.equal(plain.sample_log_probs, asked.sample_log_probs)

@@ -37,6 +37,11 @@ class RolloutWorker:
         self.version: int | None = None
         self.engine_stats: dict[str, float] = {}
         self.partial = config.cluster.partial_rollouts
+        engine = getattr(self.policy, "engine", None)
+        if self.partial and not engine.takes_new_weights:
+            raise ClusterError(f"cluster.partial_rollouts=true: the installed {type(engine).__name__} cannot take new "
+                               "weights mid-generation (vLLM needs LLM.sleep(mode='keep') and reset_prefix_cache("
+                               "reset_running_requests=True)); upgrade it or set cluster.partial_rollouts=false")
 
     def pid(self) -> int:
         return os.getpid()

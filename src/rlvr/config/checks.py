@@ -291,12 +291,6 @@ def _check_partial_rollouts(config: Any) -> None:
         raise ConfigError(f"cluster.partial_rollouts=true with policy.name={config.policy.name!r}: the positional "
                           "toy draws every token of a response at once, so there is no token prefix to go on from; "
                           "use policy.name=causal_lm")
-    engine = config.policy.options.engine
-    if engine != "hf":
-        raise ConfigError(f"cluster.partial_rollouts=true with policy.options.engine={engine!r}: rlvr's vLLM engine "
-                          "runs vLLM's offline LLM, which takes no new weights inside a generate call (vLLM's "
-                          "pause_generation belongs to its AsyncLLM, which this engine does not use); partial "
-                          "rollouts need engine=hf")
     if config.task.name in ("environment", "agent", "verifiers"):
         raise ConfigError(f"cluster.partial_rollouts=true with task.name={config.task.name!r}: partial rollouts "
                           "continue single-turn responses; an episode's turns are generated call by call, each "

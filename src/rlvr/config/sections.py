@@ -294,7 +294,7 @@ class ClusterConfig:
     partial_rollouts: bool = setting(False, (
         "with cluster.weights_in_flight: new weights published while a worker generates reach it between tokens; "
         "the running responses take them and go on from their token prefix (the KV cache recomputed with the "
-        "new weights), each token recording the weights version that sampled it (hf engine, single-turn tasks)"))
+        "new weights), each token recording the weights version that sampled it (single-turn tasks)"))
     weights_in_flight: bool = setting(False, (
         "max_staleness >= 1: the rollout workers start each batch with the newest weights, published after every "
         "optimizer step, not those held when the batch was submitted (fresher samples; which weights a batch gets "

@@ -105,6 +105,7 @@ class Engine(Protocol):
     # partial rollouts: asked between tokens; takes newer weights if any are published and says
     # whether it did (the running responses then go on with them). None: a call keeps its weights
     new_weights: Callable[[], bool] | None = None
+    takes_new_weights: bool = True  # new_weights works (False: this engine's library cannot pause)
 
     def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int,
                  sampling: SamplingParams, generator: torch.Generator | None = None,

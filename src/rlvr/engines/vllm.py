@@ -25,6 +25,11 @@ way the numbers come from vLLM's kernels, not the trainer's (4.8e-7 apart in flo
 the tiny model), so ``exact_log_probs`` is False and the trainer recomputes the old
 policy's log-probs (``rlvr.base.interfaces.sampler_log_probs_exact``).
 
+Partial rollouts (``Engine.new_weights``): the engine steps vLLM's requests itself
+(``rlvr.engines.vllm_requests``) and asks between two steps; new weights loaded then pause
+the running requests, which vLLM recomputes from their prefixes with the new weights, and
+every token records the version that drew it (``Generation.versions``).
+
 Randomness: each prompt's G samples are seeded from the caller's torch.Generator (vLLM
 seeds sample g of a request with seed + g), so the same generator state gives the same
 responses. vLLM's constructor reseeds the global random, numpy and torch generators and
@@ -53,6 +58,7 @@ import torch
 from rlvr.base.modeling import DTYPES
 from rlvr.base.settings import setting
 from rlvr.engines.base import Engine, Generation, SamplingParams, check_seeds
+from rlvr.engines.vllm_requests import Drawn, Requests, can_pause
 
 INSTALL_HINT = "pip install 'rlvr[vllm]'"
 CPU_KV_CACHE_BYTES = 256 << 20  # vLLM's CPU default, most of the machine's memory, refuses to start beside a trainer
@@ -212,6 +218,8 @@ class VLLMEngine(Engine):
         self.pad_token_id, self.device, self.logprobs_mode = pad_token_id, device, logprobs_mode
         self.probe_tolerance = options.probe_tolerance
         self.llm = start_llm(model_path, options, dtype, device, logprobs_mode)
+        self.requests = Requests(self.llm, lambda: self.weights_version)
+        self.takes_new_weights = can_pause(self.llm)  # Engine.new_weights works: partial rollouts
         self.weights_version = 0
         self.weight_names: frozenset[str] | None = None  # of the first weights received
         self.broken: str | None = None  # why the engine cannot be used any more
@@ -230,12 +238,11 @@ class VLLMEngine(Engine):
             raise ValueError(f"weights with other names than the engine's first: new {extra[:5]}, "
                              f"missing {missing[:5]}; nothing was copied")
         try:
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(state.items())})
+            self.requests.load_weights(
+                lambda: self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(state.items())}))
         except Exception as err:
             self.broken = f"vLLM could not load the weights ({type(err).__name__}: {err})"
             raise RuntimeError(f"{self.broken}; the engine is unusable, build a new one") from err
-        if not self.llm.reset_prefix_cache():  # cached keys and values are the old weights'
-            raise RuntimeError("vLLM did not reset its prefix cache after a weight update (requests running?)")
         self.weight_names = names
         self.weights_version += 1
 
@@ -264,15 +271,22 @@ class VLLMEngine(Engine):
             else:
                 seeds = seeds % SEED_RANGE
             params = [request_params(sampling, group_size, seed) for seed in seeds.tolist()]
+        if self.new_weights is not None and not self.takes_new_weights:
+            raise RuntimeError("partial rollouts need vLLM's LLM.sleep(mode='keep') and "
+                               "reset_prefix_cache(reset_running_requests=True), which this vLLM lacks")
+        requests = [self.requests.add(prompt, p) for prompt, p in zip(prompts, params)]
         # vLLM's CPU sampler also draws from the global torch generator (then overrides
         # the seeded rows): keep it as it was
         with torch.random.fork_rng(devices=[]):
-            outputs = self.llm.generate(prompts, params, use_tqdm=False)  # in prompt order
-        completions = []
-        for out in outputs:
-            group = sorted(out.outputs, key=lambda c: c.index)
-            completions += group * group_size if sampling.greedy else group
-        return to_generation(completions, sampling.greedy, self.pad_token_id, prompt_ids.device)
+            self.requests.run(requests, between=self.new_weights)
+        drawn = []
+        for request in requests:
+            group = [request.responses[i] for i in sorted(request.responses)]
+            drawn += group * group_size if sampling.greedy else group
+        generation = to_generation(drawn, sampling.greedy, self.pad_token_id, prompt_ids.device)
+        if self.new_weights is None:
+            generation.versions = None  # all the call's first weights (Generation.versions)
+        return generation
 
     def prompt_log_probs(self, token_ids: Sequence[int]) -> torch.Tensor:
         """log pi_1(token_i | tokens before it) [L - 1] of the engine, for i >= 1: the probe.
@@ -287,8 +301,9 @@ class VLLMEngine(Engine):
         ids = list(token_ids)
         # temperature 0: the one token it must generate is the argmax, drawn without the global RNG
         params = RequestParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
-        out = self.llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0]
-        return torch.tensor([scores[t].logprob for scores, t in zip(out.prompt_logprobs[1:], ids[1:])])
+        request = self.requests.add(TokensPrompt(prompt_token_ids=ids), params)
+        self.requests.run([request])  # beside any responses running (mid partial rollout)
+        return torch.tensor([scores[t].logprob for scores, t in zip(request.prompt_log_probs[1:], ids[1:])])
 
     def _check_usable(self) -> None:
         if self.broken is not None:
@@ -312,17 +327,19 @@ def request_params(sampling: SamplingParams, group_size: int, seed: int | None) 
     )
 
 
-def to_generation(completions: Sequence[Any], greedy: bool, pad_token_id: int, device: torch.device) -> Generation:
-    """N vLLM completions (row b*G + g) as a ``Generation``: token ids [N, T] padded after
-    each response's end, the mask, the sampled tokens' log-probs (0 off the mask; all 0 when greedy)."""
-    rows = [list(c.token_ids) for c in completions]
-    width = max(1, max(len(ids) for ids in rows))
-    response_ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
-    log_probs = torch.zeros((len(rows), width))
-    for n, (ids, c) in enumerate(zip(rows, completions)):
-        response_ids[n, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+def to_generation(drawn: Sequence[Drawn], greedy: bool, pad_token_id: int, device: torch.device) -> Generation:
+    """N drawn responses (row b*G + g) as a ``Generation``: token ids [N, T] padded after
+    each response's end, the mask, the sampled tokens' log-probs (0 off the mask; all 0 when
+    greedy) and the weights version of each token (0 off the mask)."""
+    width = max(1, max(len(d.token_ids) for d in drawn))
+    response_ids = torch.full((len(drawn), width), pad_token_id, dtype=torch.long)
+    log_probs = torch.zeros((len(drawn), width))
+    versions = torch.zeros((len(drawn), width), dtype=torch.long)
+    for n, d in enumerate(drawn):
+        response_ids[n, : len(d.token_ids)] = torch.tensor(d.token_ids, dtype=torch.long)
+        versions[n, : len(d.versions)] = torch.tensor(d.versions, dtype=torch.long)
         if not greedy:
-            log_probs[n, : len(ids)] = torch.tensor([c.logprobs[t][token].logprob for t, token in enumerate(ids)])
-    lengths = torch.tensor([len(ids) for ids in rows])
+            log_probs[n, : len(d.log_probs)] = torch.tensor(d.log_probs)
+    lengths = torch.tensor([len(d.token_ids) for d in drawn])
     response_mask = torch.arange(width) < lengths.unsqueeze(-1)  # [N, T]
-    return Generation(response_ids.to(device), response_mask.to(device), log_probs.to(device))
+    return Generation(response_ids.to(device), response_mask.to(device), log_probs.to(device), versions.to(device))

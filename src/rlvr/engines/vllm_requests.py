@@ -1,0 +1,114 @@
+"""vLLM's requests driven one engine step at a time, for ``rlvr.engines.vllm.VLLMEngine``.
+
+vLLM's offline ``LLM.generate`` adds its requests and steps the engine until every request
+in it is finished. ``Requests`` does the same with its own loop, so that between two steps
+(one token of every running response) new weights can come in: ``LLM.sleep(level=0,
+mode="keep")`` pauses the scheduler with the requests kept, ``reload_weights`` copies the
+weights, ``reset_prefix_cache(reset_running_requests=True)`` preempts the running requests
+(their keys and values are the old weights'; vLLM recomputes them from prompt and prefix
+with the new ones, each request keeping its random generator), and ``wake_up`` resumes.
+Every token is tagged with the weights version that was loaded at the step that drew it.
+
+A request added while others run (the weight-sync probe, mid partial rollout) is stepped
+alongside them: their tokens of those steps are recorded with the weights then loaded.
+Requests stream their tokens (``RequestOutputKind.DELTA``); the draws are those of
+``LLM.generate`` with the same seeds.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Drawn:
+    """One response as it is drawn: its tokens, their sampler log-probs (empty when none
+    were asked for) and the weights version loaded when each was drawn."""
+
+    token_ids: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Request:
+    """One added request: its responses by index (n of them), the prompt's log-probs once
+    reported (when asked for), and whether vLLM has finished it."""
+
+    responses: dict[int, Drawn] = field(default_factory=dict)
+    prompt_log_probs: list[Any] | None = None
+    finished: bool = False
+
+
+def can_pause(llm: Any) -> bool:
+    """Does this vLLM keep requests across a pause and recompute them after new weights
+    (``LLM.sleep``'s ``mode`` and ``reset_prefix_cache``'s ``reset_running_requests``)?"""
+    sleep, reset = inspect.signature(llm.sleep).parameters, inspect.signature(llm.reset_prefix_cache).parameters
+    return "mode" in sleep and "reset_running_requests" in reset
+
+
+class Requests:
+    """The requests of one vLLM ``LLM`` (``llm``), stepped by ``run``; ``version()`` names
+    the weights loaded now."""
+
+    def __init__(self, llm: Any, version: Callable[[], int]) -> None:
+        self.llm, self.version = llm, version
+        self.open: dict[str, Request] = {}
+        self.ids = itertools.count()
+
+    def add(self, prompt: Any, params: Any) -> Request:
+        """Add a request (a ``TokensPrompt`` and vLLM ``SamplingParams``, changed to stream)."""
+        from vllm.sampling_params import RequestOutputKind
+
+        params.output_kind = RequestOutputKind.DELTA
+        request_id = f"rlvr-{next(self.ids)}"
+        self.llm.llm_engine.add_request(request_id, prompt, params)
+        self.open[request_id] = request = Request()
+        return request
+
+    def run(self, requests: list[Request], between: Callable[[], Any] | None = None) -> None:
+        """Step the engine until ``requests`` are finished, calling ``between`` after each
+        step that leaves some of them running (partial rollouts: new weights)."""
+        while not all(r.finished for r in requests):
+            self.step()
+            if between is not None and not all(r.finished for r in requests):
+                between()
+
+    def step(self) -> None:
+        version = self.version()
+        for out in self.llm.llm_engine.step():
+            request = self.open[out.request_id]
+            if out.prompt_logprobs is not None:
+                request.prompt_log_probs = out.prompt_logprobs
+            for c in out.outputs:
+                drawn = request.responses.setdefault(c.index, Drawn())
+                drawn.token_ids += c.token_ids
+                drawn.versions += [version] * len(c.token_ids)
+                if c.logprobs:
+                    drawn.log_probs += [scores[t].logprob for scores, t in zip(c.logprobs, c.token_ids)]
+            if out.finished:
+                request.finished = True
+                del self.open[out.request_id]
+
+    def running(self) -> bool:
+        return bool(self.open)
+
+    def load_weights(self, reload: Callable[[], None]) -> None:
+        """``reload()`` the weights, then drop every key and value the old ones computed: the
+        prefix cache, and with requests running, theirs (paused meanwhile, recomputed after)."""
+        running = self.running()
+        if running:
+            self.llm.sleep(level=0, mode="keep")
+        try:
+            reload()
+            # a vLLM without the pause API takes no reset_running_requests (nothing runs then)
+            kept = {"reset_running_requests": True} if running else {}
+            if not self.llm.reset_prefix_cache(**kept):
+                raise RuntimeError("vLLM did not reset its prefix cache after a weight update")
+        finally:
+            if running:
+                self.llm.wake_up(tags=["scheduling"])
