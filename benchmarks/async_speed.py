@@ -24,8 +24,14 @@ ahead, weights in flight, TIS cap 2:
   (``cluster.partial_rollouts``).
 
 and prints for each samples/s (trained samples), the mean sample age, the share of sampled
-batches thrown away, the held-out greedy exact match, and the length and solve-rate shift
-(trained minus sampled, over the run).
+batches thrown away, the held-out greedy exact match, the length and solve-rate shift
+(trained minus sampled, over the run) and the share of tokens sampled by weights newer than
+those their response started with (partial rollouts at work).
+
+``--staleness --model smollm2-135m-instruct`` runs the same ways on a real model
+(examples/smollm2_arithmetic.yaml: 4 prompts x 8 responses an epoch, two inner steps,
+clipped loss, up to 48 new tokens, 64 held-out sums), where generating a batch takes longer
+than an optimizer step, so weights do arrive mid-batch.
 
 It prints samples per second of each, the ratio of async to each single-process run, and
 the held-out greedy exact match at the end (200 held-out prompts) per seed, so a speed-up is
@@ -35,6 +41,7 @@ first epoch of every run (model loading, Ray's start, the first batch).
     python benchmarks/async_speed.py                     # 3 seeds, 100 epochs each
     python benchmarks/async_speed.py --seeds 0 --epochs 20
     python benchmarks/async_speed.py --staleness --seeds 0 1 --epochs 60
+    python benchmarks/async_speed.py --staleness --model smollm2-135m-instruct --seeds 0 --epochs 12
 """
 
 from __future__ import annotations
@@ -71,6 +78,9 @@ STALENESS_WAYS = {
 
 # prompts of 3 to 7 digits, answers up to 13 characters and EOS
 MIXED = ["task.options.min_digits=3", "task.options.num_digits=7", "policy.options.max_new_tokens=16"]
+# a real model: sums, two optimizer steps a batch, long enough replies that a batch outlasts a step
+REAL = ["algo.inner_steps=2", "algo.loss=clipped", "policy.options.max_new_tokens=48", "task.options.num_eval=64",
+        "log.eval_batch_size=64"]
 
 
 def warm_start(mixed: bool = False) -> Path:
@@ -89,11 +99,15 @@ def warm_start(mixed: bool = False) -> Path:
     return model
 
 
-def run(way: str, seed: int, epochs: int, model: Path, mixed: bool = False) -> dict:
+def run(way: str, seed: int, epochs: int, model: Path | str, mixed: bool = False) -> dict:
+    """One run of ``way``: on sort_text from the warm start ``model``, or on the real model
+    ``model`` (a name: the smollm2_arithmetic recipe)."""
+    real = isinstance(model, str)
     overrides = QUIET + [f"seed={seed}", f"algo.epochs={epochs}", f"log.eval_every={epochs}",
                          "log.eval_at_start=false", f"policy.options.model={model}",
-                         *(MIXED if mixed else []), *{**WAYS, **STALENESS_WAYS}[way]]
-    config = load_config(str(EXAMPLES / "sort_text_tiny.yaml"), overrides)
+                         *(REAL if real else MIXED if mixed else []), *{**WAYS, **STALENESS_WAYS}[way]]
+    recipe = "smollm2_arithmetic.yaml" if real else "sort_text_tiny.yaml"
+    config = load_config(str(EXAMPLES / recipe), overrides)
     starts: list[float] = []  # wall clock at each train record
 
     def on_record(record: dict) -> None:
@@ -112,7 +126,7 @@ def run(way: str, seed: int, epochs: int, model: Path, mixed: bool = False) -> d
     ages = [r.get("cluster/staleness_steps", 0.0) for r in trained]
     last = trained[-1]
     dropped = last.get("cluster/dropped_stale_total", 0.0)  # batches sampled and thrown away
-    return {"samples_per_s": samples / seconds, "steady": steady, "seconds": seconds,
+    return {"samples": samples, "samples_per_s": samples / seconds, "steady": steady, "seconds": seconds,
             "greedy": end["greedy_solve_rate"], "age": statistics.mean(ages), "discarded": dropped / (epochs + dropped),
             "length_shift": last.get("async/length_shift", 0.0), "solve_shift": last.get("async/solve_shift", 0.0),
             "continued": statistics.mean(r.get("cluster/tokens_continued", 0.0) for r in trained)}
@@ -123,9 +137,11 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--epochs", type=int, default=100)
     parser.add_argument("--staleness", action="store_true", help="drop against admit and partial rollouts")
+    parser.add_argument("--model", default=None, help="with --staleness: a real model (smollm2-135m-instruct) "
+                                                      "on the arithmetic recipe, in place of the tiny sort_text one")
     args = parser.parse_args()
     if args.staleness:
-        return compare_staleness(args.seeds, args.epochs, warm_start(mixed=True))
+        return compare_staleness(args.seeds, args.epochs, args.model or warm_start(mixed=True))
     model = warm_start()
     results: dict[str, list[dict]] = {way: [] for way in WAYS}
     for seed in args.seeds:
@@ -151,7 +167,7 @@ def main() -> None:
 
 
 
-def compare_staleness(seeds: list[int], epochs: int, model: Path) -> None:
+def compare_staleness(seeds: list[int], epochs: int, model: Path | str) -> None:
     results: dict[str, list[dict]] = {way: [] for way in STALENESS_WAYS}
     for seed in seeds:
         for way in STALENESS_WAYS:  # interleaved, so a slow spell of the machine hits every way alike
@@ -162,8 +178,9 @@ def compare_staleness(seeds: list[int], epochs: int, model: Path) -> None:
                   f"age {r['age']:.2f}  discarded {r['discarded']:.3f}  greedy {r['greedy']:.3f}  "
                   f"length shift {r['length_shift']:+.3f}  solve shift {r['solve_shift']:+.4f}  "
                   f"tokens continued {r['continued']:.3f}", flush=True)
-    print(f"\n{epochs} epochs x 256 trained samples per run, seeds {seeds}, prompts of 3-7 digits, wall clock, "
-          "a bound of 2 steps")
+    task = f"{model} on sums" if isinstance(model, str) else "prompts of 3-7 digits"
+    print(f"\n{epochs} epochs x {results['admit'][0]['samples'] // epochs} trained samples per run, seeds {seeds}, "
+          f"{task}, wall clock, a bound of 2 steps")
     print(f"{'way':<9} {'samples/s':>10} {'steady':>7} {'age':>6} {'discarded':>10} {'greedy':>7} "
           f"{'length shift':>13} {'solve shift':>12} {'continued':>10}")
     for way, rs in results.items():
