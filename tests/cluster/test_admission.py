@@ -79,7 +79,9 @@ def test_a_worker_whose_engine_cannot_pause_refuses_partial_rollouts(tiny_model,
     from rlvr.engines.hf import HFEngine
 
     monkeypatch.setattr(HFEngine, "takes_new_weights", False)
-    monkeypatch.setattr("torch.set_num_threads", lambda threads: None)  # a worker's one thread: not this process's
+    # a worker's one thread and quiet transformers: not this process's
+    monkeypatch.setattr("torch.set_num_threads", lambda threads: None)
+    monkeypatch.setattr("rlvr.cluster.worker.quiet_actor", lambda: None)
     with pytest.raises(ClusterError, match=r"^cluster.partial_rollouts=true: the installed HFEngine cannot take new "
                                            r"weights mid-generation .*set cluster.partial_rollouts=false$"):
         RolloutWorker(load_config(None, lm_overrides(tiny_model, 1)))
