@@ -298,3 +298,21 @@ def test_asking_for_new_weights_and_getting_none_changes_no_draw(policy):
     assert plain.token_versions is None and (asked.token_versions[asked.response_mask] == version).all()
     assert torch.equal(plain.response_ids, asked.response_ids)
     assert torch.equal(plain.sample_log_probs, asked.sample_log_probs)
+
+
+def test_a_call_interrupted_mid_generation_leaves_no_request_behind(policy):
+    """An error between two steps (a failed weight sync, a signal) aborts the call's requests:
+    the next call's draws are those of a fresh engine."""
+    expected = policy.sample(PROMPTS, 3, 1.0, gen(8))
+
+    def fail():
+        raise KeyboardInterrupt
+
+    policy.engine.new_weights = fail
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            policy.sample(PROMPTS, 3, 1.0, gen(8))
+    finally:
+        policy.engine.new_weights = None
+    assert not policy.engine.requests.open and not policy.engine.llm.llm_engine.has_unfinished_requests()
+    assert torch.equal(policy.sample(PROMPTS, 3, 1.0, gen(8)).response_ids, expected.response_ids)

@@ -271,9 +271,6 @@ class VLLMEngine(Engine):
             else:
                 seeds = seeds % SEED_RANGE
             params = [request_params(sampling, group_size, seed) for seed in seeds.tolist()]
-        if self.new_weights is not None and not self.takes_new_weights:
-            raise RuntimeError("partial rollouts need vLLM's LLM.sleep(mode='keep') and "
-                               "reset_prefix_cache(reset_running_requests=True), which this vLLM lacks")
         requests = [self.requests.add(prompt, p) for prompt, p in zip(prompts, params)]
         # vLLM's CPU sampler also draws from the global torch generator (then overrides
         # the seeded rows): keep it as it was

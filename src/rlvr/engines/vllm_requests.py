@@ -36,9 +36,10 @@ class Drawn:
 
 @dataclass
 class Request:
-    """One added request: its responses by index (n of them), the prompt's log-probs once
-    reported (when asked for), and whether vLLM has finished it."""
+    """One added request (``id``): its responses by index (n of them), the prompt's log-probs
+    once reported (when asked for), and whether vLLM has finished it."""
 
+    id: str
     responses: dict[int, Drawn] = field(default_factory=dict)
     prompt_log_probs: list[Any] | None = None
     finished: bool = False
@@ -67,16 +68,24 @@ class Requests:
         params.output_kind = RequestOutputKind.DELTA
         request_id = f"rlvr-{next(self.ids)}"
         self.llm.llm_engine.add_request(request_id, prompt, params)
-        self.open[request_id] = request = Request()
+        self.open[request_id] = request = Request(request_id)
         return request
 
     def run(self, requests: list[Request], between: Callable[[], Any] | None = None) -> None:
         """Step the engine until ``requests`` are finished, calling ``between`` after each
-        step that leaves some of them running (partial rollouts: new weights)."""
-        while not all(r.finished for r in requests):
-            self.step()
-            if between is not None and not all(r.finished for r in requests):
-                between()
+        step that leaves some of them running (partial rollouts: new weights). Interrupted (an
+        error, a signal), the unfinished ones are aborted: no later call steps them."""
+        try:
+            while not all(r.finished for r in requests):
+                self.step()
+                if between is not None and not all(r.finished for r in requests):
+                    between()
+        except BaseException:
+            unfinished = [r.id for r in requests if not r.finished]
+            self.llm.llm_engine.abort_request(unfinished)
+            for request_id in unfinished:
+                self.open.pop(request_id, None)
+            raise
 
     def step(self) -> None:
         version = self.version()
@@ -94,13 +103,10 @@ class Requests:
                 request.finished = True
                 del self.open[out.request_id]
 
-    def running(self) -> bool:
-        return bool(self.open)
-
     def load_weights(self, reload: Callable[[], None]) -> None:
         """``reload()`` the weights, then drop every key and value the old ones computed: the
         prefix cache, and with requests running, theirs (paused meanwhile, recomputed after)."""
-        running = self.running()
+        running = bool(self.open)
         if running:
             self.llm.sleep(level=0, mode="keep")
         try:
