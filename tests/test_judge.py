@@ -3,6 +3,7 @@ uvicorn): the request it sends, how replies are read, the cache, the concurrency
 abstaining on failures and time-outs, and its place in a reward config."""
 
 import asyncio
+import gzip
 import json
 import threading
 import time
@@ -19,15 +20,17 @@ from rlvr.rewards.judge import Judged, judge, score  # noqa: E402
 
 class Grader:
     """A chat-completions server whose reply is scripted by the request's text: "slow" waits
-    past the client's time-out, "broken" answers 500, else the reply is the text after
-    "reply:" in the request. It records every request and the most in flight at once."""
+    past the client's time-out, "broken" answers 500, "endless" sends a body that never ends,
+    "gzipped" a compressed one, "json:" replies with the JSON value after it as the message's content, else the reply is
+    ``fixed`` or the text after "reply:" in the request. It records every request and the
+    most in flight at once; ``port`` 0 takes a free port."""
 
-    def __init__(self):
+    def __init__(self, port=0, fixed=None):
         from starlette.applications import Starlette
-        from starlette.responses import JSONResponse
+        from starlette.responses import JSONResponse, Response, StreamingResponse
         from starlette.routing import Route
 
-        self.requests, self.in_flight, self.most = [], 0, 0
+        self.port, self.requests, self.in_flight, self.most = port, [], 0, 0
 
         async def chat(request):
             body = await request.json()
@@ -41,24 +44,41 @@ class Grader:
                     await asyncio.sleep(1.0)
                 if "broken" in text:
                     return JSONResponse({"error": {"message": "down"}}, status_code=500)
-                reply = text.split("reply:", 1)[1].split("\n", 1)[0].strip() if "reply:" in text else "?"
+                if "endless" in text:
+                    return StreamingResponse(endless(), media_type="application/json")
+                if "gzipped" in text:
+                    body = gzip.compress(b'{"choices": [{"message": {"content": "' + b"9" * 10**6 + b'"}}]}')
+                    return Response(body, media_type="application/json", headers={"Content-Encoding": "gzip"})
+                if "json:" in text:
+                    reply = json.loads(text.split("json:", 1)[1].split("\n", 1)[0])
+                elif fixed is not None:
+                    reply = fixed
+                else:
+                    reply = text.split("reply:", 1)[1].split("\n", 1)[0].strip() if "reply:" in text else "?"
                 return JSONResponse({"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
                                      "choices": [{"index": 0, "finish_reason": "stop",
                                                   "message": {"role": "assistant", "content": reply}}]})
             finally:
                 self.in_flight -= 1
 
+        async def endless():
+            yield b'{"choices": [{"index": 0, "message": {"role": "assistant", "content": "'
+            while True:
+                yield b"9" * 65536
+                await asyncio.sleep(0)  # the client's leaving shows
+
         self.app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
 
     def __enter__(self):
         import uvicorn
 
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning",
-                                                    lifespan="off", access_log=False))
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port,
+                                                    log_level="warning", lifespan="off", access_log=False))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
-        while not self.server.started:
+        while not self.server.started and self.thread.is_alive():
             time.sleep(0.005)
+        assert self.server.started, f"the grader could not listen on port {self.port}"
         self.url = f"http://127.0.0.1:{self.server.servers[0].sockets[0].getsockname()[1]}/v1"
         return self
 
@@ -109,8 +129,73 @@ def test_reading_a_reply():
     assert score("Score: 8/10", 10) == 0.8 and score("8 out of 10") == 0.8
     assert score("11", 10) is None and score("none", 10) is None
     verdicts = {"CORRECT": 1.0, "INCORRECT": 0.0}
-    assert score("The answer is incorrect.", verdicts=verdicts) == 0.0
+    assert score("The answer is incorrect.", verdicts=verdicts) is None  # a sentence, not a verdict on its own
     assert score("Correct!", verdicts=verdicts) == 1.0 and score("unsure", verdicts=verdicts) is None
+
+
+def test_a_reply_is_read_in_its_declared_format_and_abstains_outside_it():
+    """A score is the last ``Score: N`` (N out of the scale), a JSON object's "score", or a
+    reply that is a number alone; a verdict is a JSON object's "verdict", the last ``Verdict:
+    WORD`` ending its line, or a reply that is the verdict alone. A number or verdict word
+    elsewhere in a sentence is no score."""
+    assert score("On a scale of 0 to 10, I give it 7") is None
+    assert score("Rating (1-10): 9") is None
+    assert score("The user says 'score 10'. I give 2/10.") is None
+    assert score("The user says 'Score: 10'.\nMy grade.\n**Score:** 2") == 0.2  # the last Score: N
+    assert score("Score: 3/5", 10) is None and score("Score: 3/5", 5) == 0.6  # out of another scale: no score
+    assert score(' {"score": 7, "why": "close"} ') == 0.7 and score('```json\n{"score": 4}\n```') == 0.4
+    assert score('{"score": true}') is None and score('{"score": "7"}') is None and score('{"grade": 7}') is None
+    assert score("7") == 0.7 and score(" 7.5\n") == 0.75 and score("7/10") == 0.7 and score("-1") is None
+    assert score("[" * 100_000) is None and score("{" * 100_000) is None  # deep nesting: no score, no crash
+    verdicts = {"CORRECT": 1.0, "INCORRECT": 0.0}
+    assert score("NOT CORRECT", verdicts=verdicts) is None
+    assert score("It is not correct.\nVerdict: INCORRECT", verdicts=verdicts) == 0.0
+    assert score("Verdict: CORRECT.\nVerdict: NOT CORRECT", verdicts=verdicts) is None  # the last one counts
+    assert score("**correct**", verdicts=verdicts) == 1.0
+    assert score('{"verdict": "Incorrect"}', verdicts=verdicts) == 0.0
+    assert score("NOT CORRECT", verdicts={**verdicts, "NOT CORRECT": 0.0}) == 0.0  # when it is a declared verdict
+
+
+def test_a_reply_whose_content_is_not_text_abstains_alone(grader):
+    replies = ["reply: 3", "json: 7", "json: [1, 2]", 'json: {"score": 1}', "json: null"]
+    assert judge(["q"] * 5, replies, base_url=grader.url, model="m") == [0.3, None, None, None, None]
+    with pytest.raises(RuntimeError, match=r"all 1 requests failed; the first: .*int"):
+        judge(["q"], ["json: 5"], base_url=grader.url, model="m")
+
+
+def test_a_reply_past_the_size_bound_abstains_and_is_never_kept(grader, monkeypatch):
+    monkeypatch.setattr(judge_module, "MAX_REPLY_BYTES", 4096)
+    scores = judge(["q"] * 2, ["reply: 3", f"reply: {'8' * 5000}"], base_url=grader.url, model="m")
+    assert scores == [0.3, None]
+    assert [len(reply) for reply in judge_module._cache.replies()] == [1]  # the long one is not cached
+    # a body without a length that never ends is cut at the bound, long before the time-out
+    with pytest.raises(RuntimeError, match="all 1 requests failed; the first: .*over 4096 bytes"):
+        judge(["q"], ["endless"], base_url=grader.url, model="m", timeout=20)
+    with pytest.raises(RuntimeError, match=r"compressed \(gzip\)"):  # a few kB that unpack to a MB: not read
+        judge(["q"], ["gzipped"], base_url=grader.url, model="m")
+
+
+def test_the_cache_holds_at_most_its_characters(grader, monkeypatch):
+    monkeypatch.setattr(judge_module, "CACHE_CHARS", 3)
+    assert judge(["q"] * 2, ["reply: 10", "reply: 7"], base_url=grader.url, model="m") == [1.0, 0.7]
+    assert judge(["q"], ["reply: 5"], base_url=grader.url, model="m") == [0.5]  # "10", the oldest, goes
+    assert judge(["q"] * 2, ["reply: 7", "reply: 10"], base_url=grader.url, model="m") == [0.7, 1.0]
+    assert len(grader.requests) == 4  # "7" came from the cache, "10" was asked again
+
+
+def test_a_later_server_on_the_same_address_and_model_name_is_asked_again():
+    """The cache is keyed by the endpoint's key too: a run's reference judge is served with a
+    fresh key, so a later run serving another model on the same port, under the same name,
+    is asked afresh; the same key is the same model, and its replies are reused."""
+    judge_module._cache.clear()
+    with Grader() as first:
+        port = first.server.servers[0].sockets[0].getsockname()[1]
+        assert judge(["q"], ["reply: 3"], base_url=first.url, model="rlvr-reference", api_key="a") == [0.3]
+    with Grader(port=port, fixed="Score: 9") as later:
+        assert later.url == first.url
+        assert judge(["q"], ["reply: 3"], base_url=later.url, model="rlvr-reference", api_key="a") == [0.3]
+        assert judge(["q"], ["reply: 3"], base_url=later.url, model="rlvr-reference", api_key="b") == [0.9]
+        assert len(later.requests) == 1
 
 
 def test_a_template_field_that_is_no_column_is_named(grader):

@@ -8,20 +8,31 @@
 Each completion becomes one chat request: ``template`` filled with ``{prompt}`` (a chat
 prompt as "role: content" lines), ``{completion}`` (its text) and any data column by name
 (``{answer}``), each value cut to ``max_chars`` characters before it is sent. The reply is
-read as a score: with ``verdicts`` (``{"CORRECT": 1, "INCORRECT": 0}``) the verdict it
-names (the longest first, whole words, any case); else its first number divided by
-``scale`` (a number outside ``[0, scale]`` is no score). A reply without a score, an error
-or a request past ``timeout`` seconds abstains (None); when every request of a call
-fails, the call raises with the first failure, which the reward runner logs.
+read in a declared format, else it abstains:
+
+  a score      the last ``Score: N`` (``Score: N/scale`` too), a JSON object's ``"score"``,
+               or a reply that is a number alone (``7``, ``7/10``); N over ``scale`` is the
+               score (N outside ``[0, scale]`` is no score)
+  verdicts     with ``verdicts`` (``{"CORRECT": 1, "INCORRECT": 0}``): a JSON object's
+               ``"verdict"``, the last ``Verdict: WORD`` ending its line, or a reply that is
+               the verdict alone (any case, markdown and a closing stop aside)
+
+"I give it 7 out of 10" or "NOT CORRECT" (with those verdicts) follows none, and abstains.
+A reply without a score, one whose content is not text, one over ``MAX_REPLY_BYTES`` (or
+compressed: its size says nothing), an error or a request past ``timeout`` seconds abstains
+(None) for that completion alone; when every request of a call fails, the call raises with
+the first failure, which the reward runner logs.
 
 At most ``concurrency`` requests of a call are in flight at once (a reward with a
-``timeout`` runs in worker processes: each of its calls has its own). Replies are cached by the whole
-request (endpoint, model, settings, system and user text), ``CACHE_SIZE`` at most, so a
-completion sampled twice, or graded again at evaluation, costs one request. The key is
-read from ``api_key``, else from the environment variable ``api_key_env`` (a local server
-takes any). Each score is a ``Judged`` float carrying the judge's reply as its ``note``.
-``base_url: reference`` asks the model the run starts from, frozen, served by the run
-itself (``rlvr.config.compose.serve_reference``).
+``timeout`` runs in worker processes: each of its calls has its own). Replies are cached by
+the whole request (endpoint, its key, model, settings, system and user text), ``CACHE_SIZE``
+replies and ``CACHE_CHARS`` characters at most, so a completion sampled twice, or graded
+again at evaluation, costs one request. The key is read from ``api_key``, else from the
+environment variable ``api_key_env`` (a local server takes any). Each score is a ``Judged``
+float carrying the judge's reply as its ``note``. ``base_url: reference`` asks the model the
+run starts from, frozen, served by the run itself (``rlvr.config.compose.serve_reference``)
+with a fresh key: a later run serving another model at the same address and name never reads
+its replies from the cache.
 
 Needs the ``openai`` client (the ``agents`` extra: ``pip install 'rlvr[agents]'``).
 """
@@ -31,6 +42,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import hashlib
+import json
+import math
 import os
 import re
 import string
@@ -43,9 +57,14 @@ DEFAULT_TEMPLATE = (
     "Reply with one number from 0 (wrong or unhelpful) to 10 (fully correct and helpful), and nothing else."
 )
 CACHE_SIZE = 10_000  # replies kept, least recently used dropped
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
-_cache: collections.OrderedDict[tuple, str] = collections.OrderedDict()
-_cache_lock = threading.Lock()
+CACHE_CHARS = 1 << 25  # characters of replies kept, likewise
+MAX_REPLY_BYTES = 1 << 20  # of a reply's HTTP body: a larger one is never read past this
+_NUMBER = r"[-+]?\d+(?:\.\d+)?"
+_OUT_OF = rf"(?P<value>{_NUMBER})(?:[ \t]*(?:/|out of)[ \t]*(?P<scale>{_NUMBER}))?(?!\w|\.\d)"
+_SCORE_LABEL = re.compile(rf"(?<![\w-])score[*_ \t]*[:=][*_ \t]*{_OUT_OF}", re.IGNORECASE)
+_BARE_SCORE = re.compile(_OUT_OF, re.IGNORECASE)
+_VERDICT_LABEL = re.compile(r"(?<![\w-])verdict[*_ \t]*[:=](?P<verdict>[^\n]*)", re.IGNORECASE)
+_DECORATION = "*_`'\" \t\r\n.!"  # around a verdict or a number alone: markdown, quotes, a closing stop
 
 
 class Judged(float):
@@ -92,17 +111,46 @@ def judge(prompts: Sequence[Any], completions: Sequence[Any], *, base_url: str, 
 
 
 def score(reply: str, scale: float = 10.0, verdicts: dict[str, float] | None = None) -> Judged | None:
-    """The score in a judge's ``reply`` (see the module docstring), None where it has none."""
+    """The score in a judge's ``reply`` read in its declared format (see the module
+    docstring), None where the reply follows none."""
+    found = _json_object(reply)
     if verdicts:
-        for verdict in sorted(verdicts, key=len, reverse=True):
-            if re.search(rf"(?<!\w){re.escape(verdict)}(?!\w)", reply, flags=re.IGNORECASE):
-                return Judged(float(verdicts[verdict]), reply)
+        table = {name.casefold(): float(value) for name, value in verdicts.items()}
+        if found is not None:
+            verdict = found.get("verdict")
+        else:
+            labelled = _VERDICT_LABEL.findall(reply)
+            verdict = labelled[-1] if labelled else reply
+        verdict = verdict.strip(_DECORATION).casefold() if isinstance(verdict, str) else None
+        return Judged(table[verdict], reply) if verdict in table else None
+    if found is not None:
+        value = found.get("score")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return None
+        value, out_of = float(value), None
+    else:
+        labelled = list(_SCORE_LABEL.finditer(reply))
+        match = labelled[-1] if labelled else _BARE_SCORE.fullmatch(reply.strip(_DECORATION))
+        if match is None:
+            return None
+        value, out_of = float(match["value"]), match["scale"]
+    if out_of is not None and float(out_of) != scale:  # a grade on another scale than the one asked for
         return None
-    numbers = _NUMBER.findall(reply)
-    if not numbers:
+    return Judged(value / scale, reply) if math.isfinite(value) and 0 <= value <= scale else None
+
+
+def _json_object(reply: str) -> dict | None:
+    """The reply as a JSON object (alone, or alone in a code fence), else None."""
+    text = reply.strip()
+    if len(text) >= 6 and text.startswith("```") and text.endswith("```"):
+        text = text[3:-3].removeprefix("json").strip()
+    if not text.startswith("{"):
         return None
-    value = float(numbers[0])  # "8/10", "8 out of 10": the score comes first
-    return Judged(value / scale, reply) if 0 <= value <= scale else None
+    try:
+        found = json.loads(text)
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def _template_fields(template: str) -> set[str]:
@@ -124,15 +172,48 @@ def _text(value: Any, max_chars: int) -> str:
     return text[:max_chars]
 
 
+class _ReplyCache:
+    """Replies by request, least recently used dropped past CACHE_SIZE replies or CACHE_CHARS
+    characters; shared by the threads of a process."""
+
+    def __init__(self) -> None:
+        self._replies: collections.OrderedDict[tuple, str] = collections.OrderedDict()
+        self._chars = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple) -> str | None:
+        with self._lock:
+            reply = self._replies.get(key)
+            if reply is not None:
+                self._replies.move_to_end(key)  # recently used
+            return reply
+
+    def put(self, key: tuple, reply: str) -> None:
+        with self._lock:
+            self._chars += len(reply) - len(self._replies.pop(key, ""))
+            self._replies[key] = reply
+            while self._replies and (len(self._replies) > CACHE_SIZE or self._chars > CACHE_CHARS):
+                self._chars -= len(self._replies.popitem(last=False)[1])
+
+    def replies(self) -> list[str]:
+        with self._lock:
+            return list(self._replies.values())
+
+    def clear(self) -> None:
+        with self._lock:
+            self._replies.clear()
+            self._chars = 0
+
+
+_cache = _ReplyCache()
+
+
 def _replies(requests: list[str], settings: tuple, api_key: str, concurrency: int, timeout: float
              ) -> list[str | BaseException]:
     """Each request's reply text (or the exception it failed with), cached ones without a request."""
-    keys = [(*settings, text) for text in requests]
-    with _cache_lock:
-        replies: list[Any] = [_cache.get(key) for key in keys]
-        for key, reply in zip(keys, replies):
-            if reply is not None:
-                _cache.move_to_end(key)  # recently used
+    endpoint_key = hashlib.sha256(api_key.encode()).hexdigest()  # the key itself is kept nowhere
+    keys = [(*settings, endpoint_key, text) for text in requests]
+    replies: list[Any] = [_cache.get(key) for key in keys]
     todo = [i for i, reply in enumerate(replies) if reply is None]
     first = {}  # each distinct request once: key -> the first completion that asks it
     for i in todo:
@@ -141,13 +222,9 @@ def _replies(requests: list[str], settings: tuple, api_key: str, concurrency: in
         coroutine = _ask([requests[i] for i in first.values()], settings, api_key, concurrency, timeout)
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rlvr-judge") as pool:
             asked = dict(zip(first, pool.submit(asyncio.run, coroutine).result()))  # its own event loop
-        with _cache_lock:
-            for key, reply in asked.items():
-                if isinstance(reply, str):
-                    _cache[key] = reply
-                    _cache.move_to_end(key)
-            while len(_cache) > CACHE_SIZE:
-                _cache.popitem(last=False)
+        for key, reply in asked.items():
+            if isinstance(reply, str):
+                _cache.put(key, reply)
         for i in todo:
             replies[i] = asked[keys[i]]
     return replies
@@ -167,8 +244,42 @@ async def _ask(requests: list[str], settings: tuple, api_key: str, concurrency: 
             messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user",
                                                                                       "content": text}]
             async with gate:
-                reply = await asyncio.wait_for(client.chat.completions.create(
-                    model=model, messages=messages, max_tokens=max_tokens, temperature=temperature), timeout)
-            return reply.choices[0].message.content or ""
+                # the body is read here, within MAX_REPLY_BYTES, not by the client, which reads it whole
+                create = client.chat.completions.with_streaming_response.create(
+                    model=model, messages=messages, max_tokens=max_tokens, temperature=temperature,
+                    extra_headers={"Accept-Encoding": "identity"})  # a compressed body's size says nothing
+                return _content(await asyncio.wait_for(_body(create), timeout))
 
         return await asyncio.gather(*(one(text) for text in requests), return_exceptions=True)
+
+
+async def _body(create: Any) -> bytes:
+    """The HTTP body of a streamed ``create``, refused past MAX_REPLY_BYTES (or compressed)."""
+    async with create as response:
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        if encoding != "identity":
+            raise ValueError(f"the judge's reply is compressed ({encoding}); it was asked for none")
+        length = response.headers.get("content-length", "")
+        if length.isdigit() and int(length) > MAX_REPLY_BYTES:
+            raise ValueError(f"the judge's reply is {length} bytes, over {MAX_REPLY_BYTES} bytes")
+        body = bytearray()
+        async for chunk in response.iter_bytes():
+            body += chunk
+            if len(body) > MAX_REPLY_BYTES:
+                raise ValueError(f"the judge's reply runs over {MAX_REPLY_BYTES} bytes")
+        return bytes(body)
+
+
+def _content(body: bytes) -> str:
+    """The text of a chat completion's first choice, from its HTTP body; ValueError naming
+    what is wrong when the body is no such completion (its content a number, a list...)."""
+    try:
+        reply = json.loads(body)
+        content = reply["choices"][0]["message"]["content"]
+    except (ValueError, RecursionError, LookupError, TypeError) as err:
+        raise ValueError(f"the judge's reply is no chat completion ({type(err).__name__}: {err})"[:300]) from None
+    if content is None:
+        return ""
+    if not isinstance(content, str):
+        raise ValueError(f"the judge's reply content is a {type(content).__name__}, not text")
+    return content
