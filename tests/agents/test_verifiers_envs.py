@@ -121,3 +121,77 @@ def test_an_episode_verifiers_reports_as_failed_abstains_with_its_error_named(ch
         task.close()
     assert run.error is not None and "no sums today" in run.error
     assert run.calls == 1  # the policy answered; the taskset's scoring failed
+
+
+def test_a_second_user_turn_joins_the_first_into_one_segment(chat_model, monkeypatch, uv_on_path):
+    """examples/vf_followup: the taskset's Env asks a sum, then asks to add a number to the
+    reply. Both calls reach the endpoint through verifiers' relay and join into one
+    segment: the second call's prompt is the first's prompt and completion, then the user's
+    turn; its reward is the taskset's, on the second reply."""
+    from rlvr.agents.runner import run_agents
+    from rlvr.policies.causal_lm import CausalLMPolicy
+    from rlvr.tasks.verifiers_env import VerifiersTask
+
+    monkeypatch.chdir(os.path.join(os.path.dirname(__file__), "..", ".."))
+    task = VerifiersTask("examples/vf_followup", {"num_tasks": 6}, solved_reward="correct", eval_size=2,
+                         max_tokens=256)
+    policy = task.policy_for(CausalLMPolicy.from_pretrained(str(chat_model), max_new_tokens=8))
+    tok = policy.lm.tokenizer
+
+    def scripted(jobs, temperature, stop):
+        for job in jobs:
+            text = tok.decode(job.prompt_ids)
+            a, b = map(int, re.findall(r"What is (\d+) \+ (\d+)", text)[-1])
+            added = re.findall(r"Now add (\d+)", text)
+            said = str(a + b + (int(added[-1]) if added else 0))
+            ids = tok.encode(said, add_special_tokens=False) + [tok.eos_token_id]
+            job.future.set_result((ids, [-1.0] * len(ids), said, "stop"))
+
+    monkeypatch.setattr(task.endpoint._batcher, "_generate", scripted)
+    rows = task.train_rows[:2]
+    try:
+        task.endpoint.start()
+        runs = run_agents(task.endpoint, task.agent, rows, 1, 1.0, list(range(len(rows))), task.limits)
+    finally:
+        task.close()
+    for row, run in zip(rows, runs):
+        assert run.error is None and run.calls == 2 and run.segments == 1
+        assert run.turns[-1].reward == 1.0 == run.metrics["correct"] and run.solved
+        roles = [turn.role for turn in run.turns]
+        assert roles == ["policy", "environment", "policy"]
+        assert f"Now add {row['add']}" in tok.decode(run.turns[1].ids)
+        assert tok.decode(run.turns[-1].ids, skip_special_tokens=True) == str(row["answer"])
+
+
+TWO_SEAT_TASKSET = '''
+import verifiers.v1 as vf
+
+__all__ = ["DuelEnv", "DuelTaskset"]
+
+
+class DuelConfig(vf.EnvConfig):
+    first: vf.AgentConfig = vf.AgentConfig()
+    second: vf.AgentConfig = vf.AgentConfig()
+
+
+class DuelEnv(vf.Env[DuelConfig]):
+    async def run(self, task, agents):
+        await agents.first.run(task)
+        await agents.second.run(task)
+
+
+class DuelTaskset(vf.Taskset[vf.Task[vf.TaskData], vf.TasksetConfig]):
+    def load(self):
+        return [vf.Task(vf.TaskData(prompt=f"Say {i}."), self.config.task) for i in range(4)]
+'''
+
+
+def test_an_env_of_two_seats_is_refused_by_name(tmp_path):
+    """Both seats' calls would reach the one policy's endpoint and train as its own."""
+    from rlvr.base.errors import ConfigError
+    from rlvr.tasks.verifiers_env import VerifiersTask
+
+    (tmp_path / "vf_duel").mkdir()
+    (tmp_path / "vf_duel" / "__init__.py").write_text(TWO_SEAT_TASKSET)
+    with pytest.raises(ConfigError, match=r"vf_duel.*2 agent seats \(first, second\)"):
+        VerifiersTask(str(tmp_path / "vf_duel"), eval_size=1)

@@ -14,9 +14,12 @@ abstains, its first error named.
 ``taskset`` is a verifiers taskset id: an installed package exporting its ``Taskset``
 subclass in ``__all__`` (a bundled one such as ``textarena``, or your own: on ``sys.path``,
 in the working directory, or the path of its folder, ``examples/vf_arithmetic``),
-``taskset_options`` the fields of its config. The harness runs as a program of its own on
-``runtime``: here (``subprocess``) only for a harness that runs no code the model writes
-(verifiers' ``EXECUTES_CODE``), else in a container. Rows are its tasks' data, in ``load()``
+``taskset_options`` the fields of its config. A taskset whose package exports its own
+``Env`` of one agent seat (whose ``run`` plays the user: a game's moves, a second question,
+``examples/vf_followup``) runs through it, each turn a call that joins the one before it
+(``rlvr.agents.calls``); an ``Env`` of several seats is refused. The harness runs as a
+program of its own on ``runtime``: here (``subprocess``) only for a harness that runs no
+code the model writes (verifiers' ``EXECUTES_CODE``), else in a container. Rows are its tasks' data, in ``load()``
 order: the last ``eval_size`` are held out. verifiers runs in an event loop of its own, in
 a thread, started with the first episode and kept for the run (its interception server
 lives there).
@@ -104,12 +107,20 @@ class _Verifiers:
         if module.isidentifier() and importlib.util.find_spec(module) is None:
             look_in_working_directory(module)
         try:
-            config = vf.SingleAgentEnvConfig(taskset={**taskset_options, "id": taskset},
-                                             agent={"harness": {"id": harness}, "runtime": {"type": runtime}})
-            self.env = vf.SingleAgentEnv(config)
+            # the taskset's own Env where its package exports one (its run() plays the user: a
+            # game's moves, a second question), else SingleAgentEnv
+            seats = [name for name, field in vf.env_config_type(taskset).model_fields.items()
+                     if isinstance(field.default, vf.AgentConfig)]
+            if len(seats) == 1:
+                config = vf.resolve_env_config({"taskset": {**taskset_options, "id": taskset},
+                                                seats[0]: {"harness": {"id": harness}, "runtime": {"type": runtime}}})
+                self.env = vf.load_environment(config)
         except Exception as err:  # noqa: BLE001 - verifiers' own message names what is wrong
             raise ConfigError(f"task.options: verifiers could not load taskset {taskset!r} with harness "
                               f"{harness!r}: {type(err).__name__}: {err}") from None
+        if len(seats) != 1:  # every seat's calls would reach the one policy's endpoint and train as its own
+            raise ConfigError(f"task.options.taskset={taskset!r}: its verifiers Env has {len(seats)} agent seats "
+                              f"({', '.join(seats) or 'none'}); rlvr trains an Env of one seat, the policy's")
         executes = [h.config.id for h in self.env._harnesses.values() if h.EXECUTES_CODE]
         if executes and runtime == "subprocess":
             raise ConfigError(f"task.options.harness={harness!r} runs the code the model writes: give it a "
