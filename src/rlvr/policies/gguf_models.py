@@ -16,6 +16,7 @@ import hashlib
 import importlib.metadata
 import os
 import shutil
+import struct
 import sys
 from pathlib import Path
 
@@ -77,6 +78,24 @@ def packaged_file(name: str) -> Path:
     raise ConfigError(f"policy.options.model={name}: {distribution} has no {filename}; reinstall it: {install}")
 
 
+def check_gguf(file: Path) -> None:
+    """ConfigError naming ``file`` unless gguf reads its header, metadata and every tensor
+    whole (memory-mapped, nothing dequantised): a file cut short (an interrupted download or
+    copy) is one line here, not a traceback from the middle of transformers' conversion."""
+    from gguf import GGUFReader
+
+    size = file.stat().st_size
+    with open(file, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ConfigError(f"policy.options.model={file}: not a GGUF file (it starts with {magic!r}, not b'GGUF')")
+    try:
+        GGUFReader(file)  # maps the file; a tensor past its end does not fit its shape
+    except (ValueError, IndexError, KeyError, OSError, struct.error) as err:  # what reading past the end raises
+        raise ConfigError(f"policy.options.model={file}: a damaged or truncated GGUF file ({size} bytes; reading "
+                          f"it fails: {type(err).__name__}: {str(err)[:100]}); download or copy it again") from None
+
+
 def converted_folder(file: Path) -> str:
     """The safetensors folder of GGUF ``file``, converted on first use (see the module docstring)."""
     digest = hashlib.sha256()
@@ -87,6 +106,7 @@ def converted_folder(file: Path) -> str:
     from rlvr.base.extras import require
 
     require(f"policy.options.model={file}", ["gguf"])
+    check_gguf(file)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     print(f"rlvr: converting {file} to safetensors, once (about 20 s for 135M parameters on 2 cores)",
