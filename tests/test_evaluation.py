@@ -21,3 +21,20 @@ def test_eval_prompts_label():
     assert eval_prompts_label(load_config(None, ["task.prompts=null"])) == "held-out prompts"
     assert eval_prompts_label(load_config(None, ["task.name=sort_text", "policy.name=causal_lm"])) == \
         "held-out prompts"  # task.prompts is the sorting task's alone
+
+
+def test_an_evaluation_of_several_chunks_says_when_it_starts_and_ends_without_a_progress_bar(tmp_path, capsys):
+    """log.progress=false draws nothing while the held-out prompts are decoded, which takes
+    minutes for a real LM: one line before such an evaluation, one after; an evaluation of
+    one chunk (a batch's worth of sampling) says nothing."""
+    import re
+
+    args = ["train", "algo.epochs=1", "task.prompts=null", "task.eval_size=5", "log.eval_samples=2", *QUIET]
+    assert main([*args, f"out_dir={tmp_path / 'a'}", "log.eval_batch_size=2"]) == 0
+    lines = capsys.readouterr().err.strip().splitlines()
+    start = "rlvr: evaluating 5 held-out prompts (greedy and 2 sampled responses each, 2 prompts at a time)"
+    end = r"rlvr: evaluated 5 held-out prompts in \d+\.\d s: greedy solve rate \d\.\d{3}"
+    assert len(lines) == 4 and all(line == start for line in lines[::2]), lines  # at the start and the end
+    assert all(re.fullmatch(end, line) for line in lines[1::2]), lines
+    assert main([*args, f"out_dir={tmp_path / 'b'}", "log.eval_batch_size=5"]) == 0
+    assert capsys.readouterr().err == ""

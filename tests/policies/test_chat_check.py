@@ -8,7 +8,7 @@ import string
 import pytest
 
 from rlvr.base.modeling import build_char_tokenizer
-from rlvr.policies.chat_check import ChatTemplateMismatch, check_chat_template, render_delta
+from rlvr.policies.chat_check import ChatTemplateMismatch, check_chat_template, check_turn_end, render_delta
 
 # ChatML-like: every message "<|role|>\n{content}<eos>\n", the generation prompt "<|assistant|>\n".
 CONSISTENT = (
@@ -139,3 +139,43 @@ def test_without_a_chat_template_there_is_nothing_to_check():
     assert check_chat_template(tok, [THINKING]) == []
     with pytest.raises(ValueError, match="no chat template"):
         render_delta(tok, THINKING[:2], THINKING[2:3])
+
+
+# Every message's content and "=", and no end of turn after any of them.
+NO_END_OF_TURN = "{% for m in messages %}{{ m.content }}={% endfor %}"
+
+
+def test_a_template_without_an_end_of_turn_is_found_on_a_short_conversation():
+    with pytest.raises(ValueError, match=r"^the chat template writes no end-of-turn text '<eos>' .* after an assistant "
+                                         r"turn \(it renders 'Which turn is this\?=The first.='\); set policy"):
+        check_turn_end(tokenizer(NO_END_OF_TURN))
+    check_turn_end(tokenizer(CONSISTENT))
+    check_turn_end(tokenizer(CONSISTENT.replace("{{ eos_token }}", "<|im_end|>")), end_of_turn="<|im_end|>")
+    check_turn_end(tokenizer())  # no template: nothing rendered, nothing to check
+
+
+def test_an_agent_run_refuses_a_template_without_an_end_of_turn_before_any_work(chat_model, tmp_path, monkeypatch,
+                                                                              capsys):
+    """The agent's second call would find it (an error at that call, in the middle of the run):
+    the run stops before the endpoint serves anything, with one line."""
+    from pathlib import Path
+
+    from rlvr.cli import main
+
+    pytest.importorskip("openai")
+    pytest.importorskip("starlette")
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "agents"))  # agents_for_tests
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(f'{{"digit": {d}}}\n' for d in range(4)))
+    out = tmp_path / "run"
+    code = main(["train", f"out_dir={out}", "task.name=agent", "task.options.agent=agents_for_tests:two_calls",
+                 f"task.options.data={data}", "task.options.eval_size=2", "task.options.max_tokens=64",
+                 "task.prompts_per_epoch=2", "policy.name=causal_lm", f"policy.options.model={chat_model}",
+                 f"policy.options.chat_template='{NO_END_OF_TURN}'", "policy.options.max_new_tokens=4",
+                 "algo.group_size=2", "algo.epochs=1", "log.progress=false", "log.plot=false"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0, err
+    assert err.startswith("rlvr: error: an agent's calls go on after the policy's turn, and the chat template writes "
+                          "no end-of-turn text '<eos>'"), err
+    assert err.endswith("set policy.options.chat_template to a template that ends each assistant turn with it"), err
+    assert not (out / "metrics.jsonl").exists()

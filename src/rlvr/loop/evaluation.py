@@ -4,10 +4,13 @@ the lecture's setting): solve rates, rewards, pass@k, a samples table."""
 from __future__ import annotations
 
 import math
+import sys
+import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 import torch
+from tqdm import tqdm
 
 from rlvr.base.interfaces import Policy, Task
 from rlvr.base.record import Record
@@ -98,10 +101,16 @@ def evaluate_runs(configs: Sequence[Config], task: Task, sampler: EvalSampler, e
 
     Prompts go through the sampler ``log.eval_batch_size`` at a time (a real LM cannot
     decode a whole validation set at once); each chunk of every run is graded in one call.
+    An evaluation of more than one chunk (minutes for a real LM on a CPU, where no progress
+    bar moves) says on stderr when it starts and when it ends; one chunk is a batch's worth
+    of sampling, and says nothing.
     """
     config, runs = configs[0], sampler.runs
     prompts = task.eval_prompts()
     n, size = config.log.eval_samples, config.log.eval_batch_size
+    what, started, chunks = f"{len(prompts)} {eval_prompts_label(config)}", time.monotonic(), -(-len(prompts) // size)
+    if chunks > 1:
+        _say(f"evaluating {what} (greedy and {n} sampled responses each, {size} prompts at a time)")
     # A separate generator: evaluation must not change the training random stream.
     gens = [torch.Generator().manual_seed(c.seed + 1_000_003 + epoch) for c in configs]
     greedy, sampled, first = [], [], None
@@ -113,7 +122,16 @@ def evaluate_runs(configs: Sequence[Config], task: Task, sampler: EvalSampler, e
         responses, completion_ids = sampler.sample(chunk, n, config.policy.temperature, gens)
         sampled.append(task.grade(graded, responses, completion_ids=completion_ids, trainer_state=state))
         first = first or (chunk, responses, sampled[-1])
-    return eval_records(runs, greedy, sampled, first, n, epoch, step, config.log.table_rows)
+    records = eval_records(runs, greedy, sampled, first, n, epoch, step, config.log.table_rows)
+    if chunks > 1:
+        rates = ", ".join(f"{r[0]['greedy_solve_rate']:.3f}" for r in records)  # each run's
+        _say(f"evaluated {what} in {time.monotonic() - started:.1f} s: greedy solve rate {rates}")
+    return records
+
+
+def _say(line: str) -> None:
+    """One line on stderr, written past a progress bar when one is drawn (tqdm's write)."""
+    tqdm.write(f"rlvr: {line}", file=sys.stderr)
 
 
 def _repeat(prompts: Any, runs: int) -> Any:

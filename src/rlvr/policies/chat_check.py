@@ -105,6 +105,20 @@ def check_chat_template(tokenizer: Any, conversations: list[list[Message]], limi
     return differences
 
 
+def check_turn_end(tokenizer: Any, end_of_turn: str | None = None) -> None:
+    """ValueError (one line, as ``render_delta``'s) when the chat template writes no
+    ``end_of_turn`` text (default: the tokenizer's eos_token) after an assistant turn: a
+    conversation could not go on after the policy's turn (an agent's second call, an
+    environment's observation). Checked on a short conversation before any work; nothing to
+    check without a chat template."""
+    if getattr(tokenizer, "chat_template", None):
+        _rendered_through_turn(tokenizer, list(_TURN_CHECK), end_of_turn, {})
+
+
+# user and assistant contents no template's own text holds, so the assistant's is found where it is rendered
+_TURN_CHECK = ({"role": "user", "content": "Which turn is this?"}, {"role": "assistant", "content": "The first."})
+
+
 def _first_conversation_difference(tokenizer: Any, conversation: list[Message], end_of_turn: str,
                                    template_kwargs: dict[str, Any]) -> str | None:
     """Where the turn-by-turn text of one conversation first leaves its whole rendering

@@ -11,10 +11,12 @@ load that folder, with no gguf involved.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib.metadata
 import os
 import shutil
+import struct
 import sys
 from pathlib import Path
 
@@ -44,7 +46,18 @@ def gguf_file(source: str) -> Path | None:
             raise ConfigError(f"policy.options.model={source!r}: the folder holds {len(found)} GGUF files "
                               f"({', '.join(f.name for f in found[:4])}); name one of them")
         return found[0] if found else None
+    if not path.exists():
+        _check_not_misspelled(source)
     return None
+
+
+def _check_not_misspelled(source: str) -> None:
+    """ConfigError suggesting the packaged name ``source`` is close to (a hub name without an
+    owner so near one is its misspelling), before the hub is asked for it."""
+    near = difflib.get_close_matches(source.lower(), PACKAGED, n=1, cutoff=0.8) if "/" not in source else []
+    if near:
+        raise ConfigError(f"policy.options.model={source}: no such folder or file, and no packaged model of that "
+                          f"name; did you mean {near[0]}?")
 
 
 def packaged_file(name: str) -> Path:
@@ -65,6 +78,24 @@ def packaged_file(name: str) -> Path:
     raise ConfigError(f"policy.options.model={name}: {distribution} has no {filename}; reinstall it: {install}")
 
 
+def check_gguf(file: Path) -> None:
+    """ConfigError naming ``file`` unless gguf reads its header, metadata and every tensor
+    whole (memory-mapped, nothing dequantised): a file cut short (an interrupted download or
+    copy) is one line here, not a traceback from the middle of transformers' conversion."""
+    from gguf import GGUFReader
+
+    size = file.stat().st_size
+    with open(file, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ConfigError(f"policy.options.model={file}: not a GGUF file (it starts with {magic!r}, not b'GGUF')")
+    try:
+        GGUFReader(file)  # maps the file; a tensor past its end does not fit its shape
+    except (ValueError, IndexError, KeyError, OSError, struct.error) as err:  # what reading past the end raises
+        raise ConfigError(f"policy.options.model={file}: a damaged or truncated GGUF file ({size} bytes; reading "
+                          f"it fails: {type(err).__name__}: {str(err)[:100]}); download or copy it again") from None
+
+
 def converted_folder(file: Path) -> str:
     """The safetensors folder of GGUF ``file``, converted on first use (see the module docstring)."""
     digest = hashlib.sha256()
@@ -75,6 +106,7 @@ def converted_folder(file: Path) -> str:
     from rlvr.base.extras import require
 
     require(f"policy.options.model={file}", ["gguf"])
+    check_gguf(file)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     print(f"rlvr: converting {file} to safetensors, once (about 20 s for 135M parameters on 2 cores)",

@@ -122,6 +122,10 @@ class AgentTask(GradedTask):
     def eval_prompts(self) -> list[Any]:
         return list(self.eval_rows)
 
+    def fixed_prompts(self) -> dict[str, list[Any]]:
+        """The held-out rows, for the policy's check before any work (its chat template)."""
+        return {"eval row": self.eval_prompts()}
+
     def grade(self, prompts: Any, responses: Any, *, completion_ids: Any = None, trainer_state: Any = None) -> Grades:
         """The agents' rewards, solved, and episode metrics (model calls, segments, the
         agents' own numbers); the first failed episode's error is kept as ``episode/error``."""

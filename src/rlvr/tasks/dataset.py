@@ -6,7 +6,10 @@ folder written by Hugging Face ``datasets``' ``save_to_disk``. Each row's
 ``prompt_column`` is text or a chat (a list of ``{"role", "content"}`` messages),
 rendered by the policy with its tokenizer's chat template (``rlvr.policies.prompts``);
 ``system_prompt`` is prepended to every prompt as a system message (a text prompt then
-becomes the user message).
+becomes the user message). Where the model has a chat template, a text prompt becomes one
+user message too (``policy_for``): an instruct model reads its questions as it was trained
+to, after its template's header and before its generation prompt, not as bare text to
+continue; ``raw_text: true`` keeps text prompts as text (a base model's continuation).
 
 Every other column reaches every reward function by its name, as TRL passes them
 (``fn(prompts, completions, **columns)``; ``prompts`` are the texts or chats, and a
@@ -43,6 +46,7 @@ import numpy as np
 import torch
 
 from rlvr.base.data import DataError
+from rlvr.base.interfaces import Policy
 from rlvr.base.rules import SEED_MAX, option
 from rlvr.rewards import RewardSpec
 from rlvr.rewards.runner import ARGUMENTS
@@ -131,6 +135,8 @@ class DatasetTask(RowsTask):
         "path": option("the data: .jsonl, .json, .csv, .parquet or a datasets save_to_disk folder"),
         "prompt_column": option("the column holding each prompt (text or a chat)"),
         "system_prompt": option("a system message put before every prompt (null: none)"),
+        "raw_text": option("keep text prompts as text where the model has a chat template (false: each becomes "
+                           "one user message, rendered by the template)"),
         "answer_column": option("the gold answer's column (null: no gold check)"),
         "gold": option("the gold check", choices=GOLD_CHECKS),
         "extract": option("how the answer is found in a completion", choices=EXTRACTORS),
@@ -147,6 +153,7 @@ class DatasetTask(RowsTask):
         path: str | Path,
         prompt_column: str = "prompt",
         system_prompt: str | None = None,
+        raw_text: bool = False,
         answer_column: str | None = None,
         gold: str = "math",
         extract: str = "auto",
@@ -174,6 +181,7 @@ class DatasetTask(RowsTask):
 
             math_verify()  # missing math-verify fails now; forked graders inherit the module
         self.prompt_column, self.system_prompt, self.answer_column = prompt_column, system_prompt, answer_column
+        self.raw_text = raw_text
         self.gold, self.gold_reward = gold, None if answer_column is None else "gold"
         self._gold = GoldCheck(GOLD_CHECKS[gold], answer_column, extract)
         self.no_gold_hint = f"does task.options.answer_column={answer_column!r} hold answers gold={gold!r} can read?"
@@ -199,6 +207,15 @@ class DatasetTask(RowsTask):
         """Where prompt ``index`` of ``fixed_prompts()[what]`` is in its file (``file:line``
         or ``file: row i``)."""
         return self._origins[what][index]
+
+    def policy_for(self, policy: Policy) -> Policy:
+        """``policy`` as it is. Where its tokenizer has a chat template and ``raw_text`` is
+        off, every text prompt becomes one user message from here on: the template renders it
+        (with its generation prompt), reward functions see it as that chat and each
+        completion as one assistant message (TRL's conversational form)."""
+        if not self.raw_text and getattr(getattr(policy, "tokenizer", None), "chat_template", None):
+            self._train, self._eval = _as_chats(self._train), _as_chats(self._eval)
+        return policy
 
     def reward_specs(self) -> list[RewardSpec]:
         if self.answer_column is None:
@@ -240,6 +257,12 @@ class DatasetTask(RowsTask):
         check_prompt_value(row[self.prompt_column], self.prompt_column, self.system_prompt is not None)
         if self.answer_column is not None:
             check_gold_value(row[self.answer_column], self.answer_column, self.gold)
+
+
+def _as_chats(rows: list[Prompt]) -> list[Prompt]:
+    """``rows`` with each text prompt as one user message (chats as they are)."""
+    return [{**row, "prompt": [{"role": "user", "content": row["prompt"]}]} if isinstance(row["prompt"], str) else row
+            for row in rows]
 
 
 def check_prompt_value(value: Any, column: str, adds_system: bool) -> None:
