@@ -42,3 +42,70 @@ def test_a_call_joins_the_segment_it_extends_most():
 def test_a_retried_request_is_a_branch_not_an_extension():
     segments = join_calls([call([1, 2], [3]), call([1, 2], [4])])
     assert [s.ids for s in segments] == [[1, 2, 3], [1, 2, 4]]
+
+
+def pairwise_join(calls):
+    """The joining rule read literally: each call against every segment's ids so far."""
+    segments = []
+    for index, c in enumerate(calls):
+        best = max((s for s in segments if c.prompt_ids[:len(s["ids"])] == s["ids"]), key=lambda s: len(s["ids"]),
+                   default=None)  # max keeps the first made of equal lengths
+        if best is None:
+            best = {"ids": list(c.prompt_ids), "calls": []}
+            segments.append(best)
+        best["ids"] = list(c.prompt_ids) + list(c.completion_ids)
+        best["calls"].append(index)
+    return [(s["ids"], s["calls"]) for s in segments]
+
+
+def random_episode(rng, count):
+    """``count`` calls as an agent makes them: follow-ups of earlier calls (tool results
+    between), n > 1 choices of one prompt, retries, and rewritten histories."""
+    calls, sequences = [], [[1, 2, 3]]
+    while len(calls) < count:
+        base = rng.choice(sequences)
+        roll = rng.random()
+        if roll < 0.1:
+            prompt = base[:rng.randint(1, len(base))] + [rng.randint(20, 30)]  # a rewritten history
+        elif roll < 0.3:
+            prompt = base  # a retry, or the next of n choices
+        else:
+            prompt = base + [rng.randint(20, 30) for _ in range(rng.randint(0, 3))]  # a follow-up
+        completion = [rng.randint(4, 6) for _ in range(rng.randint(0, 3))]  # few ids: equal completions happen
+        calls.append(call(prompt, completion))
+        sequences.append(prompt + completion)
+    return calls
+
+
+def test_the_index_joins_as_the_rule_reads():
+    import random
+
+    for seed in range(30):
+        calls = random_episode(random.Random(seed), 60)
+        assert [(s.ids, s.calls) for s in join_calls(calls)] == pairwise_join(calls)
+
+
+def test_thousands_of_calls_join_in_well_under_a_second():
+    """n = 16 choices of hundreds of requests in one episode (a budget of 64 tokens after a
+    first prompt of 40): 5,000 calls, most of them branches, join in a fraction of a second."""
+    import random
+    import time
+
+    rng = random.Random(0)
+    first = [rng.randint(100, 200) for _ in range(40)]
+    calls, replies = [], [first]
+    while len(calls) < 5000:
+        prompt = rng.choice(replies)
+        if len(prompt) < len(first) + 56:
+            prompt = prompt + [rng.randint(100, 200) for _ in range(4)]  # the tool's result, the turn markers
+        for _ in range(16):
+            completion = [rng.randint(0, 99) for _ in range(rng.randint(1, 4))]
+            calls.append(call(prompt, completion))
+            replies.append(prompt + completion)
+    calls = calls[:5000]
+    clock = time.perf_counter()
+    segments = join_calls(calls)
+    elapsed = time.perf_counter() - clock
+    assert elapsed < 1.0, f"5,000 calls joined in {elapsed:.2f} s"
+    assert sum(len(s.calls) for s in segments) == 5000 and len(segments) > 1000
+    assert sorted(i for s in segments for i in s.calls) == list(range(5000))
