@@ -78,26 +78,21 @@ def join_calls(calls: Sequence[Call], decode: Callable[[list[int]], str] | None 
     gives a context turn's text (none: empty)."""
     segments: list[Segment] = []
     root = _Node()
-    ends: list[_Node] = []  # the node each segment's ids end at
     for index, call in enumerate(calls):
-        node, length = _longest_segment(root, call.prompt_ids)
+        node, length, deepest, depth = _walk(root, call.prompt_ids)
         if node is None:
-            segment = Segment(list(call.prompt_ids))
-            segments.append(segment)
-            ends.append(_grown(root, call.prompt_ids))
+            segments.append(Segment(list(call.prompt_ids)))
             number = len(segments) - 1
         else:
             number = heapq.heappop(node.ends)  # the segment joined: the first made of those ending here
-            segment = segments[number]
             context = call.prompt_ids[length:]
             if context:
-                segment.turns.append(Turn("environment", decode(list(context)) if decode else "", list(context)))
-                node = _grown(node, context)
-            ends[number] = node
-        segment.turns.append(Turn("policy", call.text, list(call.completion_ids), list(call.log_probs)))
-        segment.calls.append(index)
-        ends[number] = _grown(ends[number], call.completion_ids)
-        heapq.heappush(ends[number].ends, number)
+                segments[number].turns.append(Turn("environment", decode(list(context)) if decode else "",
+                                                   list(context)))
+        segments[number].turns.append(Turn("policy", call.text, list(call.completion_ids), list(call.log_probs)))
+        segments[number].calls.append(index)
+        end = _grown(_grown(deepest, call.prompt_ids[depth:]), call.completion_ids)
+        heapq.heappush(end.ends, number)
     return segments
 
 
@@ -112,18 +107,20 @@ class _Node:
         self.ends: list[int] = []
 
 
-def _longest_segment(root: _Node, ids: Sequence[int]) -> tuple[_Node | None, int]:
-    """The node where the segments whose ids are the longest prefix of ``ids`` end, and that
-    length; (None, 0) where no segment's ids are a prefix."""
+def _walk(root: _Node, ids: Sequence[int]) -> tuple[_Node | None, int, _Node, int]:
+    """``ids`` walked down the trie: the node where the segments whose ids are their longest
+    prefix end and its depth ((None, 0) where no segment's are a prefix), then the deepest
+    node the walk reached and its depth."""
     best, best_length = (root, 0) if root.ends else (None, 0)
-    node: _Node | None = root
-    for length, token in enumerate(ids, 1):
-        node = node.next.get(token)
-        if node is None:
+    node, depth = root, 0
+    for token in ids:
+        child = node.next.get(token)
+        if child is None:
             break
+        node, depth = child, depth + 1
         if node.ends:
-            best, best_length = node, length
-    return best, best_length
+            best, best_length = node, depth
+    return best, best_length, node, depth
 
 
 def _grown(node: _Node, ids: Sequence[int]) -> _Node:
