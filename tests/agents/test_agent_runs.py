@@ -42,7 +42,10 @@ def test_an_agent_of_two_calls_trains_on_one_joined_sequence(chat_model, tmp_pat
         assert 0 < r["episode/policy_tokens"] <= 8  # two replies of at most 4 tokens: only they train
     evals = [r for r in records if r["kind"] == "eval"]
     assert [r["epoch"] for r in evals] == [0, 2] and all("greedy_solve_rate" in r for r in evals)
-    assert "Say" in (out / "samples.md").read_text()
+    samples = (out / "samples.md").read_text()
+    assert "Say" in samples
+    # the context between the calls (the follow-up user turn) shows as the model read it
+    assert "environment: ''" not in samples and re.search(r"environment: '[^']*Again\.", samples)
 
 
 def test_an_agent_that_rewrites_its_history_trains_each_segment(chat_model, tmp_path):
@@ -143,3 +146,24 @@ def test_the_example_agent_and_its_config_run(tmp_path, monkeypatch):
     train = [r for r in read_records(out) if r["kind"] == "train"][0]  # the first of its 2 inner steps
     assert train["episode/segments"] == 1 and 1 <= train["episode/calls"] <= 3
     assert "agent/tool_calls" in train
+
+
+def test_a_failing_agent_names_its_line_and_the_batch_it_failed_in(chat_model, tmp_path, capsys):
+    """The error names the innermost line of the user's code the exception passed through,
+    and whether every agent failed in the held-out evaluation or in a training batch."""
+    import inspect
+
+    import agents_for_tests
+
+    lines, first = inspect.getsourcelines(agents_for_tests.always_fails)
+    line = first + next(k for k, text in enumerate(lines) if "raise" in text)
+    where = f"agents_for_tests.py:{line} in always_fails: raise ValueError(\"no tools today\"))"
+    code, _ = agent_run(chat_model, tmp_path / "eval", "always_fails", "algo.epochs=1")
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "episodes of the held-out evaluation ended with an error of its agent's" in err
+    assert re.search(r"the agent raised ValueError: no tools today \(at \S*" + re.escape(where), err)
+    code, _ = agent_run(chat_model, tmp_path / "train", "always_fails", "algo.epochs=1", "log.eval_at_start=false")
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "episodes of a training batch ended with an error of its agent's" in err and where in err

@@ -18,6 +18,11 @@ call). Only the policy turns of a segment train; an episode of one segment train
 sample with the episode's delta (``rlvr.agents.runner`` says what this version does with
 more).
 
+The segments are indexed by their ids (a trie of every segment's ids, each node knowing the
+segments that end there), so a call is joined by one walk down its prompt: joining is
+linear in the ids read, however many calls and branches an episode has. A context turn's
+text is its ids decoded (``decode``), as the model read them.
+
 The server builds a follow-up call's prompt from the recorded ids of the call it follows
 (``rlvr.agents.server``), so a conversation that only grows joins into one sequence even
 where rendering it whole would tokenise differently.
@@ -25,7 +30,8 @@ where rendering it whole would tokenise differently.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import heapq
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,25 +73,64 @@ class Segment:
         return self.prompt_ids + [i for turn in self.turns for i in turn.ids]
 
 
-def join_calls(calls: Sequence[Call]) -> list[Segment]:
-    """The episode's calls as training segments, by the module docstring's rule."""
+def join_calls(calls: Sequence[Call], decode: Callable[[list[int]], str] | None = None) -> list[Segment]:
+    """The episode's calls as training segments, by the module docstring's rule; ``decode``
+    gives a context turn's text (none: empty)."""
     segments: list[Segment] = []
+    root = _Node()
     for index, call in enumerate(calls):
-        best, best_length = None, -1
-        for segment in segments:
-            ids = segment.ids
-            if len(ids) > best_length and call.prompt_ids[:len(ids)] == ids:
-                best, best_length = segment, len(ids)
-        if best is None:
-            best = Segment(list(call.prompt_ids))
-            segments.append(best)
+        node, length, deepest, depth = _walk(root, call.prompt_ids)
+        if node is None:
+            segments.append(Segment(list(call.prompt_ids)))
+            number = len(segments) - 1
         else:
-            context = call.prompt_ids[best_length:]
+            number = heapq.heappop(node.ends)  # the segment joined: the first made of those ending here
+            context = call.prompt_ids[length:]
             if context:
-                best.turns.append(Turn("environment", "", list(context)))
-        best.turns.append(Turn("policy", call.text, list(call.completion_ids), list(call.log_probs)))
-        best.calls.append(index)
+                segments[number].turns.append(Turn("environment", decode(list(context)) if decode else "",
+                                                   list(context)))
+        segments[number].turns.append(Turn("policy", call.text, list(call.completion_ids), list(call.log_probs)))
+        segments[number].calls.append(index)
+        end = _grown(_grown(deepest, call.prompt_ids[depth:]), call.completion_ids)
+        heapq.heappush(end.ends, number)
     return segments
+
+
+class _Node:
+    """A trie node: the ids that may follow it, and the segments whose ids end here (a heap
+    of their numbers, the first made on top)."""
+
+    __slots__ = ("next", "ends")
+
+    def __init__(self) -> None:
+        self.next: dict[int, _Node] = {}
+        self.ends: list[int] = []
+
+
+def _walk(root: _Node, ids: Sequence[int]) -> tuple[_Node | None, int, _Node, int]:
+    """``ids`` walked down the trie: the node where the segments whose ids are their longest
+    prefix end and its depth ((None, 0) where no segment's are a prefix), then the deepest
+    node the walk reached and its depth."""
+    best, best_length = (root, 0) if root.ends else (None, 0)
+    node, depth = root, 0
+    for token in ids:
+        child = node.next.get(token)
+        if child is None:
+            break
+        node, depth = child, depth + 1
+        if node.ends:
+            best, best_length = node, depth
+    return best, best_length, node, depth
+
+
+def _grown(node: _Node, ids: Sequence[int]) -> _Node:
+    """The node ``ids`` lead to from ``node``, the missing ones made."""
+    for token in ids:
+        child = node.next.get(token)
+        if child is None:
+            child = node.next[token] = _Node()
+        node = child
+    return node
 
 
 @dataclass

@@ -9,7 +9,10 @@ assistant message's ``tool_calls`` written into its text as the model writes cal
 environment's do (``rlvr.environments.tool_parsing.shown_tools``): in the chat template's
 tools slot where it has one, else described in the system message. A completion that
 writes ``<tool_call>`` blocks naming the request's tools comes back with them as
-``tool_calls`` (``reply``), its text before the first call as content.
+``tool_calls`` (``reply``), and the rest of its text (before, between and after the calls)
+as content: every token sampled trains, so the agent is sent all it says. An assistant
+message sent back is the one served only when it is the same whole (``reply_key``): its
+normalised text (content and each call's name and arguments) and its calls' ids.
 
 The request's other fields are read here too (``n_choices``, ``stops``, ``temperature``,
 ``seed``, ``max_tokens``), and a reply is put in OpenAI's form (``response``).
@@ -20,6 +23,7 @@ A bad request raises ``RequestError``: an OpenAI-style error with its HTTP statu
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import time
 from typing import Any
@@ -28,6 +32,8 @@ from rlvr.environments.tool_parsing import parse_tool_calls
 
 ROLES = ("system", "user", "assistant", "tool")
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+# a call's block as rlvr.environments.tool_parsing reads it: a last one may be cut at a stop string
+_CALL_BLOCK = re.compile(f"{re.escape(CALL_OPEN)}.*?(?:{re.escape(CALL_CLOSE)}|$)", re.DOTALL)
 MAX_CHOICES = 16
 MAX_STOPS = 4
 
@@ -86,11 +92,17 @@ def tool_names(tools: Any) -> list[str]:
 def reply(text: str, names: list[str], call_id: str) -> tuple[dict[str, Any], str | None]:
     """The assistant message a completion's ``text`` becomes (OpenAI's form) and
     "tool_calls" when it calls any of the request's tools (``names``; ids ``call_id`` + k),
-    else None."""
-    calls, _ = parse_tool_calls(text, "json", names) if names else ([], [])
+    else None. The content is the text outside the blocks that call a tool (None where blank)."""
+    calls, outside, start = [], [], 0
+    for block in _CALL_BLOCK.finditer(text) if names else ():
+        found, _ = parse_tool_calls(block.group(), "json", names)
+        if found:  # a malformed call, or one of no tool of the request's, stays in the content
+            calls += found
+            outside.append(text[start:block.start()])
+            start = block.end()
     if not calls:
         return {"role": "assistant", "content": text}, None
-    content = text[:text.find(CALL_OPEN)].strip() or None
+    content = "".join([*outside, text[start:]]).strip() or None
     tool_calls = [{"id": f"{call_id}{k}", "type": "function",
                    "function": {"name": call.name, "arguments": json.dumps(call.arguments)}}
                   for k, call in enumerate(calls)]
@@ -99,10 +111,12 @@ def reply(text: str, names: list[str], call_id: str) -> tuple[dict[str, Any], st
 
 def reply_key(message: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
     """What identifies an assistant message the endpoint served when the agent sends it
-    back: its content and its tool calls' ids."""
+    back: the whole message normalised (``messages``: its content, then each tool call's name
+    and arguments as JSON values), and its tool calls' ids. A call whose arguments the agent
+    edited is another message, whatever its id."""
     calls = message.get("tool_calls") or []
     ids = tuple(str(call.get("id")) for call in calls if isinstance(call, dict))
-    return str(message.get("content") or ""), ids
+    return messages([message])[0]["content"], ids
 
 
 def _content(value: Any, where: str) -> str:

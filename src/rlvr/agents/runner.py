@@ -14,7 +14,9 @@ rewritten history, counted as ``episode/split``) trains each as a sequence of it
 the episode's delta (``Episode.more_segments``), up to MAX_SEGMENTS (past it the episode
 abstains: each segment is a row of the batch). The run's first stop signal cancels every
 running episode at once and raises ``CutShort`` (the trainer drops the batch, as it drops
-one whose environments were waited on).
+one whose environments were waited on). An agent's exception is reported with the innermost
+line of the user's code it passed through (``raised``): the agent's own file, or any outside
+Python's libraries and rlvr.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ import contextlib
 import copy
 import inspect
 import math
+import os
+import sysconfig
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,10 +91,10 @@ async def _run_all(endpoint: Endpoint, agent: Callable[..., Any], rows: list[Any
             except asyncio.TimeoutError:
                 error = f"the agent ran past task.options.episode_timeout={limits.timeout:g} s"
             except Exception as exc:  # noqa: BLE001 - the user's agent: its failure is its episode's
-                error = f"the agent raised {describe_error(exc, 300)}"
+                error = raised(exc, agent)
             finally:
                 record = endpoint.finish(episode_id)  # also when cut short: no episode stays live
-            return episode_of(row, record, outcome, error)
+            return episode_of(row, record, outcome, error, endpoint.policy.tokenizer.decode)
 
     episodes = asyncio.gather(*(one(row, seed) for row, seed in zip(rows, seeds)))
     stop = asyncio.ensure_future(_stop_signal())
@@ -124,13 +129,15 @@ async def _call_agent(agent: Callable[..., Any], endpoint: Endpoint, episode_id:
     return await asyncio.to_thread(agent, client, row)
 
 
-def episode_of(row: Any, record: AgentEpisode, outcome: Any, error: str | None) -> AgentRun:
+def episode_of(row: Any, record: AgentEpisode, outcome: Any, error: str | None,
+               decode: Callable[[list[int]], str] | None = None) -> AgentRun:
     """The agent's episode from the endpoint's record of its calls and what the agent
-    returned (or why it failed)."""
+    returned (or why it failed); ``decode`` gives the text of the context between its calls
+    (the tokens the model read there, as samples.md shows them)."""
     reward, solved, metrics = None, None, {}
     if error is None:
         reward, solved, metrics, error = _outcome(outcome)
-    segments = join_calls(record.calls)
+    segments = join_calls(record.calls, decode)
     if error is None and not segments:
         error = "the agent made no call to the model"
     if error is None and len(segments) > MAX_SEGMENTS:
@@ -143,6 +150,40 @@ def episode_of(row: Any, record: AgentEpisode, outcome: Any, error: str | None) 
     if run.turns and reward is not None:
         run.turns[-1].reward = reward
     return run
+
+
+def raised(exc: BaseException, agent: Any) -> str:
+    """"the agent raised <type>: <message>", and where: the innermost frame of the user's code
+    the exception passed through, as "(at <file>:<line> in <function>: <code>)"."""
+    text = f"the agent raised {describe_error(exc, 300)}"
+    try:
+        own = inspect.getsourcefile(inspect.unwrap(agent))
+    except TypeError:  # not a function of a file (a builtin, a callable object of C)
+        own = None
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        path = os.path.realpath(frame.filename)
+        if frame.filename.startswith("<") or _under(path, _RLVR):  # <string>, <frozen ...>; rlvr's own frames
+            continue
+        if frame.filename == own or not _under(path, _PYTHON):
+            code = (frame.line or "").strip()
+            code = f": {code[:80]}{'...' if len(code) > 80 else ''}" if code else ""
+            return f"{text} (at {_shown_path(frame.filename)}:{frame.lineno} in {frame.name}{code})"
+    return text
+
+
+# Python's libraries (an agent installed among them is the user's where it is the agent's own file), and rlvr
+_PYTHON = tuple({os.path.realpath(sysconfig.get_path(name)) for name in ("stdlib", "platstdlib", "purelib", "platlib")})
+_RLVR = (os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),)
+
+
+def _under(path: str, roots: tuple[str, ...]) -> bool:
+    return any(path == root or path.startswith(root + os.sep) for root in roots)
+
+
+def _shown_path(filename: str) -> str:
+    """``filename`` relative to the working folder where it lies under it."""
+    relative = os.path.relpath(filename)
+    return filename if relative.startswith(os.pardir) else relative
 
 
 def _outcome(value: Any) -> tuple[float | None, bool | None, dict[str, float], str | None]:

@@ -13,8 +13,9 @@ key; under it:
 Requests of every live episode that arrive together are sampled in one engine call
 (``rlvr.agents.batcher``, a thread that owns the engine while rollouts run). A request renders its
 prompt with the model's chat template, except a follow-up: when the request's last
-assistant message is one this endpoint served (its content and tool call ids) after the
-same earlier messages, the prompt is that call's prompt and completion ids (its
+assistant message is one this endpoint served (the whole message: its content, its tool
+calls' names, arguments and ids; ``chat.reply_key``) after the same earlier messages, the
+prompt is that call's prompt and completion ids (its
 end-of-turn token added when it was cut at ``max_tokens``), then the ids of what the
 template adds for the new messages (``rlvr.policies.chat_check.render_delta``), so
 the calls join into one sequence (``rlvr.agents.calls``) with the tokens exactly as

@@ -12,7 +12,8 @@ An episode's reward is what its agent returned; the gold check is its ``solved``
 weight 0; 0 when the agent never says). The user's ``rewards.functions`` get each
 episode's text (every token after the first prompt) as the completion, the episode as its
 ``episode`` attribute. An episode whose agent failed abstains; a batch in which every one
-failed stops the run with the first error (``check_episodes_ended``).
+failed stops the run with the first error (``check_episodes_ended``), naming the batch: a
+training batch, or the held-out evaluation.
 """
 
 from __future__ import annotations
@@ -130,7 +131,11 @@ class AgentTask(GradedTask):
         """The agents' rewards, solved, and episode metrics (model calls, segments, the
         agents' own numbers); the first failed episode's error is kept as ``episode/error``."""
         runs = [r.episode for group in responses for r in group]
-        check_episodes_ended(runs, "an error of its agent's")
+        # the evaluation grades the rows eval_prompts gave it, these very objects; a training batch, train_rows'
+        held_out = {id(row) for row in self.eval_rows}
+        batch = "the held-out evaluation" if prompts and all(id(p) in held_out for p in prompts) else \
+            "a training batch"
+        check_episodes_ended(runs, "an error of its agent's", batch)
         rows = [prompt_row(start, group[0].episode) for start, group in zip(prompts, responses)]
         grades = super().grade(rows, responses, completion_ids=completion_ids, trainer_state=trainer_state)
         grades.metrics.update(episode_metrics(runs))

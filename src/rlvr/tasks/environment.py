@@ -253,12 +253,13 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
     }
 
 
-def check_episodes_ended(episodes: Sequence[Episode], cause: str = "its environment's error") -> None:
+def check_episodes_ended(episodes: Sequence[Episode], cause: str = "its environment's error",
+                         batch: str = "a batch") -> None:
     """RunError when every one of a batch's episodes ended with an error (``cause``): every
     reward abstains, so the run would go on learning nothing (an environment whose step
-    always raises is a broken setup, not bad luck)."""
+    always raises is a broken setup, not bad luck). ``batch`` names the batch."""
     if episodes and all(e.error is not None for e in episodes):
-        raise RunError(f"every one of the {len(episodes)} episodes of a batch ended with {cause}, "
+        raise RunError(f"every one of the {len(episodes)} episodes of {batch} ended with {cause}, "
                        f"so nothing can be learned; first error: {episodes[0].error}")
 
 
