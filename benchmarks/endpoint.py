@@ -49,7 +49,7 @@ def through_endpoint(endpoint, episodes: int, new_tokens: int) -> list[list[list
     import openai
 
     async def agent(i: int, shared) -> None:
-        client = openai.AsyncOpenAI(base_url=endpoint.url(ids[i]), api_key=endpoint.api_key, max_retries=0,
+        client = openai.AsyncOpenAI(base_url=endpoint.url(ids[i]), api_key=endpoint.key(ids[i]), max_retries=0,
                                     http_client=shared)
         messages = question(i)
         reply = await client.chat.completions.create(model="m", messages=messages, max_tokens=new_tokens)

@@ -45,7 +45,7 @@ def run(endpoint, program, tmp_path, row, timeout=60.0, memory_mb=2048):
     (tmp_path / "agent.py").write_text(program)
     agent = command_agent([sys.executable, "agent.py"], endpoint, memory_mb)
     episode = endpoint.open(seed=3, temperature=1.0, max_tokens=100)
-    client = openai.AsyncOpenAI(base_url=endpoint.url(episode), api_key=endpoint.api_key)
+    client = openai.AsyncOpenAI(base_url=endpoint.url(episode), api_key=endpoint.key(episode))
     try:
         return asyncio.run(asyncio.wait_for(agent(client, row), timeout)), endpoint.finish(episode)
     except BaseException:

@@ -24,7 +24,7 @@ def endpoint(chat_model):
 
 
 def client(endpoint, episode_id, key=None):
-    return openai.OpenAI(base_url=endpoint.url(episode_id), api_key=key or endpoint.api_key, max_retries=0)
+    return openai.OpenAI(base_url=endpoint.url(episode_id), api_key=key or endpoint.key(episode_id), max_retries=0)
 
 
 QUESTION = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+3?"}]
@@ -73,7 +73,8 @@ def test_follow_ups_join_into_the_whole_conversation_as_rendered(endpoint):
               for _ in range(rng.randint(1, 4))] for _ in range(16)]
 
     async def agent(episode, plan):
-        async with openai.AsyncOpenAI(base_url=endpoint.url(episode), api_key=endpoint.api_key, max_retries=0) as api:
+        async with openai.AsyncOpenAI(base_url=endpoint.url(episode), api_key=endpoint.key(episode),
+                                      max_retries=0) as api:
             messages = list(QUESTION)
             for max_tokens, role, text in plan:
                 reply = await api.chat.completions.create(model="m", messages=messages, max_tokens=max_tokens)
@@ -226,3 +227,158 @@ def test_a_streamed_reply_is_the_same_reply_in_chunks(endpoint, monkeypatch):
     with pytest.raises(openai.BadRequestError, match="'stream' must be true or false"):
         client(endpoint, episode).chat.completions.create(model="m", messages=QUESTION, extra_body={"stream": "yes"})
     assert endpoint.finish(episode).calls == []
+
+
+def test_an_episode_key_is_good_for_its_own_episode_alone(endpoint):
+    """Every agent gets a key of its own: knowing another episode's id (its URL) is not
+    enough to add calls to it, nor is the endpoint's own key."""
+    mine, theirs = (endpoint.open(seed=0, temperature=1.0, max_tokens=50) for _ in range(2))
+    assert endpoint.key(mine) != endpoint.key(theirs)
+    for key in (endpoint.key(mine), endpoint.api_key):
+        api = client(endpoint, theirs, key=key)
+        with pytest.raises(openai.AuthenticationError, match="key of its own") as err:
+            api.chat.completions.create(model="m", messages=QUESTION, max_tokens=2)
+        assert err.value.status_code == 401
+        with pytest.raises(openai.AuthenticationError):
+            api.models.list()
+    client(endpoint, theirs).chat.completions.create(model="m", messages=QUESTION, max_tokens=2)
+    assert len(endpoint.finish(theirs).calls) == 1 and endpoint.finish(mine).calls == []
+
+
+def test_an_episode_has_a_budget_of_calls(endpoint, monkeypatch):
+    """Requests at once, n=16 each, past the episode's calls: refused (400, the reason), never
+    recorded, and the episode truncated."""
+    import asyncio
+
+    monkeypatch.setattr(endpoint, "max_calls", 40)
+    episode = endpoint.open(seed=0, temperature=1.0, max_tokens=64)
+
+    async def flood():
+        async with openai.AsyncOpenAI(base_url=endpoint.url(episode), api_key=endpoint.key(episode),
+                                      max_retries=0) as api:
+            return await asyncio.gather(*(api.completions.create(model="m", prompt="12+", n=16, max_tokens=1)
+                                          for _ in range(12)), return_exceptions=True)
+
+    replies = asyncio.run(flood())
+    record = endpoint.finish(episode)
+    refused = [r for r in replies if isinstance(r, Exception)]
+    assert len(record.calls) == 32 and len(replies) - len(refused) == 2  # a third request of 16 is past 40
+    assert all(isinstance(r, openai.BadRequestError) and r.code == "episode_budget_exceeded" for r in refused)
+    assert "budget of calls (40, task.options.max_calls" in refused[0].message
+    assert record.truncated
+
+
+def test_an_episode_has_a_budget_of_sampled_tokens(endpoint, monkeypatch):
+    """Calls that each start afresh (none extends the last, so the token budget of the sequence
+    does not bind) still sample no more than the episode's tokens in all."""
+    monkeypatch.setattr(endpoint, "max_sampled_tokens", 10)
+    episode = endpoint.open(seed=0, temperature=1.0, max_tokens=64)
+    api = client(endpoint, episode).completions
+    sampled = 0
+    for _ in range(11):  # each call samples a token at least: the 11th at the latest is refused
+        try:
+            sampled += api.create(model="m", prompt="12+", max_tokens=4).usage.completion_tokens
+        except openai.BadRequestError as err:
+            assert err.code == "episode_budget_exceeded" and "sampled tokens (10 in all" in err.message
+            break
+    else:
+        raise AssertionError("no call was refused")
+    record = endpoint.finish(episode)
+    assert sum(len(call.completion_ids) for call in record.calls) == sampled <= 10
+    assert record.truncated
+
+
+def test_an_exception_is_a_500_with_its_one_line_and_reaches_no_server_log(endpoint, monkeypatch):
+    """An error of the endpoint's own: the agent gets a 500 whose message is the error's one line,
+    and the app raises nothing further (uvicorn would log it with its traceback)."""
+    import asyncio
+
+    def broken(*args, **kwargs):
+        raise ValueError("the chat template adds no end-of-turn\nafter an assistant turn")
+
+    monkeypatch.setattr(endpoint, "_chat_prompt", broken)
+    episode = endpoint.open(seed=0, temperature=1.0, max_tokens=50)
+    line = "ValueError: the chat template adds no end-of-turn after an assistant turn"
+    with pytest.raises(openai.InternalServerError) as err:
+        client(endpoint, episode).chat.completions.create(model="m", messages=QUESTION)
+    assert err.value.status_code == 500 and err.value.response.json()["error"]["message"] == line
+    # the app as uvicorn runs it: nothing escapes it
+    sent = []
+    body = json.dumps({"model": "m", "messages": QUESTION}).encode()
+    requests = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive():
+        return requests.pop(0) if requests else {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    path = f"/episodes/{episode}/v1/chat/completions"
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+             "headers": [(b"authorization", f"Bearer {endpoint.key(episode)}".encode()),
+                         (b"content-type", b"application/json")], "server": ("127.0.0.1", 80),
+             "client": ("127.0.0.1", 1)}
+    asyncio.run(endpoint.app()(scope, receive, send))
+    assert sent[0]["status"] == 500 and json.loads(sent[1]["body"])["error"]["message"] == line
+    assert endpoint.finish(episode).calls == []
+
+
+def test_the_budgets_are_task_options(endpoint, tmp_path):
+    from rlvr.agents.server import MAX_CALLS
+    from rlvr.tasks.agent import AgentTask
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"digit": d}) + "\n" for d in range(4)))
+    task = AgentTask(str(data), agent="agents_for_tests:two_calls", eval_size=1, max_calls=7, max_sampled_tokens=99)
+    served = task.policy_for(endpoint.policy).endpoint
+    assert (served.max_calls, served.max_sampled_tokens) == (7, 99)
+    default = AgentTask(str(data), agent="agents_for_tests:two_calls", eval_size=1).policy_for(endpoint.policy)
+    assert (default.endpoint.max_calls, default.endpoint.max_sampled_tokens) == (MAX_CALLS, None)
+
+
+def closed(connection) -> bool:
+    """Whether the endpoint closed ``connection`` (waited for, 10 s at most); False while it holds it."""
+    try:
+        return connection.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_idle_connections_give_way_and_a_request_must_arrive_in_time(endpoint):
+    """At its cap of connections the endpoint closes the least recently active idle one before
+    it accepts another, so the agents' requests get in; a request that does not arrive whole
+    within ``read_timeout`` has its connection closed."""
+    import socket
+
+    from rlvr.agents.server import Endpoint
+
+    capped, timed = Endpoint(endpoint.policy, max_connections=4), Endpoint(endpoint.policy, read_timeout=1.0)
+    held = []
+    try:
+        capped.start()
+        for _ in range(6):
+            connection = socket.create_connection(("127.0.0.1", capped.port), timeout=10)
+            connection.sendall(b"GET /v1/models HTTP/1.1\r\n")  # headers never end
+            held.append(connection)
+        assert closed(held[0]) and closed(held[1])  # the 5th and 6th made room: the two oldest went
+        episode = capped.open(seed=0, temperature=1.0, max_tokens=50)
+        api = openai.OpenAI(base_url=capped.url(episode), api_key=capped.key(episode), max_retries=0)
+        assert api.chat.completions.create(model="m", messages=QUESTION, max_tokens=2).choices
+        assert len(capped.finish(episode).calls) == 1
+        held[-1].setblocking(False)
+        with pytest.raises(BlockingIOError):  # the newest idle one is still held (no deadline closed it)
+            held[-1].recv(1)
+        timed.start()
+        slow = socket.create_connection(("127.0.0.1", timed.port), timeout=10)
+        held.append(slow)
+        for part in (b"GET /v1/mo", b"dels HTTP/1.1\r\n", b"Host: x\r\n"):  # never the blank line that ends it
+            slow.sendall(part)
+        assert closed(slow)
+    finally:
+        for connection in held:
+            connection.close()
+        capped.close()
+        timed.close()

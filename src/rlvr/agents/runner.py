@@ -2,7 +2,7 @@
 
 An agent is the user's code, ``run(client, row)``: async with an ``openai.AsyncOpenAI``
 client, or a plain function with an ``openai.OpenAI`` client (run in a thread). The client
-is pointed at the episode's own URL with the run's API key (``rlvr.agents.server``). It
+is pointed at the episode's own URL with the episode's own API key (``rlvr.agents.server``). It
 returns the episode's reward: a number, or a dict with ``reward`` and optionally
 ``solved`` (the gold check) and more numbers (reported as ``agent/<name>``).
 
@@ -123,9 +123,9 @@ async def _call_agent(agent: Callable[..., Any], endpoint: Endpoint, episode_id:
 
     url = endpoint.url(episode_id)
     if inspect.iscoroutinefunction(agent):
-        client = openai.AsyncOpenAI(base_url=url, api_key=endpoint.api_key, max_retries=0, http_client=shared)
+        client = openai.AsyncOpenAI(base_url=url, api_key=endpoint.key(episode_id), max_retries=0, http_client=shared)
         return await agent(client, row)
-    client = openai.OpenAI(base_url=url, api_key=endpoint.api_key, max_retries=0, http_client=shared)
+    client = openai.OpenAI(base_url=url, api_key=endpoint.key(episode_id), max_retries=0, http_client=shared)
     return await asyncio.to_thread(agent, client, row)
 
 

@@ -2,8 +2,9 @@
 
 An OpenAI-compatible endpoint on loopback (Starlette on uvicorn, in a thread of the
 trainer's process) over the run's own engine. Every episode has its base URL,
-``http://127.0.0.1:PORT/episodes/<id>/v1``, which its agent is given with the run's API
-key; under it:
+``http://127.0.0.1:PORT/episodes/<id>/v1``, which its agent is given with the episode's own
+API key (``key``: good for that URL alone, so no agent can add calls to another's episode);
+under it:
 
     POST /chat/completions   messages, tools, n, temperature, max_tokens /
                              max_completion_tokens, stop, logprobs, stream
@@ -24,12 +25,18 @@ the engine's weights version.
 
 The episode's sampling temperature is the run's (0 for held-out episodes), whatever the
 request asks: the recorded log-probs must be the training temperature's. ``max_tokens``
-is honoured up to the policy's ``max_new_tokens`` and the episode's token budget.
+is honoured up to the policy's ``max_new_tokens`` and the episode's token budget. An episode
+also has a budget of calls (``max_calls``, each choice of a request one) and of tokens
+sampled in all its calls (``max_sampled_tokens``; None: ``MAX_CHOICES`` times its token
+budget): past either, a request is refused (400, ``episode_budget_exceeded``) and the
+episode counts as truncated. These bound what an episode's record costs to keep and join.
 
 Refused, with OpenAI-style error JSON: an unknown or finished episode (404), a missing or
 wrong API key (401), a body over ``max_body_bytes`` (413), a malformed body or message
 (400), a prompt past the episode's budget or the model's positions (400,
-``context_length_exceeded``). Nothing listens beyond loopback unless ``host`` says so.
+``context_length_exceeded``), an exception of the endpoint's own (500, its one line).
+Connections and the time to read a request are bounded (``rlvr.agents.listen``). Nothing
+listens beyond loopback unless ``host`` says so.
 
 With ``open_routes``, ``/v1/chat/completions`` and ``/v1/completions`` also answer requests
 of no episode, each sampled at its own ``temperature`` (0 unless it says) and ``seed``:
@@ -43,38 +50,44 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import hmac
 import os
 import secrets
-import socket
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from rlvr.agents import chat, streaming
+from rlvr.agents import chat, listen
 from rlvr.agents.batcher import Batcher, Job, Outcome, call_seed
 from rlvr.agents.calls import AgentEpisode, Call, Served
-from rlvr.agents.chat import RequestError
+from rlvr.agents.chat import MAX_CHOICES, RequestError
 from rlvr.environments.tool_parsing import shown_tools
 
 if TYPE_CHECKING:
     from rlvr.policies.causal_lm import CausalLMPolicy
 
 
+MAX_CALLS = 256  # an episode's calls by default (each choice of a request one)
+
 
 class Endpoint:
     """The policy ``policy`` served on ``host``:``port`` (0: a free port) while started;
-    episodes opened by ``open`` and read back by ``finish``."""
+    episodes opened by ``open`` and read back by ``finish``. ``api_key``: the key of the
+    open routes and ``/v1/models``; an episode's agent gets ``key(episode_id)``."""
 
     def __init__(self, policy: CausalLMPolicy, host: str = "127.0.0.1", port: int = 0,
                  max_body_bytes: int = 1 << 20, batch_wait: float = 1.0, model_name: str = "rlvr-policy",
-                 open_routes: bool = False) -> None:
+                 open_routes: bool = False, max_calls: int = MAX_CALLS, max_sampled_tokens: int | None = None,
+                 max_connections: int | None = None, read_timeout: float = listen.READ_TIMEOUT) -> None:
         self.policy, self.host, self.port = policy, host, port
         self.max_body_bytes, self.model_name, self.open_routes = max_body_bytes, model_name, open_routes
+        self.max_calls, self.max_sampled_tokens = max_calls, max_sampled_tokens
+        self.max_connections, self.read_timeout = max_connections, read_timeout
         self.api_key = "rlvr-" + secrets.token_hex(16)
+        self._secret = secrets.token_bytes(32)  # the episodes' keys are derived from it and their ids
         self._episodes: dict[str, AgentEpisode] = {}
+        self._sampled: dict[str, int] = {}  # per live episode: tokens sampled or reserved by requests in flight
         self._lock = threading.Lock()
         self._arriving: set[int] = set()  # requests read but not yet queued for the engine (the server's thread)
         self._batcher = Batcher(policy, batch_wait, lambda: len(self._episodes), lambda: len(self._arriving))
@@ -91,24 +104,14 @@ class Endpoint:
             return
         import uvicorn
 
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        tcp = socket.create_server((self.host, self.port), family=family)
-        # 0700: this user's alone; under /tmp, as a socket's path has room for about 100 characters
-        self._folder = tempfile.TemporaryDirectory(prefix="rlvr-endpoint-",
-                                                   dir="/tmp" if os.path.isdir("/tmp") else None)
+        tcp, unix, self._folder = listen.sockets(self.host, self.port)
         self.unix_socket = os.path.join(self._folder.name, "endpoint.sock")
-        unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            unix.bind(self.unix_socket)
-        except OSError:
-            unix.close()
-            tcp.close()
-            self._folder.cleanup()
-            raise
         self.port = tcp.getsockname()[1]
-        config = uvicorn.Config(self.app(), log_level="warning", lifespan="off", access_log=False)
+        guard = listen.Guard(self.max_connections or listen.connection_cap(), self.read_timeout)
+        config = uvicorn.Config(self.app(), log_level="warning", lifespan="off", access_log=False,
+                                http=listen.guarded_protocol(guard))
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [tcp, unix]},
+        self._thread = threading.Thread(target=listen.serve, args=(self._server, [tcp, unix], guard),
                                         name="rlvr-endpoint", daemon=True)
         self._thread.start()
         while not self._server.started:
@@ -129,6 +132,10 @@ class Endpoint:
         """The base URL an episode's agent is given."""
         return f"http://{self.host}:{self.port}/episodes/{episode_id}/v1"
 
+    def key(self, episode_id: str) -> str:
+        """The API key an episode's agent is given: good for that episode's URL alone."""
+        return "rlvr-" + hmac.new(self._secret, episode_id.encode(), "sha256").hexdigest()[:32]
+
     # ---- episodes -----------------------------------------------------------------
 
     def open(self, seed: int, temperature: float, max_tokens: int) -> str:
@@ -137,11 +144,13 @@ class Endpoint:
         episode = AgentEpisode(secrets.token_hex(8), seed, temperature, max_tokens)
         with self._lock:
             self._episodes[episode.id] = episode
+            self._sampled[episode.id] = 0
         return episode.id
 
     def finish(self, episode_id: str) -> AgentEpisode:
         """The episode's record; later requests to it are refused (404)."""
         with self._lock:
+            self._sampled.pop(episode_id, None)
             return self._episodes.pop(episode_id)
 
     def _live(self, episode_id: str) -> AgentEpisode:
@@ -152,70 +161,13 @@ class Endpoint:
                                     "agent runs", code="episode_not_found")
         return episode
 
-    # ---- HTTP ---------------------------------------------------------------------
+    # ---- HTTP (``rlvr.agents.routes``) ----------------------------------------------
 
     def app(self) -> Any:
-        from starlette.applications import Starlette
-        from starlette.exceptions import HTTPException
-        from starlette.responses import JSONResponse, StreamingResponse
-        from starlette.routing import Route
+        """The endpoint's ASGI app: its routes, every exception a 500 with its one line."""
+        from rlvr.agents import routes
 
-        def error(err: RequestError) -> JSONResponse:
-            return JSONResponse(err.body(), status_code=err.status)
-
-        async def refused(request: Any, exc: Exception) -> JSONResponse:
-            if isinstance(exc, RequestError):
-                return error(exc)
-            if isinstance(exc, HTTPException):
-                return error(RequestError(exc.status_code, str(exc.detail), kind="invalid_request_error"))
-            return error(RequestError(500, f"{type(exc).__name__}: {exc}", kind="server_error"))
-
-        def reply(response: dict[str, Any], stream: bool, usage: bool) -> Any:
-            if not stream:
-                return JSONResponse(response)
-            return StreamingResponse(streaming.events(response, usage), media_type="text/event-stream")
-
-        async def models(request: Any) -> JSONResponse:
-            self._authorised(request)
-            return JSONResponse({"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
-                                                             "owned_by": "rlvr"}]})
-
-        def sampler(request: Any) -> Callable[..., Any]:
-            return self._chat if request.url.path.endswith("/chat/completions") else self._completion
-
-        async def episode_call(request: Any) -> Any:
-            self._authorised(request)
-            episode = self._live(request.path_params["episode"])
-            with self._arrival(request):
-                body = await self._body(request)
-                stream = streaming.streamed(body)  # checked before anything is sampled
-                return reply(await sampler(request)(episode, body, id(request)), *stream)
-
-        async def open_call(request: Any) -> Any:
-            """A request of no episode (``open_routes``): an episode of its own, at the request's
-            temperature (0 unless it says) and seed, over when it is answered."""
-            self._authorised(request)
-            body = await self._body(request)
-            stream = streaming.streamed(body)
-            episode_id = self.open(chat.seed(body), chat.temperature(body), self.policy.max_positions or 2**20)
-            try:
-                with self._arrival(request):
-                    response = await sampler(request)(self._live(episode_id), body, id(request))
-            finally:
-                self.finish(episode_id)
-            return reply(response, *stream)
-
-        open_routes = [Route("/v1/chat/completions", open_call, methods=["POST"]),
-                       Route("/v1/completions", open_call, methods=["POST"])] if self.open_routes else []
-        routes = [
-            *open_routes,
-            Route("/v1/models", models),
-            Route("/episodes/{episode}/v1/models", models),
-            Route("/episodes/{episode}/v1/chat/completions", episode_call, methods=["POST"]),
-            Route("/episodes/{episode}/v1/completions", episode_call, methods=["POST"]),
-        ]
-        return Starlette(routes=routes, exception_handlers={Exception: refused, HTTPException: refused,
-                                                            RequestError: refused})
+        return routes.app(self)
 
     @contextlib.contextmanager
     def _arrival(self, request: Any) -> Iterator[None]:
@@ -226,32 +178,6 @@ class Endpoint:
             yield
         finally:
             self._arriving.discard(id(request))
-
-    def _authorised(self, request: Any) -> None:
-        given = request.headers.get("authorization", "")
-        if not secrets.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
-            raise RequestError(401, "missing or wrong API key (the one the episode's agent was given)",
-                               code="invalid_api_key", kind="authentication_error")
-
-    async def _body(self, request: Any) -> dict[str, Any]:
-        """The request's JSON object, read no further than ``max_body_bytes``."""
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
-            raise RequestError(413, f"request body of {declared} bytes, more than {self.max_body_bytes}",
-                               code="request_too_large")
-        data = bytearray()
-        async for chunk in request.stream():
-            data += chunk
-            if len(data) > self.max_body_bytes:
-                raise RequestError(413, f"request body more than {self.max_body_bytes} bytes",
-                                   code="request_too_large")
-        try:
-            body = json.loads(data)
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
-            raise RequestError(400, f"the body is not valid JSON: {err}") from None
-        if not isinstance(body, dict):
-            raise RequestError(400, "the body must be a JSON object")
-        return body
 
     # ---- the calls ----------------------------------------------------------------
 
@@ -382,14 +308,40 @@ class Endpoint:
             raise RequestError(400, f"the episode has used its token budget ({episode.max_tokens} tokens after its "
                                     "first prompt, task.options.max_tokens) or the model's positions",
                                code="context_length_exceeded")
+        jobs_count = n if episode.temperature > 0 else 1  # greedy: n choices alike, one decoded
+        max_new = self._within_budget(episode, n, jobs_count, max_new)
         first, episode.draws = episode.draws, episode.draws + n
         if episode.temperature > 0:
             seeds = [call_seed(episode.seed, first + k) for k in range(n)]
             jobs = [Job(episode.id, prompt_ids, seed, episode.temperature, max_new, stop) for seed in seeds]
-        else:  # greedy: n choices alike, one decoded
+        else:
             jobs = [Job(episode.id, prompt_ids, None, 0.0, max_new, stop)]
-        for job in jobs:
-            self._batcher.put(job)
-        self._arriving.discard(arrival)
-        outcomes = [await asyncio.wrap_future(job.future) for job in jobs]
+        self._sampled[episode.id] += max_new * len(jobs)  # reserved until the jobs are done: requests run at once
+        outcomes: list[Outcome] = []
+        try:
+            for job in jobs:
+                self._batcher.put(job)
+            self._arriving.discard(arrival)
+            for job in jobs:
+                outcomes.append(await asyncio.wrap_future(job.future))
+        finally:  # what was reserved and not sampled goes back
+            unsampled = max_new * len(jobs) - sum(len(o[0]) for o in outcomes)
+            if episode.id in self._sampled:
+                self._sampled[episode.id] -= unsampled
         return first, outcomes * n if episode.temperature == 0 else outcomes
+
+    def _within_budget(self, episode: AgentEpisode, n: int, jobs: int, max_new: int) -> int:
+        """``max_new`` cut to what is left of the episode's sampled tokens, shared by ``jobs``
+        completions; RequestError (the episode truncated) past its calls or sampled tokens."""
+        budget = self.max_sampled_tokens or MAX_CHOICES * episode.max_tokens
+        left = budget - self._sampled.get(episode.id, budget)
+        if episode.draws + n > self.max_calls:
+            reason = (f"the episode has used its budget of calls ({self.max_calls}, task.options.max_calls; each "
+                      f"choice of a request one): {episode.draws} made, {n} more asked")
+        elif left < jobs:
+            reason = (f"the episode has used its budget of sampled tokens ({budget} in all its calls, "
+                      "task.options.max_sampled_tokens)")
+        else:
+            return min(max_new, left // jobs)
+        episode.truncated = True
+        raise RequestError(400, reason, code="episode_budget_exceeded")

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from rlvr.agents.runner import AgentLimits, AgentRun
+from rlvr.agents.server import MAX_CALLS
 from rlvr.base.errors import ConfigError
 from rlvr.base.interfaces import Policy
 from rlvr.base.rollout import Grades
@@ -39,6 +40,7 @@ class AgentTask(GradedTask):
     name = "agent"
     agent_command: str | list[str] | None = None  # the agent as a program (its run made per endpoint)
     endpoint = None  # the endpoint serving the policy, made by policy_for
+    max_calls, max_sampled_tokens = MAX_CALLS, None  # an episode's budgets (the endpoint's; None: 16 x max_tokens)
     gold_reward = "solved"
     no_gold_hint = "the agent never said whether an episode was solved (return {'reward': r, 'solved': bool})"
     options = {
@@ -56,11 +58,16 @@ class AgentTask(GradedTask):
                                   max=86400),
         "max_tokens": option("tokens after an episode's first prompt at most, sampled and appended", min=2,
                              max=2**20),
+        "max_calls": option("model calls an episode may make (each choice of a request one); past it a request "
+                            "gets 400 and the episode counts as truncated", min=1, max=2**16),
+        "max_sampled_tokens": option("tokens an episode's calls may sample in all (none: 16 x max_tokens); past "
+                                     "it a request gets 400 and the episode counts as truncated", min=1, max=2**30),
     }
 
     def __init__(self, data: str, agent: str | None = None, agent_command: str | list[str] | None = None,
                  agent_memory_mb: int = 2048, eval_data: str | None = None, eval_size: int = 64,
-                 concurrency: int = 32, episode_timeout: float = 120.0, max_tokens: int = 1024) -> None:
+                 concurrency: int = 32, episode_timeout: float = 120.0, max_tokens: int = 1024,
+                 max_calls: int = MAX_CALLS, max_sampled_tokens: int | None = None) -> None:
         from rlvr.base.extras import AGENT_MODULES, require
         from rlvr.rewards.calls import RewardError
         from rlvr.rewards.loading import load_reward_function
@@ -70,6 +77,7 @@ class AgentTask(GradedTask):
             raise ConfigError("task.options: give one of agent ('module:function') and agent_command (a program), "
                               f"not {'both' if agent else 'neither'}")
         self.agent_command, self.agent_memory_mb = agent_command, agent_memory_mb
+        self.max_calls, self.max_sampled_tokens = max_calls, max_sampled_tokens
         if agent_command is not None:
             import shlex
 
@@ -105,7 +113,7 @@ class AgentTask(GradedTask):
             raise ConfigError(f"task.options.max_tokens={self.limits.max_tokens}: an episode's first prompt and the "
                               f"tokens after it must fit the model's {positions} positions; lower it below {positions}")
         if self.endpoint is None:
-            self.endpoint = Endpoint(policy)
+            self.endpoint = Endpoint(policy, max_calls=self.max_calls, max_sampled_tokens=self.max_sampled_tokens)
         if self.agent_command is not None:
             from rlvr.agents.command import command_agent
 
