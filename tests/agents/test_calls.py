@@ -109,10 +109,10 @@ def test_thousands_of_calls_join_in_well_under_a_second():
             calls.append(call(prompt, completion))
             replies.append(prompt + completion)
     calls = calls[:5000]
-    clock = time.perf_counter()
+    clock = time.process_time()  # this process's CPU time: other processes' load does not count
     segments = join_calls(calls)
-    elapsed = time.perf_counter() - clock
-    assert elapsed < 1.0, f"5,000 calls joined in {elapsed:.2f} s"
+    elapsed = time.process_time() - clock
+    assert elapsed < 1.0, f"5,000 calls joined in {elapsed:.2f} s of CPU"
     assert sum(len(s.calls) for s in segments) == 5000 and len(segments) > 1000
     assert sorted(i for s in segments for i in s.calls) == list(range(5000))
 
@@ -150,7 +150,7 @@ def scripted_episode(endpoint, monkeypatch, said, edit=lambda message: message):
 
     monkeypatch.setattr(endpoint._batcher, "_generate", scripted)
     episode = endpoint.open(seed=1, temperature=1.0, max_tokens=1000)
-    api = openai.OpenAI(base_url=endpoint.url(episode), api_key=endpoint.api_key, max_retries=0).chat.completions
+    api = openai.OpenAI(base_url=endpoint.url(episode), api_key=endpoint.key(episode), max_retries=0).chat.completions
     first = api.create(model="m", messages=QUESTION, tools=TOOLS).choices[0].message
     sent = edit(first.model_dump(exclude_none=True))
     api.create(model="m", messages=[*QUESTION, sent, {"role": "tool", "tool_call_id": sent["tool_calls"][0]["id"],
