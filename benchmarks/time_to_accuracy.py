@@ -7,12 +7,15 @@ number is the sum (rlvr's ``exact_match`` with ``extract="last_number"``, which 
 loads from rlvr's file), G = 8, 4 prompts a step, temperature 0.8, 16 new tokens, AdamW at
 lr 1e-5 with clipping at 1.0, no KL, ``--steps`` steps at ``--threads`` threads. Each side
 answers the held-out questions greedily before training and every ``--eval-every`` steps,
-scored by the same check; the evaluations are outside the times. rlvr's time is the sum of
-its recorded phases per epoch (generate, reward, score, step: ``metrics.jsonl``); TRL's is
-the wall time from its step's begin to its end (``trl_step.py``, in its own interpreter,
+scored by the same check. Both sides are timed by the same code (``training_clock.py``): the
+wall clock of the run from just before it loads its data and the model (the same saved folder
+on both sides), less the wall clock of its evaluations, read as each evaluation begins. rlvr
+trains in this process (its evaluations timed by wrapping its rollout source's ``evaluate``),
+TRL in its own interpreter (``trl_step.py``, its evaluations in a trainer callback;
 ``--trl-python``: ``python -m venv /tmp/trl-venv && /tmp/trl-venv/bin/pip install
-torch==2.13.0 trl datasets``). rlvr draws the questions in its seeded shuffle, TRL in the
-file's order (the file is in random order).
+torch==2.13.0 trl datasets``); each interpreter's start and imports are outside both times.
+rlvr draws the questions in its seeded shuffle, TRL in the file's order (the file is in
+random order).
 
 The target is TRL's accuracy at its last evaluation; for each side the script prints the
 training seconds at its first evaluation at or above it, and rlvr / TRL (goal: at most 0.5).
@@ -35,9 +38,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from training_clock import TrainingClock
+
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "examples" / "smollm2_arithmetic.yaml"
-PHASES = ("time/generate", "time/reward", "time/score", "time/step")
 
 
 def parse_args() -> argparse.Namespace:
@@ -55,21 +59,48 @@ def parse_args() -> argparse.Namespace:
 
 
 SETTINGS = ("steps", "eval_every", "eval_size", "threads", "seed")  # what a reused TRL curve must match
+TIMING = "wall clock less evaluations"  # how a saved curve was timed: curves timed otherwise do not compare
 
 
-def rlvr_curve(args: argparse.Namespace, out: Path) -> list[tuple[float, float]]:
-    """(training seconds so far, held-out greedy accuracy) at each evaluation of rlvr's run."""
-    import rlvr
-    from rlvr.runs.metrics import read_records
+class TimedEvaluations:
+    """rlvr's rollout source with each evaluation bracketed by the clock; the rest is the source's."""
 
-    rlvr.train(RECIPE, [f"algo.epochs={args.rlvr_steps or args.steps}", f"log.eval_every={args.eval_every}",
-                        "log.eval_samples=1",
-                        f"task.options.num_eval={args.eval_size}", "log.checkpoint_every=0", f"threads={args.threads}",
-                        f"seed={args.seed}", "log.plot=false"], out_dir=out)
-    records = read_records(out)
-    seconds = {r["epoch"]: sum(r.get(p, 0.0) for p in PHASES) for r in records if r["kind"] == "train"}
-    return [(sum(s for epoch, s in seconds.items() if epoch < r["epoch"]), r["greedy_solve_rate"])
-            for r in records if r["kind"] == "eval"]
+    def __init__(self, source, clock: TrainingClock) -> None:
+        self._source, self._clock = source, clock
+
+    def evaluate(self, st, task):
+        with self._clock.evaluation():
+            return self._source.evaluate(st, task)
+
+    def __getattr__(self, name: str):
+        return getattr(self._source, name)
+
+
+def rlvr_curve(recipe, overrides: list[str]) -> list[tuple[float, float]]:
+    """(training seconds so far, held-out greedy accuracy) at each evaluation of rlvr's run of
+    ``recipe`` (a YAML path or a Config) with ``overrides``, in memory (no run directory)."""
+    from rlvr.api import resolve_config
+    from rlvr.base.modeling import quiet_libraries
+    from rlvr.loop.trainer import seams, setup, train
+
+    config = resolve_config(recipe, overrides)
+    with quiet_libraries():
+        clock = TrainingClock()
+        task, st = setup(config)
+        source, learner = seams(config, None, None)
+        try:
+            records = train(config, state=(task, st), source=TimedEvaluations(source, clock), learner=learner)
+        finally:
+            task.close()
+    accuracies = [r["greedy_solve_rate"] for r in records if r["kind"] == "eval"]
+    return list(zip(clock.at_evaluations, accuracies, strict=True))
+
+
+def rlvr_overrides(args: argparse.Namespace, model: Path) -> list[str]:
+    """The recipe's settings for this benchmark: its steps, evaluations and threads, the saved model."""
+    return [f"algo.epochs={args.rlvr_steps or args.steps}", f"log.eval_every={args.eval_every}",
+            "log.eval_samples=1", f"task.options.num_eval={args.eval_size}", "log.checkpoint_every=0",
+            f"threads={args.threads}", f"seed={args.seed}", f"policy.options.model={model}"]
 
 
 def trl_curve(args: argparse.Namespace, folder: Path, config) -> tuple[list[tuple[float, float]], dict]:
@@ -99,8 +130,7 @@ def trl_curve(args: argparse.Namespace, folder: Path, config) -> tuple[list[tupl
     curve = []
     for evaluation in result["evals"]:
         right = exact_match(evaluation["completions"], answers, extract="last_number")
-        seconds = sum(step["wall"] for step in result["steps"][:evaluation["step"]])
-        curve.append((seconds, sum(right) / len(right)))
+        curve.append((evaluation["seconds"], sum(right) / len(right)))
     return curve, result
 
 
@@ -126,6 +156,9 @@ def main() -> None:
         reused = json.loads(Path(args.trl_curve).read_text())
         if reused.get("settings") != settings:
             raise SystemExit(f"{args.trl_curve} was made with {reused.get('settings')}, not {settings}")
+        if reused.get("timing") != TIMING:
+            raise SystemExit(f"{args.trl_curve} was timed as the sum of TRL's steps, not as the {TIMING}: "
+                             "run TRL again (without --trl-curve)")
     config = load_config(RECIPE)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -139,10 +172,10 @@ def main() -> None:
             versions = {"trl": result["trl"], "transformers": result["transformers"]}
         else:
             trl, versions = [tuple(point) for point in reused["trl"]], reused["versions"]
-        ours = rlvr_curve(args, folder / "rlvr")
+        ours = rlvr_curve(RECIPE, rlvr_overrides(args, folder / "model"))
     if args.save:
-        Path(args.save).write_text(json.dumps({"settings": settings, "versions": versions, "trl": trl, "rlvr": ours,
-                                               "rlvr_steps": args.rlvr_steps or args.steps}))
+        Path(args.save).write_text(json.dumps({"settings": settings, "timing": TIMING, "versions": versions,
+                                               "trl": trl, "rlvr": ours, "rlvr_steps": args.rlvr_steps or args.steps}))
     print(f"TRL {versions['trl']}, transformers {versions['transformers']} (its venv)"
           + (f"; TRL's curve from {args.trl_curve}" if reused else ""))
     for name, curve in (("rlvr", ours), ("TRL", trl)):

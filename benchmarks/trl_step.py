@@ -16,7 +16,9 @@ the same work as rlvr's step in ``grpo_step.py``.
 ``time_to_accuracy.py`` runs it on a recipe's rows instead (``--rows-file``: chat prompts
 and answers, the reward the recipe's gold check) and has the held-out prompts of
 ``--eval-file`` answered greedily before training and every ``--eval-every`` steps, outside
-the timed steps; the completions come back in the JSON line for the caller to score.
+the timed steps; the completions come back in the JSON line for the caller to score, each
+evaluation with the training seconds before it (``training_clock.py``: the wall clock from
+just before the data and the model are loaded, less the evaluations'), as rlvr's side is timed.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import resource
 import tempfile
 import time
 from pathlib import Path
+
+from training_clock import TrainingClock
 
 
 def parse_args() -> argparse.Namespace:
@@ -103,6 +107,7 @@ def main() -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     torch.set_num_threads(args.threads)
+    clock = TrainingClock()
     if args.rows_file:
         with open(args.rows_file) as f:
             rows = json.load(f)
@@ -120,8 +125,9 @@ def main() -> None:
     evals: list[dict] = []
 
     def evaluate(step: int) -> None:
-        evals.append({"step": step, "completions": greedy_completions(model, tokenizer, eval_prompts,
-                                                                       args.new_tokens)})
+        with clock.evaluation():
+            completions = greedy_completions(model, tokenizer, eval_prompts, args.new_tokens)
+        evals.append({"step": step, "seconds": clock.at_evaluations[-1], "completions": completions})
 
     class StepTimer(TrainerCallback):
         def on_step_begin(self, *_, **__):

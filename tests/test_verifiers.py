@@ -41,6 +41,38 @@ def test_last_number_reads_the_final_number_of_running_text():
     assert numeric_match(["The total is 1,000."], ["1000"], extract="last_number") == [1.0]
 
 
+@pytest.mark.parametrize("completion, gold", [
+    ("The total is 1,234.", "1234"),  # thousands commas dropped
+    ("1234", "1,234"),  # on the gold's side too
+    ("79.0", "79"),  # numbers compared as numbers
+    ("It costs $5.", "$5.00"),  # "$" and a final "." dropped
+    ("-0", "0"),
+    ("between 12-15", "15"),  # a hyphen between two numbers is a range: its end, not -15
+    ("x-3", "3"),  # after a letter, a hyphen joins, it is no sign
+])
+def test_last_number_reads_numbers_as_lm_eval_flexible_extract(completion, gold):
+    assert exact_match([completion], [gold], extract="last_number") == [1.0]
+
+
+@pytest.mark.parametrize("completion, gold", [
+    ("12-15", "-15"),
+    ("1,234", "123"),
+    ("79.01", "79"),
+    ("12345678901234567891", "12345678901234567890"),  # exact, not as floats (equal past 2**53)
+    ("100", "1e2"),  # a gold with an exponent is read as text
+])
+def test_last_number_tells_different_numbers_apart(completion, gold):
+    assert exact_match([completion], [gold], extract="last_number") == [0.0]
+
+
+def test_last_number_rewards_the_last_number_whatever_comes_before_it():
+    # the chosen rule, as lm-eval's flexible extract: only the last number is read, so a reply that
+    # states a wrong answer first is rewarded; a format reward or another extract asks for a form
+    reply = "8The answer is 8\nThe number 77 is ahemm"
+    assert exact_match([reply, reply], ["77", "8"], extract="last_number") == [1.0, 0.0]
+    assert exact_match([reply], ["8"], extract="whole") == [0.0]
+
+
 def test_math_answer_plain_and_latex_golds():
     pytest.importorskip("math_verify")
     completions = ["<answer>\\frac{1}{2}</answer>", "\\boxed{0.5}", "<answer>x^2+1</answer>",

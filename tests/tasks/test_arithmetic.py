@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import ast
+import importlib.util
+import json
 import random
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -116,3 +119,29 @@ def test_task_rewards_and_gold_check():
     assert result.column("integer_format").tolist() == [[1.0, 1.0, 0.0]] * 3
     examples = task.sft_examples(3, torch.Generator().manual_seed(0))
     assert all(completion == p["answer"] for (_, completion), p in zip(examples, prompts))
+
+
+def test_chat_recipe_held_out_shares_no_pair_with_training():
+    """The recipe's checked-in data: no held-out "a + b" is in training in either order, and
+    examples/data/make_chat_arithmetic.py remakes both files byte for byte."""
+    data = Path(__file__).resolve().parents[2] / "examples" / "data"
+
+    files = ("chat_arithmetic_train.jsonl", "chat_arithmetic_eval.jsonl")
+
+    def pairs(name: str) -> list[frozenset[int]]:
+        """Each row's unordered pair of operands, its gold checked to be their sum."""
+        found = []
+        for row in map(json.loads, (data / name).read_text().splitlines()):
+            a, b = map(int, re.fullmatch(r"What is (\d+) \+ (\d+)\? .*", row["prompt"][0]["content"]).groups())
+            assert row["answer"] == str(a + b)
+            found.append(frozenset((a, b)))
+        return found
+
+    train, held_out = map(pairs, files)
+    assert (len(train), len(held_out), len(set(held_out))) == (1600, 256, 256)
+    assert not set(held_out) & set(train)
+    spec = importlib.util.spec_from_file_location("make_chat_arithmetic", data / "make_chat_arithmetic.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    remade = ["".join(json.dumps(row) + "\n" for row in part) for part in script.split()]
+    assert remade == [(data / name).read_text() for name in files]

@@ -27,8 +27,10 @@ Where the answer is in a completion (``extract``, a keyword of each answer verif
   boxed       the last ``\\boxed{...}`` only (braces balanced)
   whole       the whole completion, stripped (a model that answers with the answer alone)
   last_number the last number in the completion ("17 + 21 = 38." -> "38"; "-1,234.5" kept
-              whole, with its sign, commas and decimals): GSM8K's and lm-eval's "flexible
-              extract", for an instruct model that writes its working before the answer
+              whole, with its sign, commas and decimals; "12-15" is a range, -> "15"):
+              GSM8K's and lm-eval's "flexible extract", for an instruct model that writes
+              its working before the answer. Whatever comes before the last number is not
+              read: "The answer is 8. The number 77" answers 77 (docs/smollm2_arithmetic.md)
 From Python, ``functools.partial(math_answer, extract="whole")`` picks another (a
 partial of a module-level function is what reward worker processes can receive).
 """
@@ -41,6 +43,7 @@ import logging
 import math
 import re
 from collections.abc import Callable
+from decimal import Decimal
 from types import ModuleType
 from typing import Any
 
@@ -48,8 +51,12 @@ EXTRACTORS = ("auto", "answer_tag", "boxed", "whole", "last_number")
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _LATEX_SIGNS = re.compile(r"[\\^{}]")
 _NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
-# a number in running text: a sign, digits with thousands commas, decimals; "38." ends a sentence
-_NUMBER_IN_TEXT = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+# a number in running text: a sign, digits with thousands commas, decimals; "38." ends a sentence.
+# A "-" right after a letter, digit or dot joins ("12-15", "x-3"), it is no sign: the range's end is 15
+_NUMBER_IN_TEXT = re.compile(r"(?:(?<![\w.])-)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+# what lm-eval's GSM8K exact match ignores on both sides: thousands commas, "$", a final "."
+_NUMBER_NOISE = re.compile(r",|\\?\$|\.\s*\Z")
+_DECIMAL = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)")  # no exponent: Decimal("1e99999999999999999999") raises
 # <think> reasoning </think> <answer> answer </answer>, nothing around them but white space
 R1_FORMAT = r"\s*<think>.*?</think>\s*<answer>.*?</answer>\s*"
 
@@ -213,9 +220,20 @@ def math_answer(completions: list[str], answer: list[Any], extract: str = "auto"
 
 def exact_match(completions: list[str], answer: list[Any], extract: str = "auto", **kwargs: Any) -> list[float]:
     """1.0 when the completion's answer is the gold ``answer`` exactly (both stripped;
-    a non-string gold compared as ``str(gold)``), else 0.0. [N]"""
-    return _per_completion(lambda extracted, gold: float(extracted == str(gold).strip()), completions, answer,
-                           extract)
+    a non-string gold compared as ``str(gold)``), else 0.0. With ``extract="last_number"``
+    both are read as lm-eval's flexible extract reads them (``same_number``). [N]"""
+    same = same_number if extract == "last_number" else lambda extracted, gold: extracted == gold.strip()
+    return _per_completion(lambda extracted, gold: float(same(extracted, str(gold))), completions, answer, extract)
+
+
+def same_number(answer: str, gold: str) -> bool:
+    """Are ``answer`` and ``gold`` the same once thousands commas, "$" and a final "." are
+    dropped from both (lm-eval's GSM8K exact match), compared as numbers where both are
+    plain decimals ("1,234" is "1234", "79.0" is "79", "$5." is "5"), else as text?"""
+    answer, gold = (_NUMBER_NOISE.sub("", text).strip() for text in (answer, gold))
+    if _DECIMAL.fullmatch(answer) and _DECIMAL.fullmatch(gold):
+        return Decimal(answer) == Decimal(gold)  # exact: floats would merge integers past 2**53
+    return answer == gold
 
 
 def numeric_match(completions: list[str], answer: list[Any], extract: str = "auto", rel_tol: float = 1e-6,
