@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import itertools
 import os
 import signal
 import sys
+import time
 
 MAX_PROCESSES = 128  # processes (threads count too) a jailed program and all it starts may hold at once
 _PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36  # from <linux/prctl.h>
@@ -165,8 +167,14 @@ class ProcessCap:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             _wait_gone(pids)
-        with contextlib.suppress(OSError):
-            os.rmdir(self.folder)
+        for _ in range(_ROUNDS):  # a process gone may leave the cgroup busy a moment longer
+            try:
+                os.rmdir(self.folder)
+                break
+            except OSError as err:
+                if err.errno != errno.EBUSY:
+                    break
+                time.sleep(0.01)
         self.folder = None
 
 

@@ -29,10 +29,10 @@ RecursionError too), a wrong type, or a call past its time limit.
     loops in C is not stopped).
 
 A value crosses from a worker by ``pickle`` (a prompt, an observation, a tool's text): one
-that does not pickle fails the call, named. An observation or a tool's text is cut to
-``max_chars`` (one past what its episode can hold; set by the policy that runs the
-episodes) in the worker, and the trainer reads at most ``operations.reply_limit`` bytes of
-an answer: one past it ends its episode with the error, and its worker is replaced.
+that does not pickle fails the call, named. A prompt, an observation or a tool's text is
+cut past ``max_chars`` (what an episode could hold; ``run_episodes`` sets it) in the
+worker, and the trainer reads at most ``operations.reply_limit`` bytes of an answer: one
+past it ends its episode with the error, and its worker is replaced.
 """
 
 from __future__ import annotations

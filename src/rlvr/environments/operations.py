@@ -4,8 +4,8 @@ time limit (``time_limit``, ``StepTimeout``), with the checks of what the enviro
 answered (``step_reward``, ``as_observation``); and a worker process's loop, which runs
 the requests its host sends.
 
-An observation or an environment tool's text longer than its episode could hold is cut
-where it is made (``cut_observation``), before it crosses to the trainer; a worker's
+A prompt, an observation or an environment tool's text longer than its episode could hold
+is cut where it is made (``cut_observation``), before it crosses to the trainer; a worker's
 answer past ``reply_limit`` bytes (pickled) fails its call, named."""
 
 from __future__ import annotations
@@ -157,8 +157,8 @@ def call_what(envs: dict[int, Any], row: int, operation: str, args: tuple) -> st
 
 def run_request(envs: dict[int, Any], make_env: Callable[[], Environment], request: tuple, seconds: float | None,
                 max_chars: int | None = None) -> tuple:
-    """One request, run here: ("ok", value) or ("failed", one line, whether it timed out); an
-    observation or tool text cut past ``max_chars`` characters (``cut_observation``)."""
+    """One request, run here: ("ok", value) or ("failed", one line, whether it timed out); a
+    prompt, an observation or a tool's text cut past ``max_chars`` characters (``cut_observation``)."""
     row, operation, args = request
     if operation == "make":
         args = (make_env,)
@@ -166,7 +166,9 @@ def run_request(envs: dict[int, Any], make_env: Callable[[], Environment], reque
     try:
         with time_limit(seconds):
             value = _OPERATIONS[operation](envs, row, *args)
-            if max_chars is not None and operation == "step" and value[3] is not None:
+            if max_chars is not None and operation == "reset":
+                value = cut_observation(value, max_chars)
+            elif max_chars is not None and operation == "step" and value[3] is not None:
                 value = (*value[:3], cut_observation(value[3], max_chars))
             elif max_chars is not None and operation == "tool":
                 value = cut_observation(value, max_chars)
@@ -177,13 +179,35 @@ def run_request(envs: dict[int, Any], make_env: Callable[[], Environment], reque
         return ("failed", f"{what}: {describe_error(err)}"[:500], isinstance(err, StepTimeout))
 
 
+class CutText(str):
+    """Text cut where it was made (``cut_observation``); ``chars``: its characters before."""
+
+    chars: int
+
+
+class CutChat(list):
+    """Messages cut where they were made (``cut_observation``); ``chars``: their contents'
+    characters before."""
+
+    chars: int
+
+
 def cut_observation(observation: Observation, max_chars: int) -> Observation:
     """``observation`` with ``max_chars + 1`` characters of content at most (text, or the
     contents of its messages in order, those past it left out): one past the most its
-    episode can hold, so that it still reads as too long there, and is never encoded."""
+    episode can hold, so that it still reads as too long there, and is never encoded. One
+    that was cut says how long it was (``CutText``, ``CutChat``)."""
+    from rlvr.policies.prompts import content_chars
+
+    chars = content_chars(observation)
+    if chars <= max_chars + 1:
+        return observation
     if isinstance(observation, str):
-        return observation[:max_chars + 1]
-    kept, left = [], max_chars + 1
+        cut: Any = CutText(observation[:max_chars + 1])
+        cut.chars = chars
+        return cut
+    kept, left = CutChat(), max_chars + 1
+    kept.chars = chars
     for message in observation:
         content = message.get("content")
         if isinstance(content, str):
