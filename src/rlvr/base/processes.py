@@ -131,6 +131,7 @@ class ProcessCap:
         parent = _pids_folder()
         if parent is None:
             return
+        _remove_orphans(parent)
         folder = os.path.join(parent, f"rlvr-{os.getpid()}-{next(_caps)}")
         try:
             os.mkdir(folder)
@@ -176,6 +177,17 @@ class ProcessCap:
                     break
                 time.sleep(0.01)
         self.folder = None
+
+
+def _remove_orphans(parent: str) -> None:
+    """Remove the empty cgroups of rlvr processes that are gone (a trainer killed outright
+    leaves its jails' cgroups behind)."""
+    with contextlib.suppress(OSError):
+        for name in os.listdir(parent):
+            owner = name.split("-")[1] if name.startswith("rlvr-") and name.count("-") == 2 else ""
+            if owner.isdigit() and not os.path.exists(f"/proc/{owner}"):
+                with contextlib.suppress(OSError):
+                    os.rmdir(os.path.join(parent, name))
 
 
 def _wait_gone(pids: list[int], timeout: float = 5.0) -> None:
