@@ -187,3 +187,101 @@ def test_the_runs_stop_signal_cuts_a_batch_of_agents_short(endpoint, tmp_path, m
             STOPPING.clear()
         assert time.monotonic() - began < 10
         assert not endpoint._episodes  # every episode finished
+
+
+def _tagged(tag):
+    import os
+
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline, open(f"/proc/{pid}/stat") as stat:
+                if tag.encode() in cmdline.read() and stat.read().rsplit(") ", 1)[-1][0] != "Z":
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def test_unjailed_a_daemon_in_a_session_of_its_own_ends_with_the_command(endpoint, tmp_path, monkeypatch):
+    import uuid
+
+    monkeypatch.setattr("rlvr.agents.command.jail", lambda: None)
+    monkeypatch.chdir(tmp_path)
+    tag = f"rlvr-test-{uuid.uuid4().hex}"
+    program = textwrap.dedent(f"""
+        import os, subprocess, sys
+        middle = os.fork()
+        if middle == 0:  # a daemon: a double fork into a session of its own
+            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "{tag}"], start_new_session=True)
+            os._exit(0)
+        os.waitpid(middle, 0)
+        print(1.0)
+    """)
+    assert run(endpoint, program, tmp_path, {})[0] == 1.0
+    assert _tagged(tag) == []
+
+
+@pytest.mark.parametrize("jailed", [True, False])
+def test_a_command_holds_at_most_max_processes(endpoint, tmp_path, monkeypatch, jailed):
+    import os
+
+    from rlvr.base.processes import MAX_PROCESSES, ProcessCap
+
+    cap = ProcessCap()
+    capped = cap.folder is not None or (jailed and os.geteuid() != 0)
+    cap.close()
+    if not capped or (jailed and jail() is None):
+        pytest.skip("no pids cgroup here, and RLIMIT_NPROC binds neither root nor a program outside a jail")
+    if not jailed:
+        monkeypatch.setattr("rlvr.agents.command.jail", lambda: None)
+    monkeypatch.chdir(tmp_path)
+    program = textwrap.dedent("""
+        import os, time
+        started = 0
+        for _ in range(300):
+            try:
+                pid = os.fork()
+            except OSError:
+                break
+            if pid == 0:
+                time.sleep(60)
+                os._exit(0)
+            started += 1
+        print(started)
+    """)
+    started = run(endpoint, program, tmp_path, {})[0]
+    assert 0 < started < MAX_PROCESSES  # a fork bomb stops at the cap: 300 without one
+
+
+@pytest.mark.skipif(jail() is None, reason="bwrap is not installed (CI installs bubblewrap)")
+def test_a_jailed_command_runs_in_a_virtual_environment_and_a_checkout_under_tmp(tmp_path):
+    """A venv and a checkout under /tmp (the jail's private /tmp must not hide them): ``python``
+    on PATH is the venv's, with its prefix."""
+    import os
+    import pathlib
+    import shutil
+    import socket
+    import subprocess
+
+    venv, checkout = tmp_path / "venv", tmp_path / "checkout"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
+    shutil.copytree(pathlib.Path(__file__).resolve().parents[2] / "src", checkout / "src")
+    (checkout / "agent.py").write_text("import json, sys; sys.stdin.readline(); print(json.dumps(sys.prefix))")
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(tmp_path / "endpoint.sock"))  # the endpoint's socket, never called here
+    script = textwrap.dedent(f"""
+        import asyncio, types
+        from rlvr.agents.command import command_agent
+        agent = command_agent("python agent.py", types.SimpleNamespace(unix_socket={str(tmp_path / "endpoint.sock")!r}))
+        client = types.SimpleNamespace(base_url="http://127.0.0.1:1/v1/episodes/e", api_key="k")
+        print(asyncio.run(agent(client, {{}})))
+    """)
+    env = dict(os.environ, PYTHONPATH=str(checkout / "src"))
+    try:
+        done = subprocess.run([str(venv / "bin" / "python"), "-c", script], cwd=checkout, env=env, capture_output=True,
+                              text=True, timeout=120)
+    finally:
+        listener.close()
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == str(venv)

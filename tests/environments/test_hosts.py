@@ -202,3 +202,128 @@ def _alive(pid):
         return False
     with open(f"/proc/{pid}/stat") as stat:  # a zombie is dead, only not yet reaped
         return stat.read().split(") ")[-1][0] != "Z"
+
+
+_SLEEPER = "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+
+
+class Spawns(Echo):
+    """A reset that leaves a daemon in a session of its own (a double fork) and children that ignore SIGTERM."""
+
+    def reset(self, start):
+        import subprocess
+        import sys
+
+        middle = os.fork()
+        if middle == 0:  # starts the daemon, then leaves it to be orphaned
+            try:
+                subprocess.Popen([sys.executable, "-c", _SLEEPER, start], start_new_session=True)
+            finally:
+                os._exit(0)
+        os.waitpid(middle, 0)  # Popen returned in the middle process once the daemon had started
+        self.children = [subprocess.Popen([sys.executable, "-c", _SLEEPER, start]) for _ in range(3)]
+        return "started"
+
+
+def _tagged(tag):
+    """Pids of the live processes whose command line holds ``tag``."""
+    found = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if tag.encode() in pathlib.Path(f"/proc/{name}/cmdline").read_bytes() and _alive(int(name)):
+                found.append(int(name))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.parametrize("stop", ["close", "time-out"])
+def test_what_environment_code_starts_ends_with_its_worker_daemons_too(stop):
+    tag = f"rlvr-env-daemon-{os.getpid()}-{time.monotonic_ns()}"
+    hosts = EnvironmentHosts(Spawns, 2)
+    try:
+        assert hosts.call([(0, "make", ()), (0, "reset", (tag,))], 30.0) == ["Spawns", "started"]
+        deadline = time.monotonic() + 10
+        while len(_tagged(tag)) < 4 and time.monotonic() < deadline:  # /proc may show the last one late
+            time.sleep(0.01)
+        assert len(_tagged(tag)) == 4  # the daemon and three children
+        if stop == "close":
+            hosts.close()
+        else:  # a step past its limit: the worker and all below it are killed
+            hosts.call([(0, "tool", ("stuck", (), {}))], 0.2)
+        assert _tagged(tag) == []
+    finally:
+        hosts.close()
+
+
+class Maps(Echo):
+    def step(self, text):
+        import mmap
+
+        mmap.mmap(-1, 2 << 30)  # 2 GiB of address space (no memory touched)
+        return Step("mapped", 1.0)
+
+
+def test_an_environment_worker_has_its_address_space_cap():
+    from rlvr.tasks.environment import EnvironmentTask
+
+    assert EnvironmentTask(environment_memory_mb=300).hosts.memory_mb == 300
+    capped, free = EnvironmentHosts(Maps, 1, memory_mb=256), EnvironmentHosts(Maps, 1)
+    try:
+        for hosts in (capped, free):
+            hosts.call([(0, "make", ()), (0, "reset", (0,))], 30.0)
+        (failed,) = capped.call([(0, "step", ("go", False))], 30.0)
+        assert str(failed) == "Maps.step: OSError: [Errno 12] Cannot allocate memory"
+        assert free.call([(0, "step", ("go", False))], 30.0)[0][3] == "mapped"
+    finally:
+        capped.close()
+        free.close()
+
+
+class Floods(Echo):
+    def step(self, text):
+        return Step("x" * 10**7 if text == "text" else [{"role": "user", "content": str(i) * 600} for i in range(3)],
+                    0.0)
+
+    def tools(self):
+        return {"flood": lambda: "z" * 10**7}
+
+
+@pytest.mark.parametrize("workers", [2, 0])
+def test_observations_and_tool_text_are_cut_to_the_budget_before_they_cross(workers):
+    hosts = EnvironmentHosts(Floods, workers)
+    hosts.max_chars = 1000
+    try:
+        hosts.call([(0, "make", ()), (0, "reset", (0,))], 30.0)
+        text, chat, tool = hosts.call([(0, "step", ("text", False)), (0, "step", ("chat", True)),
+                                       (0, "tool", ("flood", (), {}))], 30.0)
+        assert text[3] == "x" * 1001  # one past the budget: it still reads as too long
+        assert chat[3] == [{"role": "user", "content": "0" * 600}, {"role": "user", "content": "1" * 401}]
+        assert tool == "z" * 1001
+    finally:
+        hosts.close()
+
+
+def test_an_answer_past_the_reply_limit_ends_its_episode_named(monkeypatch):
+    from rlvr.environments import hosts as hosts_module
+    from rlvr.environments import operations
+
+    monkeypatch.setattr(operations, "reply_limit", lambda max_chars: 1000)  # the worker's check (forked after this)
+    hosts = EnvironmentHosts(Floods, 1)
+    try:
+        hosts.call([(0, "make", ()), (0, "reset", (0,))], 30.0)
+        (said,) = hosts.call([(0, "step", ("chat", True))], 30.0)
+        assert str(said).startswith("Floods.step: its answer is 1,") and str(said).endswith(
+            " bytes pickled, more than the 1,000 a worker may send back")
+    finally:
+        hosts.close()
+    monkeypatch.undo()
+    monkeypatch.setattr(hosts_module, "reply_limit", lambda max_chars: 1000)  # the trainer's read alone
+    hosts = EnvironmentHosts(Floods, 1)
+    try:
+        hosts.call([(0, "make", ()), (0, "reset", (0,))], 30.0)
+        (read,) = hosts.call([(0, "step", ("chat", True))], 30.0)
+        assert str(read) == "Floods.step: its answer is more than the 1,000 bytes a worker may send"
+        assert "its environment is gone" in str(hosts.call([(0, "step", ("chat", True))], 30.0)[0])
+    finally:
+        hosts.close()

@@ -258,9 +258,70 @@ def test_a_program_reaches_no_host_socket_and_no_host_file(tmp_path):
     with pytest.raises(BlockingIOError):
         server.accept()  # nothing came
     server.close()
-    code = f"import os; print(os.path.exists({str(tmp_path)!r}), os.path.exists('/work'), os.listdir('/tmp'))"
-    assert run_python(code) == "False False ['work']\n"
+    # the checkout is not in the jail, nor what /tmp holds but the prefixes the jail binds (a venv under /tmp)
+    checkout = Path(__file__).resolve().parents[2]
+    bound = {Path(p).resolve().parts[2] for p in (sys.prefix, sys.base_prefix) if Path(p).resolve().parts[1] == "tmp"}
+    code = (f"import os; print(os.path.exists({str(tmp_path)!r}), os.path.exists({str(checkout / 'src')!r}), "
+            "sorted(os.listdir('/tmp')))")
+    assert run_python(code) == f"False False {sorted({'work'} | bound)}\n"
     assert "Read-only file system" in _fails(f"open({str(Path(sys.base_prefix) / 'x')!r}, 'w')")
+
+
+def _process_cap() -> bool:
+    """Whether a jail's processes are capped here: a pids cgroup can be made, or bwrap's user
+    namespace holds a user other than root to RLIMIT_NPROC."""
+    from rlvr.base.processes import ProcessCap
+
+    cap = ProcessCap()
+    made = cap.folder is not None
+    cap.close()
+    return made or (sandbox() is not None and os.geteuid() != 0)
+
+
+_FORKS = """import os, time
+started = 0
+for _ in range(300):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(60)
+        os._exit(0)
+    started += 1
+print(started)
+"""
+
+
+@pytest.mark.skipif(not _process_cap(), reason="no pids cgroup can be made here, and RLIMIT_NPROC does not bind root")
+@pytest.mark.parametrize("jailed", [True, False])
+def test_a_program_holds_at_most_max_processes(monkeypatch, jailed):
+    from rlvr.base.processes import MAX_PROCESSES
+
+    if jailed and sandbox() is None:
+        pytest.skip("bwrap is not installed (CI installs bubblewrap)")
+    if not jailed:
+        monkeypatch.setattr("rlvr.environments.sandbox.jail", lambda: None)
+    started = int(run_python(_FORKS, timeout=30))
+    assert 0 < started < MAX_PROCESSES  # a fork bomb stops at the cap: 300 without one
+    assert not [d for d in os.listdir("/sys/fs/cgroup/pids") if d.startswith(f"rlvr-{os.getpid()}-")] \
+        if os.path.isdir("/sys/fs/cgroup/pids") else True  # its cgroup removed
+
+
+def test_unjailed_a_daemon_in_a_session_of_its_own_ends_with_the_program(monkeypatch):
+    monkeypatch.setattr("rlvr.environments.sandbox.jail", lambda: None)
+    tag = f"rlvr-daemon-{os.getpid()}-{time.monotonic_ns()}"
+    daemon = f"""import os, subprocess, sys
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        {_SLEEPER.format(tag=tag)}
+    os._exit(0)
+os.wait()
+print("left a daemon")
+"""
+    assert run_python(daemon) == "left a daemon\n"
+    assert _tagged(tag) == []
 
 
 def test_without_bwrap_it_says_so_once_and_runs_unjailed(monkeypatch):

@@ -14,8 +14,10 @@ network but its own loopback. There a small relay of the jail's own
 (``_RELAY``) listens on the jail's loopback and passes each connection to the
 endpoint's Unix socket, the one way out; the program gets that loopback address as its
 base URL. Without bwrap (said once, as a warning) it runs in its own process group. Either
-way it gets ``memory_mb`` of address space, and it and everything it started are killed
-when the episode ends.
+way it runs under ``rlvr.base.processes``' supervisor, the subreaper of all it starts, with
+``memory_mb`` of address space and at most ``MAX_PROCESSES`` processes (a pids cgroup of
+its own where one can be made; in the jail also ``RLIMIT_NPROC``), and it and everything
+it started (a daemon in a session of its own too) are killed when the episode ends.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
+from rlvr.base.processes import MAX_PROCESSES, ProcessCap, kill_tree, supervisor
 from rlvr.environments.sandbox import jail
 
 MAX_OUTPUT_BYTES = 1 << 20  # of stdout kept (the reward is its last line) and of stderr (its tail, in the error)
@@ -38,11 +41,11 @@ _ERROR_CHARS = 300
 _JAILED_SOCKET = "/tmp/rlvr-endpoint.sock"  # the endpoint's Unix socket, inside the jail
 
 # Runs inside the jail: listen on the jail's loopback, relay each connection to the endpoint's
-# Unix socket, start the agent with the base URL on that port, and exit with its exit code.
+# Unix socket, start the agent (under its supervisor) with the base URL on that port, and exit
+# with its exit code.
 _RELAY = r"""
-import asyncio, os, resource, sys
-socket_path, memory = sys.argv[1], int(sys.argv[2])
-argv = sys.argv[3:]
+import asyncio, os, sys
+socket_path, argv = sys.argv[1], sys.argv[2:]
 path = os.environ.pop("RLVR_EPISODE_PATH")
 
 async def pipe(reader, writer):
@@ -63,15 +66,12 @@ async def relay(reader, writer):
         return
     await asyncio.gather(pipe(reader, upstream_writer), pipe(upstream_reader, writer))
 
-def limit():
-    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-
 async def main():
     server = await asyncio.start_server(relay, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     env = dict(os.environ, OPENAI_BASE_URL=f"http://127.0.0.1:{port}{path}")
     try:
-        agent = await asyncio.create_subprocess_exec(*argv, env=env, preexec_fn=limit)
+        agent = await asyncio.create_subprocess_exec(*argv, env=env)
     except OSError as err:
         print(f"cannot start the agent command: {err}", file=sys.stderr)
         return 127
@@ -104,6 +104,15 @@ async def _run(argv: list[str], url: str, key: str, data: bytes, unix_socket: st
     """(exit code, stdout's last MAX_OUTPUT_BYTES, stderr's) of one run of ``argv``, jailed where ``jail()``
     can; killed with everything it started when this returns or is cancelled (the episode's time-out)."""
     options = jail()
+    cap = ProcessCap()
+    try:
+        return await _run_capped(argv, url, key, data, unix_socket, memory, options, cap)
+    finally:
+        cap.close()
+
+
+async def _run_capped(argv: list[str], url: str, key: str, data: bytes, unix_socket: str | None, memory: int,
+                      options: tuple[str, ...] | None, cap: ProcessCap) -> tuple[int, bytes, bytes]:
     env = {"PATH": f"{os.path.dirname(sys.executable)}:/usr/bin:/bin", "OPENAI_API_KEY": key,
            "OPENAI_BASE_URL": url, "HOME": os.environ.get("HOME", "/"), "LANG": "C.UTF-8"}
     if options is not None:
@@ -119,20 +128,21 @@ async def _run(argv: list[str], url: str, key: str, data: bytes, unix_socket: st
         os.close(writer)
         program = [*options, "--args", str(reader), "--ro-bind", cwd, cwd, "--bind", unix_socket,
                    _JAILED_SOCKET, "--chdir", cwd, "--setenv", "PATH", env["PATH"], "--setenv", "LANG", "C.UTF-8",
-                   "--", os.path.realpath(sys.executable), "-I", "-S", "-c", _RELAY, _JAILED_SOCKET, str(memory),
-                   *argv]
+                   "--", os.path.realpath(sys.executable), "-I", "-S", "-c", _RELAY, _JAILED_SOCKET,
+                   *supervisor(), str(memory), str(MAX_PROCESSES), "--", *argv]
         try:
             process = await asyncio.create_subprocess_exec(*program, stdin=asyncio.subprocess.PIPE,
                                                            stdout=asyncio.subprocess.PIPE,
                                                            stderr=asyncio.subprocess.PIPE, env=env,
-                                                           start_new_session=True, pass_fds=(reader,))
+                                                           start_new_session=True, pass_fds=(reader,),
+                                                           preexec_fn=cap.join)
         finally:
             os.close(reader)
-    else:
-        process = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.PIPE,
+    else:  # no RLIMIT_NPROC here: outside a user namespace it would count all of the user's processes
+        process = await asyncio.create_subprocess_exec(*supervisor(), str(memory), "0", "--", *argv,
+                                                       stdin=asyncio.subprocess.PIPE,
                                                        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                                                       env=env, start_new_session=True,
-                                                       preexec_fn=lambda: _limit_memory(memory))
+                                                       env=env, start_new_session=True, preexec_fn=cap.join)
     tails = asyncio.gather(_tail(process.stdout), _tail(process.stderr))
     try:
         await _feed(process.stdin, data)
@@ -142,7 +152,9 @@ async def _run(argv: list[str], url: str, key: str, data: bytes, unix_socket: st
         out, err = await tails
         return code, out, err
     finally:
-        with contextlib.suppress(ProcessLookupError):  # it, and whatever it started and left
+        if process.returncode is None:  # cut short: what it started and left, in a session of its own too
+            kill_tree(process.pid)  # (its supervisor is their subreaper; one that ended killed them itself)
+        with contextlib.suppress(ProcessLookupError):  # it, and its group
             os.killpg(process.pid, signal.SIGKILL)
         transport = getattr(process, "_transport", None)
         try:
@@ -154,12 +166,6 @@ async def _run(argv: list[str], url: str, key: str, data: bytes, unix_socket: st
             tails.cancel()
             if transport is not None:
                 transport.close()
-
-
-def _limit_memory(memory: int) -> None:
-    import resource
-
-    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
 
 
 async def _feed(stdin: asyncio.StreamWriter, data: bytes) -> None:

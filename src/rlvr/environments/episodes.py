@@ -94,6 +94,10 @@ def run_episodes(policy: CausalLMPolicy, hosts: EnvironmentHosts, starts: Sequen
     ``temperature`` 0: greedy. Else each episode draws from its own seed: ``seeds`` [N] long,
     or N drawn from ``generator``.
     """
+    from rlvr.policies.prompts import max_token_chars
+
+    # what crosses from an environment: what an episode's prompt (the model's positions) or its reply could hold
+    hosts.max_chars = max(limits.max_tokens, policy.max_positions or 0) * max_token_chars(policy.tokenizer)
     running = start_episodes(policy, hosts, [start for start in starts for _ in range(group_size)],
                              [b for b in range(len(starts)) for _ in range(group_size)], limits)
     episodes = [r.episode for r in running]

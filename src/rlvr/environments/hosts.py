@@ -20,13 +20,19 @@ RecursionError too), a wrong type, or a call past its time limit.
     the error. The run's first stop signal (``rlvr.base.errors.STOPPING``) ends the waits at
     once: the workers in mid-call are killed and ``CutShort`` is raised (the trainer drops
     the batch). Workers die with the trainer (as reward workers do:
-    ``rlvr.rewards.workers``).
+    ``rlvr.rewards.workers``). A worker is the subreaper of the processes its environments
+    start: when it is stopped (a time-out, ``close()``) they are all killed, daemons that
+    left its session too (``rlvr.base.processes.kill_tree``), and it may grow by
+    ``memory_mb`` of address space (``task.options.environment_memory_mb``).
   * ``workers`` = 0: in the trainer's process, one call after another, each under
     SIGALRM alone (``operations.time_limit``: in the main thread only; code that blocks signals or
     loops in C is not stopped).
 
 A value crosses from a worker by ``pickle`` (a prompt, an observation, a tool's text): one
-that does not pickle fails the call, named.
+that does not pickle fails the call, named. A prompt, an observation or a tool's text is
+cut past ``max_chars`` (what an episode could hold; ``run_episodes`` sets it) in the
+worker, and the trainer reads at most ``operations.reply_limit`` bytes of an answer: one
+past it ends its episode with the error, and its worker is replaced.
 """
 
 from __future__ import annotations
@@ -44,8 +50,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rlvr.base.errors import STOPPING, CutShort
+from rlvr.base.processes import kill_tree
 from rlvr.environments.base import Environment, describe_error
-from rlvr.environments.operations import call_name, run_request, worker_main
+from rlvr.environments.operations import call_name, reply_limit, run_request, worker_main
 from rlvr.rewards.workers import Reaper, lead_group, trainer_ends
 
 HARD_GRACE = 2.0  # seconds past a call's limit before its worker is killed
@@ -69,10 +76,13 @@ class _Worker:
 
 class EnvironmentHosts:
     """The environments of a batch's episodes, by row, made by ``make_env`` in ``workers``
-    worker processes (0: in this process); see the module docstring."""
+    worker processes (0: in this process), each with ``memory_mb`` of address space to grow
+    by (None: no cap); see the module docstring."""
 
-    def __init__(self, make_env: Callable[[], Environment], workers: int = WORKERS) -> None:
-        self.make_env = make_env
+    def __init__(self, make_env: Callable[[], Environment], workers: int = WORKERS, memory_mb: int | None = None
+                 ) -> None:
+        self.make_env, self.memory_mb = make_env, memory_mb
+        self.max_chars: int | None = None  # an observation's characters kept (None: all)
         self.num_workers = workers if hasattr(os, "fork") else 0
         self._envs: dict[int, Any] = {}  # in this process
         self._workers: dict[int, _Worker] = {}
@@ -84,7 +94,8 @@ class EnvironmentHosts:
     def call(self, requests: Sequence[tuple[int, str, tuple]], seconds: float | None) -> list[Any]:
         """Each request's value, or its EnvironmentFailed; a row's requests run in order."""
         if not self.num_workers:
-            outcomes = [run_request(self._envs, self.make_env, request, seconds) for request in requests]
+            outcomes = [run_request(self._envs, self.make_env, request, seconds, self.max_chars)
+                        for request in requests]
         else:
             outcomes = self._in_workers(requests, seconds)
         return [self._value(outcome, seconds) for outcome in outcomes]
@@ -146,7 +157,7 @@ class EnvironmentHosts:
             return
         worker = self._workers.get(slot) or self._start(slot)
         try:
-            worker.conn.send_bytes(pickle.dumps((requests[index], seconds)))
+            worker.conn.send_bytes(pickle.dumps((requests[index], seconds, self.max_chars)))
         except (OSError, pickle.PicklingError, TypeError, AttributeError) as err:
             outcomes[index] = ("failed", f"{self._what(requests[index])}: its arguments could not reach the "
                                f"environment's worker: {describe_error(err, 200)}", False)
@@ -166,11 +177,14 @@ class EnvironmentHosts:
         for slot, worker in busy.items():
             if worker.conn in ready:
                 try:
-                    outcomes[worker.task] = pickle.loads(worker.conn.recv_bytes())
+                    outcomes[worker.task] = pickle.loads(worker.conn.recv_bytes(reply_limit(self.max_chars)))
                 except (EOFError, OSError):
-                    worker.process.join(timeout=1.0)
-                    self._lose(slot, queues, requests, outcomes,
-                               f"lost its worker process (exit code {worker.process.exitcode})", seconds)
+                    if not worker.conn.readable:  # an answer past the limit, left unread
+                        why = f"its answer is more than the {reply_limit(self.max_chars):,} bytes a worker may send"
+                    else:
+                        worker.process.join(timeout=1.0)
+                        why = f"lost its worker process (exit code {worker.process.exitcode})"
+                    self._lose(slot, queues, requests, outcomes, why, seconds)
                     continue
                 row, operation, _ = requests[worker.task]
                 if operation == "make" and outcomes[worker.task][0] == "ok":
@@ -201,7 +215,7 @@ class EnvironmentHosts:
         context = multiprocessing.get_context("fork")
         parent_conn, child_conn = context.Pipe()
         trainer_ends.add(parent_conn)  # before the fork, so that the worker closes its copy too
-        process = context.Process(target=worker_main, args=(child_conn, self.make_env, os.getpid()),
+        process = context.Process(target=worker_main, args=(child_conn, self.make_env, os.getpid(), self.memory_mb),
                                   name="rlvr-environment-worker", daemon=True)
         process.start()
         child_conn.close()
@@ -216,6 +230,8 @@ class EnvironmentHosts:
         worker = self._workers.pop(slot)
         for row in self._hosted.pop(slot, ()):
             self._lost[row] = why
+        if worker.process.exitcode is None:
+            kill_tree(worker.process.pid)  # what its environments started, daemons too (it is their subreaper)
         if self._reaper is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(worker.process.pid, signal.SIGKILL)

@@ -2,7 +2,11 @@
 request names (make, reset, tools, tool, step, final, schemas, snapshot), each run under its
 time limit (``time_limit``, ``StepTimeout``), with the checks of what the environment
 answered (``step_reward``, ``as_observation``); and a worker process's loop, which runs
-the requests its host sends."""
+the requests its host sends.
+
+A prompt, an observation or an environment tool's text longer than its episode could hold
+is cut where it is made (``cut_observation``), before it crosses to the trainer; a worker's
+answer past ``reply_limit`` bytes (pickled) fails its call, named."""
 
 from __future__ import annotations
 
@@ -18,11 +22,13 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from rlvr.base.errors import STOPPING, Stopped
+from rlvr.base.processes import become_subreaper, kill_descendants, limit_address_space
 from rlvr.environments.base import Environment, Observation, Step, describe_error
 from rlvr.rewards.workers import die_with_parent, lead_group
 
 MAX_SCHEMA_CHARS = 65_536  # an environment's tool schemas, as JSON
 MAX_SNAPSHOT_BYTES = 1 << 20  # an environment's snapshot, pickled: attributes past it are left out
+MAX_REPLY_BYTES = 16 << 20  # a worker's pickled answer, beyond the 4 bytes a character its observations may take
 
 
 class StepTimeout(BaseException):
@@ -149,20 +155,74 @@ def call_what(envs: dict[int, Any], row: int, operation: str, args: tuple) -> st
     return call_name(type(envs[row]).__name__ if row in envs else None, operation, args)
 
 
-def run_request(envs: dict[int, Any], make_env: Callable[[], Environment], request: tuple, seconds: float | None
-                ) -> tuple:
-    """One request, run here: ("ok", value) or ("failed", one line, whether it timed out)."""
+def run_request(envs: dict[int, Any], make_env: Callable[[], Environment], request: tuple, seconds: float | None,
+                max_chars: int | None = None) -> tuple:
+    """One request, run here: ("ok", value) or ("failed", one line, whether it timed out); a
+    prompt, an observation or a tool's text cut past ``max_chars`` characters (``cut_observation``)."""
     row, operation, args = request
     if operation == "make":
         args = (make_env,)
     what = call_what(envs, row, operation, args)
     try:
         with time_limit(seconds):
-            return ("ok", _OPERATIONS[operation](envs, row, *args))
+            value = _OPERATIONS[operation](envs, row, *args)
+            if max_chars is not None and operation == "reset":
+                value = cut_observation(value, max_chars)
+            elif max_chars is not None and operation == "step" and value[3] is not None:
+                value = (*value[:3], cut_observation(value[3], max_chars))
+            elif max_chars is not None and operation == "tool":
+                value = cut_observation(value, max_chars)
+            return ("ok", value)
     except Stopped:
         raise
     except BaseException as err:  # noqa: BLE001 - the environment's failure ends its episode, not the run
         return ("failed", f"{what}: {describe_error(err)}"[:500], isinstance(err, StepTimeout))
+
+
+class CutText(str):
+    """Text cut where it was made (``cut_observation``); ``chars``: its characters before."""
+
+    chars: int
+
+
+class CutChat(list):
+    """Messages cut where they were made (``cut_observation``); ``chars``: their contents'
+    characters before."""
+
+    chars: int
+
+
+def cut_observation(observation: Observation, max_chars: int) -> Observation:
+    """``observation`` with ``max_chars + 1`` characters of content at most (text, or the
+    contents of its messages in order, those past it left out): one past the most its
+    episode can hold, so that it still reads as too long there, and is never encoded. One
+    that was cut says how long it was (``CutText``, ``CutChat``)."""
+    from rlvr.policies.prompts import content_chars
+
+    chars = content_chars(observation)
+    if chars <= max_chars + 1:
+        return observation
+    if isinstance(observation, str):
+        cut: Any = CutText(observation[:max_chars + 1])
+        cut.chars = chars
+        return cut
+    kept, left = CutChat(), max_chars + 1
+    kept.chars = chars
+    for message in observation:
+        content = message.get("content")
+        if isinstance(content, str):
+            if left <= 0:
+                break
+            message = {**message, "content": content[:left]}
+            left -= len(message["content"])
+        kept.append(message)
+    return kept
+
+
+def reply_limit(max_chars: int | None) -> int:
+    """The bytes a worker's pickled answer may take: MAX_REPLY_BYTES, and 4 a character of
+    the observation budget (``max_chars``) beyond it."""
+    return MAX_REPLY_BYTES + 4 * (max_chars or 0)
 
 
 def step_reward(reward: object) -> float:
@@ -220,26 +280,43 @@ def time_limit(seconds: float | None) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-def worker_main(conn: Any, make_env: Callable[[], Environment], parent: int) -> None:
-    """A worker's loop: receive a request, run it, send back its outcome."""
+def worker_main(conn: Any, make_env: Callable[[], Environment], parent: int, memory_mb: int | None = None) -> None:
+    """A worker's loop: receive a request, run it, send back its outcome. The worker is the
+    subreaper of every process its environments start (``kill_descendants`` at its end; its
+    host kills that tree when it stops it), with ``memory_mb`` of address space to grow by."""
     if os.name == "posix":
         lead_group(0)
     die_with_parent(parent)
+    become_subreaper()
+    if memory_mb is not None:
+        limit_address_space(memory_mb << 20, grow=True)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C and the run's stop are the trainer's
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     STOPPING.clear()
     envs: dict[int, Any] = {}
+    try:
+        _serve(conn, make_env, envs)
+    finally:
+        envs.clear()
+        kill_descendants()
+
+
+def _serve(conn: Any, make_env: Callable[[], Environment], envs: dict[int, Any]) -> None:
     while True:
         try:
-            request, seconds = pickle.loads(conn.recv_bytes())
+            request, seconds, max_chars = pickle.loads(conn.recv_bytes())
         except (EOFError, OSError):  # the trainer is gone
             return
-        outcome = run_request(envs, make_env, request, seconds)
+        outcome = run_request(envs, make_env, request, seconds, max_chars)
+        what = call_what(envs, request[0], request[1], request[2])
         try:
             message = pickle.dumps(outcome)
         except Exception as err:  # noqa: BLE001 - a value of the environment's that does not pickle
-            message = pickle.dumps(("failed", f"{call_what(envs, request[0], request[1], request[2])}: its answer "
-                                    f"could not be sent back: {describe_error(err, 200)}", False))
+            message = pickle.dumps(("failed", f"{what}: its answer could not be sent back: "
+                                    f"{describe_error(err, 200)}", False))
+        if len(message) > reply_limit(max_chars):
+            message = pickle.dumps(("failed", f"{what}: its answer is {len(message):,} bytes pickled, more than the "
+                                    f"{reply_limit(max_chars):,} a worker may send back", False))
         try:
             conn.send_bytes(message)
         except (EOFError, OSError):

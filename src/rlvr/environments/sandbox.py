@@ -26,8 +26,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+from rlvr.base.processes import MAX_PROCESSES, ProcessCap, die_with_parent, kill_tree, supervisor
 from rlvr.environments.base import ToolError
-from rlvr.rewards.workers import die_with_parent
 
 _MESSAGE_CHARS = 300  # bwrap's complaint is cut to this many characters
 
@@ -75,11 +75,12 @@ def jail() -> tuple[str, ...] | None:
                 options += ["--symlink", os.readlink(path), path]
             elif os.path.isdir(path):
                 options += ["--ro-bind", path, path]
+        options += ["--proc", "/proc", "--dev", "/dev", "--size", str(_JAIL_TMPFS_BYTES), "--tmpfs", "/tmp",
+                    "--dir", _JAIL_WORK]
+        # after the private /tmp, which would hide a virtual environment (or Python) under /tmp
         for path in sorted({sys.base_prefix, sys.prefix, os.path.dirname(os.path.dirname(interpreter))}):
             if not path.startswith("/usr/"):
                 options += ["--ro-bind", path, path]
-        options += ["--proc", "/proc", "--dev", "/dev", "--size", str(_JAIL_TMPFS_BYTES), "--tmpfs", "/tmp",
-                    "--dir", _JAIL_WORK]
         try:
             probe = subprocess.run([*options, "--chdir", _JAIL_WORK, "--", interpreter, "-I", "-S", "-c", "pass"],
                                    capture_output=True, timeout=30)
@@ -118,22 +119,33 @@ def run_python(
     keep = 4 * max_output_chars  # bytes: a character is at most 4
     output_limit = max(8 * max_output_chars, 2**16)  # bytes a stream (or a file it writes) may reach
     limits = [str(cpu_seconds), str(memory_mb * 2**20), str(output_limit)]
-    jail = sandbox()
+    options = jail()
+    python = [os.path.realpath(sys.executable), "-I", "-S", "-c", _PYTHON_PRELUDE, *limits]
+    cap = ProcessCap()
     with contextlib.ExitStack() as stack:
-        if jail is None:
+        stack.callback(cap.close)
+        if options is None:  # no RLIMIT_NPROC here: outside a user namespace it counts all of the user's processes
             folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="rlvr-python-", ignore_cleanup_errors=True))
-            argv = [sys.executable, "-I", "-S", "-c", _PYTHON_PRELUDE, *limits]
+            argv = [*supervisor(), "0", "0", "--", *python]
             env: dict[str, str] | None = {"PATH": os.defpath, "HOME": folder, "TMPDIR": folder}
         else:
-            folder, argv, env = None, [*jail, "-I", "-S", "-c", _PYTHON_PRELUDE, *limits], {"PATH": os.defpath}
+            argv = [*options, "--chdir", _JAIL_WORK, "--", *supervisor(), "0", str(MAX_PROCESSES), "--", *python]
+            folder, env = None, {"PATH": os.defpath}
+
+        def started() -> None:
+            cap.join()
+            if options is None:
+                die_with_parent()
+
         process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   cwd=folder, env=env, start_new_session=True,
-                                   preexec_fn=None if jail is not None else die_with_parent)
+                                   cwd=folder, env=env, start_new_session=True, preexec_fn=started)
         try:
             returncode, out, err = _communicate(process, code.encode("utf-8", errors="replace"), timeout,
-                                                keep, output_limit, settle=0.0 if jail is None else 1.0)
+                                                keep, output_limit, settle=0.0 if options is None else 1.0)
         finally:
-            with contextlib.suppress(ProcessLookupError):  # it, and whatever it started and left
+            if process.poll() is None:  # cut short: what it started, in a session of its own too (its
+                kill_tree(process.pid)  # supervisor is their subreaper; one that ended killed them itself)
+            with contextlib.suppress(ProcessLookupError):  # it, and its group
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait()
     text = out.head.decode("utf-8", errors="replace")
@@ -142,8 +154,8 @@ def run_python(
             return text
         raise ToolError(f"{text[:max_output_chars]}\n[output cut: {out.total} bytes in all, "
                         f"the limit is {max_output_chars} characters]")
-    if jail is not None and isinstance(returncode, int) and returncode > 128:
-        returncode = 128 - returncode  # bwrap reports its program's death by signal N as exit code 128 + N
+    if isinstance(returncode, int) and returncode > 128:
+        returncode = 128 - returncode  # bwrap and the supervisor report a death by signal N as exit code 128 + N
     if returncode == "flooded":
         why = f"stopped: it printed past {output_limit} bytes"
     elif returncode is None:

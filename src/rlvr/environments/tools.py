@@ -33,8 +33,6 @@ its failures raise ``ToolError``.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import functools
 import inspect
 import io
@@ -52,6 +50,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from rlvr.base.processes import become_subreaper, kill_descendants, limit_address_space
 from rlvr.environments.base import ToolCall, ToolError, ToolResult, describe_error
 from rlvr.environments.sandbox import run_python, sandbox
 from rlvr.environments.tool_parsing import calculator, call_arguments
@@ -59,7 +58,6 @@ from rlvr.rewards.workers import WorkerPool, die_with_parent
 
 _GRACE = 5.0  # seconds past a call's timeout before the pool kills a worker stuck outside the call
 _MESSAGE_CHARS = 300  # an exception's message is cut to this many characters
-_PR_SET_CHILD_SUBREAPER = 36  # from <linux/prctl.h>
 
 
 @dataclass(frozen=True)
@@ -174,7 +172,7 @@ def _call_in_worker(prompts: Sequence, completions: Sequence, *, call: ToolCall,
     the call runs in a child process, whose result (or the worker's account of how it
     ended) is written to ``result_path``. Runs only in a worker: it kills the worker's
     other child processes."""
-    _become_subreaper()
+    become_subreaper()
     if getattr(tools[call.name], "runs_programs", False):
         sandbox()  # probed once in this worker, not in each call's process
     scratch = tempfile.mkdtemp(dir=os.path.dirname(result_path))
@@ -187,7 +185,7 @@ def _call_in_worker(prompts: Sequence, completions: Sequence, *, call: ToolCall,
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
     finally:
-        _kill_descendants()
+        kill_descendants()
         shutil.rmtree(scratch, ignore_errors=True)
     if code is None:
         _write_result(result_path, f"timed out after {limits.timeout:g}s", True)
@@ -211,7 +209,7 @@ def _child(fn: Callable[..., Any], arguments: Mapping[str, Any], limits: _Limits
             os.dup2(null, fd)
         os.chdir(scratch)
         tempfile.tempdir = os.environ["TMPDIR"] = scratch
-        _limit_memory(limits.memory_mb)
+        limit_address_space(limits.memory_mb * 2**20, grow=True)
         _block_network()
         content, error = _call(fn, arguments, limits.max_output_chars)
         _write_result(result_path, content, error)
@@ -267,21 +265,6 @@ def _write_result(path: str, content: str, error: bool) -> None:
     os.replace(path + ".part", path)  # a process killed while writing leaves no half result
 
 
-def _limit_memory(memory_mb: int) -> None:
-    """Let this process's address space grow by ``memory_mb`` megabytes at most (Linux)."""
-    try:
-        with open("/proc/self/statm") as file:
-            used = int(file.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:  # no /proc: RLIMIT_AS is not enforced there either (macOS)
-        return
-    import resource
-
-    limit = used + memory_mb * 2**20
-    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
-    limit = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-
-
 def _block_network() -> None:
     import socket
 
@@ -289,14 +272,6 @@ def _block_network() -> None:
         raise PermissionError("tools have no network access")
 
     socket.socket = socket.create_connection = socket.getaddrinfo = refuse  # type: ignore[assignment, misc]
-
-
-@functools.cache
-def _become_subreaper() -> None:
-    """Linux: processes orphaned below this one are re-parented to it, not to init."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
 def _wait(pid: int, timeout: float) -> int | None:
@@ -316,33 +291,6 @@ def _wait(pid: int, timeout: float) -> int | None:
     finally:
         os.close(fd)
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-
-
-def _kill_descendants() -> None:
-    """Kill and reap every process below this one, generation by generation: as their
-    subreaper it becomes the parent of each once the one above is gone."""
-    for _ in range(100):  # a bound, should a fork bomb outpace it; the pool's group kill is the last resort
-        children = _children()
-        if not children:
-            return
-        for pid in children:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        for pid in children:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
-
-
-def _children() -> list[int]:
-    """The ids of this process's children, from /proc (empty where there is none)."""
-    me = str(os.getpid())
-    found = []
-    with contextlib.suppress(OSError):
-        for name in filter(str.isdigit, os.listdir("/proc")):
-            with contextlib.suppress(OSError, IndexError), open(f"/proc/{name}/stat") as file:
-                if file.read().rsplit(")", 1)[1].split()[1] == me:  # after "pid (command)": state, ppid, ...
-                    found.append(int(name))
-    return found
 
 
 _BOX_LIMITS: _Limits | None = None  # in a tool call's process: the limits of the box that runs it

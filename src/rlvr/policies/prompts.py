@@ -67,7 +67,10 @@ def max_token_chars(tokenizer: Any) -> int:
 
 
 def content_chars(value: Any) -> int:
-    """The characters of a prompt's text, or of a chat's message contents (what a rendering holds at least)."""
+    """The characters of a prompt's text, or of a chat's message contents (what a rendering holds at least);
+    of text cut where it was made, as long as it was (its ``chars``)."""
+    if hasattr(value, "chars"):
+        return value.chars
     if isinstance(value, str):
         return len(value)
     if isinstance(value, (list, tuple)):

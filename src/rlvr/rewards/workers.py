@@ -29,7 +29,6 @@ Why workers, and how they start (fork, spawn, forkserver): see ``rlvr.rewards.ru
 from __future__ import annotations
 
 import collections
-import ctypes
 import io
 import math
 import multiprocessing
@@ -43,16 +42,17 @@ import time
 import weakref
 from multiprocessing.connection import Connection, wait
 
+from rlvr.base.processes import die_with_parent
 from rlvr.rewards.calls import RewardError, RewardFn, call_reward
 
 _STARTUP_TIMEOUT = 60.0  # seconds a new worker may take to start (spawn re-imports torch)
 _POSIX = os.name == "posix"  # process groups, and the reaper; elsewhere workers are killed alone
-_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 # The trainer's ends of the worker and reaper pipes. A process forked from the trainer
 # closes its copies at once: were a worker to keep them, the other workers and the
 # reaper would not read EOF when the trainer dies.
 trainer_ends: weakref.WeakSet = weakref.WeakSet()
+__all__ = ["Reaper", "WorkerPool", "die_with_parent", "lead_group", "trainer_ends"]
 
 
 def _close_trainer_ends() -> None:
@@ -247,18 +247,6 @@ def lead_group(pid: int) -> None:
         os.setpgid(pid, pid)
     except OSError:  # from the trainer: the worker already did it and exec'd (spawn), or is not its child
         pass
-
-
-def die_with_parent(parent: int | None = None) -> None:
-    """Linux: have the kernel SIGKILL this process when its parent dies, even mid-call."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
-    except (OSError, AttributeError):  # no libc to call: the reaper and EOF still stop the worker
-        return
-    if parent is not None and os.getppid() != parent:  # it died before the prctl took hold
-        os._exit(0)
 
 
 def _worker_main(conn: Connection, fns: list[RewardFn | None], parent: int | None) -> None:

@@ -95,6 +95,8 @@ class EnvironmentTask(GradedTask):
                                       "i % k: killable, so a call past its time limit is stopped whatever its code "
                                       "does, and calls time out together (0: in the trainer's process, SIGALRM "
                                       "limits only)", min=0, max=1024),
+        "environment_memory_mb": option("address space an environment worker may add to what it has when it "
+                                        "starts, MiB (past it an allocation fails: MemoryError)", min=64, max=2**20),
     }
 
     turn_end = ""  # the policy's end of turn as text (``policy_for``)
@@ -103,14 +105,15 @@ class EnvironmentTask(GradedTask):
                  environment_options: dict | None = None, data: str | None = None, eval_data: str | None = None,
                  eval_size: int = 64, max_turns: int = 4, max_tokens: int = 256, tools: list | None = None,
                  tool_style: str = "plain", tool_timeout: float = 5.0, tool_memory_mb: int = 512,
-                 step_timeout: float = 30.0, max_tool_calls: int = 8, environment_workers: int = WORKERS) -> None:
+                 step_timeout: float = 30.0, max_tool_calls: int = 8, environment_workers: int = WORKERS,
+                 environment_memory_mb: int = 4096) -> None:
         # the options' names are checked against the class here; it is first built (run) by the policy's
         # start check (check_prompts), before any work
         self.make_env = environment_factory_of(environment, environment_factory, environment_options or {})
         self.limits = EpisodeLimits(max_turns=max_turns, max_tokens=max_tokens, tool_style=tool_style,
                                     step_timeout=step_timeout, tool_timeout=tool_timeout,
                                     max_tool_calls=max_tool_calls)
-        self.hosts = EnvironmentHosts(self.make_env, environment_workers)  # workers start on first use
+        self.hosts = EnvironmentHosts(self.make_env, environment_workers, environment_memory_mb)  # started on first use
         self.tool_names = list(tools or [])
         self.tool_settings = {"timeout": tool_timeout, "memory_mb": tool_memory_mb}
         self._toolbox = None

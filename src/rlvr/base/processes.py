@@ -1,0 +1,285 @@
+"""The limits every program rlvr starts for untrusted code shares, in one place: the process
+cap (``MAX_PROCESSES``: a pids cgroup of its own where this process may make one, and
+``RLIMIT_NPROC`` inside a jail's user namespace), the address-space cap, and the end of
+every descendant (a subreaper kills its tree, and ``kill_tree`` kills a subreaper's tree
+from outside, even what left its session).
+
+Standard library only: the jails run this file's source as a program (``supervisor``),
+which starts a command under those limits and kills what it left when it ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import itertools
+import os
+import signal
+import sys
+import time
+
+MAX_PROCESSES = 128  # processes (threads count too) a jailed program and all it starts may hold at once
+_PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36  # from <linux/prctl.h>
+_ROUNDS = 100  # scans of /proc at most while stopping a tree, should a fork bomb outpace them
+_caps = itertools.count()
+
+
+def become_subreaper() -> None:
+    """Linux: processes orphaned below this one are re-parented to it, not to init, so that
+    ``kill_tree`` finds them even after a double fork and ``setsid``."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def die_with_parent(parent: int | None = None) -> None:
+    """Linux: have the kernel SIGKILL this process when its parent dies, even mid-call."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    except (OSError, AttributeError):  # no libc to call
+        return
+    if parent is not None and os.getppid() != parent:  # it died before the prctl took hold
+        os._exit(0)
+
+
+def limit_address_space(limit_bytes: int, grow: bool = False) -> None:
+    """Cap this process's address space at ``limit_bytes`` (``grow``: at what it uses now plus
+    ``limit_bytes``, for a process forked from a big one), never above the hard limit."""
+    import resource
+
+    if grow:
+        try:
+            with open("/proc/self/statm") as file:
+                limit_bytes += int(file.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        except OSError:  # no /proc: RLIMIT_AS is not enforced there either (macOS)
+            return
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    limit_bytes = limit_bytes if hard == resource.RLIM_INFINITY else min(limit_bytes, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
+
+
+def limit_processes(limit: int) -> None:
+    """``RLIMIT_NPROC``: inside a jail's user namespace (Linux 5.14+) it counts that namespace's
+    processes alone; outside one it counts all of the user's, and root is never held to it."""
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+    limit = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
+
+
+def descendants(root: int) -> set[int]:
+    """The ids of every process below ``root`` (its children, theirs, ...), read from /proc."""
+    parents: dict[int, list[int]] = {}
+    with contextlib.suppress(OSError):
+        for name in filter(str.isdigit, os.listdir("/proc")):
+            with contextlib.suppress(OSError, IndexError, ValueError), open(f"/proc/{name}/stat") as file:
+                parent = int(file.read().rsplit(")", 1)[1].split()[1])  # after "pid (command)": state, ppid
+                parents.setdefault(parent, []).append(int(name))
+    found, todo = set(), [root]
+    while todo:
+        for child in parents.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def kill_tree(root: int) -> None:
+    """SIGKILL every process below ``root``: each is stopped first, scan after scan, so that
+    none forks while the tree is read; complete where ``root`` is a subreaper (what its
+    processes orphan stays below it)."""
+    stopped: set[int] = set()
+    for _ in range(_ROUNDS):
+        found = descendants(root) - stopped
+        if not found:
+            break
+        for pid in found:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        stopped |= found
+    for pid in stopped:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def kill_descendants() -> None:
+    """Kill every process below this one (a subreaper) and reap them all: call it where this
+    process has no child of its own left to keep."""
+    kill_tree(os.getpid())
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
+        except InterruptedError:
+            continue
+
+
+class ProcessCap:
+    """At most ``limit`` processes for one program and all it starts, even those that leave
+    its session: a pids cgroup of its own, made below this process's where the cgroup file
+    system lets this process write (``folder``; None where it does not). The program's
+    process calls ``join`` before it runs (a ``preexec_fn``); ``close`` kills what is left in
+    the cgroup and removes it."""
+
+    def __init__(self, limit: int = MAX_PROCESSES) -> None:
+        self.folder: str | None = None
+        parent = _pids_folder()
+        if parent is None:
+            return
+        _remove_orphans(parent)
+        folder = os.path.join(parent, f"rlvr-{os.getpid()}-{next(_caps)}")
+        try:
+            os.mkdir(folder)
+        except OSError:
+            return
+        try:
+            with open(os.path.join(folder, "pids.max"), "w") as file:
+                file.write(str(limit))
+        except OSError:  # cgroup v2 without the pids controller here
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+            return
+        self.folder = folder
+
+    def join(self) -> None:
+        if self.folder is not None:
+            with contextlib.suppress(OSError), open(os.path.join(self.folder, "cgroup.procs"), "w") as file:
+                file.write(str(os.getpid()))
+
+    def close(self) -> None:
+        """Kill every process in the cgroup, wait for each to be gone (a killed one leaves it
+        only once it has exited), and remove it."""
+        if self.folder is None:
+            return
+        for _ in range(_ROUNDS):
+            try:
+                with open(os.path.join(self.folder, "cgroup.procs")) as file:
+                    pids = [int(line) for line in file if line.strip()]
+            except OSError:
+                break
+            if not pids:
+                break
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            _wait_gone(pids)
+        for _ in range(_ROUNDS):  # a process gone may leave the cgroup busy a moment longer
+            try:
+                os.rmdir(self.folder)
+                break
+            except OSError as err:
+                if err.errno != errno.EBUSY:
+                    break
+                time.sleep(0.01)
+        self.folder = None
+
+
+def _remove_orphans(parent: str) -> None:
+    """Remove the empty cgroups of rlvr processes that are gone (a trainer killed outright
+    leaves its jails' cgroups behind)."""
+    with contextlib.suppress(OSError):
+        for name in os.listdir(parent):
+            owner = name.split("-")[1] if name.startswith("rlvr-") and name.count("-") == 2 else ""
+            if owner.isdigit() and not os.path.exists(f"/proc/{owner}"):
+                with contextlib.suppress(OSError):
+                    os.rmdir(os.path.join(parent, name))
+
+
+def _wait_gone(pids: list[int], timeout: float = 5.0) -> None:
+    """Wait (``timeout`` seconds at most) until each of ``pids`` has exited (its pidfd reads)."""
+    import select
+
+    fds = []
+    for pid in pids:
+        with contextlib.suppress(OSError, AttributeError):  # gone already, or no pidfd (Linux before 5.3)
+            fds.append(os.pidfd_open(pid))
+    try:
+        poller = select.poll()
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
+        left = len(fds)
+        while left:
+            events = poller.poll(timeout * 1000)
+            if not events:
+                return
+            for fd, _ in events:
+                poller.unregister(fd)
+            left -= len(events)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _pids_folder() -> str | None:
+    """The folder of this process's pids cgroup (cgroup v1's pids hierarchy, or v2 where it
+    offers the pids controller), None where there is none to read."""
+    try:
+        with open("/proc/self/cgroup") as file:
+            own = dict(line.rstrip("\n").split(":", 2)[1:] for line in file if line.count(":") >= 2)
+        with open("/proc/self/mountinfo") as file:
+            mounts = [line.split() for line in file]
+    except OSError:
+        return None
+    found = []
+    for fields in mounts:
+        if "-" not in fields:
+            continue
+        kind = fields[fields.index("-") + 1:]
+        if kind[0] == "cgroup" and "pids" in kind[-1].split(","):
+            path = next((p for c, p in own.items() if "pids" in c.split(",")), None)
+        elif kind[0] == "cgroup2":
+            path = own.get("")
+        else:
+            continue
+        if path is None or os.path.relpath(path, fields[3]).startswith(".."):
+            continue
+        folder = os.path.normpath(os.path.join(fields[4], os.path.relpath(path, fields[3])))
+        if kind[0] == "cgroup":
+            return folder
+        with contextlib.suppress(OSError), open(os.path.join(folder, "cgroup.controllers")) as file:
+            if "pids" in file.read().split():
+                found.append(folder)
+    return found[0] if found else None
+
+
+def supervisor() -> list[str]:
+    """The command line that runs ``[memory bytes, process cap, "--", *argv]`` under this
+    module's ``supervise``: python with nothing of the host's (``-I -S``) and this file's
+    source."""
+    with open(__file__, encoding="utf-8") as file:
+        source = file.read()
+    return [os.path.realpath(sys.executable), "-I", "-S", "-c", source]
+
+
+def supervise(memory: int, processes: int, argv: list[str]) -> int:
+    """Run ``argv`` with ``memory`` bytes of address space and an ``RLIMIT_NPROC`` of
+    ``processes`` (each where > 0), as the subreaper of all it starts; when it ends, kill
+    what it left; its exit code (killed by signal N: 128 + N, as a shell says it)."""
+    become_subreaper()
+
+    def limits() -> None:
+        die_with_parent()  # the supervisor's end (SIGKILL too) is the command's
+        if memory > 0:
+            limit_address_space(memory)
+        if processes > 0:
+            limit_processes(processes)
+
+    import subprocess
+
+    try:
+        child = subprocess.Popen(argv, preexec_fn=limits)
+    except OSError as err:
+        print(f"cannot start the command: {err}", file=sys.stderr)
+        return 127
+    code = child.wait()
+    kill_descendants()
+    return 128 - code if code < 0 else code
+
+
+if __name__ == "__main__":
+    sys.exit(supervise(int(sys.argv[1]), int(sys.argv[2]), sys.argv[4:]))
