@@ -40,6 +40,9 @@ def on_files(files, config):
         for path in [where] if where.is_file() else sorted(p for p in where.rglob("*") if p.is_file()):
             uri = f"{MATHJAX_URI}/{path.relative_to(root).as_posix()}"
             files.append(File.generated(config, uri, abs_src_path=str(path), inclusion=InclusionLevel.NOT_IN_NAV))
+    # MathJax's licence (Apache 2.0) goes with the copy the site serves
+    files.append(File.generated(config, f"{MATHJAX_URI}/LICENSE", abs_src_path=str(root.parent / "LICENSE"),
+                                inclusion=InclusionLevel.NOT_IN_NAV))
     return files
 
 
