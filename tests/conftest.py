@@ -10,6 +10,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -112,6 +113,25 @@ def smollm2(tmp_path_factory):
     return cache, Path(folder), said.getvalue()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def ray_temp_dir():
+    """The suite's Ray folder (``RAY_TMPDIR``), set for the whole session and the processes it
+    starts: Ray's default, ``/tmp/ray``, is shared with every other Ray on the machine (its
+    sessions, its ``ray_current_cluster`` file that ``address=auto`` reads). Short, since Ray's
+    socket paths have a length limit; removed at the end."""
+    before = os.environ.get("RAY_TMPDIR")
+    folder = tempfile.mkdtemp(prefix="rt", dir="/tmp")
+    os.environ["RAY_TMPDIR"] = folder
+    try:
+        yield Path(folder)
+    finally:
+        if before is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = before
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
 def ray_local():
     """A private Ray instance for one test module (never someone else's cluster)."""
@@ -124,10 +144,12 @@ def ray_local():
 
 @contextlib.contextmanager
 def private_ray(ray, num_cpus: int = 2):
-    """``ray.init`` of a private local Ray, shut down after, its session folder removed (as a run removes its own)."""
+    """``ray.init`` of a private local Ray, shut down after, its session folder removed (as a run removes its own).
+    Its folder is the suite's (``ray_temp_dir``) and its dashboard port 0, the OS's pick: left
+    unset, Ray gives its dashboard 8265, which anything else on the machine may hold."""
     from rlvr.cluster.session import remove_session
 
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, logging_level="ERROR")
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, dashboard_port=0, logging_level="ERROR")
     context = ray.get_runtime_context()
     session = Path(context.get_temp_dir()) / context.get_session_name()
     try:
@@ -206,21 +228,62 @@ def train_record(epoch: int, **values) -> dict:
             "frac_zero_delta_groups": 0.0, **values}
 
 
+# ``rlvr train ARGV`` that says on stdout when it has written a checkpoint and a train record,
+# the moments sigkill_mid_run waits on.
+ANNOUNCING_TRAIN = """
+import sys
+
+import rlvr.runs.launch
+from rlvr.cli import main
+from rlvr.runs.metrics import JsonlSink
+
+save, write = rlvr.runs.launch.save_checkpoint, JsonlSink.__call__
+
+
+def save_then_say(*args, **kwargs):
+    save(*args, **kwargs)
+    print("rlvr-test: checkpoint", flush=True)
+
+
+def write_then_say(self, record):
+    write(self, record)
+    if self.path.name == "metrics.jsonl" and record["kind"] == "train":
+        print("rlvr-test: train", flush=True)
+
+
+rlvr.runs.launch.save_checkpoint, JsonlSink.__call__ = save_then_say, write_then_say
+sys.exit(main(["train", *sys.argv[1:]]))
+"""
+
+
 def sigkill_mid_run(args: list[str], run_dir: Path) -> None:
-    """``rlvr train ARGS`` in a child process, killed with SIGKILL at a random moment after
-    its first checkpoint in ``run_dir``."""
+    """``rlvr train ARGS`` in a child process, killed with SIGKILL once its first checkpoint is in
+    ``run_dir`` and a random number (0 to 5) of optimizer steps after it are recorded: the kill
+    follows what the run did, not how long it took (a loaded machine only makes it later)."""
     import random
     import signal
-    import time
+    import threading
 
-    from rlvr.runs.checkpoint import list_checkpoints
-
-    proc = subprocess.Popen([sys.executable, "-m", "rlvr.cli", "train", *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 60
-    while not list_checkpoints(run_dir) and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.01)
-    time.sleep(random.Random(os.getpid()).uniform(0.0, 0.3))
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait() == -signal.SIGKILL  # killed mid-run, not finished
-
+    steps_after = random.Random(os.getpid()).randint(0, 5)
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen([sys.executable, "-c", ANNOUNCING_TRAIN, *args], stdout=subprocess.PIPE, stderr=err,
+                                text=True)
+        hung = threading.Timer(600, proc.kill)  # a run that hangs ends this wait (its stdout closes), not the suite
+        hung.start()
+        try:
+            checkpointed, steps = False, 0
+            for line in proc.stdout:
+                if line == "rlvr-test: checkpoint\n":
+                    checkpointed = True
+                elif line == "rlvr-test: train\n" and checkpointed:
+                    steps += 1
+                if checkpointed and steps >= steps_after:
+                    proc.send_signal(signal.SIGKILL)
+                    break
+            code = proc.wait()
+        finally:
+            hung.cancel()
+            proc.stdout.close()
+        err.seek(0)
+        said = err.read()[-3000:]
+    assert code == -signal.SIGKILL and checkpointed, f"not killed mid-run (exit {code}): {said}"

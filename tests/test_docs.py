@@ -4,6 +4,7 @@ front page and a reference page, and every shell block marked runnable runs as w
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -93,16 +94,21 @@ def test_no_internal_link_is_broken(site):
     assert not broken, broken[:20]
 
 
-@pytest.mark.parametrize("path", ["index.html", "reference/config/index.html"])
-def test_chromium_renders_the_page(site, path, tmp_path):
+def chromium(tmp_path: Path) -> list[str]:
+    """Headless Chromium's command line, a fresh profile in ``tmp_path`` (skipped without Chromium)."""
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
         pytest.skip("headless Chromium is not installed (apt-get install chromium; .ci/run does)")
+    return [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}"]
+
+
+@pytest.mark.parametrize("path", ["index.html", "reference/config/index.html"])
+def test_chromium_renders_the_page(site, path, tmp_path):
     shot = tmp_path / "page.png"
-    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                    f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,900", f"--screenshot={shot}",
-                    (site / path).as_uri()], capture_output=True, timeout=120)
+    subprocess.run([*chromium(tmp_path), "--window-size=1280,900", f"--screenshot={shot}", (site / path).as_uri()],
+                   capture_output=True, timeout=120)
     assert shot.is_file()
     from matplotlib.image import imread
 
@@ -123,3 +129,90 @@ def test_the_readme_is_a_front_page_whose_set_up_commands_are_the_getting_starte
     ci = (ROOT / ".ci" / "run").read_text()
     extras = re.search(r'-e "\.\[([a-z,-]+)\]"', commands[1])[1]
     assert f'-e ".[{extras}]"' in ci  # CI installs what the README's test command installs
+
+
+class _Text(HTMLParser):
+    """A page's text as a reader sees it: no scripts, no styles."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden, self.parts = 0, []
+
+    def handle_starttag(self, tag, attrs):
+        self.hidden += tag in ("script", "style")
+
+    def handle_endtag(self, tag):
+        self.hidden -= tag in ("script", "style")
+
+    def handle_data(self, data):
+        if not self.hidden:
+            self.parts.append(data)
+
+
+def test_the_maths_renders_with_no_network(site, tmp_path):
+    """MathJax is served from the site itself: with every host unreachable, each formula of the
+    concepts page is typeset and none is left as TeX source (``\\(\\delta_i\\)``)."""
+    page = site / "concepts" / "index.html"
+    formulas = page.read_text().count('class="arithmatex"')
+    assert formulas > 20
+    done = subprocess.run([*chromium(tmp_path), "--host-resolver-rules=MAP * ~NOTFOUND", "--virtual-time-budget=30000",
+                           "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    dom = done.stdout
+    assert dom.count("<mjx-container") == formulas, done.stderr[-2000:]
+    reader = _Text()
+    reader.feed(dom)
+    text = "".join(reader.parts)
+    assert "\\(" not in text and "\\[" not in text and "\\delta" not in text
+
+
+def test_every_table_column_has_a_header():
+    missing = []
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        lines = page.read_text().splitlines()
+        for k, line in enumerate(lines[1:], start=1):
+            if re.fullmatch(r"\|( *:?-+:? *\|)+", line.strip()):  # a table's rule: the line above is its header
+                if any(not cell.strip() for cell in lines[k - 1].strip().strip("|").split("|")):
+                    missing.append(f"{page.relative_to(ROOT)}:{k}: {lines[k - 1]}")
+    assert not missing, missing
+
+
+def test_a_reference_page_read_as_markdown_says_where_its_content_is(site):
+    """The reference pages are made from the code when the site is built: read in docs/, each
+    says so and names the command that prints the same; the site has the content, not the note."""
+    for page in sorted((ROOT / "docs" / "reference").glob("*.md")):
+        markdown = page.read_text()
+        note = re.search(r"<!-- rlvr:source-only -->\n(.*?)<!-- /rlvr:source-only -->", markdown, flags=re.S)
+        assert note and "docs site is built" in note[1] and re.search(r"`(rlvr|python) [^`]+`", markdown), page.name
+        built = (site / "reference" / page.stem / "index.html").read_text()
+        assert "docs site is built" not in built and "rlvr:source-only" not in built, page.name
+
+
+def test_the_getting_started_dataset_options_point_to_the_reference_that_lists_them(site):
+    started = (ROOT / "docs" / "getting-started.md").read_text()
+    assert "src/rlvr/tasks" not in started
+    paragraph = started[started.index("The file may be JSONL"):]
+    paragraph = paragraph[:paragraph.index("\n\n")]
+    assert "(reference/config.md#taskname-dataset)" in paragraph
+    reference = (site / "reference" / "config" / "index.html").read_text()
+    section = reference[reference.index('id="taskname-dataset"'):]
+    section = section[:section.index("<h3")]
+    options = paragraph[paragraph.index("(`task.options`:"):paragraph.index("[configuration reference]")]
+    named = re.findall(r"`(\w+)(?::[^`]*)?`", options)
+    assert len(named) >= 8
+    assert [option for option in named if f"<code>{option}</code>" not in section] == []
+
+
+@pytest.mark.slow
+def test_the_readme_tour_names_the_files_its_lecture_commands_write(tmp_path, monkeypatch):
+    """One epoch each, in an empty directory: every file the tour names for them is written."""
+    from rlvr.cli import main
+
+    readme = (ROOT / "README.md").read_text()
+    tour = re.search(r"\*\*The lecture's run\*\*(.*?):\n\n((?:    rlvr [^\n]*\n)+)", readme, flags=re.S)
+    files = re.findall(r"`([\w/.-]+\.png)`", tour[1])
+    commands = [shlex.split(line) for line in tour[2].splitlines()]
+    assert len(files) == 2 and [c[:2] for c in commands] == [["rlvr", "train"], ["rlvr", "compare"]]
+    monkeypatch.chdir(tmp_path)
+    for command in commands:
+        assert main([*command[1:], "algo.epochs=1"]) == 0
+    assert [f for f in files if not (tmp_path / f).is_file()] == []

@@ -17,7 +17,7 @@ from rlvr.api import run_loop
 from rlvr.base.errors import ConfigError
 from rlvr.cli import main
 from rlvr.config import load_config
-from rlvr.runs.checkpoint import load_latest
+from rlvr.runs.checkpoint import list_checkpoints, load_latest
 from rlvr.runs.metrics import read_records
 
 SORT = QUIET + ["algo.inner_steps=2", "log.eval_every=2", "log.checkpoint_every=0", "algo.tis_cap=2",
@@ -136,3 +136,18 @@ def test_a_run_killed_mid_partial_rollouts_trains_every_sampled_batch_once(ray_l
     counts = Counter(str(v) for v in tokens.tolist())
     first = next(r for r in records if r["epoch"] == resumed_epoch)
     assert batch["epoch"] == resumed_epoch and first["cluster/tokens_by_version"] == dict(counts)
+
+
+def test_a_run_is_killed_after_its_first_checkpoint_however_late_by_the_clock(tmp_path, monkeypatch):
+    """sigkill_mid_run waits on the run, not on time: with a clock that runs 1000 s a call (a
+    machine so loaded the first checkpoint comes minutes late), the kill still comes after it.
+    The lecture's toy, no Ray: the helper is what this tests."""
+    import itertools
+    import time
+
+    ticks = itertools.count()
+    monkeypatch.setattr(time, "time", lambda: 1000.0 * next(ticks))
+    monkeypatch.setattr(time, "monotonic", lambda: 1000.0 * next(ticks))
+    killed = tmp_path / "killed"
+    sigkill_mid_run([f"out_dir={killed}", *QUIET, "algo.epochs=300", "log.checkpoint_every=1"], killed)
+    assert list_checkpoints(killed)

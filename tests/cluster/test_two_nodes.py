@@ -26,7 +26,10 @@ def test_two_workers_on_two_nodes_give_the_single_process_records(monkeypatch):
     from ray.cluster_utils import Cluster
 
     assert not ray.is_initialized()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    # ports the OS picks (the dashboard's is 8265 unless given, its agent's 52365); the folder is
+    # the suite's, RAY_TMPDIR (ray_temp_dir)
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
+                                                            "dashboard_port": 0, "dashboard_agent_listen_port": 0})
     session = Path(cluster.head_node.get_session_dir_path())
     try:
         cluster.add_node(num_cpus=1)
