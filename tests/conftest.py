@@ -287,3 +287,31 @@ def sigkill_mid_run(args: list[str], run_dir: Path) -> None:
         err.seek(0)
         said = err.read()[-3000:]
     assert code == -signal.SIGKILL and checkpointed, f"not killed mid-run (exit {code}): {said}"
+
+
+# A program that forks up to 300 sleeping children and prints how many it started: a process
+# cap stops it short.
+FORK_BOMB = """import os, time
+started = 0
+for _ in range(300):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(60)
+        os._exit(0)
+    started += 1
+print(started)
+"""
+
+
+def processes_capped(jailed: bool) -> bool:
+    """Whether a program's processes are capped here: a pids cgroup can be made, or (in a jail)
+    bwrap's user namespace holds a user other than root to RLIMIT_NPROC."""
+    from rlvr.base.processes import ProcessCap
+
+    cap = ProcessCap()
+    made = cap.folder is not None
+    cap.close()
+    return made or (jailed and os.geteuid() != 0)

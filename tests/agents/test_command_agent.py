@@ -12,6 +12,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
+from conftest import FORK_BOMB, processes_capped  # noqa: E402
 from rlvr.agents.command import command_agent  # noqa: E402
 from rlvr.environments.sandbox import jail  # noqa: E402
 
@@ -224,33 +225,14 @@ def test_unjailed_a_daemon_in_a_session_of_its_own_ends_with_the_command(endpoin
 
 @pytest.mark.parametrize("jailed", [True, False])
 def test_a_command_holds_at_most_max_processes(endpoint, tmp_path, monkeypatch, jailed):
-    import os
+    from rlvr.base.processes import MAX_PROCESSES
 
-    from rlvr.base.processes import MAX_PROCESSES, ProcessCap
-
-    cap = ProcessCap()
-    capped = cap.folder is not None or (jailed and os.geteuid() != 0)
-    cap.close()
-    if not capped or (jailed and jail() is None):
+    if not processes_capped(jailed) or (jailed and jail() is None):
         pytest.skip("no pids cgroup here, and RLIMIT_NPROC binds neither root nor a program outside a jail")
     if not jailed:
         monkeypatch.setattr("rlvr.agents.command.jail", lambda: None)
     monkeypatch.chdir(tmp_path)
-    program = textwrap.dedent("""
-        import os, time
-        started = 0
-        for _ in range(300):
-            try:
-                pid = os.fork()
-            except OSError:
-                break
-            if pid == 0:
-                time.sleep(60)
-                os._exit(0)
-            started += 1
-        print(started)
-    """)
-    started = run(endpoint, program, tmp_path, {})[0]
+    started = run(endpoint, FORK_BOMB, tmp_path, {})[0]
     assert 0 < started < MAX_PROCESSES  # a fork bomb stops at the cap: 300 without one
 
 

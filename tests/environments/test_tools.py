@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import FORK_BOMB, processes_capped
 from rlvr.base.errors import ConfigError
 from rlvr.environments.base import ToolCall, ToolError, ToolResult
 from rlvr.environments.sandbox import run_python, sandbox
@@ -267,42 +268,17 @@ def test_a_program_reaches_no_host_socket_and_no_host_file(tmp_path):
     assert "Read-only file system" in _fails(f"open({str(Path(sys.base_prefix) / 'x')!r}, 'w')")
 
 
-def _process_cap() -> bool:
-    """Whether a jail's processes are capped here: a pids cgroup can be made, or bwrap's user
-    namespace holds a user other than root to RLIMIT_NPROC."""
-    from rlvr.base.processes import ProcessCap
-
-    cap = ProcessCap()
-    made = cap.folder is not None
-    cap.close()
-    return made or (sandbox() is not None and os.geteuid() != 0)
-
-
-_FORKS = """import os, time
-started = 0
-for _ in range(300):
-    try:
-        pid = os.fork()
-    except OSError:
-        break
-    if pid == 0:
-        time.sleep(60)
-        os._exit(0)
-    started += 1
-print(started)
-"""
-
-
-@pytest.mark.skipif(not _process_cap(), reason="no pids cgroup can be made here, and RLIMIT_NPROC does not bind root")
 @pytest.mark.parametrize("jailed", [True, False])
 def test_a_program_holds_at_most_max_processes(monkeypatch, jailed):
     from rlvr.base.processes import MAX_PROCESSES
 
+    if not processes_capped(jailed):
+        pytest.skip("no pids cgroup can be made here, and RLIMIT_NPROC does not bind root")
     if jailed and sandbox() is None:
         pytest.skip("bwrap is not installed (CI installs bubblewrap)")
     if not jailed:
         monkeypatch.setattr("rlvr.environments.sandbox.jail", lambda: None)
-    started = int(run_python(_FORKS, timeout=30))
+    started = int(run_python(FORK_BOMB, timeout=30))
     assert 0 < started < MAX_PROCESSES  # a fork bomb stops at the cap: 300 without one
     assert not [d for d in os.listdir("/sys/fs/cgroup/pids") if d.startswith(f"rlvr-{os.getpid()}-")] \
         if os.path.isdir("/sys/fs/cgroup/pids") else True  # its cgroup removed
