@@ -37,6 +37,9 @@ def test_the_baseline_has_no_tool_and_no_example_when_asked():
 @pytest.mark.parametrize(("text", "solved"), [
     ("12 * 3 = 36", True), ("36", True), ("The answer is 36.", True), ("36 or 37", False), ("35", False),
     ("36.5", False), ("no number", False), ("", False),
+    # compared as numbers, as the dataset's last_number check does
+    ("12 * 3 = 36.0", True), ("36.00", True), ("036", True), ("-36", False),
+    ("9" * 5000, False),  # bounded: int() of this many digits would raise
 ])
 def test_the_answer_is_the_last_number_of_the_turn(text, solved):
     env = ChatCalculator()

@@ -21,6 +21,7 @@ from rlvr.tasks.arithmetic import (
     integer_format_reward,
     random_expression,
     render,
+    same_question,
 )
 
 
@@ -106,6 +107,32 @@ def test_seeding_and_disjoint_eval_set():
     assert draws != task.sample_prompts(300, torch.Generator().manual_seed(2))
     with pytest.raises(ValueError, match="space is too small"):
         ArithmeticTask(min_ops=1, max_ops=1, max_operand=3, num_eval=49)
+
+
+@pytest.mark.parametrize("first, second, same", [
+    ("3+5=", "5+3=", True),
+    ("2*3*4=", "4*3*2=", True),
+    ("(1+2)*3=", "3*(2+1)=", True),
+    ("1+2-3=", "2+1-3=", True),
+    ("5-3=", "3-5=", False),
+    ("1+2*3=", "(1+2)*3=", False),
+])
+def test_same_question(first, second, same):
+    assert (same_question({"prompt": first}) == same_question({"prompt": second})) is same
+
+
+def test_held_out_questions_in_either_order():
+    """A held-out sum or product is held out with its operands swapped, and the held-out
+    set asks each question once."""
+    # one operator over 0..3: 36 questions (10 sums, 10 products, 16 differences), 20 held out
+    task = ArithmeticTask(min_ops=1, max_ops=1, max_operand=3, num_eval=20)
+    held_out = [same_question(p) for p in task.eval_prompts()]
+    assert len(set(held_out)) == 20
+    draws = task.sample_prompts(300, torch.Generator().manual_seed(1))
+    assert not {same_question(p) for p in draws} & set(held_out)
+    assert len({same_question(p) for p in draws}) == 16  # every question left is drawn
+    with pytest.raises(ValueError, match="space is too small"):
+        ArithmeticTask(min_ops=1, max_ops=1, max_operand=3, num_eval=37)
 
 
 def test_task_rewards_and_gold_check():

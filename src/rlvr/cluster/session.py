@@ -5,7 +5,8 @@ holding the run's rollout workers and learners.
 this process, or Ray actors when the config asks for workers (``cluster.rollout_workers > 0``)
 or several learners (``cluster.learners > 1``). Those live in a ``Cluster``, closed when the
 run ends, however it ends. Without ``cluster.address`` it starts a private local Ray
-with just the CPUs its actors ask for (plus one for the driver) and no dashboard, never
+with just the CPUs its actors ask for (plus one for the driver) and no dashboard (the
+dashboard process Ray starts anyway gets the OS's pick of port, not 8265), never
 joining someone else's instance by accident; with an address it joins that cluster. A Ray
 already initialised in this process (a test's, a notebook's) is used as it is and left running.
 
@@ -106,7 +107,9 @@ class Cluster:
                 os.environ.setdefault("RAY_COLOR_PREFIX", "0")
             if c.address is None:
                 cpus = c.rollout_workers * WORKER_CPUS + (c.learners if c.learners > 1 else 0) * LEARNER_CPUS
-                ray.init(address="local", num_cpus=math.ceil(cpus) + 1, include_dashboard=False,
+                # without dashboard_port, Ray's dashboard process (started even without the
+                # dashboard) takes 8265, which another Ray or program on the machine may hold
+                ray.init(address="local", num_cpus=math.ceil(cpus) + 1, include_dashboard=False, dashboard_port=0,
                          logging_level="ERROR")
                 context = ray.get_runtime_context()
                 self.session_dir = Path(context.get_temp_dir()) / context.get_session_name()

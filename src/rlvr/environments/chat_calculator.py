@@ -14,8 +14,8 @@ question. An episode with the tool::
 
 Without the tool (``use_tools=False``, the baseline) the system prompt asks for the answer
 alone and the example answers in one turn. A model may write its working before the
-answer, so the answer is the turn's last number (``extract_answer``'s ``last_number``,
-commas dropped): "318 * 47 = 14946" answers 14946.
+answer, so the answer is the turn's last number (``extract_answer``'s ``last_number``),
+compared as ``same_number`` does: "318 * 47 = 14946" and "14,946.0" answer 14946.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rlvr.environments.base import Message, Step
-from rlvr.rewards.verifiers import extract_answer
+from rlvr.rewards.verifiers import extract_answer, same_number
 
 TOOL_SYSTEM = ("You have a calculator. To use it, write calculator(expression) and nothing else. "
                "Its result comes back to you. Then reply with the answer.")
@@ -98,8 +98,7 @@ class ChatCalculator:
         if self.result is None:
             raise RuntimeError("step() needs an episode in progress: call reset() first")
         found = extract_answer(text, "last_number")
-        # at most 100 digits: int() of a string past 4300 digits raises instead of answering
-        solved = (found is not None and "." not in found and len(found) <= 100
-                  and int(found.replace(",", "")) == self.result)
+        # the dataset's last_number check, so both grade a turn alike: "36.0" and "1,234" are numbers
+        solved = found is not None and same_number(found, str(self.result))
         self.result = None
         return Step(None, 1.0 if solved else 0.0, done=True, solved=solved)

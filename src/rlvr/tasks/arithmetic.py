@@ -3,14 +3,17 @@
 Expressions are random binary trees over + - * and operands 0..max_operand, printed
 with the usual precedence and only the parentheses it needs. The gold answer is
 computed on the tree with Python integers; model output is only ever matched against
-an integer pattern and compared, never evaluated.
+an integer pattern and compared, never evaluated. The held-out set holds questions, not texts: ``3+5=`` held
+out holds out ``5+3=`` too (``same_question``).
 """
 
 from __future__ import annotations
 
+import ast
 import operator
 import random
 import re
+from collections.abc import Hashable
 from typing import Any
 
 import torch
@@ -66,6 +69,33 @@ def render(expression: Expression, parent: str = "", is_right: bool = False) -> 
     return text
 
 
+def same_question(prompt: Prompt) -> Hashable:
+    """What a prompt asks, up to the order of the operands of + and *: ``3+5=`` and ``5+3=``
+    give one key, as do ``2*3*4=`` and ``4*3*2=``; ``5-3=`` and ``3-5=`` give two.
+
+    Computed from the text (Python's own parser reads the task's rendering, which it shares
+    the grammar of), so prompts of the same text always share a key."""
+
+    def canonical(node: ast.expr) -> Hashable:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if not isinstance(node, ast.BinOp) or type(node.op) not in (ast.Add, ast.Sub, ast.Mult):
+            raise ValueError(f"not an arithmetic task prompt: {prompt['prompt']!r}")
+        if isinstance(node.op, ast.Sub):
+            return ("-", canonical(node.left), canonical(node.right))
+        # a chain of one commutative, associative operator is the multiset of its operands
+        terms, pending = [], [node]
+        while pending:
+            part = pending.pop()
+            if isinstance(part, ast.BinOp) and type(part.op) is type(node.op):
+                pending += (part.left, part.right)
+            else:
+                terms.append(canonical(part))
+        return ("+" if isinstance(node.op, ast.Add) else "*", tuple(sorted(terms, key=repr)))
+
+    return canonical(ast.parse(prompt["prompt"].removesuffix("="), mode="eval").body)
+
+
 def parse_integer(completion: str) -> int | None:
     """The integer a completion states (surrounding whitespace allowed), else None."""
     match = _INTEGER.fullmatch(completion)
@@ -91,7 +121,8 @@ class ArithmeticTask(TextTask):
     """Expressions with ``min_ops``..``max_ops`` operators over operands 0..``max_operand``.
 
     num_eval:  size of the fixed held-out set, drawn with ``eval_seed``; training prompts
-               never repeat one of them.
+               never ask one of its questions, in any order of the operands of + and *
+               (``same_question``).
     weights:   overrides of DEFAULT_WEIGHTS; "integer_format" is reported but weighs 0
                unless set.
     """
@@ -123,7 +154,7 @@ class ArithmeticTask(TextTask):
             raise ValueError(f"max_operand must be >= 1, got {max_operand}")
         self.min_ops, self.max_ops, self.max_operand = min_ops, max_ops, max_operand
         self.weights = resolve_weights(DEFAULT_WEIGHTS, weights)
-        self.prompts = GeneratedPrompts(self._draw, num_eval, eval_seed)
+        self.prompts = GeneratedPrompts(self._draw, num_eval, eval_seed, key=same_question)
 
     def reward_specs(self) -> list[RewardSpec]:
         return [

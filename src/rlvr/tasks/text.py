@@ -7,7 +7,7 @@ reward functions (TRL form, see ``rlvr.rewards``) see as they are.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Hashable
 
 import torch
 
@@ -60,29 +60,42 @@ def resolve_weights(defaults: dict[str, float], weights: dict[str, float] | None
     return {**defaults, **(weights or {})}
 
 
+def prompt_text(prompt: Prompt) -> str:
+    """A prompt's text: the question it asks, unless its task says otherwise."""
+    return prompt["prompt"]
+
+
 class GeneratedPrompts:
     """Prompts from a seeded generator, with a fixed held-out set that training never repeats.
 
-    draw(k, generator) -> k fresh random prompts. The eval set is ``num_eval`` distinct
-    prompts drawn with ``eval_seed``; ``sample`` skips any prompt whose text is in it.
+    draw(k, generator) -> k fresh random prompts. key(prompt) says which prompts ask the
+    same question (by default: the same text). The eval set is ``num_eval`` prompts drawn
+    with ``eval_seed``, no two the same question; ``sample`` skips any prompt whose question
+    is in it, so a reworded held-out question is held out too.
     """
 
-    def __init__(self, draw: Callable[[int, torch.Generator], list[Prompt]], num_eval: int, eval_seed: int) -> None:
-        self._draw = draw
+    def __init__(
+        self,
+        draw: Callable[[int, torch.Generator], list[Prompt]],
+        num_eval: int,
+        eval_seed: int,
+        key: Callable[[Prompt], Hashable] | None = None,
+    ) -> None:
+        self._draw, self._key = draw, key or prompt_text
         self.eval = self._take(num_eval, torch.Generator().manual_seed(eval_seed), unique=True)
-        self._held_out = frozenset(p["prompt"] for p in self.eval)
+        self._held_out = frozenset(map(self._key, self.eval))
 
     def sample(self, num: int, generator: torch.Generator) -> list[Prompt]:
         """``num`` training prompts (same generator state, same prompts)."""
         return self._take(num, generator, exclude=self._held_out)
 
     def _take(
-        self, num: int, generator: torch.Generator, exclude: Container[str] = frozenset(), unique: bool = False
+        self, num: int, generator: torch.Generator, exclude: Container[Hashable] = frozenset(), unique: bool = False
     ) -> list[Prompt]:
-        """``num`` prompts in draw order, skipping excluded texts and, if ``unique``, repeats.
+        """``num`` prompts in draw order, skipping excluded questions and, if ``unique``, repeats.
         Raises ValueError when 100 * num + 1000 draws do not give enough: the space is too small."""
         chosen: list[Prompt] = []
-        seen: set[str] = set()
+        seen: set[Hashable] = set()
         budget = 100 * num + 1000
         while len(chosen) < num:
             if budget <= 0:
@@ -93,9 +106,9 @@ class GeneratedPrompts:
             batch = self._draw(num - len(chosen), generator)
             budget -= len(batch)
             for prompt in batch:
-                text = prompt["prompt"]
-                if text in exclude or (unique and text in seen) or len(chosen) == num:
+                question = self._key(prompt)
+                if question in exclude or (unique and question in seen) or len(chosen) == num:
                     continue
-                seen.add(text)
+                seen.add(question)
                 chosen.append(prompt)
         return chosen
