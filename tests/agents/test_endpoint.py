@@ -350,7 +350,8 @@ def closed(connection) -> bool:
 def test_idle_connections_give_way_and_a_request_must_arrive_in_time(endpoint):
     """At its cap of connections the endpoint closes the least recently active idle one before
     it accepts another, so the agents' requests get in; a request that does not arrive whole
-    within ``read_timeout`` has its connection closed."""
+    within ``read_timeout`` has its connection closed, the first on a connection or a later one."""
+    import http.client
     import socket
 
     from rlvr.agents.server import Endpoint
@@ -377,6 +378,13 @@ def test_idle_connections_give_way_and_a_request_must_arrive_in_time(endpoint):
         for part in (b"GET /v1/mo", b"dels HTTP/1.1\r\n", b"Host: x\r\n"):  # never the blank line that ends it
             slow.sendall(part)
         assert closed(slow)
+        reused = http.client.HTTPConnection("127.0.0.1", timed.port, timeout=10)
+        reused.request("GET", "/v1/models")
+        answer = reused.getresponse()
+        assert answer.status == 401 and answer.read() and not answer.will_close  # answered whole, the connection kept
+        held.append(reused.sock)
+        reused.sock.sendall(b"GET /v1/models HT")  # the next request, begun within the keep-alive time, never ends
+        assert closed(reused.sock)
     finally:
         for connection in held:
             connection.close()

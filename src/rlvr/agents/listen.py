@@ -148,7 +148,10 @@ def guarded_protocol(guard: Guard) -> type:
 
         def handle_events(self) -> None:
             super().handle_events()
-            if self.cycle is not None and not self.cycle.more_body:  # the request is read whole
+            # the request is read whole; a cycle whose response is complete is the last request's, kept until
+            # the next one's headers are read, so the next one's first bytes leave its deadline armed
+            cycle = self.cycle
+            if cycle is not None and not cycle.more_body and not cycle.response_complete:
                 guard.disarm(self)
 
         def on_response_complete(self) -> None:
