@@ -288,6 +288,38 @@ def test_an_episode_has_a_budget_of_sampled_tokens(endpoint, monkeypatch):
     assert record.truncated
 
 
+def test_a_request_of_a_finished_episode_leaves_its_record_as_returned(endpoint):
+    """The episode finished (its agent timed out, say) before its request's tokens were
+    reserved: the request is refused as of no live episode, and the record, returned already,
+    is not marked truncated."""
+    import asyncio
+
+    from rlvr.agents.chat import RequestError
+
+    episode_id = endpoint.open(seed=0, temperature=1.0, max_tokens=50)
+    episode = endpoint._live(episode_id)
+    record = endpoint.finish(episode_id)
+    with pytest.raises(RequestError) as err:
+        asyncio.run(endpoint._sample(episode, [1, 2, 3], 1, 4, ()))
+    assert err.value.status == 404 and not record.truncated and record.calls == []
+
+
+def test_a_call_sampled_after_its_episode_finished_is_not_recorded(endpoint, monkeypatch):
+    """The episode finishes while its request's completion is being sampled: the record
+    returned by ``finish`` gets no call afterwards, and the request is refused (404)."""
+    episode = endpoint.open(seed=0, temperature=1.0, max_tokens=50)
+    put, records = endpoint._batcher.put, []
+
+    def finished_meanwhile(job):
+        records.append(endpoint.finish(episode))
+        put(job)
+
+    monkeypatch.setattr(endpoint._batcher, "put", finished_meanwhile)
+    with pytest.raises(openai.NotFoundError):
+        client(endpoint, episode).completions.create(model="m", prompt="12+", max_tokens=2)
+    assert len(records) == 1 and records[0].calls == [] and records[0].prompt is None
+
+
 def test_an_exception_is_a_500_with_its_one_line_and_reaches_no_server_log(endpoint, monkeypatch):
     """An error of the endpoint's own: the agent gets a 500 whose message is the error's one line,
     and the app raises nothing further (uvicorn would log it with its traceback)."""
