@@ -369,6 +369,30 @@ def test_the_budgets_are_task_options(endpoint, tmp_path):
     assert (default.endpoint.max_calls, default.endpoint.max_sampled_tokens) == (MAX_CALLS, None)
 
 
+def test_the_budgets_are_options_of_a_verifiers_task_too(endpoint, monkeypatch):
+    """Without verifiers itself: the taskset stands in, the options reach the endpoint."""
+    from rlvr.base import extras
+    from rlvr.tasks import verifiers_env
+    from rlvr.tasks.agent import AgentTask
+
+    class Taskset:
+        def __init__(self, *args):
+            pass
+
+        def rows(self, max_tasks):
+            return [{"task": i} for i in range(4)]
+
+        def run(self, client, row):
+            return 0.0
+
+    monkeypatch.setattr(extras, "require", lambda *args: None)
+    monkeypatch.setattr(verifiers_env, "_Verifiers", Taskset)
+    task = verifiers_env.VerifiersTask("arithmetic", eval_size=1, max_calls=7, max_sampled_tokens=99)
+    assert (task.policy_for(endpoint.policy).endpoint.max_calls, task.endpoint.max_sampled_tokens) == (7, 99)
+    assert {name: verifiers_env.VerifiersTask.options[name] for name in ("max_calls", "max_sampled_tokens")} == \
+        {name: AgentTask.options[name] for name in ("max_calls", "max_sampled_tokens")}
+
+
 def closed(connection) -> bool:
     """Whether the endpoint closed ``connection`` (waited for, 10 s at most); False while it holds it."""
     try:
