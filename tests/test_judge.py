@@ -20,7 +20,8 @@ from rlvr.rewards.judge import Judged, judge, score  # noqa: E402
 
 class Grader:
     """A chat-completions server whose reply is scripted by the request's text: "slow" waits
-    past the client's time-out, "broken" answers 500, "endless" sends a body that never ends,
+    past the client's time-out, "broken" answers 500, "endless" sends a body that never ends ("failing
+endless": with a 500),
     "gzipped" a compressed one, "json:" replies with the JSON value after it as the message's content, else the reply is
     ``fixed`` or the text after "reply:" in the request. It records every request and the
     most in flight at once; ``port`` 0 takes a free port."""
@@ -45,7 +46,8 @@ class Grader:
                 if "broken" in text:
                     return JSONResponse({"error": {"message": "down"}}, status_code=500)
                 if "endless" in text:
-                    return StreamingResponse(endless(), media_type="application/json")
+                    return StreamingResponse(endless(), media_type="application/json",
+                                             status_code=500 if "failing" in text else 200)
                 if "gzipped" in text:
                     body = gzip.compress(b'{"choices": [{"message": {"content": "' + b"9" * 10**6 + b'"}}]}')
                     return Response(body, media_type="application/json", headers={"Content-Encoding": "gzip"})
@@ -173,6 +175,18 @@ def test_a_reply_past_the_size_bound_abstains_and_is_never_kept(grader, monkeypa
         judge(["q"], ["endless"], base_url=grader.url, model="m", timeout=20)
     with pytest.raises(RuntimeError, match=r"compressed \(gzip\)"):  # a few kB that unpack to a MB: not read
         judge(["q"], ["gzipped"], base_url=grader.url, model="m")
+
+
+def test_an_error_reply_is_read_no_further_than_its_message(grader):
+    """A reply with an error status whose body never ends: its status and the start of its body
+    are read, and that completion alone abstains, long before the time-out (the client would
+    read the body whole to make its error)."""
+    assert judge(["q"] * 2, ["reply: 3", "failing endless"], base_url=grader.url, model="m", timeout=10) == [0.3, None]
+    with pytest.raises(RuntimeError, match=r"the first: JudgeReplyError: the judge answered 500: \{") as err:
+        judge(["q"], ["failing endless"], base_url=grader.url, model="m", timeout=10)
+    assert len(str(err.value)) < 500
+    with pytest.raises(RuntimeError, match="the judge answered 500: down$"):  # an error's own message
+        judge(["q"], ["broken"], base_url=grader.url, model="m")
 
 
 def test_the_cache_holds_at_most_its_characters(grader, monkeypatch):

@@ -288,6 +288,38 @@ def test_an_episode_has_a_budget_of_sampled_tokens(endpoint, monkeypatch):
     assert record.truncated
 
 
+def test_a_request_of_a_finished_episode_leaves_its_record_as_returned(endpoint):
+    """The episode finished (its agent timed out, say) before its request's tokens were
+    reserved: the request is refused as of no live episode, and the record, returned already,
+    is not marked truncated."""
+    import asyncio
+
+    from rlvr.agents.chat import RequestError
+
+    episode_id = endpoint.open(seed=0, temperature=1.0, max_tokens=50)
+    episode = endpoint._live(episode_id)
+    record = endpoint.finish(episode_id)
+    with pytest.raises(RequestError) as err:
+        asyncio.run(endpoint._sample(episode, [1, 2, 3], 1, 4, ()))
+    assert err.value.status == 404 and not record.truncated and record.calls == []
+
+
+def test_a_call_sampled_after_its_episode_finished_is_not_recorded(endpoint, monkeypatch):
+    """The episode finishes while its request's completion is being sampled: the record
+    returned by ``finish`` gets no call afterwards, and the request is refused (404)."""
+    episode = endpoint.open(seed=0, temperature=1.0, max_tokens=50)
+    put, records = endpoint._batcher.put, []
+
+    def finished_meanwhile(job):
+        records.append(endpoint.finish(episode))
+        put(job)
+
+    monkeypatch.setattr(endpoint._batcher, "put", finished_meanwhile)
+    with pytest.raises(openai.NotFoundError):
+        client(endpoint, episode).completions.create(model="m", prompt="12+", max_tokens=2)
+    assert len(records) == 1 and records[0].calls == [] and records[0].prompt is None
+
+
 def test_an_exception_is_a_500_with_its_one_line_and_reaches_no_server_log(endpoint, monkeypatch):
     """An error of the endpoint's own: the agent gets a 500 whose message is the error's one line,
     and the app raises nothing further (uvicorn would log it with its traceback)."""
@@ -337,6 +369,30 @@ def test_the_budgets_are_task_options(endpoint, tmp_path):
     assert (default.endpoint.max_calls, default.endpoint.max_sampled_tokens) == (MAX_CALLS, None)
 
 
+def test_the_budgets_are_options_of_a_verifiers_task_too(endpoint, monkeypatch):
+    """Without verifiers itself: the taskset stands in, the options reach the endpoint."""
+    from rlvr.base import extras
+    from rlvr.tasks import verifiers_env
+    from rlvr.tasks.agent import AgentTask
+
+    class Taskset:
+        def __init__(self, *args):
+            pass
+
+        def rows(self, max_tasks):
+            return [{"task": i} for i in range(4)]
+
+        def run(self, client, row):
+            return 0.0
+
+    monkeypatch.setattr(extras, "require", lambda *args: None)
+    monkeypatch.setattr(verifiers_env, "_Verifiers", Taskset)
+    task = verifiers_env.VerifiersTask("arithmetic", eval_size=1, max_calls=7, max_sampled_tokens=99)
+    assert (task.policy_for(endpoint.policy).endpoint.max_calls, task.endpoint.max_sampled_tokens) == (7, 99)
+    assert {name: verifiers_env.VerifiersTask.options[name] for name in ("max_calls", "max_sampled_tokens")} == \
+        {name: AgentTask.options[name] for name in ("max_calls", "max_sampled_tokens")}
+
+
 def closed(connection) -> bool:
     """Whether the endpoint closed ``connection`` (waited for, 10 s at most); False while it holds it."""
     try:
@@ -350,7 +406,8 @@ def closed(connection) -> bool:
 def test_idle_connections_give_way_and_a_request_must_arrive_in_time(endpoint):
     """At its cap of connections the endpoint closes the least recently active idle one before
     it accepts another, so the agents' requests get in; a request that does not arrive whole
-    within ``read_timeout`` has its connection closed."""
+    within ``read_timeout`` has its connection closed, the first on a connection or a later one."""
+    import http.client
     import socket
 
     from rlvr.agents.server import Endpoint
@@ -377,6 +434,13 @@ def test_idle_connections_give_way_and_a_request_must_arrive_in_time(endpoint):
         for part in (b"GET /v1/mo", b"dels HTTP/1.1\r\n", b"Host: x\r\n"):  # never the blank line that ends it
             slow.sendall(part)
         assert closed(slow)
+        reused = http.client.HTTPConnection("127.0.0.1", timed.port, timeout=10)
+        reused.request("GET", "/v1/models")
+        answer = reused.getresponse()
+        assert answer.status == 401 and answer.read() and not answer.will_close  # answered whole, the connection kept
+        held.append(reused.sock)
+        reused.sock.sendall(b"GET /v1/models HT")  # the next request, begun within the keep-alive time, never ends
+        assert closed(reused.sock)
     finally:
         for connection in held:
             connection.close()

@@ -141,7 +141,7 @@ def test_a_run_killed_mid_partial_rollouts_trains_every_sampled_batch_once(ray_l
 def test_a_run_is_killed_after_its_first_checkpoint_however_late_by_the_clock(tmp_path, monkeypatch):
     """sigkill_mid_run waits on the run, not on time: with a clock that runs 1000 s a call (a
     machine so loaded the first checkpoint comes minutes late), the kill still comes after it.
-    The lecture's toy, no Ray: the helper is what this tests."""
+    The lecture's toy, no Ray: sigkill_mid_run is what this tests."""
     import itertools
     import time
 

@@ -1,17 +1,9 @@
 """The endpoint's listening side: uvicorn bounded and quiet.
 
-Every connection costs the trainer a file descriptor, and agents (jailed or not) can open
-as many as they like. So the endpoint accepts connections itself (``serve``), one at a time,
-and holds at most ``max_connections`` (``Guard``): at the cap, the connection least recently
-active among those waiting for a request is closed before the next is accepted (a flood of
-idle ones gives way to the agents' requests; the next waits in the listener's queue), and
-each request must be read whole, headers and body, within ``read_timeout`` seconds however
-slowly its bytes arrive. ``max_connections`` defaults to a quarter of the process's
-descriptor limit (``connection_cap``); the HTTP is uvicorn's (``guarded_protocol``).
-
-Nothing reaches uvicorn's logger as a traceback: an exception a request raises becomes a 500
-whose message is the exception's one line (``one_line_errors``), and the event loop's own
-errors are logged as one line (``serve``).
+Agents may open as many connections as they like, each a descriptor of the trainer's: the
+endpoint accepts them itself (``serve``) and holds at most ``max_connections`` (``Guard``:
+at the cap the least recently active idle one is closed), each request read whole within
+``read_timeout`` seconds. Nothing reaches uvicorn's log as a traceback (``one_line_errors``).
 """
 
 from __future__ import annotations
@@ -148,7 +140,10 @@ def guarded_protocol(guard: Guard) -> type:
 
         def handle_events(self) -> None:
             super().handle_events()
-            if self.cycle is not None and not self.cycle.more_body:  # the request is read whole
+            # the request is read whole; a cycle whose response is complete is the last request's, kept until
+            # the next one's headers are read, so the next one's first bytes leave its deadline armed
+            cycle = self.cycle
+            if cycle is not None and not cycle.more_body and not cycle.response_complete:
                 guard.disarm(self)
 
         def on_response_complete(self) -> None:

@@ -157,9 +157,18 @@ class Endpoint:
         with self._lock:
             episode = self._episodes.get(episode_id)
         if episode is None:
-            raise RequestError(404, f"no live episode {episode_id!r}: requests belong to an episode while its "
-                                    "agent runs", code="episode_not_found")
+            raise _not_live(episode_id)
         return episode
+
+    def _record(self, episode: AgentEpisode, served: list[Served], prompt: Any) -> None:
+        """A request's calls added to the episode's record, while it is live: once ``finish``
+        has returned the record (its agent timed out, say), nothing more is added to it."""
+        with self._lock:
+            if episode.id not in self._episodes:
+                raise _not_live(episode.id)
+            episode.served.extend(served)
+            if episode.prompt is None:
+                episode.prompt = prompt
 
     # ---- HTTP (``rlvr.agents.routes``) ----------------------------------------------
 
@@ -192,19 +201,18 @@ class Endpoint:
         requested = chat.max_tokens(body)
         prompt_ids = self._chat_prompt(episode, raw, plain, tools)
         first, outcomes = await self._sample(episode, prompt_ids, n, requested, stop, arrival)
-        choices = []
+        choices, served = [], []
         for k, (ids, log_probs, text, finish) in enumerate(outcomes):
             shown = chat.without_stop(text, stop) if finish == "stop" else text
             message, called = chat.reply(shown, names, f"call_{first + k}_")
             call = Call(prompt_ids, ids, log_probs, text, finish, self.policy.engine.weights_version)
-            episode.served.append(Served(call, plain, tools, chat.reply_key(message), shown != text))
+            served.append(Served(call, plain, tools, chat.reply_key(message), shown != text))
             choice = {"index": k, "message": message, "finish_reason": called or finish, "logprobs": None}
             if logprobs:
                 choice["logprobs"] = {"content": [{"token": self._token(i), "logprob": lp, "bytes": None,
                                                    "top_logprobs": []} for i, lp in zip(ids, log_probs)]}
             choices.append(choice)
-        if episode.prompt is None:
-            episode.prompt = plain
+        self._record(episode, served, plain)
         return chat.response("chat.completion", self.model_name, choices, prompt_ids, outcomes)
 
     async def _completion(self, episode: AgentEpisode, body: dict[str, Any], arrival: int = 0) -> dict[str, Any]:
@@ -215,18 +223,17 @@ class Endpoint:
         requested = chat.max_tokens(body)
         prompt_ids = self._text_prompt(episode, prompt)
         _, outcomes = await self._sample(episode, prompt_ids, n, requested, stop, arrival)
-        choices = []
+        choices, served = [], []
         for k, (ids, log_probs, text, finish) in enumerate(outcomes):
             shown = chat.without_stop(text, stop) if finish == "stop" else text
             call = Call(prompt_ids, ids, log_probs, text, finish, self.policy.engine.weights_version)
-            episode.served.append(Served(call, None, None, prompt + shown, shown != text))
+            served.append(Served(call, None, None, prompt + shown, shown != text))
             choice = {"index": k, "text": shown, "finish_reason": finish, "logprobs": None}
             if logprobs:
                 choice["logprobs"] = {"tokens": [self._token(i) for i in ids], "token_logprobs": log_probs,
                                       "top_logprobs": None, "text_offset": None}
             choices.append(choice)
-        if episode.prompt is None:
-            episode.prompt = prompt
+        self._record(episode, served, prompt)
         return chat.response("text_completion", self.model_name, choices, prompt_ids, outcomes)
 
     def _token(self, token_id: int) -> str:
@@ -304,19 +311,17 @@ class Endpoint:
         if policy.max_positions is not None:
             max_new = min(max_new, policy.max_positions - len(prompt_ids))
         if max_new < 1:
-            episode.truncated = True
-            raise RequestError(400, f"the episode has used its token budget ({episode.max_tokens} tokens after its "
-                                    "first prompt, task.options.max_tokens) or the model's positions",
-                               code="context_length_exceeded")
+            raise self._truncated(episode, RequestError(
+                400, f"the episode has used its token budget ({episode.max_tokens} tokens after its first prompt, "
+                     "task.options.max_tokens) or the model's positions", code="context_length_exceeded"))
         jobs_count = n if episode.temperature > 0 else 1  # greedy: n choices alike, one decoded
-        max_new = self._within_budget(episode, n, jobs_count, max_new)
+        max_new = self._reserve(episode, n, jobs_count, max_new)
         first, episode.draws = episode.draws, episode.draws + n
         if episode.temperature > 0:
             seeds = [call_seed(episode.seed, first + k) for k in range(n)]
             jobs = [Job(episode.id, prompt_ids, seed, episode.temperature, max_new, stop) for seed in seeds]
         else:
             jobs = [Job(episode.id, prompt_ids, None, 0.0, max_new, stop)]
-        self._sampled[episode.id] += max_new * len(jobs)  # reserved until the jobs are done: requests run at once
         outcomes: list[Outcome] = []
         try:
             for job in jobs:
@@ -325,23 +330,48 @@ class Endpoint:
             for job in jobs:
                 outcomes.append(await asyncio.wrap_future(job.future))
         finally:  # what was reserved and not sampled goes back
-            unsampled = max_new * len(jobs) - sum(len(o[0]) for o in outcomes)
-            if episode.id in self._sampled:
-                self._sampled[episode.id] -= unsampled
+            self._release(episode, max_new * len(jobs) - sum(len(o[0]) for o in outcomes))
         return first, outcomes * n if episode.temperature == 0 else outcomes
 
-    def _within_budget(self, episode: AgentEpisode, n: int, jobs: int, max_new: int) -> int:
+    def _reserve(self, episode: AgentEpisode, n: int, jobs: int, max_new: int) -> int:
         """``max_new`` cut to what is left of the episode's sampled tokens, shared by ``jobs``
-        completions; RequestError (the episode truncated) past its calls or sampled tokens."""
+        completions, and reserved for them until they are done (requests of an episode run at
+        once); RequestError (the episode truncated) past its calls or sampled tokens, or once
+        the episode is finished. Under the lock: ``finish`` runs on the trainer's thread."""
         budget = self.max_sampled_tokens or MAX_CHOICES * episode.max_tokens
-        left = budget - self._sampled.get(episode.id, budget)
-        if episode.draws + n > self.max_calls:
-            reason = (f"the episode has used its budget of calls ({self.max_calls}, task.options.max_calls; each "
-                      f"choice of a request one): {episode.draws} made, {n} more asked")
-        elif left < jobs:
-            reason = (f"the episode has used its budget of sampled tokens ({budget} in all its calls, "
-                      "task.options.max_sampled_tokens)")
-        else:
-            return min(max_new, left // jobs)
-        episode.truncated = True
+        with self._lock:
+            if episode.id not in self._sampled:
+                raise _not_live(episode.id)
+            left = budget - self._sampled[episode.id]
+            if episode.draws + n > self.max_calls:
+                reason = (f"the episode has used its budget of calls ({self.max_calls}, task.options.max_calls; "
+                          f"each choice of a request one): {episode.draws} made, {n} more asked")
+            elif left < jobs:
+                reason = (f"the episode has used its budget of sampled tokens ({budget} in all its calls, "
+                          "task.options.max_sampled_tokens)")
+            else:
+                max_new = min(max_new, left // jobs)
+                self._sampled[episode.id] += max_new * jobs
+                return max_new
+            episode.truncated = True
         raise RequestError(400, reason, code="episode_budget_exceeded")
+
+    def _release(self, episode: AgentEpisode, tokens: int) -> None:
+        """``tokens`` reserved and not sampled given back (to a live episode)."""
+        with self._lock:
+            if episode.id in self._sampled:
+                self._sampled[episode.id] -= tokens
+
+    def _truncated(self, episode: AgentEpisode, error: RequestError) -> RequestError:
+        """``error``, the episode marked truncated; a finished episode's record is left as
+        ``finish`` returned it, and the request refused as of no live episode."""
+        with self._lock:
+            if episode.id not in self._episodes:
+                return _not_live(episode.id)
+            episode.truncated = True
+        return error
+
+
+def _not_live(episode_id: str) -> RequestError:
+    return RequestError(404, f"no live episode {episode_id!r}: requests belong to an episode while its agent runs",
+                        code="episode_not_found")

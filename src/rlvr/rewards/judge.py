@@ -1,40 +1,10 @@
 """A judge reward: a model behind any OpenAI-compatible endpoint grades each completion.
 
-    rewards:
-      functions:
-        - function: rlvr.rewards.judge:judge
-          options: {base_url: "http://127.0.0.1:8000/v1", model: grader, scale: 10}
-
-Each completion becomes one chat request: ``template`` filled with ``{prompt}`` (a chat
-prompt as "role: content" lines), ``{completion}`` (its text) and any data column by name
-(``{answer}``), each value cut to ``max_chars`` characters before it is sent. The reply is
-read in a declared format, else it abstains:
-
-  a score      the last ``Score: N`` (``Score: N/scale`` too), a JSON object's ``"score"``,
-               or a reply that is a number alone (``7``, ``7/10``); N over ``scale`` is the
-               score (N outside ``[0, scale]`` is no score)
-  verdicts     with ``verdicts`` (``{"CORRECT": 1, "INCORRECT": 0}``): a JSON object's
-               ``"verdict"``, the last ``Verdict: WORD`` ending its line, or a reply that is
-               the verdict alone (any case, markdown and a closing stop aside)
-
-"I give it 7 out of 10" or "NOT CORRECT" (with those verdicts) follows none, and abstains.
-A reply without a score, one whose content is not text, one over ``MAX_REPLY_BYTES`` (or
-compressed: its size says nothing), an error or a request past ``timeout`` seconds abstains
-(None) for that completion alone; when every request of a call fails, the call raises with
-the first failure, which the reward runner logs.
-
-At most ``concurrency`` requests of a call are in flight at once (a reward with a
-``timeout`` runs in worker processes: each of its calls has its own). Replies are cached by
-the whole request (endpoint, its key, model, settings, system and user text), ``CACHE_SIZE``
-replies and ``CACHE_CHARS`` characters at most, so a completion sampled twice, or graded
-again at evaluation, costs one request. The key is read from ``api_key``, else from the
-environment variable ``api_key_env`` (a local server takes any). Each score is a ``Judged``
-float carrying the judge's reply as its ``note``. ``base_url: reference`` asks the model the
-run starts from, frozen, served by the run itself (``rlvr.config.compose.serve_reference``)
-with a fresh key: a later run serving another model at the same address and name never reads
-its replies from the cache.
-
-Needs the ``openai`` client (the ``agents`` extra: ``pip install 'rlvr[agents]'``).
+Each completion is one chat request (``template`` filled with its prompt, its text and data
+columns), whose reply is read in a declared format (``score``: a score over ``scale``, or
+``verdicts``); that completion abstains where the reply follows none, fails, is late or is
+too large. Replies are cached by the whole request. The options, the formats and the limits:
+docs/guide/python-api.md. Needs the ``openai`` client (the ``agents`` extra).
 """
 
 from __future__ import annotations
@@ -59,12 +29,17 @@ DEFAULT_TEMPLATE = (
 CACHE_SIZE = 10_000  # replies kept, least recently used dropped
 CACHE_CHARS = 1 << 25  # characters of replies kept, likewise
 MAX_REPLY_BYTES = 1 << 20  # of a reply's HTTP body: a larger one is never read past this
+ERROR_BYTES = 4096  # of an error reply's body (a status but 2xx): its message is read from these alone
 _NUMBER = r"[-+]?\d+(?:\.\d+)?"
 _OUT_OF = rf"(?P<value>{_NUMBER})(?:[ \t]*(?:/|out of)[ \t]*(?P<scale>{_NUMBER}))?(?!\w|\.\d)"
 _SCORE_LABEL = re.compile(rf"(?<![\w-])score[*_ \t]*[:=][*_ \t]*{_OUT_OF}", re.IGNORECASE)
 _BARE_SCORE = re.compile(_OUT_OF, re.IGNORECASE)
 _VERDICT_LABEL = re.compile(r"(?<![\w-])verdict[*_ \t]*[:=](?P<verdict>[^\n]*)", re.IGNORECASE)
 _DECORATION = "*_`'\" \t\r\n.!"  # around a verdict or a number alone: markdown, quotes, a closing stop
+
+
+class JudgeReplyError(ValueError):
+    """A reply with an error status (any but 2xx, a redirect too): its status and message."""
 
 
 class Judged(float):
@@ -86,7 +61,7 @@ def judge(prompts: Sequence[Any], completions: Sequence[Any], *, base_url: str, 
           verdicts: dict[str, float] | None = None, api_key: str | None = None, api_key_env: str = "OPENAI_API_KEY",
           concurrency: int = 8, timeout: float = 30.0, max_tokens: int = 16, temperature: float = 0.0,
           max_chars: int = 8000, **columns: Any) -> list[Judged | None]:
-    """Each completion's score from the judge at ``base_url`` (see the module docstring)."""
+    """Each completion's score from the judge at ``base_url`` (docs/guide/python-api.md)."""
     if concurrency < 1 or timeout <= 0 or max_chars < 1 or scale <= 0:
         raise ValueError(f"judge: concurrency {concurrency}, timeout {timeout}, max_chars {max_chars} and scale "
                          f"{scale} must be positive")
@@ -111,8 +86,10 @@ def judge(prompts: Sequence[Any], completions: Sequence[Any], *, base_url: str, 
 
 
 def score(reply: str, scale: float = 10.0, verdicts: dict[str, float] | None = None) -> Judged | None:
-    """The score in a judge's ``reply`` read in its declared format (see the module
-    docstring), None where the reply follows none."""
+    """The score in a judge's ``reply`` read in its declared format, None where the reply
+    follows none: with ``verdicts``, a JSON object's "verdict", the last ``Verdict: WORD``
+    ending its line, or the verdict alone; else the last ``Score: N`` (``N/scale``), a JSON
+    object's "score", or a number alone, over ``scale`` (within ``[0, scale]``)."""
     found = _json_object(reply)
     if verdicts:
         table = {name.casefold(): float(value) for name, value in verdicts.items()}
@@ -238,7 +215,10 @@ async def _ask(requests: list[str], settings: tuple, api_key: str, concurrency: 
         raise ImportError("rlvr.rewards.judge needs the openai client: pip install 'rlvr[agents]'") from err
     base_url, model, system, max_tokens, temperature = settings
     gate = asyncio.Semaphore(concurrency)
-    async with openai.AsyncOpenAI(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=0) as client:
+    # an error reply is refused on its headers: the client would read its body whole to make its error
+    http = openai.DefaultAsyncHttpxClient(follow_redirects=False, event_hooks={"response": [_refuse_errors]})
+    async with openai.AsyncOpenAI(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=0,
+                                  http_client=http) as client:
 
         async def one(text: str) -> str:
             messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user",
@@ -248,7 +228,12 @@ async def _ask(requests: list[str], settings: tuple, api_key: str, concurrency: 
                 create = client.chat.completions.with_streaming_response.create(
                     model=model, messages=messages, max_tokens=max_tokens, temperature=temperature,
                     extra_headers={"Accept-Encoding": "identity"})  # a compressed body's size says nothing
-                return _content(await asyncio.wait_for(_body(create), timeout))
+                try:
+                    return _content(await asyncio.wait_for(_body(create), timeout))
+                except openai.APIConnectionError as err:  # a client that wraps what the hook raised
+                    if isinstance(err.__cause__, JudgeReplyError):
+                        raise err.__cause__ from None
+                    raise
 
         return await asyncio.gather(*(one(text) for text in requests), return_exceptions=True)
 
@@ -268,6 +253,26 @@ async def _body(create: Any) -> bytes:
             if len(body) > MAX_REPLY_BYTES:
                 raise ValueError(f"the judge's reply runs over {MAX_REPLY_BYTES} bytes")
         return bytes(body)
+
+
+async def _refuse_errors(response: Any) -> None:
+    """JudgeReplyError for a reply with an error status, its message read from the first
+    ERROR_BYTES of its body (no further)."""
+    if 200 <= response.status_code < 300:
+        return
+    head = bytearray()
+    async for chunk in response.aiter_raw():
+        head += chunk
+        if len(head) >= ERROR_BYTES:
+            break
+    await response.aclose()
+    text = bytes(head[:ERROR_BYTES]).decode("utf-8", "replace")
+    try:
+        message = json.loads(text)["error"]["message"]
+    except (ValueError, RecursionError, LookupError, TypeError):
+        message = text
+    message = message if isinstance(message, str) else json.dumps(message)
+    raise JudgeReplyError(f"the judge answered {response.status_code}: {' '.join(message.split())[:200]}")
 
 
 def _content(body: bytes) -> str:

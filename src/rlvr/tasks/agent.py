@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from rlvr.agents.chat import MAX_CHOICES
 from rlvr.agents.runner import AgentLimits, AgentRun
 from rlvr.agents.server import MAX_CALLS
 from rlvr.base.errors import ConfigError
@@ -40,7 +41,7 @@ class AgentTask(GradedTask):
     name = "agent"
     agent_command: str | list[str] | None = None  # the agent as a program (its run made per endpoint)
     endpoint = None  # the endpoint serving the policy, made by policy_for
-    max_calls, max_sampled_tokens = MAX_CALLS, None  # an episode's budgets (the endpoint's; None: 16 x max_tokens)
+    max_calls, max_sampled_tokens = MAX_CALLS, None  # an episode's budgets (None: MAX_CHOICES x max_tokens)
     gold_reward = "solved"
     no_gold_hint = "the agent never said whether an episode was solved (return {'reward': r, 'solved': bool})"
     options = {
@@ -60,8 +61,9 @@ class AgentTask(GradedTask):
                              max=2**20),
         "max_calls": option("model calls an episode may make (each choice of a request one); past it a request "
                             "gets 400 and the episode counts as truncated", min=1, max=2**16),
-        "max_sampled_tokens": option("tokens an episode's calls may sample in all (none: 16 x max_tokens); past "
-                                     "it a request gets 400 and the episode counts as truncated", min=1, max=2**30),
+        "max_sampled_tokens": option(f"tokens an episode's calls may sample in all (none: {MAX_CHOICES} x "
+                                     "max_tokens); past it a request gets 400 and the episode counts as truncated",
+                                     min=1, max=2**30),
     }
 
     def __init__(self, data: str, agent: str | None = None, agent_command: str | list[str] | None = None,

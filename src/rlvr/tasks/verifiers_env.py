@@ -22,7 +22,8 @@ program of its own on ``runtime``: here (``subprocess``) only for a harness that
 code the model writes (verifiers' ``EXECUTES_CODE``), else in a container. Rows are its tasks' data, in ``load()``
 order: the last ``eval_size`` are held out. verifiers runs in an event loop of its own, in
 a thread, started with the first episode and kept for the run (its interception server
-lives there).
+lives there). An episode's budgets of calls and sampled tokens are the agent task's
+(``max_calls``, ``max_sampled_tokens``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import threading
 from typing import Any
 
 from rlvr.agents.runner import AgentLimits
+from rlvr.agents.server import MAX_CALLS
 from rlvr.base.errors import ConfigError
 from rlvr.base.rules import option
 from rlvr.tasks.agent import AgentTask
@@ -62,15 +64,18 @@ class VerifiersTask(AgentTask):
         "concurrency": AgentTask.options["concurrency"],
         "episode_timeout": AgentTask.options["episode_timeout"],
         "max_tokens": AgentTask.options["max_tokens"],
+        "max_calls": AgentTask.options["max_calls"],
+        "max_sampled_tokens": AgentTask.options["max_sampled_tokens"],
     }
 
     def __init__(self, taskset: str, taskset_options: dict[str, Any] | None = None, harness: str = "null",
                  runtime: str = "subprocess", solved_reward: str | None = None, eval_size: int = 16,
                  max_tasks: int = 4096, concurrency: int = 32, episode_timeout: float = 300.0,
-                 max_tokens: int = 1024) -> None:
+                 max_tokens: int = 1024, max_calls: int = MAX_CALLS, max_sampled_tokens: int | None = None) -> None:
         from rlvr.base.extras import AGENT_MODULES, require
 
         require("task.name='verifiers'", (*AGENT_MODULES, "verifiers"))
+        self.max_calls, self.max_sampled_tokens = max_calls, max_sampled_tokens
         self.verifiers = _Verifiers(taskset, dict(taskset_options or {}), harness, runtime,
                                     solved_reward or "solved")
         rows = self.verifiers.rows(max_tasks)
