@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from rlvr.base.errors import STOPPING, Stopped
-from rlvr.base.processes import become_subreaper, kill_descendants, limit_address_space
+from rlvr.base.processes import become_subreaper, die_with_parent, kill_descendants, limit_address_space
 from rlvr.environments.base import Environment, Observation, Step, describe_error
-from rlvr.rewards.workers import die_with_parent, lead_group
+from rlvr.rewards.workers import lead_group
 
 MAX_SCHEMA_CHARS = 65_536  # an environment's tool schemas, as JSON
 MAX_SNAPSHOT_BYTES = 1 << 20  # an environment's snapshot, pickled: attributes past it are left out
