@@ -300,6 +300,43 @@ print("left a daemon")
     assert tagged(tag) == []
 
 
+def _kills_its_supervisor(tag):
+    """A program that starts a daemon in a session of its own, waits until it runs (its end of
+    the pipe closes at its exec), then kills its supervisor (the same user may)."""
+    return f"""import os, signal
+r, w = os.pipe()
+if os.fork() == 0:
+    os.setsid()
+    {_SLEEPER.format(tag=tag)}
+os.close(w)
+os.read(r, 1)
+os.kill(os.getppid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.parametrize("cgroup", [True, False])
+def test_unjailed_a_program_that_kills_its_supervisor_leaves_a_daemon_unless_a_cgroup_holds_it(monkeypatch, cgroup):
+    """The fallback without bwrap, as docs/reliability.md says: the process cap's cgroup ends
+    every process the program started, its supervisor gone or not; without one, a daemon
+    started before the supervisor was killed outlives the call."""
+    import signal
+    import types
+
+    monkeypatch.setattr("rlvr.environments.sandbox.jail", lambda: None)
+    if cgroup and not processes_capped(False):
+        pytest.skip("no pids cgroup can be made here")
+    if not cgroup:
+        monkeypatch.setattr("rlvr.environments.sandbox.ProcessCap",
+                            lambda: types.SimpleNamespace(folder=None, join=lambda: None, close=lambda: None))
+    tag = f"rlvr-daemon-{os.getpid()}-{time.monotonic_ns()}"
+    with pytest.raises(ToolError, match=r"killed by SIGKILL"):
+        run_python(_kills_its_supervisor(tag))
+    left = tagged(tag)
+    for pid in left:  # what escaped, ended here
+        os.kill(pid, signal.SIGKILL)
+    assert (left == []) == cgroup
+
+
 def test_without_bwrap_it_says_so_once_and_runs_unjailed(monkeypatch):
     jail.cache_clear()
     monkeypatch.setattr("shutil.which", lambda name: None)
