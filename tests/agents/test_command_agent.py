@@ -12,7 +12,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
-from conftest import FORK_BOMB, processes_capped  # noqa: E402
+from conftest import FORK_BOMB, processes_capped, tagged  # noqa: E402
 from rlvr.agents.command import command_agent  # noqa: E402
 from rlvr.environments.sandbox import jail  # noqa: E402
 
@@ -190,20 +190,6 @@ def test_the_runs_stop_signal_cuts_a_batch_of_agents_short(endpoint, tmp_path, m
         assert not endpoint._episodes  # every episode finished
 
 
-def _tagged(tag):
-    import os
-
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as cmdline, open(f"/proc/{pid}/stat") as stat:
-                if tag.encode() in cmdline.read() and stat.read().rsplit(") ", 1)[-1][0] != "Z":
-                    found.append(int(pid))
-        except OSError:
-            pass
-    return found
-
-
 def test_unjailed_a_daemon_in_a_session_of_its_own_ends_with_the_command(endpoint, tmp_path, monkeypatch):
     import uuid
 
@@ -220,7 +206,7 @@ def test_unjailed_a_daemon_in_a_session_of_its_own_ends_with_the_command(endpoin
         print(1.0)
     """)
     assert run(endpoint, program, tmp_path, {})[0] == 1.0
-    assert _tagged(tag) == []
+    assert tagged(tag) == []
 
 
 @pytest.mark.parametrize("jailed", [True, False])

@@ -182,6 +182,48 @@ def test_text_past_the_budget_is_not_encoded_and_the_record_says_so(policy, monk
     assert seen[0] < 1000
 
 
+def test_a_prompt_cut_where_it_was_made_is_never_encoded_where_the_model_states_no_positions(policy, monkeypatch):
+    from rlvr.base.errors import PromptError
+
+    monkeypatch.setattr(policy, "max_positions", None)
+    seen = _counting_encodes(policy, monkeypatch)
+    with pytest.raises(PromptError, match=r"^episode prompt of start 0 \('1111.*: 20000000 characters, more than "
+                                          r"its episode could hold .*; shorten the prompt or raise "
+                                          r"task.options.max_tokens$"):
+        sample(policy, env=LongPrompt, starts=(1,), group=1, limits=EpisodeLimits(max_turns=2, max_tokens=8))
+    assert seen[0] == 0  # nothing encoded: not the prompt, nor the characters of it that crossed
+
+
+class Ones(Countdown):
+    """A prompt of ``start`` ones, a token each."""
+
+    def reset(self, start):
+        self.turns = 0
+        return "1" * start
+
+
+def test_the_start_check_reads_each_prompt_whole_as_its_episodes_do(policy):
+    """A prompt longer than max_tokens tokens of the longest token (8 x 5 characters) but within
+    the model's 256 positions passes the start check and runs whole; one too long in tokens
+    (300, in fewer characters than the positions' 1,280) is refused by the check, not mid-run."""
+    from rlvr.base.errors import PromptError
+    from rlvr.environments.policy import EpisodePolicy
+
+    limits = EpisodeLimits(max_turns=2, max_tokens=8)
+    hosts = EnvironmentHosts(Ones, 1)
+    try:
+        episodic = EpisodePolicy(policy, hosts, limits)
+        episodic.check_prompts([100])
+        with pytest.raises(PromptError, match=r"^episode prompt of start 0 \('1111.*: 30\d tokens "
+                                              r"\+ max_tokens 8 = 3\d\d > 256, the model's positions"):
+            episodic.check_prompts([300])
+        (episode,) = run_episodes(policy, hosts, [100], 1, 0.0, None, limits)
+        assert episode.prompt_ids == policy.tokenizer("1" * 100, add_special_tokens=policy.add_special_tokens)[
+            "input_ids"]
+    finally:
+        hosts.close()
+
+
 class Raises(Countdown):
     def step(self, text):
         raise RuntimeError("the environment broke")

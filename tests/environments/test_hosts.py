@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from conftest import tagged
 from rlvr.base.errors import STOPPING, CutShort
 from rlvr.environments.base import Step
 from rlvr.environments.hosts import HARD_GRACE, EnvironmentFailed, EnvironmentHosts
@@ -177,7 +178,7 @@ def test_a_trainer_killed_mid_call_leaves_no_worker(tmp_path):
 
     script = textwrap.dedent(f"""
         import sys, time
-        sys.path.insert(0, {str(pathlib.Path(__file__).parent)!r})
+        sys.path[:0] = [{str(pathlib.Path(__file__).parent)!r}, {str(pathlib.Path(__file__).parents[1])!r}]
         from test_hosts import Sleeps, started
         hosts = started(Sleeps, range(3))
         print(" ".join(str(w.process.pid) for w in hosts._workers.values()), flush=True)
@@ -204,11 +205,14 @@ def _alive(pid):
         return stat.read().split(") ")[-1][0] != "Z"
 
 
-_SLEEPER = "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+# A process that ignores SIGTERM and says it has started: its pid, a line on the FIFO named by its second argument.
+_SLEEPER = ("import os, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "os.write(os.open(sys.argv[2], os.O_WRONLY), b'%d\\n' % os.getpid()); time.sleep(60)")
 
 
 class Spawns(Echo):
-    """A reset that leaves a daemon in a session of its own (a double fork) and children that ignore SIGTERM."""
+    """A reset that leaves a daemon in a session of its own (a double fork) and children that ignore SIGTERM;
+    its start is (a tag for their command lines, the FIFO each announces itself on)."""
 
     def reset(self, start):
         import subprocess
@@ -217,43 +221,59 @@ class Spawns(Echo):
         middle = os.fork()
         if middle == 0:  # starts the daemon, then leaves it to be orphaned
             try:
-                subprocess.Popen([sys.executable, "-c", _SLEEPER, start], start_new_session=True)
+                subprocess.Popen([sys.executable, "-c", _SLEEPER, *start], start_new_session=True)
             finally:
                 os._exit(0)
-        os.waitpid(middle, 0)  # Popen returned in the middle process once the daemon had started
-        self.children = [subprocess.Popen([sys.executable, "-c", _SLEEPER, start]) for _ in range(3)]
+        os.waitpid(middle, 0)
+        self.children = [subprocess.Popen([sys.executable, "-c", _SLEEPER, *start]) for _ in range(3)]
         return "started"
 
 
-def _tagged(tag):
-    """Pids of the live processes whose command line holds ``tag``."""
-    found = []
-    for name in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if tag.encode() in pathlib.Path(f"/proc/{name}/cmdline").read_bytes() and _alive(int(name)):
-                found.append(int(name))
-        except OSError:
-            pass
-    return found
+def _announced(fd, count, timeout=30.0):
+    """The pids of the first ``count`` processes that announced themselves on ``fd`` (a line each)."""
+    import select
+
+    data = b""
+    while len(data.split()) < count:
+        assert select.select([fd], [], [], timeout)[0], f"{len(data.split())} of {count} processes started"
+        data += os.read(fd, 4096)
+    return [int(pid) for pid in data.split()]
+
+
+def _wait_gone(pidfds, timeout=10.0):
+    """Wait until every process of ``pidfds`` has exited (a pidfd reads once its process has)."""
+    import select
+
+    left = set(pidfds)
+    while left:
+        ready = select.select(list(left), [], [], timeout)[0]
+        assert ready, f"{len(left)} processes still running"
+        left -= set(ready)
 
 
 @pytest.mark.parametrize("stop", ["close", "time-out"])
-def test_what_environment_code_starts_ends_with_its_worker_daemons_too(stop):
+def test_what_environment_code_starts_ends_with_its_worker_daemons_too(stop, tmp_path):
     tag = f"rlvr-env-daemon-{os.getpid()}-{time.monotonic_ns()}"
+    fifo = tmp_path / "started"
+    os.mkfifo(fifo)
+    announcements = os.open(fifo, os.O_RDWR)  # a write end of its own too: never at EOF between writers
     hosts = EnvironmentHosts(Spawns, 2)
+    pidfds = []
     try:
-        assert hosts.call([(0, "make", ()), (0, "reset", (tag,))], 30.0) == ["Spawns", "started"]
-        deadline = time.monotonic() + 10
-        while len(_tagged(tag)) < 4 and time.monotonic() < deadline:  # /proc may show the last one late
-            time.sleep(0.01)
-        assert len(_tagged(tag)) == 4  # the daemon and three children
+        assert hosts.call([(0, "make", ()), (0, "reset", ((tag, str(fifo)),))], 30.0) == ["Spawns", "started"]
+        pids = _announced(announcements, 4)  # the daemon and three children
+        pidfds = [os.pidfd_open(pid) for pid in pids]  # before the kill: a pid reused later is not theirs
+        assert sorted(tagged(tag)) == sorted(pids)
         if stop == "close":
             hosts.close()
         else:  # a step past its limit: the worker and all below it are killed
             hosts.call([(0, "tool", ("stuck", (), {}))], 0.2)
-        assert _tagged(tag) == []
+        _wait_gone(pidfds)
+        assert tagged(tag) == []
     finally:
         hosts.close()
+        for fd in [announcements, *pidfds]:
+            os.close(fd)
 
 
 class Maps(Echo):

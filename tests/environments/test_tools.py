@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FORK_BOMB, processes_capped
+from conftest import FORK_BOMB, processes_capped, tagged
 from rlvr.base.errors import ConfigError
 from rlvr.environments.base import ToolCall, ToolError, ToolResult
-from rlvr.environments.sandbox import run_python, sandbox
+from rlvr.environments.sandbox import jail, run_python
 from rlvr.environments.tool_parsing import (
     PLAIN_ARGUMENT,
     TOOL_STYLES,
@@ -214,20 +214,8 @@ def test_python_limits():
 
 # the python tool's jail (bubblewrap): what a program starts ends with it, no network, no host files
 
-jailed = pytest.mark.skipif(sandbox() is None, reason="bwrap is not installed (CI installs bubblewrap)")
+jailed = pytest.mark.skipif(jail() is None, reason="bwrap is not installed (CI installs bubblewrap)")
 _SLEEPER = "import os, sys; os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(60)', {tag!r}])"
-
-
-def _tagged(tag: str) -> list[int]:
-    """Host pids of the live processes whose command line holds ``tag``."""
-    found = []
-    for name in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if tag.encode() in Path(f"/proc/{name}/cmdline").read_bytes() and _alive(int(name)):
-                found.append(int(name))
-        except OSError:
-            pass
-    return found
 
 
 @jailed
@@ -243,7 +231,7 @@ time.sleep(0.5)
 print("left a daemon")
 """
     assert run_python(daemon) == "left a daemon\n"
-    assert _tagged(tag) == []
+    assert tagged(tag) == []
 
 
 @jailed
@@ -270,18 +258,30 @@ def test_a_program_reaches_no_host_socket_and_no_host_file(tmp_path):
 
 @pytest.mark.parametrize("jailed", [True, False])
 def test_a_program_holds_at_most_max_processes(monkeypatch, jailed):
-    from rlvr.base.processes import MAX_PROCESSES
+    from rlvr.base.processes import MAX_PROCESSES, ProcessCap, _pids_folder
 
     if not processes_capped(jailed):
         pytest.skip("no pids cgroup can be made here, and RLIMIT_NPROC does not bind root")
-    if jailed and sandbox() is None:
+    if jailed and jail() is None:
         pytest.skip("bwrap is not installed (CI installs bubblewrap)")
     if not jailed:
         monkeypatch.setattr("rlvr.environments.sandbox.jail", lambda: None)
+    made, init = [], ProcessCap.__init__
+
+    def recorded(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        made.append(self.folder)
+
+    monkeypatch.setattr(ProcessCap, "__init__", recorded)
     started = int(run_python(FORK_BOMB, timeout=30))
     assert 0 < started < MAX_PROCESSES  # a fork bomb stops at the cap: 300 without one
-    assert not [d for d in os.listdir("/sys/fs/cgroup/pids") if d.startswith(f"rlvr-{os.getpid()}-")] \
-        if os.path.isdir("/sys/fs/cgroup/pids") else True  # its cgroup removed
+    (folder,) = made
+    if folder is None:  # no cgroup here: the jail's RLIMIT_NPROC held it
+        assert jailed and os.geteuid() != 0
+    else:  # its cgroup, made below this process's own (cgroup v1 or v2), is removed
+        parent = _pids_folder()
+        assert os.path.dirname(folder) == parent and os.path.isdir(parent)
+        assert not [name for name in os.listdir(parent) if name.startswith(f"rlvr-{os.getpid()}-")]
 
 
 def test_unjailed_a_daemon_in_a_session_of_its_own_ends_with_the_program(monkeypatch):
@@ -297,18 +297,53 @@ os.wait()
 print("left a daemon")
 """
     assert run_python(daemon) == "left a daemon\n"
-    assert _tagged(tag) == []
+    assert tagged(tag) == []
+
+
+def _kills_its_supervisor(tag):
+    """A program that starts a daemon in a session of its own, waits until it runs (its end of
+    the pipe closes at its exec), then kills its supervisor (the same user may)."""
+    return f"""import os, signal
+r, w = os.pipe()
+if os.fork() == 0:
+    os.setsid()
+    {_SLEEPER.format(tag=tag)}
+os.close(w)
+os.read(r, 1)
+os.kill(os.getppid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.parametrize("cgroup", [True, False])
+def test_unjailed_a_program_that_kills_its_supervisor_leaves_a_daemon_unless_a_cgroup_holds_it(monkeypatch, cgroup):
+    """The fallback without bwrap, as docs/reliability.md says: the process cap's cgroup ends
+    every process the program started, its supervisor gone or not; without one, a daemon
+    started before the supervisor was killed outlives the call."""
+    import signal
+    import types
+
+    monkeypatch.setattr("rlvr.environments.sandbox.jail", lambda: None)
+    if cgroup and not processes_capped(False):
+        pytest.skip("no pids cgroup can be made here")
+    if not cgroup:
+        monkeypatch.setattr("rlvr.environments.sandbox.ProcessCap",
+                            lambda: types.SimpleNamespace(folder=None, join=lambda: None, close=lambda: None))
+    tag = f"rlvr-daemon-{os.getpid()}-{time.monotonic_ns()}"
+    with pytest.raises(ToolError, match=r"killed by SIGKILL"):
+        run_python(_kills_its_supervisor(tag))
+    left = tagged(tag)
+    for pid in left:  # what escaped, ended here
+        os.kill(pid, signal.SIGKILL)
+    assert (left == []) == cgroup
 
 
 def test_without_bwrap_it_says_so_once_and_runs_unjailed(monkeypatch):
-    from rlvr.environments.sandbox import jail
-
     jail.cache_clear()
     monkeypatch.setattr("shutil.which", lambda name: None)
     try:
         with pytest.warns(UserWarning, match=r"without a namespace sandbox: bwrap is not installed "
                                              r"\(Debian: apt-get install bubblewrap\)"):
-            assert sandbox() is None
+            assert jail() is None
         assert run_python("print(1)") == "1\n"
     finally:
         jail.cache_clear()
@@ -333,15 +368,15 @@ def test_a_trainer_killed_mid_call_leaves_no_program_and_no_folder():
                                text=True)
     folder = Path(trainer.stdout.readline().strip())
     deadline = time.monotonic() + 30
-    while not _tagged(tag) and time.monotonic() < deadline:  # the program is running
+    while not tagged(tag) and time.monotonic() < deadline:  # the program is running
         time.sleep(0.02)
-    assert _tagged(tag) and folder.is_dir()
+    assert tagged(tag) and folder.is_dir()
     trainer.send_signal(signal.SIGKILL)
     trainer.wait()
     deadline = time.monotonic() + 10
-    while (_tagged(tag) or folder.exists()) and time.monotonic() < deadline:
+    while (tagged(tag) or folder.exists()) and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert _tagged(tag) == [] and not folder.exists()
+    assert tagged(tag) == [] and not folder.exists()
 
 
 def test_the_python_tool_takes_the_boxs_limits():

@@ -32,7 +32,7 @@ import torch
 from rlvr.base.rollout import Samples
 from rlvr.environments.base import Episode, EpisodeText, Observation, ToolCall, ToolResult, Turn
 from rlvr.environments.hosts import EnvironmentFailed, EnvironmentHosts
-from rlvr.environments.operations import as_observation
+from rlvr.environments.operations import as_observation, episode_chars
 from rlvr.policies import turns
 from rlvr.policies.prompts import content_chars
 
@@ -94,10 +94,6 @@ def run_episodes(policy: CausalLMPolicy, hosts: EnvironmentHosts, starts: Sequen
     ``temperature`` 0: greedy. Else each episode draws from its own seed: ``seeds`` [N] long,
     or N drawn from ``generator``.
     """
-    from rlvr.policies.prompts import max_token_chars
-
-    # what crosses from an environment: what an episode's prompt (the model's positions) or its reply could hold
-    hosts.max_chars = max(limits.max_tokens, policy.max_positions or 0) * max_token_chars(policy.tokenizer)
     running = start_episodes(policy, hosts, [start for start in starts for _ in range(group_size)],
                              [b for b in range(len(starts)) for _ in range(group_size)], limits)
     episodes = [r.episode for r in running]
@@ -150,9 +146,11 @@ def start_episodes(policy: CausalLMPolicy, hosts: EnvironmentHosts, starts: Sequ
     """Episode ``i``'s environment made and reset from ``starts[i]`` in ``hosts`` (row ``i``),
     all at once; one that fails there ends its episode with the error. The tools it shows
     (``tool_schemas()``) reach the policy by ``shown_tools``. ``indices`` name the starts in
-    a prompt error."""
+    a prompt error. What crosses from the environments from here on is cut past what an
+    episode could hold (``episode_chars``)."""
     from rlvr.environments.tool_parsing import shown_tools
 
+    hosts.max_chars = episode_chars(limits.max_tokens, policy.max_positions, policy.tokenizer)
     requests = [request for row, start in enumerate(starts)
                 for request in ((row, "make", ()), (row, "reset", (copy.deepcopy(start),)), (row, "schemas", ()))]
     outcomes = hosts.call(requests, limits.step_timeout)

@@ -30,9 +30,10 @@ RecursionError too), a wrong type, or a call past its time limit.
 
 A value crosses from a worker by ``pickle`` (a prompt, an observation, a tool's text): one
 that does not pickle fails the call, named. A prompt, an observation or a tool's text is
-cut past ``max_chars`` (what an episode could hold; ``run_episodes`` sets it) in the
-worker, and the trainer reads at most ``operations.reply_limit`` bytes of an answer: one
-past it ends its episode with the error, and its worker is replaced.
+cut past ``max_chars`` (what an episode could hold, ``operations.episode_chars``;
+``start_episodes`` sets it) in the worker, and the trainer reads at most
+``operations.reply_limit`` bytes of an answer: one past it ends its episode with the
+error, and its worker is replaced.
 """
 
 from __future__ import annotations

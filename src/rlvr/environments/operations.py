@@ -5,7 +5,8 @@ answered (``step_reward``, ``as_observation``); and a worker process's loop, whi
 the requests its host sends.
 
 A prompt, an observation or an environment tool's text longer than its episode could hold
-is cut where it is made (``cut_observation``), before it crosses to the trainer; a worker's
+(``episode_chars``) is cut where it is made (``cut_observation``), before it crosses to the
+trainer, and never encoded there; a worker's
 answer past ``reply_limit`` bytes (pickled) fails its call, named."""
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from rlvr.base.errors import STOPPING, Stopped
-from rlvr.base.processes import become_subreaper, kill_descendants, limit_address_space
+from rlvr.base.processes import become_subreaper, die_with_parent, kill_descendants, limit_address_space
 from rlvr.environments.base import Environment, Observation, Step, describe_error
-from rlvr.rewards.workers import die_with_parent, lead_group
+from rlvr.rewards.workers import lead_group
 
 MAX_SCHEMA_CHARS = 65_536  # an environment's tool schemas, as JSON
 MAX_SNAPSHOT_BYTES = 1 << 20  # an environment's snapshot, pickled: attributes past it are left out
@@ -217,6 +218,16 @@ def cut_observation(observation: Observation, max_chars: int) -> Observation:
             left -= len(message["content"])
         kept.append(message)
     return kept
+
+
+def episode_chars(max_tokens: int, max_positions: int | None, tokenizer: Any) -> int:
+    """The characters of a prompt, an observation or a tool's text that cross from an
+    environment whole (``max_chars``; past them, cut): what an episode could hold, its prompt
+    in the model's ``max_positions`` or its replies in ``max_tokens``, at the most characters
+    a token of ``tokenizer`` stands for."""
+    from rlvr.policies.prompts import max_token_chars
+
+    return max(max_tokens, max_positions or 0) * max_token_chars(tokenizer)
 
 
 def reply_limit(max_chars: int | None) -> int:

@@ -38,10 +38,6 @@ class EpisodePolicy(Policy):
                  toolbox: ToolBox | None = None) -> None:
         self.lm, self.hosts, self.limits, self.toolbox = lm, hosts, limits, toolbox
         self.module, self.engine = lm.module, lm.engine
-        if getattr(lm, "tokenizer", None) is not None:  # what crosses from an environment: what an episode holds
-            from rlvr.policies.prompts import max_token_chars
-
-            hosts.max_chars = limits.max_tokens * max_token_chars(lm.tokenizer)
 
     def __getattr__(self, name: str) -> Any:  # the LM policy's own attributes (tokenizer, device, ...)
         if name in ("lm", "hosts"):

@@ -2,7 +2,7 @@
 ``run_python``, which runs a program's source in a fresh interpreter under limits.
 
 ``run_python`` (the ``python`` tool's, ``rlvr.environments.tools``) runs a program in a jail
-of its own (``sandbox()``, bubblewrap): new PID, network and mount namespaces, so every
+of its own (``jail()``, bubblewrap): new PID, network and mount namespaces, so every
 process it starts ends with it, it reaches no socket of the host (not even loopback) and
 sees only the system's and Python's folders, read-only, with a private tmpfs ``/tmp``. Where bwrap is missing or
 cannot make namespaces, that is said once and the program runs under the guard alone (its
@@ -94,12 +94,6 @@ def jail() -> tuple[str, ...] | None:
     return None
 
 
-def sandbox() -> tuple[str, ...] | None:
-    """``jail()``'s command line for the python tool: the interpreter, in ``/tmp/work``."""
-    options = jail()
-    return None if options is None else (*options, "--chdir", _JAIL_WORK, "--", os.path.realpath(sys.executable))
-
-
 def _first_line(data: bytes) -> str:
     return data.decode("utf-8", errors="replace").strip().split("\n", 1)[0][:_MESSAGE_CHARS]
 
@@ -109,7 +103,7 @@ def run_python(
     max_output_chars: int = 4000,
 ) -> str:
     """Run ``code`` as a program in a fresh ``python -I -S`` (no site packages, an empty
-    environment), its source on stdin, in ``sandbox()``'s jail where bwrap runs (else in a
+    environment), its source on stdin, in ``jail()`` where bwrap runs (else in a
     temp folder removed afterwards, its own process group), under a CPU-time (default: the
     timeout, rounded up), address-space and file-size limit, killed after ``timeout``
     seconds or once it prints past the output limit. Returns its stdout; raises ToolError

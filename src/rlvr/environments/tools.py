@@ -50,11 +50,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from rlvr.base.processes import become_subreaper, kill_descendants, limit_address_space
+from rlvr.base.processes import become_subreaper, die_with_parent, kill_descendants, limit_address_space
 from rlvr.environments.base import ToolCall, ToolError, ToolResult, describe_error
-from rlvr.environments.sandbox import run_python, sandbox
+from rlvr.environments.sandbox import jail, run_python
 from rlvr.environments.tool_parsing import calculator, call_arguments
-from rlvr.rewards.workers import WorkerPool, die_with_parent
+from rlvr.rewards.workers import WorkerPool
 
 _GRACE = 5.0  # seconds past a call's timeout before the pool kills a worker stuck outside the call
 _MESSAGE_CHARS = 300  # an exception's message is cut to this many characters
@@ -91,7 +91,7 @@ class ToolBox:
         self.num_workers = num_workers
         self.start_method = start_method
         if any(getattr(fn, "runs_programs", False) for fn in self.tools.values()):
-            sandbox()  # found (or its absence said) before any work
+            jail()  # found (or its absence said) before any work
         self._folder = tempfile.mkdtemp(prefix="rlvr-tools-")
         self._janitor = _janitor(self._folder)
         self._serial = itertools.count()  # names each call's result file: a late write never reaches another call
@@ -174,7 +174,7 @@ def _call_in_worker(prompts: Sequence, completions: Sequence, *, call: ToolCall,
     other child processes."""
     become_subreaper()
     if getattr(tools[call.name], "runs_programs", False):
-        sandbox()  # probed once in this worker, not in each call's process
+        jail()  # probed once in this worker, not in each call's process
     scratch = tempfile.mkdtemp(dir=os.path.dirname(result_path))
     pid = os.fork()
     if pid == 0:

@@ -64,8 +64,6 @@ def max_token_chars(tokenizer: Any) -> int:
     return max(1, longest)
 
 
-
-
 def content_chars(value: Any) -> int:
     """The characters of a prompt's text, or of a chat's message contents (what a rendering holds at least);
     of text cut where it was made, as long as it was (its ``chars``)."""
@@ -95,8 +93,9 @@ def prompt_token_ids(tokenizer: Any, prompts: Sequence[str | dict], add_special_
 
     PromptError naming the first prompt (as "<what> <offset + index>") that has no
     tokens, a character the tokenizer cannot encode, or more than ``max_positions``
-    tokens with ``max_new_tokens`` beside it (the setting ``budget`` says how many), or
-    that is a chat the tokenizer cannot render (no chat template, or the template fails on it).
+    tokens with ``max_new_tokens`` beside it (the setting ``budget`` says how many), that
+    was cut where it was made (an environment's, ``chars``: before any encoding), or that
+    is a chat the tokenizer cannot render (no chat template, or the template fails on it).
     """
     values = [p["prompt"] if isinstance(p, dict) else p for p in prompts]
     if not values:
@@ -109,6 +108,12 @@ def prompt_token_ids(tokenizer: Any, prompts: Sequence[str | dict], add_special_
                     f"{what} {offset + i} ({excerpt(str(value))}): {content_chars(value)} characters, more than "
                     f"{chars} ({max_positions} positions - max_new_tokens {max_new_tokens}, at most "
                     f"{max_token_chars(tokenizer)} characters a token) could hold; shorten the prompt", offset + i)
+    for i, value in enumerate(values):  # text cut where it was made (``chars``) is never encoded; where the model
+        if hasattr(value, "chars"):     # states its positions, the check above has refused it already
+            raise PromptError(
+                f"{what} {offset + i} ({excerpt(str(value))}): {value.chars} characters, more than its episode could "
+                f"hold (at most {max_token_chars(tokenizer)} characters a token; the model states no positions, so "
+                f"{max_new_tokens} tokens, {budget}); shorten the prompt or raise {budget}", offset + i)
     texts = prompt_texts(tokenizer, prompts, what, offset, tools)
     chats = [i for i, value in enumerate(values) if not isinstance(value, str)]
     plain = [i for i, value in enumerate(values) if isinstance(value, str)]

@@ -52,7 +52,6 @@ _POSIX = os.name == "posix"  # process groups, and the reaper; elsewhere workers
 # closes its copies at once: were a worker to keep them, the other workers and the
 # reaper would not read EOF when the trainer dies.
 trainer_ends: weakref.WeakSet = weakref.WeakSet()
-__all__ = ["Reaper", "WorkerPool", "die_with_parent", "lead_group", "trainer_ends"]
 
 
 def _close_trainer_ends() -> None:
