@@ -384,10 +384,11 @@ def test_a_hanging_environment_is_said_on_the_console_at_its_first_timeout(polic
 
 def test_hanging_episodes_time_out_together_not_one_after_another(policy):
     began = time.perf_counter()
-    found, _ = sample(policy, env=Hangs, starts=(1, 2, 3), group=2, limits=EpisodeLimits(4, 40, step_timeout=0.5))
+    found, _ = sample(policy, env=Hangs, starts=(1, 2, 3), group=2, limits=EpisodeLimits(4, 40, step_timeout=1.0))
     took = time.perf_counter() - began
-    assert all("Hangs.step: StepTimeout: no answer within 0.5 s" == e.error for e in found)
-    assert took < 2.5  # six hanging steps in one limit, not 6 x 0.5 s one after another
+    assert all("Hangs.step: StepTimeout: no answer within 1 s" == e.error for e in found)
+    # six hanging steps in about one limit, not 6 x 1 s one after another (room for a loaded machine)
+    assert took < 4.0
 
 
 class ChatAgain:
