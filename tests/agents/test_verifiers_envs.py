@@ -44,33 +44,43 @@ def test_a_verifiers_taskset_trains_with_its_own_reward(chat_model, tmp_path, mo
     assert evals and all(r["greedy_episode/env_errors"] == 0 for r in evals)
 
 
-def test_the_reward_is_the_tasksets_rubric_of_what_the_policy_said(chat_model, monkeypatch, uv_on_path):
-    """Episodes run directly, the policy scripted to answer right on even rows and wrong on
-    odd ones: verifiers' @vf.reward gives 1 and 0, and the recorded completion is the answer."""
+def scripted_runs(chat_model, monkeypatch, taskset, taskset_options, answer, max_tokens, rows=None):
+    """Episodes of ``taskset`` run directly, the policy scripted: each call's reply is
+    ``answer(prompt text)``, then EOS. The rows, their runs and the tokenizer."""
     from rlvr.agents.runner import run_agents
     from rlvr.policies.causal_lm import CausalLMPolicy
     from rlvr.tasks.verifiers_env import VerifiersTask
 
     monkeypatch.chdir(os.path.join(os.path.dirname(__file__), "..", ".."))
-    task = VerifiersTask("examples/vf_arithmetic", {"num_tasks": 8}, solved_reward="correct", eval_size=2,
-                         max_tokens=32)
+    task = VerifiersTask(taskset, taskset_options, solved_reward="correct", eval_size=2, max_tokens=max_tokens)
     policy = task.policy_for(CausalLMPolicy.from_pretrained(str(chat_model), max_new_tokens=8))
     tok = policy.lm.tokenizer
 
     def scripted(jobs, temperature, stop):
         for job in jobs:
-            a, b = map(int, re.findall(r"What is (\d+) \+ (\d+)", tok.decode(job.prompt_ids))[-1])
-            said = str(a + b + (a % 2))  # wrong where a is odd
+            said = answer(tok.decode(job.prompt_ids))
             ids = tok.encode(said, add_special_tokens=False) + [tok.eos_token_id]
             job.future.set_result((ids, [-1.0] * len(ids), said, "stop"))
 
     monkeypatch.setattr(task.endpoint._batcher, "_generate", scripted)
-    rows = task.train_rows
+    rows = task.train_rows[:rows]
     try:
         task.endpoint.start()
         runs = run_agents(task.endpoint, task.agent, rows, 1, 1.0, list(range(len(rows))), task.limits)
     finally:
         task.close()
+    return rows, runs, tok
+
+
+def test_the_reward_is_the_tasksets_rubric_of_what_the_policy_said(chat_model, monkeypatch, uv_on_path):
+    """Episodes run directly, the policy scripted to answer right on even rows and wrong on
+    odd ones: verifiers' @vf.reward gives 1 and 0, and the recorded completion is the answer."""
+
+    def answer(text):
+        a, b = map(int, re.findall(r"What is (\d+) \+ (\d+)", text)[-1])
+        return str(a + b + (a % 2))  # wrong where a is odd
+
+    rows, runs, tok = scripted_runs(chat_model, monkeypatch, "examples/vf_arithmetic", {"num_tasks": 8}, answer, 32)
     for row, run in zip(rows, runs):
         a = int(re.findall(r"What is (\d+)", row["prompt"])[0])
         assert run.error is None and run.calls == 1
@@ -128,32 +138,14 @@ def test_a_second_user_turn_joins_the_first_into_one_segment(chat_model, monkeyp
     reply. Both calls reach the endpoint through verifiers' relay and join into one
     segment: the second call's prompt is the first's prompt and completion, then the user's
     turn; its reward is the taskset's, on the second reply."""
-    from rlvr.agents.runner import run_agents
-    from rlvr.policies.causal_lm import CausalLMPolicy
-    from rlvr.tasks.verifiers_env import VerifiersTask
 
-    monkeypatch.chdir(os.path.join(os.path.dirname(__file__), "..", ".."))
-    task = VerifiersTask("examples/vf_followup", {"num_tasks": 6}, solved_reward="correct", eval_size=2,
-                         max_tokens=256)
-    policy = task.policy_for(CausalLMPolicy.from_pretrained(str(chat_model), max_new_tokens=8))
-    tok = policy.lm.tokenizer
+    def answer(text):
+        a, b = map(int, re.findall(r"What is (\d+) \+ (\d+)", text)[-1])
+        added = re.findall(r"Now add (\d+)", text)
+        return str(a + b + (int(added[-1]) if added else 0))
 
-    def scripted(jobs, temperature, stop):
-        for job in jobs:
-            text = tok.decode(job.prompt_ids)
-            a, b = map(int, re.findall(r"What is (\d+) \+ (\d+)", text)[-1])
-            added = re.findall(r"Now add (\d+)", text)
-            said = str(a + b + (int(added[-1]) if added else 0))
-            ids = tok.encode(said, add_special_tokens=False) + [tok.eos_token_id]
-            job.future.set_result((ids, [-1.0] * len(ids), said, "stop"))
-
-    monkeypatch.setattr(task.endpoint._batcher, "_generate", scripted)
-    rows = task.train_rows[:2]
-    try:
-        task.endpoint.start()
-        runs = run_agents(task.endpoint, task.agent, rows, 1, 1.0, list(range(len(rows))), task.limits)
-    finally:
-        task.close()
+    rows, runs, tok = scripted_runs(chat_model, monkeypatch, "examples/vf_followup", {"num_tasks": 6}, answer, 256,
+                                    rows=2)
     for row, run in zip(rows, runs):
         assert run.error is None and run.calls == 2 and run.segments == 1
         assert run.turns[-1].reward == 1.0 == run.metrics["correct"] and run.solved

@@ -29,6 +29,7 @@ lives there). An episode's budgets of calls and sampled tokens are the agent tas
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import sys
 import threading
@@ -41,7 +42,7 @@ from rlvr.base.rules import option
 from rlvr.tasks.agent import AgentTask
 
 RUNTIMES = ("subprocess", "docker", "podman", "apptainer")  # verifiers' local runtimes
-KEY_VARIABLE = "RLVR_ENDPOINT_API_KEY"  # where verifiers' client reads the endpoint's key
+KEY_VARIABLE = "RLVR_ENDPOINT_API_KEY"  # where verifiers' client reads an episode's key: this, then _N
 MAX_TASKS = 2**20
 
 
@@ -136,6 +137,7 @@ class _Verifiers:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._serving: Any = None
+        self._episodes = itertools.count()  # names each episode's key variable
 
     def rows(self, max_tasks: int) -> list[dict[str, Any]]:
         """The taskset's first ``max_tasks`` tasks as rows (their data), each kept by its index."""
@@ -159,11 +161,17 @@ class _Verifiers:
     async def _episode(self, base_url: str, api_key: str, row: dict[str, Any]) -> dict[str, float]:
         import verifiers.v1 as vf
 
-        os.environ[KEY_VARIABLE] = api_key
-        context = vf.ModelContext(model="rlvr-policy",
-                                  client=vf.EvalClientConfig(base_url=base_url, api_key_var=KEY_VARIABLE))
-        (slot,) = self.env.slots(self.tasks[row["task"]])
-        episode = await self.env.run_slot(slot, context)
+        # each episode's key in a variable of its own (episodes run at once, each with its key),
+        # read by verifiers when it makes the episode's client, gone with the episode
+        variable = f"{KEY_VARIABLE}_{next(self._episodes)}"
+        os.environ[variable] = api_key
+        try:
+            context = vf.ModelContext(model="rlvr-policy",
+                                      client=vf.EvalClientConfig(base_url=base_url, api_key_var=variable))
+            (slot,) = self.env.slots(self.tasks[row["task"]])
+            episode = await self.env.run_slot(slot, context)
+        finally:
+            os.environ.pop(variable, None)
         if not episode.ok:
             found = [*episode.errors, *(error for trace in episode.traces for error in trace.errors)]
             errors = [f"{e.type}: {e.message}" for e in found]
