@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from rlvr.base.processes import MAX_PROCESSES, ProcessCap, kill_tree, supervisor
+from rlvr.base.processes import ProcessCap, kill_tree, supervised
 from rlvr.environments.sandbox import jail
 
 MAX_OUTPUT_BYTES = 1 << 20  # of stdout kept (the reward is its last line) and of stderr (its tail, in the error)
@@ -129,7 +129,7 @@ async def _run_capped(argv: list[str], url: str, key: str, data: bytes, unix_soc
         program = [*options, "--args", str(reader), "--ro-bind", cwd, cwd, "--bind", unix_socket,
                    _JAILED_SOCKET, "--chdir", cwd, "--setenv", "PATH", env["PATH"], "--setenv", "LANG", "C.UTF-8",
                    "--", os.path.realpath(sys.executable), "-I", "-S", "-c", _RELAY, _JAILED_SOCKET,
-                   *supervisor(), str(memory), str(MAX_PROCESSES), "--", *argv]
+                   *supervised(argv, memory, jailed=True)]
         try:
             process = await asyncio.create_subprocess_exec(*program, stdin=asyncio.subprocess.PIPE,
                                                            stdout=asyncio.subprocess.PIPE,
@@ -138,8 +138,8 @@ async def _run_capped(argv: list[str], url: str, key: str, data: bytes, unix_soc
                                                            preexec_fn=cap.join)
         finally:
             os.close(reader)
-    else:  # no RLIMIT_NPROC here: outside a user namespace it would count all of the user's processes
-        process = await asyncio.create_subprocess_exec(*supervisor(), str(memory), "0", "--", *argv,
+    else:
+        process = await asyncio.create_subprocess_exec(*supervised(argv, memory),
                                                        stdin=asyncio.subprocess.PIPE,
                                                        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
                                                        env=env, start_new_session=True, preexec_fn=cap.join)

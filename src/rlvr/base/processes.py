@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import functools
 import itertools
 import os
 import signal
@@ -247,13 +248,20 @@ def _pids_folder() -> str | None:
     return found[0] if found else None
 
 
-def supervisor() -> list[str]:
-    """The command line that runs ``[memory bytes, process cap, "--", *argv]`` under this
-    module's ``supervise``: python with nothing of the host's (``-I -S``) and this file's
-    source."""
+def supervised(argv: list[str], memory: int = 0, jailed: bool = False) -> list[str]:
+    """The command line that runs ``argv`` under this module's ``supervise`` (python with
+    nothing of the host's, ``-I -S``, and this file's source), with ``memory`` bytes of
+    address space (0: no cap) and, in a jail, an ``RLIMIT_NPROC`` of MAX_PROCESSES: a jail's
+    user namespace counts its own processes alone, where outside one the limit would count
+    all of the user's (there the pids cgroup caps them, where one can be made)."""
+    return [os.path.realpath(sys.executable), "-I", "-S", "-c", _source(), str(memory),
+            str(MAX_PROCESSES if jailed else 0), "--", *argv]
+
+
+@functools.cache
+def _source() -> str:
     with open(__file__, encoding="utf-8") as file:
-        source = file.read()
-    return [os.path.realpath(sys.executable), "-I", "-S", "-c", source]
+        return file.read()
 
 
 def supervise(memory: int, processes: int, argv: list[str]) -> int:

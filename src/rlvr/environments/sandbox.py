@@ -26,7 +26,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from rlvr.base.processes import MAX_PROCESSES, ProcessCap, die_with_parent, kill_tree, supervisor
+from rlvr.base.processes import ProcessCap, die_with_parent, kill_tree, supervised
 from rlvr.environments.base import ToolError
 
 _MESSAGE_CHARS = 300  # bwrap's complaint is cut to this many characters
@@ -118,12 +118,12 @@ def run_python(
     cap = ProcessCap()
     with contextlib.ExitStack() as stack:
         stack.callback(cap.close)
-        if options is None:  # no RLIMIT_NPROC here: outside a user namespace it counts all of the user's processes
+        if options is None:
             folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="rlvr-python-", ignore_cleanup_errors=True))
-            argv = [*supervisor(), "0", "0", "--", *python]
+            argv = supervised(python)
             env: dict[str, str] | None = {"PATH": os.defpath, "HOME": folder, "TMPDIR": folder}
         else:
-            argv = [*options, "--chdir", _JAIL_WORK, "--", *supervisor(), "0", str(MAX_PROCESSES), "--", *python]
+            argv = [*options, "--chdir", _JAIL_WORK, "--", *supervised(python, jailed=True)]
             folder, env = None, {"PATH": os.defpath}
 
         def started() -> None:
