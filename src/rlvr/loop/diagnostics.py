@@ -25,17 +25,7 @@ from rlvr.base.record import Record, prompt_text
 def noise_estimates(norm_sq_small: float, size_small: float, norm_sq_big: float, size_big: float
                     ) -> tuple[float, float]:
     """Unbiased |G|^2 and tr(Sigma) from the squared norms of two gradient estimates of
-    batch sizes b < B (McCandlish et al. 2018, "An Empirical Model of Large-Batch
-    Training", appendix A.1).
-
-    A batch-b gradient is the mean of b independent per-unit gradients with mean G and
-    covariance Sigma, so E|G_b|^2 = |G|^2 + tr(Sigma) / b. Two sizes give two linear
-    equations; solved:
-        |G|^2    = (B |G_B|^2 - b |G_b|^2) / (B - b)
-        tr Sigma = (|G_b|^2 - |G_B|^2) / (1/b - 1/B)
-    Each is unbiased (a linear combination of unbiased terms); their ratio is not, so
-    average numerator and denominator over steps before dividing (``noise_scale``).
-    """
+    batch sizes b < B (McCandlish et al. 2018, appendix A.1; derived in docs/explanation/loop-design.md)."""
     if not 0 < size_small < size_big:
         raise ValueError(f"need 0 < small batch < big batch, got {size_small} and {size_big}")
     true_norm_sq = (size_big * norm_sq_big - size_small * norm_sq_small) / (size_big - size_small)
@@ -44,10 +34,8 @@ def noise_estimates(norm_sq_small: float, size_small: float, norm_sq_big: float,
 
 
 def noise_scale(true_norm_sq: float, trace_cov: float) -> float:
-    """B_simple = tr(Sigma) / |G|^2, in the units the sizes counted: the batch size at
-    which the gradient's noise equals its signal. The estimates are clamped at 0 first
-    (each can come out negative from noise): inf when no signal is measurable, NaN when
-    neither is."""
+    """B_simple = tr(Sigma) / |G|^2: the batch size at which the gradient's noise equals its
+    signal. Both clamped at 0 first: inf when no signal is measurable, NaN when neither is."""
     signal, noise = max(true_norm_sq, 0.0), max(trace_cov, 0.0)
     if signal == 0.0:
         return math.inf if noise > 0 else math.nan
@@ -55,33 +43,12 @@ def noise_scale(true_norm_sq: float, trace_cov: float) -> float:
 
 
 class GradientNoiseMeter:
-    """The gradient noise of one optimizer step, from the gradients of its parts.
+    """The gradient noise of one optimizer step, from the gradients of its parts (each part's
+    share of the batch gradient; sizes b_k in prompts, whole groups per part).
 
-    The trainer's micro-batch losses are each that part's *share* of the batch loss
-    (``step.accumulate_gradients``), so the parts' gradients g_1..g_m add up to the
-    batch gradient G_B. A part of ``size`` b_k out of B = sum b_k carries the share
-    b_k / B: its own gradient estimate, as if it were the whole batch, is
-    G_k = (B / b_k) g_k. The trainer counts b_k in prompts (``step.noise_part_size``):
-    the estimate assumes the units independent, and a group's deltas couple its
-    responses, so parts hold whole groups. With the sequence-mean aggregations a part's
-    share is its responses / N, whatever their lengths; with ``token_mean`` it is the
-    part's share of the tokens (b_k = that share times B).
-
-    Stored: the running sum G_B [P] (in the gradients' dtype and device) and two numbers
-    per part (|g_k|^2, b_k); give each part's gradient (``add``) or the accumulated
-    ``.grad`` after each part (``add_running_sum``).
-
-    ``metrics`` (needs m >= 2 parts), each part paired with the whole batch in
-    ``noise_estimates`` and the m pairs averaged (every pair is unbiased; with equal
-    parts this is the sample variance of the G_k, times b, with the m - 1 divisor):
-        grad/true_norm_sq  estimate of |G|^2, the squared norm of the expected gradient
-        grad/trace_cov     estimate of tr(Sigma), the total variance of one unit's gradient
-        grad/noise_scale   B_simple = tr(Sigma) / |G|^2 (``noise_scale``), in units of b
-        grad/snr           |G|^2 / (tr(Sigma) / B): the expected gradient's squared norm
-                           over the expected squared error E|G_B - G|^2 = tr(Sigma) / B of
-                           the step's own gradient, i.e. B / B_simple (> 1: mostly signal)
-        grad/batch_size    B
-    """
+    ``metrics`` (needs m >= 2 parts): ``grad/true_norm_sq`` (|G|^2), ``grad/trace_cov``
+    (tr Sigma), ``grad/noise_scale`` (B_simple), ``grad/snr`` (B / B_simple) and
+    ``grad/batch_size`` (B); the estimator is explained in docs/explanation/loop-design.md."""
 
     def __init__(self) -> None:
         self.reset()
@@ -150,24 +117,10 @@ def max_reward_stats(rewards: torch.Tensor, correct: torch.Tensor, max_reward: f
                      atol: float = 1e-6, reward_is_gold: bool = False) -> list[dict[str, float]]:
     """How many top-reward responses fail the gold check, for each of R runs; rewards
     [R, B, G] (NaN: abstained), correct [R, B, G] bool; one record per run (a run alone
-    is R = 1).
-
-    The top is ``max_reward`` (the most a response can score, when the task knows it)
-    or else the highest reward in this batch; responses within ``atol`` of it count.
-        hack/max_reward_frac     share of scored responses at the top
-        hack/max_reward_not_gold share of those that fail the gold check (0 when none is at the
-                                 top or nothing was scored: no response is caught hacking; a
-                                 number, never NaN, so records compare equal across runs)
-    The observed maximum is a top only when it is above the batch's lowest reward and
-    some response of the batch passes the gold check: a batch of equal rewards (every
-    reward 0) has no response that scored above a wrong answer, and in a batch with no
-    right answer the best partial credit (a random model's) is what wrong answers get, so
-    neither is counted; a top-reward response fails the check here only when a right
-    answer scored no higher. A known maximum needs no such rule: a reward whose maximum
-    implies the gold answer gives exactly 0. ``reward_is_gold``: the reward is the
-    gold check itself (the task's only weighted reward), which its top cannot fail; both
-    numbers are 0.
-    """
+    is R = 1): ``hack/max_reward_frac`` (share of scored responses at the top) and
+    ``hack/max_reward_not_gold`` (share of those that fail the gold check; 0, never NaN,
+    when none counts). The top is ``max_reward`` or else the batch's highest reward, within
+    ``atol``; when a batch's top counts is in docs/explanation/loop-design.md."""
     if rewards.shape != correct.shape:
         raise ValueError(f"rewards {tuple(rewards.shape)} and correct {tuple(correct.shape)} differ in shape")
     runs = rewards.shape[0]
@@ -229,20 +182,10 @@ class Divergence:
 
 def reward_gold_divergence(records: Sequence[Record], window: int = 10, min_rise: float = 0.2,
                            gold_ratio: float = 0.5) -> list[Divergence]:
-    """Windows of ``window`` epochs where the reward rose while the gold accuracy did not.
-
-    Per epoch: reward_mean r and solve_rate s (the gold check) of the train records.
-    Over a window, each series' fitted change (``fitted_change``); the reward's as a
-    share of its span so far, rho = dr / (max r - min r over epochs up to the window's
-    end), since rewards have no common scale; the gold accuracy's, ds, as it is. A
-    window trips when rho >= ``min_rise`` and ds < ``gold_ratio`` * rho: when the
-    reward climbs from its worst to its best seen, an aligned gold check climbs about
-    as far (ds ~ rho, 0 to 1), a hackable one much less. Windows start every
-    window // 2 epochs; epochs without both numbers are left out. Defaults set on the sorting toy: aligned runs gave
-    ds / rho >= 1.0, its loophole 0.2 to 0.5 (tests/test_diagnostics.py). A reward
-    with partial credit (format, shaping) that rises before any answer is right trips
-    it too: a warning to read, not a verdict.
-    """
+    """Windows of ``window`` epochs where the reward rose while the gold accuracy did not:
+    the reward's fitted change as a share of its span so far, rho, is at least ``min_rise``
+    and the gold accuracy's fitted change is under ``gold_ratio`` * rho. Windows start
+    every window // 2 epochs; the defaults' origin is in docs/explanation/loop-design.md."""
     if window < 2:
         raise ValueError(f"window must be at least 2 epochs, got {window}")
     gold_by_epoch = dict(zip(*epoch_series(records, "solve_rate")))
@@ -345,14 +288,9 @@ def prompt_curves(records: Iterable[Record]) -> dict[str, list[tuple[int, float]
 
 
 def classify_prompts(curves: dict[str, list[tuple[int, float]]], solved_at: float = 0.5) -> dict[str, list[str]]:
-    """Each prompt into one of ``CATEGORIES`` by its solved shares over the epochs it was seen.
-
-    solved: share >= ``solved_at``. never_solved: no response ever passed (every share
-    0: no learning signal from the gold check); always_solved: solved every time;
-    learned: unsolved the first time, solved the last; forgotten: the reverse; mixed:
-    the rest (seen once unsolved but not never solved, or solved at both ends with
-    dips between).
-    """
+    """Each prompt into one of ``CATEGORIES`` by its solved shares (solved: share >=
+    ``solved_at``) over the epochs it was seen; never_solved: every share 0; mixed: the
+    rest (seen once unsolved, or solved at both ends with dips between)."""
     out: dict[str, list[str]] = {name: [] for name in CATEGORIES}
     for key, points in curves.items():
         shares = [share for _, share in sorted(points)]

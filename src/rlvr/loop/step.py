@@ -79,17 +79,9 @@ def accumulate_gradients(config: Config, policy: Policy, rollout: Rollout, num_m
     """Backpropagate the loss of ``rollout`` in micro-batches, the gradients adding up in
     each parameter's ``.grad``; returns the step's sums (``step_sums``, added up).
 
-    ``meter``: measure the gradient's noise on this step; ``rollout`` (whole groups) is then
-    split into at least ``log.grad_noise_parts`` parts of whole groups, each part's gradient
-    handed to the meter with its size in prompts (``noise_part_size``; the gradient summed
-    is the same, up to float rounding). ``batch``: the whole batch when ``rollout`` is a
-    learner's share of it (default: ``rollout``).
-
-    The loss of any part of a rollout (``Rollout.rows``) is its share of the whole batch's
-    loss, so the gradients of parts add up to the full-batch gradient: micro-batches here,
-    and the shares of data-parallel learners, whose gradients and sums are summed across
-    learners before ``step_metrics`` and the optimizer step.
-    """
+    ``meter``: measure the gradient's noise on this step, over at least
+    ``log.grad_noise_parts`` parts of whole groups. ``batch``: the whole batch when
+    ``rollout`` is a learner's share of it (default: ``rollout``)."""
     a, temp = config.algo, config.policy.temperature
     sums: dict[str, torch.Tensor] = {}
     if meter is None:
@@ -144,13 +136,8 @@ def noise_metrics(meter: GradientNoiseMeter, step: int) -> dict[str, float]:
 
 def noise_part_size(aggregation: str, part: Rollout, batch: Rollout, group_size: int) -> float:
     """The size, in prompts, of a part of ``batch`` for the noise meter: the part carries
-    size / B of the batch's loss, its own gradient estimate is (B / size) times its gradient.
-
-    The sequence-mean aggregations are means over responses: a part of n responses carries
-    n / N of the loss whatever their lengths (under seq_mean_token_sum its loss weight is
-    its share of the tokens, not of the responses), so its size is n / G. token_mean is a
-    mean over tokens: the part's share of the loss weight, times B.
-    """
+    size / B of the batch's loss (by responses under the sequence-mean aggregations, by
+    loss weight under token_mean)."""
     if aggregation == "token_mean":
         prompts = batch.samples.num_episodes / group_size
         return (part.weights.sum() / batch.weights.sum()).item() * prompts
@@ -162,13 +149,9 @@ def noise_part_size(aggregation: str, part: Rollout, batch: Rollout, group_size:
 
 @torch.no_grad()
 def step_sums(w, policy_mask, loss, pg, kl, clipped, entropy) -> dict[str, torch.Tensor]:
-    """One micro-batch's sums, to be added over the step's micro-batches; all [n, T].
-
-    loss, pg_loss: aggregated with the loss weights w (they are the loss).
-    kl, clip_frac, entropy: plain sums over the policy's tokens, with their count in
-    ``tokens``, for token means as TRL and verl report them. Weighted, they would
-    scale with length / normalizer under seq_mean_token_sum (a clip fraction of 2).
-    """
+    """One micro-batch's sums, to be added over the step's micro-batches; all [n, T]. loss and
+    pg_loss are weighted with w; kl, clip_frac and entropy are plain sums over the policy's
+    tokens, counted in ``tokens``, for token means as TRL and verl report them."""
     kl = torch.zeros_like(pg) if kl is None else kl
     return {
         "loss": loss.detach(),
