@@ -3,21 +3,9 @@
 Shapes: B prompts, G responses per prompt, N = B*G responses (row ``b * G + g`` is
 response g of prompt b), n running rows, P prompt tokens, T response tokens, V vocabulary.
 
-Log-probs are always those of pi_tau(a | s) = softmax(logits / tau) over the whole
-vocabulary. ``top_k``, ``top_p`` and ``min_new_tokens`` change which token is drawn (the
-sampler is then not exactly pi_tau), never the recorded log-probs, so they equal what
-the policy scores at tau and serve as the old policy's log-probs without another
-forward pass.
-
-The KV cache is allocated once per call, [N, heads, P + max_new_tokens, head_dim] per
-layer, and each step writes its token's keys and values in place (``rlvr.engines.kv_cache``).
-
-Partial rollouts (``Engine.new_weights``): between two tokens the engine asks whether newer
-weights were loaded into its module; if so, the running responses go on with them from
-their token prefix, the KV cache recomputed by one forward pass of the new weights over
-prompt and prefix (keys and values of the old weights are not kept), and each token records
-the version that sampled it (``Generation.versions``).
-"""
+Log-probs are always those of softmax(logits / tau) over the whole vocabulary, whatever
+top-k, top-p and min_new_tokens did to the draw; partial rollouts recompute the KV cache
+with the new weights (docs/explanation/engines-design.md)."""
 
 from __future__ import annotations
 

@@ -1,19 +1,7 @@
-"""vLLM's requests driven one engine step at a time, for ``rlvr.engines.vllm.VLLMEngine``.
-
-vLLM's offline ``LLM.generate`` adds its requests and steps the engine until every request
-in it is finished. ``Requests`` does the same with its own loop, so that between two steps
-(one token of every running response) new weights can come in: ``LLM.sleep(level=0,
-mode="keep")`` pauses the scheduler with the requests kept, ``reload_weights`` copies the
-weights, ``reset_prefix_cache(reset_running_requests=True)`` preempts the running requests
-(their keys and values are the old weights'; vLLM recomputes them from prompt and prefix
-with the new ones, each request keeping its random generator), and ``wake_up`` resumes.
-Every token is tagged with the weights version that was loaded at the step that drew it.
-
-A request added while others run (the weight-sync probe, mid partial rollout) is stepped
-alongside them: their tokens of those steps are recorded with the weights then loaded.
-Requests stream their tokens (``RequestOutputKind.DELTA``); the draws are those of
-``LLM.generate`` with the same seeds.
-"""
+"""vLLM's requests driven one engine step at a time, for ``rlvr.engines.vllm.VLLMEngine``:
+``LLM.generate``'s loop written out, so that new weights can come in between two steps
+and every token is tagged with the weights version that drew it (how the requests are
+paused and recomputed: docs/explanation/engines-design.md)."""
 
 from __future__ import annotations
 
