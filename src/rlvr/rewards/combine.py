@@ -1,22 +1,9 @@
 """How the rewards of several functions combine into one, and what a batch's result holds.
 
-Combination. With weights w_f, the combined reward of a completion is
-``sum_f w_f * r_f`` over the functions that did not abstain on it and have w_f != 0;
-it is NaN (abstain) when no such function is left. TRL also skips None (a weighted
-nansum) but gives 0.0 when every function abstains; here that case stays NaN so the
-trainer leaves the completion out of its group instead of scoring it 0. A weight of
-0 computes and reports a function (a metric) without making it part of the reward.
-The sum runs in spec order: float32 addition is not associative, so the order of the
-specs is part of the number.
-
-Required functions. A spec with ``required=True`` (a task's answer check; a user
-function with ``required: true``) must score a completion for it to have a reward:
-when it does not (an error, a timeout, an invalid value, or a deliberate None), the
-completion's combined reward is NaN, whatever the others scored. Without the answer's
-verdict the other terms (format, length) would rank the completion against its group
-on a different scale. A required function with weight 0 still gates. Any other
-function that does not score only drops its own term.
-"""
+The combined reward is ``sum_f w_f * r_f`` in spec order over the functions that scored
+(NaN when none did, or when a ``required`` function did not); weight 0 reports a
+function without adding it. Why, and how this differs from TRL:
+docs/explanation/rewards-design.md."""
 
 from __future__ import annotations
 
