@@ -1,37 +1,11 @@
 """Data-parallel learners: M Ray actors (``rlvr.cluster.learner_rank.LearnerRank``), each
 holding a replica (or, under FSDP, a shard) of the policy and its optimizer, joined in a
-``torch.distributed`` gloo group.
+``torch.distributed`` gloo group (``nccl`` on GPUs, written but not run here).
 
-Each step the driver puts the rollout into the object store once; learner ``r`` takes its
-contiguous share ``rollout.rows(...)`` of the N responses. A share's loss is its part of the
-whole batch's loss (``Rollout.rows`` keeps the whole batch's aggregation weights), so the
-shares' gradients and step sums *add up* to the full batch's: the learners all-reduce them
-with SUM (the gradients as one flat buffer per dtype), then every learner clips, computes
-``step_metrics`` and takes the same optimizer step on the same gradient, so the replicas stay
-equal without ever exchanging weights.
-
-In a run (``cluster.learners = M > 1``, see ``rlvr.cluster.session``) the group is the loop's
-learner (``rlvr.loop.seams.Learner``) and the source of truth: it holds the weights, the optimizer
-state and the KL reference, scores each epoch's samples (each learner its share), takes every
-optimizer step and publishes the weights to the rollout workers. The driver holds a copy of
-the weights only where it samples itself (no rollout workers: ``pull`` hands them over at the
-end of each epoch); with rollout workers it holds none (``driver_holds_weights``). A
-checkpoint's weights, optimizer state and reference are written by the learners themselves
-(DCP, ``rlvr.cluster.sharded``), and read back resharded by any number of learners, or by one
-process. A learner that dies, fails or hangs stops the run with a one-line ``TrainingError``
-naming its rank, what it was doing and for how long (``rlvr.cluster.watch``); the checkpoints
-written before are untouched. Every wait is bounded: a group call by ``cluster.call_timeout``
-(the actors' start by ``READY_TIMEOUT``), each collective by the process group's ``timeout``:
-``cluster.call_timeout``, or READY_TIMEOUT if longer (the same timeout bounds the rendezvous,
-which waits for the slowest peer's start). The driver's wait on a call starts first and fires
-first; the group's is the peers' backstop.
-
-Transport: gloo on the CPU. On GPUs the same code runs with ``nccl`` (each actor asks Ray for
-``num_gpus=1``); that path is written but has not run here (no GPU on the machine that tests it).
-
-Ray is imported lazily: ``import rlvr.cluster.learners`` works without it. The caller starts
-Ray (``ray.init``) before building a ``LearnerGroup`` and shuts it down after ``close()``.
-"""
+Each learner takes its share of the rollout; the shares' gradients and sums add up to
+the batch's (all-reduced with SUM), so every learner takes the same step and the
+replicas stay equal. The group is the loop's learner and holds the weights; every wait
+is bounded. Ray is imported lazily. Design: docs/explanation/learners-design.md."""
 
 from __future__ import annotations
 

@@ -1,21 +1,11 @@
 """The loop's parts for a run (``loop_parts``), and Ray for one run: joined or started once,
 holding the run's rollout workers and learners.
 
-``loop_parts(config, st)`` gives ``rlvr.loop.trainer.train`` its rollout source and learner: in
-this process, or Ray actors when the config asks for workers (``cluster.rollout_workers > 0``)
-or several learners (``cluster.learners > 1``). Those live in a ``Cluster``, closed when the
-run ends, however it ends. Without ``cluster.address`` it starts a private local Ray
-with just the CPUs its actors ask for (plus one for the driver) and no dashboard (the
-dashboard process Ray starts anyway gets the OS's pick of port, not 8265), never
-joining someone else's instance by accident; with an address it joins that cluster. A Ray
-already initialised in this process (a test's, a notebook's) is used as it is and left running.
-
-A Ray the run starts is the run's alone: ``ray.init`` installs a SIGTERM handler of its own
-that ends the process at once, so the handlers the process had before are put back (the
-trainer's: stop after this step, checkpoint, exit 143), and at the end its session folder
-(``/tmp/ray/session_*``: logs, sockets, spilled objects) is removed. A joined cluster's
-session is never touched.
-"""
+``loop_parts(config, st)`` gives ``rlvr.loop.trainer.train`` its rollout source and learner:
+in this process, or Ray actors in a ``Cluster`` closed when the run ends. A Ray the run
+starts is private and the run's alone (its SIGTERM handler undone, its session folder
+removed); a joined or already initialised one is left as it is
+(docs/explanation/learners-design.md)."""
 
 from __future__ import annotations
 

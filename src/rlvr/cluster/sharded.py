@@ -2,19 +2,9 @@
 learners themselves with ``torch.distributed.checkpoint`` (DCP), and read back by any number
 of learners, or by one process.
 
-The state is ``get_state_dict(module, optimizer)``'s: the weights and the optimizer state
-keyed by parameter name (the sharded DTensors under FSDP, whole tensors on replicas), and the
-KL reference's weights (``reference``) when there is one. Every
-learner of the group calls ``save_sharded`` (a collective): under FSDP each writes its
-shards; replicas write the same tensors, and DCP writes each once. ``load_sharded`` in a
-group of any size reads the parts each learner holds (the checkpoint resharded to the
-group); with no process group it reads the whole state into this process.
-
-A checkpoint is data, never code: DCP's own reader unpickles ``.metadata`` and
-loads its byte items with ``torch.load`` (``weights_only=False``), so a crafted folder would run
-code. ``safe_reader`` unpickles the metadata allowing only DCP's metadata classes, torch's
-dtypes and sizes and a path, and ``SafePlanner`` reads byte items with ``weights_only=True``.
-"""
+A checkpoint is data, never code: ``safe_reader`` unpickles DCP's metadata with only its
+own classes allowed and ``SafePlanner`` reads byte items with ``weights_only=True``
+(docs/explanation/learners-design.md)."""
 
 from __future__ import annotations
 
