@@ -1,20 +1,9 @@
 """Agents over HTTP as a task: ``task.name: agent``.
 
-The agent is the user's code, ``task.options.agent: "module:function"`` (found as reward
-modules are: on ``sys.path``, then in the working directory), ``run(client, row)`` with an
-OpenAI client pointed at the episode's own URL (``rlvr.agents.runner``): its loop, its
-tools, its framework. The run serves its policy there (``rlvr.agents.server``) and
-records every token sampled; the calls of an episode join into the sequence that trains
-(``rlvr.agents.calls``). The rows are a JSON Lines file ``data`` (held out: the rows of
-``eval_data``, or the last ``eval_size`` rows), each given whole to the agent.
-
-An episode's reward is what its agent returned; the gold check is its ``solved`` (reported,
-weight 0; 0 when the agent never says). The user's ``rewards.functions`` get each
-episode's text (every token after the first prompt) as the completion, the episode as its
-``episode`` attribute. An episode whose agent failed abstains; a batch in which every one
-failed stops the run with the first error (``check_episodes_ended``), naming the batch: a
-training batch, or the held-out evaluation.
-"""
+The agent is the user's ``run(client, row)`` (``task.options.agent: "module:function"``),
+its client pointed at the episode's own URL on the run's endpoint, where every token
+sampled is recorded (``rlvr.agents``). An episode's reward is what its agent returned;
+the gold check is its ``solved`` (docs/explanation/tasks-design.md)."""
 
 from __future__ import annotations
 

@@ -1,22 +1,9 @@
 """GSM8K grade-school math word problems, graded with math-verify.
 
-Data: JSON Lines with ``question`` and ``answer``, the answer a worked solution whose
-last line is ``#### <number>`` (Cobbe et al., 2021). Prompt templates:
-  r1_zero  the DeepSeek-R1-Zero conversation; the completion continues after
-           "Assistant: <think>" and must end "... </think> <answer> X </answer>".
-  plain    "Question: ...\\nAnswer:"; the completion ends its reasoning with "#### X".
-Rewards (TRL form): ``answer_reward`` (math-verify equivalence of X and the gold number)
-and ``format_reward`` (the completion follows the template).
-
-Timeouts: math-verify's own ``parsing_timeout``/``timeout_seconds`` use SIGALRM, which
-works only in the main thread, in whole seconds, and replaces the caller's SIGALRM
-handler. They are switched off here; the task runs ``answer_reward`` under the
-``RewardRunner`` timeout instead (a worker process, killed past the limit), which works
-from any thread. A pathological answer such as ``$9^{9^{9^{9}}}$`` keeps math-verify busy
-for over 20 s (measured; stopped there): that completion times out and abstains. The
-answer reward is required (see ``rlvr.rewards``): a completion it does not grade (a
-timeout, or a gold that does not parse) gets no combined reward, format or not.
-"""
+Data: JSON Lines with ``question`` and ``answer`` (a worked solution ending
+``#### <number>``); prompt templates ``r1_zero`` and ``plain``. Rewards (TRL form): the
+required ``answer_reward``, under the ``RewardRunner`` timeout instead of math-verify's
+SIGALRM ones, and ``format_reward`` (docs/explanation/tasks-design.md)."""
 
 from __future__ import annotations
 
