@@ -2,20 +2,9 @@
 
 Every method is ``grad log pi(a|s) * delta``; they differ only in delta. Rewards and
 deltas are ``[B, G]``: B prompts (states), G sampled responses per prompt (the group).
-
-``DELTA_MODES`` maps each mode to its function ``(rewards, valid, eps, lengths) -> deltas``,
-all ``[B, G]``: ``rewards`` has its invalid entries already zeroed, ``valid`` is bool (the
-entries that enter the group statistics), ``lengths`` each response's token count in the
-rewards' dtype (only ``reinforce_pp`` reads it); entries where ``valid`` is False may hold
-anything, ``compute_deltas`` zeroes them. Below, r is a group's valid rewards and G' their
-number; "the batch" is every valid reward of all B groups, N' of them.
-
-The centered family differs only in the scale it divides by: ``centered`` (none),
-``normalized`` (the group's std, GRPO), ``batch_normalized`` (the batch's reward std),
-``reinforce_pp`` (the centered rewards whitened over the batch's tokens, REINFORCE++). ``REWARD_SCALES``
-and ``scale_rewards`` name these by the scale alone (none / group / batch): they select a
-delta mode, so a scale never composes with a mode it would divide twice.
-"""
+``DELTA_MODES`` maps each mode to ``(rewards, valid, eps, lengths) -> deltas``, invalid
+entries zeroed by ``compute_deltas``; ``REWARD_SCALES`` name the centered modes by their
+scale (none / group / batch). In full: docs/explanation/core-design.md."""
 
 from __future__ import annotations
 

@@ -1,24 +1,10 @@
 """Per-token estimators of KL(pi || pi_ref) from samples of pi, and their gradients.
 
-With tokens sampled from pi and r = pi_ref(a) / pi(a):
-  k1 = log pi - log pi_ref = -log r      unbiased, high variance, can be negative
-  k2 = (log r)^2 / 2                     biased, low variance, >= 0
-  k3 = r - log r - 1                     unbiased (E_pi[r] = 1), >= 0, low variance
-  k1+ = k1's value, k2's gradient        (straight-through; verl's "k1+")
-  k3+ = k3's value, k2's gradient        (straight-through; verl's "k3+")
-k3 is the lecture's low-variance form.
-
-As a loss term the value is not what is minimised: the gradient is differentiated
-through the sampled tokens, with pi as the sampler held fixed, so the expected gradient
-E_pi[grad k(a)] is (test_kl.py checks each by exact enumeration):
-  k1:           E_pi[grad log pi] = 0           does nothing; k1 belongs in the reward
-  k2, k1+, k3+: grad KL(pi || ref)              the divergence the values estimate
-  k3:           grad KL(ref || pi)              the reverse divergence (mass-covering)
-
-In the reward instead (``kl_reward_penalty``): each response's reward loses
-beta * sum_t k1_t, and the policy gradient of the penalised reward is the gradient of
-E[R] - beta * KL(pi || ref) over whole responses.
-"""
+With r = pi_ref(a) / pi(a): k1 = -log r, k2 = (log r)^2 / 2, k3 = r - log r - 1 (the
+lecture's), and k1+ / k3+ (the value of k1 / k3 with k2's gradient, as verl). As a loss
+term k1's expected gradient is 0 and k3's is that of the reverse KL; in the reward
+(``kl_reward_penalty``) k1 is right. Which gradient each gives:
+docs/explanation/core-design.md (test_kl.py checks each by exact enumeration)."""
 
 from __future__ import annotations
 
