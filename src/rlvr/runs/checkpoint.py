@@ -1,25 +1,10 @@
 """Checkpoints: written atomically, verified by checksum, restored exactly.
 
-A checkpoint is a directory ``RUN_DIR/checkpoints/step-000000100/`` (named by the
-optimizer steps taken; it may fall inside an epoch, with that epoch's batch) holding
-``trainer.pt`` (policy, optimizer, reference, RNG and loop state), for language
-models a ``model/`` folder that ``from_pretrained`` loads directly, and
-``manifest.json`` with the SHA-256 of every file. It is written under a temporary
-name, flushed to disk and renamed, so a kill at any moment leaves the previous
-checkpoint whole; a write that fails (a full disk) removes its temporary folder. A
-checkpoint whose files do not match their manifest is skipped with a warning and the
-one before it is used.
-
-With data-parallel learners (``cluster.learners > 1``) the policy's weights and optimizer
-state are not in ``trainer.pt`` (its ``policy`` and ``optimizer`` are None) nor in a
-``model/`` folder: the learners write them into ``sharded/`` with DCP
-(``rlvr.cluster.sharded``), inside the temporary folder before the rename, and the
-manifest names that folder (``SHARDED_KEY``) beside the checksums of its files.
-
-``trainer.pt`` holds only tensors and plain data (dicts, lists, numbers, strings) and
-is loaded with ``weights_only=True``: a run directory from someone else cannot run
-code on ``resume=`` (a checksum only says the file is the one the manifest names).
-"""
+``RUN_DIR/checkpoints/step-000000100/`` holds ``trainer.pt`` (plain data and tensors,
+loaded with ``weights_only=True``), a ``model/`` folder for language models (or
+``sharded/`` DCP files of data-parallel learners) and ``manifest.json`` with every file's
+SHA-256. Written under a temporary name and renamed; one that fails its manifest is
+skipped for the one before (docs/explanation/runs-design.md)."""
 
 from __future__ import annotations
 

@@ -1,23 +1,9 @@
 """``rlvr export RUN_DIR --out DIR``: a run's trained model as a folder of its own.
 
-For a causal LM the folder is what ``AutoModelForCausalLM.from_pretrained(DIR)`` and
-``AutoTokenizer.from_pretrained(DIR)`` load: the weights, the model's config and the
-tokenizer. A LoRA run's adapters are merged into the base model's weights first, so the
-folder needs neither peft nor the base model. The base model is the one the run loaded,
-where it loaded it from (recorded in each checkpoint with a digest of its config and
-weights), or ``--base`` where it has moved; a model whose digest differs is refused.
-For the positional toy (not a transformers model) the folder holds ``policy.pt`` (its
-``state_dict``, loadable with ``torch.load(..., weights_only=True)``) and the run's
-``config.yaml``, from which ``rlvr.policies.build_policy`` builds the module to load it into.
-
-A checkpoint of data-parallel learners holds its weights as DCP shards (``sharded/``): they
-are merged whole into the policy the run's config builds, and written as above.
-
-The weights are those of the newest checkpoint whose files match their checksums (the
-final one, for a run that finished), or of ``checkpoint=`` when named. The folder is
-written in a new temporary folder beside ``out`` and renamed, so a failed export leaves
-nothing at ``out``; an ``out`` inside the run directory is refused.
-"""
+A causal LM's folder loads with ``from_pretrained`` (LoRA adapters merged, DCP shards
+gathered; the base model checked by digest, or ``--base``); the positional toy's holds
+``policy.pt`` and ``config.yaml``. The weights are the newest verified checkpoint's, or
+``checkpoint=``'s; written beside ``out`` and renamed (docs/explanation/runs-design.md)."""
 
 from __future__ import annotations
 
