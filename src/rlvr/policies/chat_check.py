@@ -1,31 +1,10 @@
 """Chat templates rendered turn by turn, and the check that this equals rendering whole.
 
-An episode with a chat template is built token in, token out: the prompt rendered with the
-generation prompt, then the policy's sampled turn (its text ends with the end-of-turn
-token it stopped at, ``<|im_end|>``), then the observation's messages as the text the
-template adds for them (the *delta*), ending with the generation prompt of the next
-policy turn, and so on. Trained on, this must be the text the template gives for the
-whole conversation, or the model learns from contexts it never sees at inference. Not every
-template is consistent: Qwen3's drops the ``<think>`` part of assistant turns before the
-last user message, so a conversation rendered whole differs from its turns rendered one
-by one (verl measured 783 of 10,726 conversations).
-
-The delta, precisely. For ``messages`` ending with an assistant turn and the observation's
-messages ``new``:
-
-    prefix = render(messages) up to and including the last end-of-turn text
-    whole  = render(messages + new, add_generation_prompt=True)
-    delta  = whole[len(prefix):]          (defined only when whole starts with prefix)
-
-Whatever the template writes after the end-of-turn token of the policy's turn (the "\\n"
-of ChatML) is not what the policy sampled, so it belongs to the delta, and prefix +
-delta == whole whenever the template is consistent. The end-of-turn text is the
-tokenizer's ``eos_token`` unless given (Qwen's instruct models, Llama 3's and Mistral's
-end their assistant turns with theirs).
-
-Without a chat template nothing is rendered (the episode appends observations as plain
-text), so there is nothing to check: ``check_chat_template`` returns [].
-"""
+An episode is built token in, token out: each observation's messages added as the text
+the template adds for them (the *delta*, ``render_delta``). Trained on, this must be what
+the template gives for the whole conversation; not every template is consistent (Qwen3's
+drops earlier ``<think>`` parts). The delta's definition: docs/explanation/policies-design.md.
+Without a chat template there is nothing to check: ``check_chat_template`` returns []."""
 
 from __future__ import annotations
 

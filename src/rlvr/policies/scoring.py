@@ -5,15 +5,7 @@ and the entropy of the policy there.
 Shapes: n rows (response b * G + g of prompt b, a prompt's rows consecutive), P prompt
 tokens (left-padded), T response tokens (right-padded), V vocabulary, H hidden size, D
 either (what ``forward`` returns), u distinct prompts, M real response tokens.
-
-``forward(keep, **inputs)`` is the model's forward pass as the policy runs it (its module
-or the frozen reference, under the policy's autocast setting): keyword inputs in; out, the
-outputs [rows, keep, D] at the last ``keep`` positions and the KV cache (None without
-``use_cache``). ``logits_forward`` makes one of a whole causal LM; ``hidden_forward`` of
-its body (``split_head``), whose outputs the LM head then turns into logits at the M real
-response tokens only: with a 49k-150k vocabulary the head and the log-softmax over
-padding are a large share of an update.
-"""
+``forward(keep, **inputs)``: ``logits_forward`` or ``hidden_forward`` (docs/explanation/policies-design.md)."""
 
 from __future__ import annotations
 
