@@ -1,21 +1,11 @@
 """The same loop, other seams: the rollout source and the learner as Ray actors.
 
-``cluster.rollout_workers > 0`` has Ray actors (``worker.RolloutWorker``) sample and grade
-each epoch's batch with the trainer's current weights (``rollout.RayRolloutSource``);
-``cluster.learners > 1`` has data-parallel learners take the optimizer steps
-(``learners.LearnerGroup``, each running ``rlvr.loop.step``); with both, the driver holds no
-weights (``rlvr.config.compose.driver_holds_weights``). ``session.loop_parts`` builds the pair the loop
-receives. Nothing here imports the loop (``rlvr.loop.trainer``). Ray is optional: ``pip install
-'rlvr[ray]'``; nothing here imports it until a run asks for actors.
-
-Watchdogs: every wait on an actor is bounded. ``cluster.call_timeout`` bounds each call
-that does the run's work (a batch, an optimizer step, a weights broadcast) and each
-``torch.distributed`` collective (the process groups' ``timeout``); ``READY_TIMEOUT`` bounds
-an actor's start (building its policy) and a restarted worker's return; ``PROBE_TIMEOUT``
-bounds the question put to a learner that did not answer in time (what is it doing?). A
-wait that runs out, or an actor that dies, stops the run with one line naming the actor
-(rollout worker i, learner rank r), what it was doing and for how long.
-"""
+``cluster.rollout_workers > 0``: Ray actors sample and grade each batch
+(``rollout.RayRolloutSource``); ``cluster.learners > 1``: data-parallel learners take the
+steps (``learners.LearnerGroup``); ``session.loop_parts`` builds the pair the loop receives.
+Nothing here imports the loop, nor Ray until a run asks for actors (``pip install
+'rlvr[ray]'``). Every wait on an actor is bounded (``cluster.call_timeout``,
+``READY_TIMEOUT``, ``PROBE_TIMEOUT``; docs/explanation/learners-design.md)."""
 
 from __future__ import annotations
 

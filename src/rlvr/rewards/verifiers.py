@@ -1,39 +1,10 @@
 """Verifiers ready to use as reward functions: math, exact and numeric answers, a format check.
 
-Each is a reward function in the TRL form (``rlvr.rewards``), usable from YAML as
-``rlvr.rewards.verifiers:<name>``::
-
-    rewards:
-      functions:
-        - rlvr.rewards.verifiers:math_answer      # needs a data column named "answer"
-        - {function: rlvr.rewards.verifiers:answer_format, weight: 0.1}
-
-``regex_reward(pattern)`` makes a format reward for any regular expression (from Python).
-
-The gold column is named ``answer`` (the keyword each function takes): a data set whose
-gold is in another column renames it, or sets the dataset task's ``answer_column``
-(which also makes it the task's gold check). Values: 1.0 right, 0.0 wrong or no answer
-found, None (abstain) when the gold itself cannot be read (a bad data row, not the
-model's fault).
-
-A completion is text, or, for a chat prompt, a list of messages as TRL gives it
-(``[{"role": "assistant", "content": text}]``): every verifier reads the last message's
-content (``completion_text``).
-
-Where the answer is in a completion (``extract``, a keyword of each answer verifier;
-``extract_answer``):
-  auto        the last ``<answer>...</answer>``, else the last ``\\boxed{...}``, else none
-  answer_tag  the last ``<answer>...</answer>`` only
-  boxed       the last ``\\boxed{...}`` only (braces balanced)
-  whole       the whole completion, stripped (a model that answers with the answer alone)
-  last_number the last number in the completion ("17 + 21 = 38." -> "38"; "-1,234.5" kept
-              whole, with its sign, commas and decimals; "12-15" is a range, -> "15"):
-              GSM8K's and lm-eval's "flexible extract", for an instruct model that writes
-              its working before the answer. Whatever comes before the last number is not
-              read: "The answer is 8. The number 77" answers 77 (docs/smollm2_arithmetic.md)
-From Python, ``functools.partial(math_answer, extract="whole")`` picks another (a
-partial of a module-level function is what reward worker processes can receive).
-"""
+Each is a reward function in the TRL form, usable from YAML as
+``rlvr.rewards.verifiers:<name>``; ``regex_reward(pattern)`` makes a format reward. The
+gold column is ``answer``; values: 1.0 right, 0.0 wrong or no answer, None when the gold
+cannot be read. ``extract`` (``EXTRACTORS``) says where the answer is: the choices and
+an example config in docs/explanation/rewards-design.md."""
 
 from __future__ import annotations
 
