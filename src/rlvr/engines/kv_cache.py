@@ -13,7 +13,7 @@ with the same values and shape as the growing cache, so the numbers are the same
 for bit (tests/policies/test_kv_cache.py).
 
 Measured on CPU, one thread, generation time against the growing cache in the same
-process (docs/measured.md): 1.36x faster with 256 new tokens per response (hidden
+process (docs/reference/measured.md): 1.36x faster with 256 new tokens per response (hidden
 128, 4 layers, N = 64), the same within noise for responses of 10-20 tokens. A buffer
 of all P + max_new_tokens positions from the start was 9% slower than concatenation
 for short responses (see INITIAL_HEADROOM).

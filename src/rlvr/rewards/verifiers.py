@@ -30,7 +30,7 @@ Where the answer is in a completion (``extract``, a keyword of each answer verif
               whole, with its sign, commas and decimals; "12-15" is a range, -> "15"):
               GSM8K's and lm-eval's "flexible extract", for an instruct model that writes
               its working before the answer. Whatever comes before the last number is not
-              read: "The answer is 8. The number 77" answers 77 (docs/smollm2_arithmetic.md)
+              read: "The answer is 8. The number 77" answers 77 (docs/how-to/smollm2_arithmetic.md)
 From Python, ``functools.partial(math_answer, extract="whole")`` picks another (a
 partial of a module-level function is what reward worker processes can receive).
 """
