@@ -221,3 +221,34 @@ def test_the_readme_tour_names_the_files_its_lecture_commands_write(tmp_path, mo
         assert main([*command[1:], "algo.epochs=1"]) == 0
     assert [f for f in files if not (tmp_path / f).is_file()] == []
 
+
+def test_the_layout_pages_floors_are_the_import_graphs():
+    """Each row of the layout page's table (floor, package, what it imports) is what the code's
+    imports say, read as ``tests/test_layers.py`` reads them, package by package."""
+    from test_layers import graph, package
+
+    imports: dict[str, set[str]] = {}
+    for a, deps in graph().items():
+        imports.setdefault(package(a), set()).update(package(b) for b in deps if package(b) != package(a))
+    floors: dict[str, int] = {}
+
+    def floor(name: str) -> int:
+        if name not in floors:
+            floors[name] = 1 + max((floor(b) for b in imports[name]), default=-1)
+        return floors[name]
+
+    def label(name: str) -> str:  # the table's name: `core/`, `api.py`, `__init__.py`
+        short = name.removeprefix("rlvr").lstrip(".") or "__init__"
+        return f"`{short}/`" if (ROOT / "src" / name.replace(".", "/")).is_dir() and short != "__init__" \
+            else f"`{short}.py`"
+
+    def named(name: str) -> str:
+        return name.removeprefix("rlvr.") if name != "rlvr" else "rlvr"
+
+    code = sorted(f"| {floor(name)} | {label(name)} | "
+                  + (", ".join(f"`{named(b)}`" for b in sorted(imports[name], key=named)) or "(nothing of rlvr)")
+                  for name in imports)
+    page = (ROOT / "docs" / "explanation" / "layout.md").read_text()
+    rows = re.findall(r"^\| (\d+) \| (`[\w/.]+`) \| [^|]+ \| ([^|]+) \|$", page, flags=re.M)
+    table = sorted(f"| {f} | {name} | {deps.strip()}" for f, name, deps in rows)
+    assert table == code, "the layout page's table should read:\n" + "\n".join(code)
