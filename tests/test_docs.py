@@ -252,3 +252,18 @@ def test_the_layout_pages_floors_are_the_import_graphs():
     rows = re.findall(r"^\| (\d+) \| (`[\w/.]+`) \| [^|]+ \| ([^|]+) \|$", page, flags=re.M)
     table = sorted(f"| {f} | {name} | {deps.strip()}" for f, name, deps in rows)
     assert table == code, "the layout page's table should read:\n" + "\n".join(code)
+
+
+def test_every_long_stretch_of_a_page_has_a_heading():
+    """A reader scans a page by its headings: no page runs on for more than 150 lines (code
+    blocks included) without one."""
+    long = []
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        run, fence = 0, False
+        for line in page.read_text().splitlines():
+            fence ^= line.startswith("```")
+            run = 0 if not fence and re.match(r"#{1,6} ", line) else run + 1
+            if run > 150:
+                long.append(page.relative_to(ROOT).as_posix())
+                break
+    assert not long, long
