@@ -1,5 +1,5 @@
 """The docs site's hooks: each reference page's marker replaced by what the code says
-(``rlvr.reference_pages``), so the reference cannot drift from the schema, the parsers or
+(``reference_pages.py`` beside this file), so the reference cannot drift from the schema, the parsers or
 the name tables; the notes meant for readers of the Markdown alone dropped; and MathJax
 served from the site itself (the ``docs`` extra's copy), so the maths renders offline."""
 
@@ -7,10 +7,9 @@ import re
 from importlib import resources
 from pathlib import Path
 
+import reference_pages  # beside this file: MkDocs puts a hook's folder on the path while it loads it
 from mkdocs.exceptions import PluginError
 from mkdocs.structure.files import File, InclusionLevel
-
-from rlvr import reference_pages
 
 MARKERS = {
     "<!-- rlvr:config-reference -->": reference_pages.config_markdown,

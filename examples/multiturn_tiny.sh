@@ -5,7 +5,7 @@
 #     answering each wrong guess with the range still open, at most 4 turns;
 #   * 5-digit addition with a calculator tool (examples/calculator_*.yaml), and the same
 #     model and task without the tool, the baseline.
-# About 9 minutes on 2 CPU cores for 3 seeds (docs/multiturn_tiny.md has the measured numbers).
+# About 9 minutes on 2 CPU cores for 3 seeds (docs/how-to/multiturn_tiny.md has the measured numbers).
 #
 #   bash examples/multiturn_tiny.sh          # RL seeds 0 1 2
 #   SEEDS="0" bash examples/multiturn_tiny.sh

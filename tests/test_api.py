@@ -169,7 +169,7 @@ def test_the_readme_python_api_example_runs(tiny_model, tmp_path, capsys):
     import re
     from pathlib import Path
 
-    page = (Path(__file__).resolve().parents[1] / "docs" / "guide" / "python-api.md").read_text()
+    page = (Path(__file__).resolve().parents[1] / "docs" / "how-to" / "python-api.md").read_text()
     block = re.findall(r"```python\n(.*?)```", page, flags=re.S)[0]
     short = ('"algo": {"preset": "grpo", "epochs": 1, "group_size": 2}, "task": {"name": "sort_text", '
              '"prompts_per_epoch": 2, "options": {"num_digits": 3, "num_eval": 2}}, '

@@ -26,7 +26,7 @@ def runnable_blocks():
 
 def test_there_are_runnable_blocks():
     pages = {page for page, _, _ in runnable_blocks()}
-    assert {"docs/getting-started.md", "docs/tutorials/resume.md"} <= pages
+    assert {"docs/tutorials/getting-started.md", "docs/how-to/resume.md"} <= pages
 
 
 @pytest.mark.slow
@@ -124,7 +124,7 @@ def test_the_readme_is_a_front_page_whose_set_up_commands_are_the_getting_starte
     assert len(readme.splitlines()) <= 200
     commands = re.findall(r"\n    (pip install torch==2\.13\.0 [^\n]*)\n", readme)
     assert len(commands) == 2 and commands[0].endswith("rlvr train") and commands[1].endswith("python -m pytest -q")
-    started = (ROOT / "docs" / "getting-started.md").read_text()
+    started = (ROOT / "docs" / "tutorials" / "getting-started.md").read_text()
     assert all(f"\n    {command}\n" in started for command in commands)
     ci = (ROOT / ".ci" / "run").read_text()
     extras = re.search(r'-e "\.\[([a-z,-]+)\]"', commands[1])[1]
@@ -152,7 +152,7 @@ class _Text(HTMLParser):
 def test_the_maths_renders_with_no_network(site, tmp_path):
     """MathJax is served from the site itself: with every host unreachable, each formula of the
     concepts page is typeset and none is left as TeX source (``\\(\\delta_i\\)``)."""
-    page = site / "concepts" / "index.html"
+    page = site / "explanation" / "concepts" / "index.html"
     formulas = page.read_text().count('class="arithmatex"')
     assert formulas > 20
     done = subprocess.run([*chromium(tmp_path), "--host-resolver-rules=MAP * ~NOTFOUND", "--virtual-time-budget=30000",
@@ -177,9 +177,13 @@ def test_every_table_column_has_a_header():
 
 
 def test_a_reference_page_read_as_markdown_says_where_its_content_is(site):
-    """The reference pages are made from the code when the site is built: read in docs/, each
-    says so and names the command that prints the same; the site has the content, not the note."""
-    for page in sorted((ROOT / "docs" / "reference").glob("*.md")):
+    """The reference pages made from the code when the site is built (a marker the hook fills,
+    or mkdocstrings' ``:::``): read in docs/, each says so and names the command that prints the
+    same; the site has the content, not the note."""
+    generated = [page for page in sorted((ROOT / "docs" / "reference").glob("*.md"))
+                 if re.search(r"^(<!-- rlvr:[\w-]+ -->|::: )", page.read_text(), flags=re.M)]
+    assert {page.stem for page in generated} == {"api", "cli", "config", "trl-names"}
+    for page in generated:
         markdown = page.read_text()
         note = re.search(r"<!-- rlvr:source-only -->\n(.*?)<!-- /rlvr:source-only -->", markdown, flags=re.S)
         assert note and "docs site is built" in note[1] and re.search(r"`(rlvr|python) [^`]+`", markdown), page.name
@@ -188,11 +192,11 @@ def test_a_reference_page_read_as_markdown_says_where_its_content_is(site):
 
 
 def test_the_getting_started_dataset_options_point_to_the_reference_that_lists_them(site):
-    started = (ROOT / "docs" / "getting-started.md").read_text()
+    started = (ROOT / "docs" / "tutorials" / "getting-started.md").read_text()
     assert "src/rlvr/tasks" not in started
     paragraph = started[started.index("The file may be JSONL"):]
     paragraph = paragraph[:paragraph.index("\n\n")]
-    assert "(reference/config.md#taskname-dataset)" in paragraph
+    assert "(../reference/config.md#taskname-dataset)" in paragraph
     reference = (site / "reference" / "config" / "index.html").read_text()
     section = reference[reference.index('id="taskname-dataset"'):]
     section = section[:section.index("<h3")]
@@ -216,3 +220,50 @@ def test_the_readme_tour_names_the_files_its_lecture_commands_write(tmp_path, mo
     for command in commands:
         assert main([*command[1:], "algo.epochs=1"]) == 0
     assert [f for f in files if not (tmp_path / f).is_file()] == []
+
+
+def test_the_layout_pages_floors_are_the_import_graphs():
+    """Each row of the layout page's table (floor, package, what it imports) is what the code's
+    imports say, read as ``tests/test_layers.py`` reads them, package by package."""
+    from test_layers import graph, package
+
+    imports: dict[str, set[str]] = {}
+    for a, deps in graph().items():
+        imports.setdefault(package(a), set()).update(package(b) for b in deps if package(b) != package(a))
+    floors: dict[str, int] = {}
+
+    def floor(name: str) -> int:
+        if name not in floors:
+            floors[name] = 1 + max((floor(b) for b in imports[name]), default=-1)
+        return floors[name]
+
+    def label(name: str) -> str:  # the table's name: `core/`, `api.py`, `__init__.py`
+        short = name.removeprefix("rlvr").lstrip(".") or "__init__"
+        return f"`{short}/`" if (ROOT / "src" / name.replace(".", "/")).is_dir() and short != "__init__" \
+            else f"`{short}.py`"
+
+    def named(name: str) -> str:
+        return name.removeprefix("rlvr.") if name != "rlvr" else "rlvr"
+
+    code = sorted(f"| {floor(name)} | {label(name)} | "
+                  + (", ".join(f"`{named(b)}`" for b in sorted(imports[name], key=named)) or "(nothing of rlvr)")
+                  for name in imports)
+    page = (ROOT / "docs" / "explanation" / "layout.md").read_text()
+    rows = re.findall(r"^\| (\d+) \| (`[\w/.]+`) \| [^|]+ \| ([^|]+) \|$", page, flags=re.M)
+    table = sorted(f"| {f} | {name} | {deps.strip()}" for f, name, deps in rows)
+    assert table == code, "the layout page's table should read:\n" + "\n".join(code)
+
+
+def test_every_long_stretch_of_a_page_has_a_heading():
+    """A reader scans a page by its headings: no page runs on for more than 150 lines (code
+    blocks included) without one."""
+    long = []
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        run, fence = 0, False
+        for line in page.read_text().splitlines():
+            fence ^= line.startswith("```")
+            run = 0 if not fence and re.match(r"#{1,6} ", line) else run + 1
+            if run > 150:
+                long.append(page.relative_to(ROOT).as_posix())
+                break
+    assert not long, long

@@ -38,8 +38,6 @@ LAYERS = {
     "rlvr.runs": 10, "rlvr.runs.export": 11,
     "rlvr.api": 12, "rlvr": 12,
     "rlvr.cli": 13, "rlvr.__main__": 13,
-    # the docs' reference pages, made from the config, the tasks and the command line's parsers
-    "rlvr.reference_pages": 14,
 }
 # the cluster sits beside the loop: it may use the step, seams and state, never the trainer, and
 # the loop takes its seams from its caller, never from the cluster, and writes no run directory

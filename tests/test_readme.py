@@ -27,7 +27,7 @@ def test_readme_python_example_runs():
 @pytest.mark.slow
 def test_readme_reasoning_gym_lines_run_as_written(workdir):
     pytest.importorskip("reasoning_gym")
-    text = (README.parent / "docs" / "getting-started.md").read_text()
+    text = (README.parent / "docs" / "tutorials" / "getting-started.md").read_text()
     section = text[text.index("**Train on generated problems**"):]
     command = re.search(r"```bash\n(rlvr init-model [^\n]*)\n", section)[1]
     done = shell(command + " algo.epochs=1", workdir)

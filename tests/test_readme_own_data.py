@@ -1,4 +1,4 @@
-"""The "your own data" quick start (docs/getting-started.md, and the README's tour) runs as
+"""The "your own data" quick start (docs/tutorials/getting-started.md, and the README's tour) runs as
 written, and shows the example file as it is."""
 
 import json
@@ -13,8 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def own_data_block() -> tuple[str, str]:
-    """The YAML and the command of the "Train on your own data" block (docs/getting-started.md)."""
-    text = (ROOT / "docs" / "getting-started.md").read_text()
+    """The YAML and the command of the "Train on your own data" block (docs/tutorials/getting-started.md)."""
+    text = (ROOT / "docs" / "tutorials" / "getting-started.md").read_text()
     section = text[text.index("**Train on your own data**"):]
     match = re.match(r".*?```yaml\n(.*?)```\n\n<!-- runnable -->\n```bash\n(rlvr [^\n]*)\n", section, flags=re.S)
     assert match, "the block moved or changed shape"

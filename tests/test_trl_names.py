@@ -11,7 +11,7 @@ import yaml
 from rlvr.base.trl_names import TRL_NAMES, VERL_NAMES, foreign_hint, markdown_table, trl_hint
 from rlvr.config import ConfigError, load_config, presets
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "trl.md"
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "how-to" / "from-trl.md"
 LM = ["task.name=sort_text", "policy.name=causal_lm", "policy.options.model=m"]
 
 

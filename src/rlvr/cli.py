@@ -191,7 +191,7 @@ EXAMPLES = {
   rlvr config examples/sort_text_tiny.yaml algo.preset=dapo   # the values a run would use
   rlvr config > my_run.yaml                          # a starting point to edit
 
-algo.preset sets these algo fields unless they are given (docs/trl.md):
+algo.preset sets these algo fields unless they are given (docs/how-to/from-trl.md):
 """ + presets_table(),
     "plot": """example:
   rlvr plot runs/a runs/b --out both.png""",

@@ -316,7 +316,7 @@ os.kill(os.getppid(), signal.SIGKILL)
 
 @pytest.mark.parametrize("cgroup", [True, False])
 def test_unjailed_a_program_that_kills_its_supervisor_leaves_a_daemon_unless_a_cgroup_holds_it(monkeypatch, cgroup):
-    """The fallback without bwrap, as docs/reliability.md says: the process cap's cgroup ends
+    """The fallback without bwrap, as docs/explanation/reliability.md says: the process cap's cgroup ends
     every process the program started, its supervisor gone or not; without one, a daemon
     started before the supervisor was killed outlives the call."""
     import signal

@@ -4,7 +4,7 @@ A config key rlvr does not know but TRL's ``GRPOConfig`` (or the ``TrainingArgum
 it extends) or verl's PPO trainer config does is refused with the rlvr name to use
 instead ("rlvr calls this algo.group_size"), the rlvr setting a value means ("use
 algo.preset=dr_grpo"), or why there is none ("rlvr has no equivalent: ...").
-``docs/trl.md`` shows both tables; a test keeps them equal (``markdown_table`` writes them).
+``docs/how-to/from-trl.md`` shows both tables; a test keeps them equal (``markdown_table`` writes them).
 
 TRL's names are matched by the key alone, wherever it stands (``beta``, ``algo.beta``);
 verl's by their dotted path (``actor_rollout_ref.rollout.n``), or by their last part
@@ -351,7 +351,7 @@ def _hint(framework: str, name: str, entry: ForeignName, value: Any) -> str:
 
 
 def markdown_table(framework: str = "TRL") -> str:
-    """A table of ``docs/trl.md``: one row per name of ``framework`` (TRL, verl), in the order declared."""
+    """A table of ``docs/how-to/from-trl.md``: one row per name of ``framework`` (TRL, verl), in the order declared."""
     header = {"TRL": "TRL (GRPOConfig)", "verl": "verl (ppo_trainer)"}[framework]
     rows = [f"| {header} | rlvr | note |", "| --- | --- | --- |"]
     for name, entry in TABLES[framework].items():

@@ -101,7 +101,7 @@ def _unknown_key(path: str, value: Any, allowed: list[str], paths: dict[str, str
         leaves = _leaves(path, value)
         if any(leaf in VERL_NAMES for leaf, _ in leaves):
             return [(leaf, foreign_hint(leaf, v) if leaf in VERL_NAMES else "a verl setting rlvr has no equivalent "
-                     "of (docs/trl.md lists those it has)") for leaf, v in leaves]
+                     "of (docs/how-to/from-trl.md lists those it has)") for leaf, v in leaves]
     key = path.rsplit(".", 1)[-1]
     if path in VERL_NAMES:
         return [(path, foreign_hint(path, value))]

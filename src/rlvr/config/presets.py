@@ -43,7 +43,7 @@ ALGO_PRESETS: dict[str, dict[str, Any]] = {
 # Settings a causal_lm run takes unless given. The lecture's defaults (Adam lr 1e-3, 10
 # inner steps on each batch, no clipping) suit the positional toy; they collapsed an SFT'd
 # tiny LM within 10 epochs (held-out greedy 0.11 -> 0.00), where these took it to 0.43 in
-# 100 (docs/guide/from-trl.md). Two inner steps: the second is off-policy, where a
+# 100 (docs/how-to/from-trl.md). Two inner steps: the second is off-policy, where a
 # clipped loss (algo.preset grpo, dr_grpo, dapo) acts. lr 1e-5 is for pretrained models;
 # a tiny model from scratch learns faster at 1e-4 (0.44 after 30 epochs).
 LM_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -80,7 +80,7 @@ def resolve_defaults(data: dict) -> dict:
 
 
 def markdown_table() -> str:
-    """The presets table of ``docs/trl.md``: one row per preset, one column per field it sets."""
+    """The presets table of ``docs/how-to/from-trl.md``: one row per preset, one column per field it sets."""
     names = list(next(iter(ALGO_PRESETS.values())))
     rows = ["| algo.preset | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
     for preset, fields in ALGO_PRESETS.items():

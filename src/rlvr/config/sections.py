@@ -131,7 +131,7 @@ class PolicyConfig:
 class AlgoConfig:
     preset: str | None = setting(None, (
         "set deltas, loss, aggregation, the clip ranges and kl_coef at once (the table: rlvr config --help, "
-        "docs/trl.md); fields given beside it win; null: each field's own default"), choices=ALGO_PRESETS)
+        "docs/how-to/from-trl.md); fields given beside it win; null: each field's own default"), choices=ALGO_PRESETS)
     epochs: int = setting(100, "outer loop: sample a batch of responses each epoch", above=0)
     inner_steps: int = setting(10, "optimizer steps on each epoch's responses", above=0)
     group_size: int = setting(10, "G: responses sampled per prompt", above=0)
@@ -162,7 +162,7 @@ class AlgoConfig:
         "seq_mis or geo_mask the kept tokens' weight min(r, C)"), min=1)
     is_correction: str | None = setting(None, (
         "off-policy correction of each token's policy-gradient term, r = pi_old / pi_sampler "
-        "(docs/algorithms.md): token_tis, "
+        "(docs/explanation/algorithms.md): token_tis, "
         "seq_tis (truncated at tis_cap); token_mis, seq_mis, geo_mask (tokens, responses by prod r, responses by "
         "the geometric mean of r outside [is_low, is_high] dropped); icepop (r outside dropped, the rest weighted "
         "by r); seq_mask_is (prod r per response, 0 above tis_cap: TRL's sequence_mask); null: token_tis when "

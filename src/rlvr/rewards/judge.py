@@ -4,7 +4,7 @@ Each completion is one chat request (``template`` filled with its prompt, its te
 columns), whose reply is read in a declared format (``score``: a score over ``scale``, or
 ``verdicts``); that completion abstains where the reply follows none, fails, is late or is
 too large. Replies are cached by the whole request. The options, the formats and the limits:
-docs/guide/python-api.md. Needs the ``openai`` client (the ``agents`` extra).
+docs/how-to/python-api.md. Needs the ``openai`` client (the ``agents`` extra).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def judge(prompts: Sequence[Any], completions: Sequence[Any], *, base_url: str, 
           verdicts: dict[str, float] | None = None, api_key: str | None = None, api_key_env: str = "OPENAI_API_KEY",
           concurrency: int = 8, timeout: float = 30.0, max_tokens: int = 16, temperature: float = 0.0,
           max_chars: int = 8000, **columns: Any) -> list[Judged | None]:
-    """Each completion's score from the judge at ``base_url`` (docs/guide/python-api.md)."""
+    """Each completion's score from the judge at ``base_url`` (docs/how-to/python-api.md)."""
     if concurrency < 1 or timeout <= 0 or max_chars < 1 or scale <= 0:
         raise ValueError(f"judge: concurrency {concurrency}, timeout {timeout}, max_chars {max_chars} and scale "
                          f"{scale} must be positive")

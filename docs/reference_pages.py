@@ -1,8 +1,7 @@
 """The docs' reference pages, made from the code (never copied): every config key with its
 type, default, rules and help (``config_markdown``), each task's options, the command line
 from its parsers (``cli_markdown``), and TRL's and verl's names (``rlvr.base.trl_names``).
-``rlvr config --markdown`` prints the first; the docs site's hook (``docs/hooks.py``) puts
-each where its page says."""
+The docs site's hook (``hooks.py`` beside this file) puts each where its page says."""
 
 from __future__ import annotations
 
