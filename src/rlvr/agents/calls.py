@@ -6,26 +6,7 @@ in, token out: the prompt's token ids as the server encoded them, the completion
 the engine sampled them, their sampler log-probs, and the version of the weights that
 sampled them. Nothing is tokenised again afterwards.
 
-The joining rule (``join_calls``). The calls are taken in the order they were made. A
-call *extends* a segment when its prompt ids begin with every id of that segment so far
-(the segment's prompt, then each call's completion and the context between calls). It
-joins the segment that it extends with the most ids: the ids between the segment's end
-and the call's completion (the tool results, the user's next message, the template's
-turn markers) become one context turn (role "environment"), untrained, and its
-completion a policy turn, trained. A call that extends no segment starts a new one: the
-agent rewrote its history (summarised, truncated, reordered, or branched from an earlier
-call). Only the policy turns of a segment train; an episode of one segment trains as one
-sample with the episode's delta (``rlvr.agents.runner`` says what this version does with
-more).
-
-The segments are indexed by their ids (a trie of every segment's ids, each node knowing the
-segments that end there), so a call is joined by one walk down its prompt: joining is
-linear in the ids read, however many calls and branches an episode has. A context turn's
-text is its ids decoded (``decode``), as the model read them.
-
-The server builds a follow-up call's prompt from the recorded ids of the call it follows
-(``rlvr.agents.server``), so a conversation that only grows joins into one sequence even
-where rendering it whole would tokenise differently.
+The design: ``docs/explanation/agents.md`` (``rlvr.agents.calls``).
 """
 
 from __future__ import annotations

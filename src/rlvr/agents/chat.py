@@ -1,23 +1,7 @@
 """OpenAI-style chat requests as the policy reads them, and its completions as the agent
 reads them back.
 
-A request's messages are checked and normalised (``messages``): roles ``system``,
-``user``, ``assistant`` and ``tool``; content a string or a list of text parts; an
-assistant message's ``tool_calls`` written into its text as the model writes calls
-(``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, the "json" style of
-``rlvr.environments.tool_parsing``). The request's ``tools`` reach the model as an
-environment's do (``rlvr.environments.tool_parsing.shown_tools``): in the chat template's
-tools slot where it has one, else described in the system message. A completion that
-writes ``<tool_call>`` blocks naming the request's tools comes back with them as
-``tool_calls`` (``reply``), and the rest of its text (before, between and after the calls)
-as content: every token sampled trains, so the agent is sent all it says. An assistant
-message sent back is the one served only when it is the same whole (``reply_key``): its
-normalised text (content and each call's name and arguments) and its calls' ids.
-
-The request's other fields are read here too (``n_choices``, ``stops``, ``temperature``,
-``seed``, ``max_tokens``), and a reply is put in OpenAI's form (``response``).
-
-A bad request raises ``RequestError``: an OpenAI-style error with its HTTP status.
+The design: ``docs/explanation/agents.md`` (``rlvr.agents.chat``).
 """
 
 from __future__ import annotations

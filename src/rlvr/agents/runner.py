@@ -6,17 +6,7 @@ is pointed at the episode's own URL with the episode's own API key (``rlvr.agent
 returns the episode's reward: a number, or a dict with ``reward`` and optionally
 ``solved`` (the gold check) and more numbers (reported as ``agent/<name>``).
 
-At most ``concurrency`` episodes run at once, each within ``timeout`` seconds. An episode
-whose agent raised, timed out, returned no reward, or made no model call abstains (its
-``error`` says which, and it is counted), and never stalls the run. Its calls join into
-training segments (``rlvr.agents.calls``); an episode whose calls split into several (a
-rewritten history, counted as ``episode/split``) trains each as a sequence of its own, with
-the episode's delta (``Episode.more_segments``), up to MAX_SEGMENTS (past it the episode
-abstains: each segment is a row of the batch). The run's first stop signal cancels every
-running episode at once and raises ``CutShort`` (the trainer drops the batch, as it drops
-one whose environments were waited on). An agent's exception is reported with the innermost
-line of the user's code it passed through (``raised``): the agent's own file, or any outside
-Python's libraries and rlvr.
+The design: ``docs/explanation/agents.md`` (``rlvr.agents.runner``).
 """
 
 from __future__ import annotations

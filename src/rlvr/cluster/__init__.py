@@ -8,13 +8,7 @@ weights (``rlvr.config.compose.driver_holds_weights``). ``session.loop_parts`` b
 receives. Nothing here imports the loop (``rlvr.loop.trainer``). Ray is optional: ``pip install
 'rlvr[ray]'``; nothing here imports it until a run asks for actors.
 
-Watchdogs: every wait on an actor is bounded. ``cluster.call_timeout`` bounds each call
-that does the run's work (a batch, an optimizer step, a weights broadcast) and each
-``torch.distributed`` collective (the process groups' ``timeout``); ``READY_TIMEOUT`` bounds
-an actor's start (building its policy) and a restarted worker's return; ``PROBE_TIMEOUT``
-bounds the question put to a learner that did not answer in time (what is it doing?). A
-wait that runs out, or an actor that dies, stops the run with one line naming the actor
-(rollout worker i, learner rank r), what it was doing and for how long.
+The design: ``docs/explanation/cluster.md`` (``rlvr.cluster``).
 """
 
 from __future__ import annotations

@@ -10,27 +10,7 @@ with SUM (the gradients as one flat buffer per dtype), then every learner clips,
 ``step_metrics`` and takes the same optimizer step on the same gradient, so the replicas stay
 equal without ever exchanging weights.
 
-In a run (``cluster.learners = M > 1``, see ``rlvr.cluster.session``) the group is the loop's
-learner (``rlvr.loop.seams.Learner``) and the source of truth: it holds the weights, the optimizer
-state and the KL reference, scores each epoch's samples (each learner its share), takes every
-optimizer step and publishes the weights to the rollout workers. The driver holds a copy of
-the weights only where it samples itself (no rollout workers: ``pull`` hands them over at the
-end of each epoch); with rollout workers it holds none (``driver_holds_weights``). A
-checkpoint's weights, optimizer state and reference are written by the learners themselves
-(DCP, ``rlvr.cluster.sharded``), and read back resharded by any number of learners, or by one
-process. A learner that dies, fails or hangs stops the run with a one-line ``TrainingError``
-naming its rank, what it was doing and for how long (``rlvr.cluster.watch``); the checkpoints
-written before are untouched. Every wait is bounded: a group call by ``cluster.call_timeout``
-(the actors' start by ``READY_TIMEOUT``), each collective by the process group's ``timeout``:
-``cluster.call_timeout``, or READY_TIMEOUT if longer (the same timeout bounds the rendezvous,
-which waits for the slowest peer's start). The driver's wait on a call starts first and fires
-first; the group's is the peers' backstop.
-
-Transport: gloo on the CPU. On GPUs the same code runs with ``nccl`` (each actor asks Ray for
-``num_gpus=1``); that path is written but has not run here (no GPU on the machine that tests it).
-
-Ray is imported lazily: ``import rlvr.cluster.learners`` works without it. The caller starts
-Ray (``ray.init``) before building a ``LearnerGroup`` and shuts it down after ``close()``.
+The design: ``docs/explanation/cluster.md`` (``rlvr.cluster.learners``).
 """
 
 from __future__ import annotations

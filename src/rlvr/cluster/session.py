@@ -10,11 +10,7 @@ dashboard process Ray starts anyway gets the OS's pick of port, not 8265), never
 joining someone else's instance by accident; with an address it joins that cluster. A Ray
 already initialised in this process (a test's, a notebook's) is used as it is and left running.
 
-A Ray the run starts is the run's alone: ``ray.init`` installs a SIGTERM handler of its own
-that ends the process at once, so the handlers the process had before are put back (the
-trainer's: stop after this step, checkpoint, exit 143), and at the end its session folder
-(``/tmp/ray/session_*``: logs, sockets, spilled objects) is removed. A joined cluster's
-session is never touched.
+The design: ``docs/explanation/cluster.md`` (``rlvr.cluster.session``).
 """
 
 from __future__ import annotations

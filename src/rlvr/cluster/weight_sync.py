@@ -5,25 +5,7 @@ every optimizer step, where workers look before each batch), or by a collective
 broadcast; and the process groups' plumbing (``free_port``, ``backend_for``) the learners
 share.
 
-``cluster.weight_sync=collective``: the driver (rank 0) and the W workers (ranks 1..W) form
-one ``torch.distributed`` group, gloo when the policy is on the CPU and NCCL when it is on a
-GPU, and each new version of the weights goes to every worker in one broadcast per dtype
-(the state dict flattened into one buffer, in the state dict's order), straight into the
-workers' parameters: no copy through Ray's object store. With NCCL on GPUs the buffers stay
-on the devices (the path verl and OpenRLHF use to sync trainer and vLLM workers); here it
-runs with gloo on the CPU, and the NCCL path is the same code with another backend, not
-run on this machine.
-
-The group cannot take a restarted worker back (its membership is fixed when it forms), so
-a worker that restarts ends the run with a ``ClusterError``; ``weight_sync=object_store``
-(the default) survives restarts. Every wait is bounded by ``timeout_s`` (the group's
-``timeout``, which bounds each broadcast, and the driver's waits on the workers): the
-source passes (k + 1) x ``cluster.call_timeout``, since a worker takes a broadcast only
-after the up to k + 1 batches queued before it.
-
-    driver                                   worker r
-    CollectiveWeights(workers, module) ----> join(init_method, r, W + 1, backend)
-    send(module, version)               ---> receive(version): broadcast into its module
+The design: ``docs/explanation/cluster.md`` (``rlvr.cluster.weight_sync``).
 """
 
 from __future__ import annotations

@@ -10,11 +10,7 @@ rewards' dtype (only ``reinforce_pp`` reads it); entries where ``valid`` is Fals
 anything, ``compute_deltas`` zeroes them. Below, r is a group's valid rewards and G' their
 number; "the batch" is every valid reward of all B groups, N' of them.
 
-The centered family differs only in the scale it divides by: ``centered`` (none),
-``normalized`` (the group's std, GRPO), ``batch_normalized`` (the batch's reward std),
-``reinforce_pp`` (the centered rewards whitened over the batch's tokens, REINFORCE++). ``REWARD_SCALES``
-and ``scale_rewards`` name these by the scale alone (none / group / batch): they select a
-delta mode, so a scale never composes with a mode it would divide twice.
+The design: ``docs/explanation/core.md`` (``rlvr.core.deltas``).
 """
 
 from __future__ import annotations

@@ -1,34 +1,6 @@
 """Sampler-trainer mismatch: the off-policy corrections of the policy gradient, and how far apart they are.
 
-An engine that samples with its own numbers (vLLM's kernels, another precision) draws
-tokens from pi_sampler, which is not quite the trainer's old policy pi_old; a stale
-rollout worker samples with older weights. The policy gradient wants samples of pi_old,
-so each token's policy-gradient term is reweighted by a function of its ratio
-r_t = pi_old / pi_sampler (Yao et al. 2025, "Your efficient RL framework secretly brings
-you off-policy RL training"). ``IS_CORRECTIONS``, named as verl's rollout correction
-(``rollout_is`` / ``rollout_rs``), TRL (``vllm_importance_sampling_mode``) and slime name
-them; a response's ratio is over its policy tokens s, log-ratios summed (the product of
-the ratios) or averaged (their geometric mean):
-
-    token_tis    w_t = min(r_t, C)                            verl rollout_is=token; TRL token_truncate
-    seq_tis      w_t = min(prod_s r_s, C)                     verl rollout_is=sequence; TRL sequence_truncate
-    token_mis    w_t = 1[low <= r_t <= high]                  verl rollout_rs=token_k1 (was token)
-    seq_mis      w_t = 1[low <= prod_s r_s <= high]           verl rollout_rs=seq_sum_k1 (was sequence)
-    geo_mask     w_t = 1[low <= exp(mean_s log r_s) <= high]  verl rollout_rs=seq_mean_k1 (was geometric)
-    icepop       w_t = r_t 1[low <= r_t <= high]              IcePop; slime's MIS (tis_mode=mask)
-    seq_mask_is  w_t = prod_s r_s 1[prod_s r_s <= C]          TRL sequence_mask (its default)
-
-As in verl, the masking methods (``MASKING_CORRECTIONS``) keep weight 1, or, given a cap
-C beside them (verl's rollout_is=token with a rollout_rs), the token's min(r_t, C); low
-defaults to 1 / high. Every min and every bound is taken on the log-ratio, so a huge
-ratio never overflows. Unlike verl, a masked token stays in the aggregation's
-normaliser: the weight multiplies the policy-gradient term only, as TIS does.
-
-Shapes: N responses, T response tokens. ``old_log_probs`` [N, T] are the trainer's
-log-probs of the sampled tokens (recomputed by its own scorer), ``sample_log_probs``
-[N, T] the sampler's. ``mask`` [N, T] bool is True on the policy's tokens (padding and an
-environment's tokens are False): the only ones weighted, summed and counted; the weight
-is 1 elsewhere.
+The design: ``docs/explanation/core.md`` (``rlvr.core.importance``).
 """
 
 from __future__ import annotations

@@ -8,16 +8,7 @@ With tokens sampled from pi and r = pi_ref(a) / pi(a):
   k3+ = k3's value, k2's gradient        (straight-through; verl's "k3+")
 k3 is the lecture's low-variance form.
 
-As a loss term the value is not what is minimised: the gradient is differentiated
-through the sampled tokens, with pi as the sampler held fixed, so the expected gradient
-E_pi[grad k(a)] is (test_kl.py checks each by exact enumeration):
-  k1:           E_pi[grad log pi] = 0           does nothing; k1 belongs in the reward
-  k2, k1+, k3+: grad KL(pi || ref)              the divergence the values estimate
-  k3:           grad KL(ref || pi)              the reverse divergence (mass-covering)
-
-In the reward instead (``kl_reward_penalty``): each response's reward loses
-beta * sum_t k1_t, and the policy gradient of the penalised reward is the gradient of
-E[R] - beta * KL(pi || ref) over whole responses.
+The design: ``docs/explanation/core.md`` (``rlvr.core.kl``).
 """
 
 from __future__ import annotations

@@ -9,14 +9,7 @@ sampler is then not exactly pi_tau), never the recorded log-probs, so they equal
 the policy scores at tau and serve as the old policy's log-probs without another
 forward pass.
 
-The KV cache is allocated once per call, [N, heads, P + max_new_tokens, head_dim] per
-layer, and each step writes its token's keys and values in place (``rlvr.engines.kv_cache``).
-
-Partial rollouts (``Engine.new_weights``): between two tokens the engine asks whether newer
-weights were loaded into its module; if so, the running responses go on with them from
-their token prefix, the KV cache recomputed by one forward pass of the new weights over
-prompt and prefix (keys and values of the old weights are not kept), and each token records
-the version that sampled it (``Generation.versions``).
+The design: ``docs/explanation/engines.md`` (``rlvr.engines.hf``).
 """
 
 from __future__ import annotations

@@ -3,23 +3,7 @@
 Shapes: B prompts, G responses per prompt, n = B*G rows (row ``b * G + g`` is response g
 of prompt b), H key/value heads, P prompt tokens, L filled positions, D head size.
 
-transformers' ``DynamicCache`` grows by concatenation: each decoding step copies every
-layer's whole cache to add one position, O(L) per step and O(L^2) per response. Here
-each layer's keys and values live in buffers [n, H, capacity, D] and a step writes its
-position in place; a full buffer is replaced by one twice as long (up to P +
-max_new_tokens), so each position is copied O(1) times. Finished rows leave with one
-``index_select`` into new buffers. Attention sees the filled part, a view [n, H, L, D]
-with the same values and shape as the growing cache, so the numbers are the same bit
-for bit (tests/policies/test_kv_cache.py).
-
-Measured on CPU, one thread, generation time against the growing cache in the same
-process (docs/measured.md): 1.36x faster with 256 new tokens per response (hidden
-128, 4 layers, N = 64), the same within noise for responses of 10-20 tokens. A buffer
-of all P + max_new_tokens positions from the start was 9% slower than concatenation
-for short responses (see INITIAL_HEADROOM).
-
-This module imports transformers (an optional dependency): ``HFEngine`` imports it when
-it first generates.
+The design: ``docs/explanation/engines.md`` (``rlvr.engines.kv_cache``).
 """
 
 from __future__ import annotations

@@ -9,36 +9,7 @@ then drops the prefix cache, whose keys and values the old weights computed. The
 calls it once per epoch (``CausalLMPolicy.sync_engine``) and checks the copy with a
 probe: ``prompt_log_probs`` of a fixed sequence here against the trainer's.
 
-Log-probs. rlvr records log pi_tau(a | s) = log_softmax(logits / tau) over the whole
-vocabulary, whatever top-k, top-p and min_new_tokens did to the draw (``rlvr.engines.hf``).
-vLLM reports one of two things, chosen once per engine (``logprobs_mode``):
-
-    raw_logprobs        log_softmax(logits): log pi_tau when tau = 1, any truncation
-    processed_logprobs  log_softmax of what was drawn from (end tokens banned before
-                        min_new_tokens, then / tau, then top-k, then top-p): log pi_tau
-                        when nothing is truncated, any tau
-
-``logprobs_mode_for`` takes whichever is exact for the run's temperature and truncation;
-with both tau != 1 and truncation neither is, and it takes processed_logprobs (tau is
-right; each value exceeds log pi_tau by -log of the mass the truncation kept). Either
-way the numbers come from vLLM's kernels, not the trainer's (4.8e-7 apart in float32 on
-the tiny model), so ``exact_log_probs`` is False and the trainer recomputes the old
-policy's log-probs (``rlvr.base.interfaces.sampler_log_probs_exact``).
-
-Partial rollouts (``Engine.new_weights``): the engine steps vLLM's requests itself
-(``rlvr.engines.vllm_requests``) and asks between two steps; new weights loaded then pause
-the running requests, which vLLM recomputes from their prefixes with the new weights, and
-every token records the version that drew it (``Generation.versions``).
-
-Randomness: each prompt's G samples are seeded from the caller's torch.Generator (vLLM
-seeds sample g of a request with seed + g), so the same generator state gives the same
-responses. vLLM's constructor reseeds the global random, numpy and torch generators and
-replaces ``torch.set_num_threads`` with a no-op for the whole process; ``start_llm``
-undoes both.
-
-Differences from ``HFEngine``: a stop string completed within the first min_new_tokens
-tokens does not end a response here (it does there); the draws differ (another sampler),
-so the same seed gives other responses than with ``engine=hf``.
+The design: ``docs/explanation/engines.md`` (``rlvr.engines.vllm``).
 """
 
 from __future__ import annotations

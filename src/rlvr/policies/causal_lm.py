@@ -4,19 +4,7 @@ Shapes: B prompts, G responses per prompt, N = B*G responses (row ``b * G + g`` 
 response g of prompt b), n any number of rows, P prompt tokens (left-padded), T
 response tokens (right-padded), V vocabulary.
 
-Generation is the engine's (``rlvr.engines``; by default ``HFEngine``, a KV-cache
-sampler in this process sharing ``module``; ``engine: vllm`` for ``VLLMEngine``): the
-policy encodes prompts, hands the engine token ids, and decodes the response tokens to
-text. Scoring stays with the policy (its logits and entropy: ``rlvr.policies.scoring``).
-Log-probs are always those of the policy pi_tau(a | s) = softmax(logits / tau) over the
-whole vocabulary, so with ``HFEngine`` ``sample(...).sample_log_probs`` equals
-``log_probs(samples, tau)`` and serves as the old policy's log-probs without another
-forward pass.
-
-The engine samples with the weights it was last handed: ``sync_engine`` hands it the
-trainer's (the trainer calls it once per epoch before sampling, and before evaluating).
-An engine sharing ``module`` copies nothing; one with its own copy gets them copied and
-checked by a probe (``rlvr.policies.engine_sync``).
+The design: ``docs/explanation/engines.md`` (``rlvr.policies.causal_lm``).
 """
 
 from __future__ import annotations

@@ -10,21 +10,7 @@ template is consistent: Qwen3's drops the ``<think>`` part of assistant turns be
 last user message, so a conversation rendered whole differs from its turns rendered one
 by one (verl measured 783 of 10,726 conversations).
 
-The delta, precisely. For ``messages`` ending with an assistant turn and the observation's
-messages ``new``:
-
-    prefix = render(messages) up to and including the last end-of-turn text
-    whole  = render(messages + new, add_generation_prompt=True)
-    delta  = whole[len(prefix):]          (defined only when whole starts with prefix)
-
-Whatever the template writes after the end-of-turn token of the policy's turn (the "\\n"
-of ChatML) is not what the policy sampled, so it belongs to the delta, and prefix +
-delta == whole whenever the template is consistent. The end-of-turn text is the
-tokenizer's ``eos_token`` unless given (Qwen's instruct models, Llama 3's and Mistral's
-end their assistant turns with theirs).
-
-Without a chat template nothing is rendered (the episode appends observations as plain
-text), so there is nothing to check: ``check_chat_template`` returns [].
+The design: ``docs/explanation/engines.md`` (``rlvr.policies.chat_check``).
 """
 
 from __future__ import annotations

@@ -8,27 +8,7 @@ functions move between the two)::
 In a run, ``columns`` also hold what TRL passes beside the data's columns:
 ``completion_ids`` (each completion's tokens) and ``trainer_state`` (a ``TrainerState``).
 
-The outcome of one call (a slice of the batch) is a tuple of plain data:
-  ("ok", judged)           the function returned; ``judged`` holds (kind, value, what,
-                           detail) for each completion, from ``judge_values``
-  ("scored", values, mean) in-process only: it returned a 1-d floating tensor of finite
-                           values, kept as it is with their mean (a vectorised function's
-                           [N] rewards need no judging one by one; the verdict is the same)
-  ("error", what, detail)  it raised, changed the working directory, or its worker died
-  ("timeout",)             it ran past its limit; its worker was killed
-``judge_outcome`` turns an outcome into what each completion of the call gets.
-
-A call must not end or move its caller. ``call_reward`` catches every BaseException from
-the function (SystemExit, a plain KeyboardInterrupt, ``asyncio.CancelledError``,
-GeneratorExit) as an error of that function, like any exception: under the trainer the
-first Ctrl-C only sets a stop flag, so a plain KeyboardInterrupt comes from the function
-itself, and a worker that let one through would die with a traceback on every call.
-Two kinds propagate: the trainer's own stop (a subclass its handler raises on a second
-signal), and any KeyboardInterrupt while Python's default SIGINT handler is installed
-(library use: a real Ctrl-C). A function that changes the working directory has it
-restored, and the call counts as an error.
-A returned value is judged where it is produced (in a worker, for a function with a
-time limit), so only floats and strings cross a process boundary.
+The design: ``docs/explanation/rewards.md`` (``rlvr.rewards.calls``).
 """
 
 from __future__ import annotations

@@ -9,13 +9,7 @@ trainer leaves the completion out of its group instead of scoring it 0. A weight
 The sum runs in spec order: float32 addition is not associative, so the order of the
 specs is part of the number.
 
-Required functions. A spec with ``required=True`` (a task's answer check; a user
-function with ``required: true``) must score a completion for it to have a reward:
-when it does not (an error, a timeout, an invalid value, or a deliberate None), the
-completion's combined reward is NaN, whatever the others scored. Without the answer's
-verdict the other terms (format, length) would rank the completion against its group
-on a different scale. A required function with weight 0 still gates. Any other
-function that does not score only drops its own term.
+The design: ``docs/explanation/rewards.md`` (``rlvr.rewards.combine``).
 """
 
 from __future__ import annotations

@@ -1,38 +1,6 @@
 """Running reward specs on a batch of completions, safely.
 
-A reward function is user code that sees model output, so it may raise, hang, or
-return garbage. ``RewardRunner`` makes each of those an abstention of that function on
-the completions it concerns, counted in its ``RewardStats``:
-  * raises on a completion: that completion abstains for that function, counted as an
-    error; the first traceback of each (function, exception type) is logged once.
-    A batched call that raises is retried one completion at a time, so only the
-    completions that raise abstain.
-  * returns NaN, inf, a non-number or the wrong number of items: those completions
-    abstain, counted as invalid.
-  * hangs: a spec with ``timeout`` runs in worker processes; a call still running at
-    its limit has its worker killed and replaced, its completions abstain, counted as
-    timeouts. Killing a process is the only limit that also stops code that never
-    returns to the interpreter (a C loop, a huge integer power), and it works from any
-    thread, unlike SIGALRM.
-  * ``strict=True`` turns the first exception or invalid value into a ``RewardError``
-    naming the function (for developing reward functions). Timeouts stay counted
-    abstentions even then: a pathological input hangs a correct grader.
-  * a function that fails on most completions of a batch (a grader written for other
-    data: TRL's ``c[0]["content"]`` on text) is logged once more, with the share and the
-    first failure; ``RewardResult.failures`` holds each batch's first failure, which the
-    trainer records (``reward/<name>/failure``) for the end-of-run summary.
-
-Chat prompts (a list of ``{"role", "content"}`` messages) get their completions as TRL
-gives them, a one-message list ``[{"role": "assistant", "content": text}]``; text
-prompts get the text (``score_groups``).
-``timeout=None`` runs the function in-process, the fast path for cheap pure functions.
-
-Workers start with ``fork`` by default: they inherit the functions, so lambdas and
-closures work, and a restart after a timeout costs milliseconds. Functions run in a
-forked worker must not use torch threads or CUDA (reward code rarely does); with
-``start_method="spawn"`` or ``"forkserver"`` functions must be picklable (module-level
-or ``functools.partial`` of one) and each worker start re-imports their modules
-(about a second with torch). The workers themselves live in ``rlvr.rewards.workers``.
+The design: ``docs/explanation/rewards.md`` (``rlvr.rewards.runner``).
 """
 
 from __future__ import annotations

@@ -10,29 +10,7 @@ Each is a reward function in the TRL form (``rlvr.rewards``), usable from YAML a
 
 ``regex_reward(pattern)`` makes a format reward for any regular expression (from Python).
 
-The gold column is named ``answer`` (the keyword each function takes): a data set whose
-gold is in another column renames it, or sets the dataset task's ``answer_column``
-(which also makes it the task's gold check). Values: 1.0 right, 0.0 wrong or no answer
-found, None (abstain) when the gold itself cannot be read (a bad data row, not the
-model's fault).
-
-A completion is text, or, for a chat prompt, a list of messages as TRL gives it
-(``[{"role": "assistant", "content": text}]``): every verifier reads the last message's
-content (``completion_text``).
-
-Where the answer is in a completion (``extract``, a keyword of each answer verifier;
-``extract_answer``):
-  auto        the last ``<answer>...</answer>``, else the last ``\\boxed{...}``, else none
-  answer_tag  the last ``<answer>...</answer>`` only
-  boxed       the last ``\\boxed{...}`` only (braces balanced)
-  whole       the whole completion, stripped (a model that answers with the answer alone)
-  last_number the last number in the completion ("17 + 21 = 38." -> "38"; "-1,234.5" kept
-              whole, with its sign, commas and decimals; "12-15" is a range, -> "15"):
-              GSM8K's and lm-eval's "flexible extract", for an instruct model that writes
-              its working before the answer. Whatever comes before the last number is not
-              read: "The answer is 8. The number 77" answers 77 (docs/smollm2_arithmetic.md)
-From Python, ``functools.partial(math_answer, extract="whole")`` picks another (a
-partial of a module-level function is what reward worker processes can receive).
+The design: ``docs/explanation/rewards.md`` (``rlvr.rewards.verifiers``).
 """
 
 from __future__ import annotations

@@ -10,15 +10,7 @@ checkpoint whole; a write that fails (a full disk) removes its temporary folder.
 checkpoint whose files do not match their manifest is skipped with a warning and the
 one before it is used.
 
-With data-parallel learners (``cluster.learners > 1``) the policy's weights and optimizer
-state are not in ``trainer.pt`` (its ``policy`` and ``optimizer`` are None) nor in a
-``model/`` folder: the learners write them into ``sharded/`` with DCP
-(``rlvr.cluster.sharded``), inside the temporary folder before the rename, and the
-manifest names that folder (``SHARDED_KEY``) beside the checksums of its files.
-
-``trainer.pt`` holds only tensors and plain data (dicts, lists, numbers, strings) and
-is loaded with ``weights_only=True``: a run directory from someone else cannot run
-code on ``resume=`` (a checksum only says the file is the one the manifest names).
+The design: ``docs/explanation/runs.md`` (``rlvr.runs.checkpoint``).
 """
 
 from __future__ import annotations

@@ -10,13 +10,7 @@ For the positional toy (not a transformers model) the folder holds ``policy.pt``
 ``state_dict``, loadable with ``torch.load(..., weights_only=True)``) and the run's
 ``config.yaml``, from which ``rlvr.policies.build_policy`` builds the module to load it into.
 
-A checkpoint of data-parallel learners holds its weights as DCP shards (``sharded/``): they
-are merged whole into the policy the run's config builds, and written as above.
-
-The weights are those of the newest checkpoint whose files match their checksums (the
-final one, for a run that finished), or of ``checkpoint=`` when named. The folder is
-written in a new temporary folder beside ``out`` and renamed, so a failed export leaves
-nothing at ``out``; an ``out`` inside the run directory is refused.
+The design: ``docs/explanation/runs.md`` (``rlvr.runs.export``).
 """
 
 from __future__ import annotations

@@ -1,36 +1,6 @@
 """Your own data: prompts (and gold answers) from a file, rewards from verifiers or your functions.
 
-``task.name: dataset`` reads ``path`` (``rlvr.tasks.readers``): JSON Lines (.jsonl), a
-JSON list of objects (.json), CSV (.csv, every value a string), Parquet (.parquet), or a
-folder written by Hugging Face ``datasets``' ``save_to_disk``. Each row's
-``prompt_column`` is text or a chat (a list of ``{"role", "content"}`` messages),
-rendered by the policy with its tokenizer's chat template (``rlvr.policies.prompts``);
-``system_prompt`` is prepended to every prompt as a system message (a text prompt then
-becomes the user message). Where the model has a chat template, a text prompt becomes one
-user message too (``policy_for``): an instruct model reads its questions as it was trained
-to, after its template's header and before its generation prompt, not as bare text to
-continue; ``raw_text: true`` keeps text prompts as text (a base model's continuation).
-
-Every other column reaches every reward function by its name, as TRL passes them
-(``fn(prompts, completions, **columns)``; ``prompts`` are the texts or chats, and a
-chat's completion is a list of one assistant message, as in TRL). A column missing from
-some rows is None there, as ``datasets`` fills it.
-
-The task's only built-in reward is the gold check, given ``answer_column``: ``gold``
-math (``rlvr.rewards.verifiers.math_answer``, under ``grader_timeout``), exact or
-numeric, on the answer ``extract`` finds (``rlvr.rewards.verifiers.EXTRACTORS``). It is
-required: a completion it does not grade gets no reward. Without it, reward functions
-must come from ``rewards.functions``, and nothing counts as solved.
-
-Held out: the rows of ``eval_path``, or the fraction ``eval_fraction`` of ``path``
-(default 0.1 without ``eval_path``) picked by ``eval_seed``; training never draws them.
-Training order: ``PassOrder``.
-
-Every problem with a file is a DataError naming ``file:line`` (JSON Lines, CSV, a JSON
-syntax error) or ``file: row i`` (1-based), raised while the task is built, before the
-model loads: a gold answer no check can read (``check_gold_value``) among them. A UTF-8
-byte-order mark is skipped. ``data_files`` are the paths read, which a resume checks
-for changes (``rlvr.runs.resume``).
+The design: ``docs/explanation/tasks.md`` (``rlvr.tasks.dataset``).
 """
 
 from __future__ import annotations

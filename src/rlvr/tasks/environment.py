@@ -6,19 +6,7 @@ reward modules, or a class from Python: ``rlvr.train(config, environment_factory
 an rlvr ``Environment`` or a TRL-style environment class (``rlvr.environments.adapters``);
 ``environment_options`` are its constructor's keyword arguments.
 
-Episodes start from seeds (the ready games draw their puzzle from it; held-out starts are
-the first ``eval_size`` seeds, training draws the others) or from the rows of a JSON Lines
-file ``data`` (held out: the rows of ``eval_data``, or the last ``eval_size`` rows).
-An episode's reward is its return (the sum of its step rewards); the gold check is whether
-the environment said it was solved (reported, weight 0). The user's ``rewards.functions``
-get each episode's text (every turn after the prompt) as the completion, and the episode as
-its ``episode`` attribute. The task's ``tools`` run in sandboxed worker processes
-(``rlvr.environments.tools``).
-
-An episode its environment's failure ended (``Episode.error``) abstains; the first such
-error of each kind is logged once, each batch's first is recorded (``episode/error``) and
-named in the end-of-run summary (``error_warnings``), and a batch whose every episode
-failed stops the run (``check_episodes_ended``), as a gold check that grades nothing does.
+The design: ``docs/explanation/tasks.md`` (``rlvr.tasks.environment``).
 """
 
 from __future__ import annotations

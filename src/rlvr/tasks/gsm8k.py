@@ -8,14 +8,7 @@ last line is ``#### <number>`` (Cobbe et al., 2021). Prompt templates:
 Rewards (TRL form): ``answer_reward`` (math-verify equivalence of X and the gold number)
 and ``format_reward`` (the completion follows the template).
 
-Timeouts: math-verify's own ``parsing_timeout``/``timeout_seconds`` use SIGALRM, which
-works only in the main thread, in whole seconds, and replaces the caller's SIGALRM
-handler. They are switched off here; the task runs ``answer_reward`` under the
-``RewardRunner`` timeout instead (a worker process, killed past the limit), which works
-from any thread. A pathological answer such as ``$9^{9^{9^{9}}}$`` keeps math-verify busy
-for over 20 s (measured; stopped there): that completion times out and abstains. The
-answer reward is required (see ``rlvr.rewards``): a completion it does not grade (a
-timeout, or a gold that does not parse) gets no combined reward, format or not.
+The design: ``docs/explanation/tasks.md`` (``rlvr.tasks.gsm8k``).
 """
 
 from __future__ import annotations

@@ -6,20 +6,7 @@ you mean"), ``size`` training problems generated with ``data_seed`` and ``eval_s
 held-out ones with ``data_seed + 1`` (a held-out question never appears in training),
 ``config`` the generator's own settings (e.g. ``{min_terms: 2, max_terms: 3}``).
 
-Prompts: the question, as the user message after ``system_prompt`` (default: reasoning-
-gym's "default" system prompt, which asks for ``<answer>...</answer>``; a name of
-``reasoning_gym.utils.SYSTEM_PROMPTS`` or your own text), rendered by the policy's chat
-template; ``system_prompt: null`` gives the bare question as text. Training order:
-``rlvr.tasks.dataset.PassOrder``.
-
-Reward: each problem's own scorer (``score_answer`` of the generator, with the problem's
-metadata) on the answer ``extract`` finds in the completion (``rlvr.rewards.verifiers.
-extract_answer``; default ``answer_tag``: the last ``<answer>...</answer>``, stripped,
-as reasoning-gym's own ``extract_answer`` reads it; no answer scores 0.0). Scorers give
-partial credit in [0, 1]; 1.0 is the gold check. The scorers are third-party code run on
-model output: each call runs in a reward worker under ``grader_timeout``.
-Columns the user's reward functions see: ``answer`` (the reference answer, text),
-``question`` and ``metadata`` (the generator's dict).
+The design: ``docs/explanation/tasks.md`` (``rlvr.tasks.reasoning_gym``).
 """
 
 from __future__ import annotations

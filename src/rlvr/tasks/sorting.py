@@ -5,19 +5,7 @@ reward functions are vectorised over ``prompts [B, n]`` and ``responses [B, G, n
 and equal the lecture's scalar definitions (``*_scalar`` below, kept as the reference
 the tests compare against).
 
-The loophole in ``inclusion_ordering``: it awards one point per *prompt* token that
-appears anywhere in the response, so it checks membership, not multiplicity. When a
-prompt repeats a number, a response can drop one copy and repeat another number
-instead, keep every adjacent pair in order, and still score the maximum
-``n + (n - 1)``. Example: prompt ``[2, 0, 2]`` (sorted ``[0, 2, 2]``); the wrong
-response ``[0, 0, 2]`` scores 3 (0, 2 and 2 all "appear") + 2 (both pairs ordered) = 5,
-the same as the right answer. With distinct prompt numbers the maximum forces a
-permutation in order, so the lecture's fixed prompts (all distinct) cannot be hacked
-this way; prompts sampled with repeats can.
-
-Reward functions see prompts and responses as numbers written as text (``"3 1 2"``):
-the task's own reward (``sorting_reward``, the vectorised one in the TRL form) and the
-user's ``rewards.functions`` alike, in one RewardRunner.
+The design: ``docs/explanation/tasks.md`` (``rlvr.tasks.sorting``).
 """
 
 from __future__ import annotations

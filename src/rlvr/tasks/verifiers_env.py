@@ -1,29 +1,6 @@
 """verifiers environments as a task: ``task.name: verifiers``.
 
-A verifiers (0.4.x, ``verifiers.v1``) taskset runs unchanged against the run's endpoint: its
-harness (by default ``null``, verifiers' own chat program) talks to the model through
-verifiers' interception server, which relays every model call to the episode's URL on
-this run's endpoint (``rlvr.agents.server``), where the tokens are recorded as for any
-agent (``task.name: agent``). The taskset's rubric (its ``@vf.reward`` methods, or what its
-``Env`` records) is the episode's reward: the trace's weighted sum; each reward's score is
-reported (``agent/<name>``), and ``solved_reward`` names the one whose 1 is the gold check
-(the solve rate). An episode verifiers
-reports as failed (``Episode.ok`` false: a harness, task or scoring error, a timeout)
-abstains, its first error named.
-
-``taskset`` is a verifiers taskset id: an installed package exporting its ``Taskset``
-subclass in ``__all__`` (a bundled one such as ``textarena``, or your own: on ``sys.path``,
-in the working directory, or the path of its folder, ``examples/vf_arithmetic``),
-``taskset_options`` the fields of its config. A taskset whose package exports its own
-``Env`` of one agent seat (whose ``run`` plays the user: a game's moves, a second question,
-``examples/vf_followup``) runs through it, each turn a call that joins the one before it
-(``rlvr.agents.calls``); an ``Env`` of several seats is refused. The harness runs as a
-program of its own on ``runtime``: here (``subprocess``) only for a harness that runs no
-code the model writes (verifiers' ``EXECUTES_CODE``), else in a container. Rows are its tasks' data, in ``load()``
-order: the last ``eval_size`` are held out. verifiers runs in an event loop of its own, in
-a thread, started with the first episode and kept for the run (its interception server
-lives there). An episode's budgets of calls and sampled tokens are the agent task's
-(``max_calls``, ``max_sampled_tokens``).
+The design: ``docs/explanation/tasks.md`` (``rlvr.tasks.verifiers_env``).
 """
 
 from __future__ import annotations
