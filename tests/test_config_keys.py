@@ -198,7 +198,7 @@ def test_a_chat_template_past_its_limits_is_refused_in_seconds(capsys, template)
 
 def test_a_training_run_with_a_hostile_template_leaves_no_run(tmp_path, tiny_model, capsys):
     """Chat prompts render while the run is built, before its directory exists."""
-    from rlvr.policies.prompts import render_template
+    from rlvr.policies.template_sandbox import render_template
 
     rows = [{"prompt": [{"role": "user", "content": str(i)}], "answer": str(i)} for i in range(8)]
     data = tmp_path / "chat.jsonl"

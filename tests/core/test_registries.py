@@ -9,6 +9,7 @@ from rlvr.core import (
     KL_ESTIMATORS,
     KL_LOSS_ESTIMATORS,
     LOSS_MODES,
+    LossInputs,
     aggregate_loss,
     aggregation_weights,
     compute_deltas,
@@ -59,9 +60,10 @@ def test_a_new_delta_entry_is_dispatched_and_its_invalid_entries_zeroed(monkeypa
 def test_a_new_loss_entry_gets_constant_per_response_deltas(monkeypatch):
     seen = {}
 
-    def record(log_probs, deltas, old_log_probs, clip_eps, clip_eps_high, clip_ratio_c, response_mask):
-        seen.update(deltas=deltas, args=(old_log_probs, clip_eps, clip_eps_high, clip_ratio_c, response_mask))
-        return -deltas * log_probs, {}
+    def record(x: LossInputs):
+        seen.update(deltas=x.deltas, args=(x.old_log_probs, x.clip_eps, x.clip_eps_high, x.clip_ratio_c,
+                                           x.response_mask))
+        return -x.deltas * x.log_probs, {}
 
     monkeypatch.setitem(LOSS_MODES, "record", record)
     deltas = torch.tensor([2.0, -1.0], dtype=torch.float64, requires_grad=True)

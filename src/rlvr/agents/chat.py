@@ -1,10 +1,8 @@
 """OpenAI-style chat requests as the policy reads them, and its completions as the agent
 reads them back.
 
-``messages`` checks and normalises a request's messages (tool calls written as the
-model writes them); ``reply`` gives a completion's ``<tool_call>`` blocks back as
-``tool_calls``; ``response`` puts a reply in OpenAI's form. A bad request raises
-``RequestError`` with its HTTP status (docs/explanation/agent-calls-design.md)."""
+The design: ``docs/explanation/agents.md`` (``rlvr.agents.chat``).
+"""
 
 from __future__ import annotations
 

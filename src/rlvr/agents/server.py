@@ -1,49 +1,6 @@
 """The policy served over HTTP during rollouts, recording every token it samples.
 
-An OpenAI-compatible endpoint on loopback (Starlette on uvicorn, in a thread of the
-trainer's process) over the run's own engine. Every episode has its base URL,
-``http://127.0.0.1:PORT/episodes/<id>/v1``, which its agent is given with the episode's own
-API key (``key``: good for that URL alone, so no agent can add calls to another's episode);
-under it:
-
-    POST /chat/completions   messages, tools, n, temperature, max_tokens /
-                             max_completion_tokens, stop, logprobs, stream
-    POST /completions        prompt (text), n, max_tokens, stop, logprobs, stream
-    GET  /models
-
-Requests of every live episode that arrive together are sampled in one engine call
-(``rlvr.agents.batcher``, a thread that owns the engine while rollouts run). A request renders its
-prompt with the model's chat template, except a follow-up: when the request's last
-assistant message is one this endpoint served (the whole message: its content, its tool
-calls' names, arguments and ids; ``chat.reply_key``) after the same earlier messages, the
-prompt is that call's prompt and completion ids (its
-end-of-turn token added when it was cut at ``max_tokens``), then the ids of what the
-template adds for the new messages (``rlvr.policies.chat_check.render_delta``), so
-the calls join into one sequence (``rlvr.agents.calls``) with the tokens exactly as
-sampled. Each call is recorded with its prompt ids, completion ids, sampler log-probs and
-the engine's weights version.
-
-The episode's sampling temperature is the run's (0 for held-out episodes), whatever the
-request asks: the recorded log-probs must be the training temperature's. ``max_tokens``
-is honoured up to the policy's ``max_new_tokens`` and the episode's token budget. An episode
-also has a budget of calls (``max_calls``, each choice of a request one) and of tokens
-sampled in all its calls (``max_sampled_tokens``; None: ``MAX_CHOICES`` times its token
-budget): past either, a request is refused (400, ``episode_budget_exceeded``) and the
-episode counts as truncated. These bound what an episode's record costs to keep and join.
-
-Refused, with OpenAI-style error JSON: an unknown or finished episode (404), a missing or
-wrong API key (401), a body over ``max_body_bytes`` (413), a malformed body or message
-(400), a prompt past the episode's budget or the model's positions (400,
-``context_length_exceeded``), an exception of the endpoint's own (500, its one line).
-Connections and the time to read a request are bounded (``rlvr.agents.listen``). Nothing
-listens beyond loopback unless ``host`` says so.
-
-With ``open_routes``, ``/v1/chat/completions`` and ``/v1/completions`` also answer requests
-of no episode, each sampled at its own ``temperature`` (0 unless it says) and ``seed``:
-the way a judge reward asks the run's frozen reference model (``rlvr.config.compose.serve_reference``).
-The same app also listens on a Unix socket (``unix_socket``, in a private temporary
-folder): the way in for agent commands jailed in a network namespace of their own
-(``rlvr.agents.command``).
+The design: ``docs/explanation/agents.md`` (``rlvr.agents.server``).
 """
 
 from __future__ import annotations

@@ -262,12 +262,19 @@ def _pick(items: Any, index: torch.Tensor) -> Any:
     return [items[i] for i in index.tolist()]
 
 
-def _plain(responses: Any) -> Any:
-    """Responses as a checkpoint holds them: a tensor, or lists of plain strings (an
-    episode's text without the episode: ``torch.load(weights_only=True)`` takes no more)."""
-    if isinstance(responses, list):
-        return [_plain(r) for r in responses]
-    return str(responses) if isinstance(responses, str) else responses
+def checkpoint_data(value: Any) -> Any:
+    """``value`` as tensors and plain data, all ``torch.load(weights_only=True)`` takes:
+    containers as lists and dicts, a string (an episode's text included, without the
+    episode) as a ``str``, anything else that is no number as its text."""
+    if isinstance(value, torch.Tensor) or value is None or isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        return [checkpoint_data(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): checkpoint_data(v) for k, v in value.items()}
+    return str(value)
 
 
 def _join(parts: list[Any]) -> Any:
@@ -332,7 +339,7 @@ class Rollout:
         strings): the form a checkpoint holds (``torch.load(weights_only=True)``)."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["samples"] = {f.name: getattr(self.samples, f.name) for f in fields(self.samples)}
-        out["samples"]["responses"] = _plain(self.samples.responses)
+        out["samples"]["responses"] = checkpoint_data(self.samples.responses)
         return out
 
     @classmethod

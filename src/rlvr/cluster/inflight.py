@@ -19,25 +19,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import torch
-
-from rlvr.base.rollout import Grades, Samples
+from rlvr.base.rollout import Grades, Samples, checkpoint_data
 from rlvr.loop.diagnostics import prompt_key
-
-
-def plain(value: Any) -> Any:
-    """``value`` as tensors and plain data: containers as lists and dicts, a string (an
-    episode's text included) as a ``str``, anything else that is no number as its text."""
-    if isinstance(value, torch.Tensor) or value is None or isinstance(value, (bool, int, float)):
-        return value
-    if isinstance(value, str):
-        return str(value)
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): plain(v) for k, v in value.items()}
-    return str(value)
-
 
 JOB_FIELDS = ("epoch", "worker", "version", "weights_epoch")  # a batch's place, and the weights it was sampled with
 
@@ -46,12 +29,12 @@ def batch_to_dict(job: Any) -> dict[str, Any]:
     """A graded batch (a ``rollout.Job`` with its result) as checkpoint data."""
     samples, grades, stats = job.result
     out_samples = {f.name: getattr(samples, f.name) for f in dataclasses.fields(samples)}
-    out_samples["responses"] = plain(samples.responses)
+    out_samples["responses"] = checkpoint_data(samples.responses)
     out_grades = {f.name: getattr(grades, f.name) for f in dataclasses.fields(grades)}
     out_grades["prompts"] = None if grades.prompts is None else [prompt_key(p) for p in grades.prompts]
-    out_grades["metrics"], out_grades["failures"] = plain(grades.metrics), plain(grades.failures)
+    out_grades["metrics"], out_grades["failures"] = checkpoint_data(grades.metrics), checkpoint_data(grades.failures)
     return {**{key: getattr(job, key) for key in JOB_FIELDS}, "samples": out_samples, "grades": out_grades,
-            "stats": plain(stats)}
+            "stats": checkpoint_data(stats)}
 
 
 def batch_from_dict(data: dict[str, Any]) -> tuple[dict[str, int], tuple[Samples, Grades, dict[str, float]]]:

@@ -10,39 +10,7 @@ the local source's ``sample_and_grade`` (``rlvr.loop.seams``) with a generator i
 returns the samples, the grades, the timings and the generator's new state. Epoch e's batch
 goes to worker e mod W.
 
-Staleness (``cluster.max_staleness = k``):
-
-- k = 0: a batch is sampled with the weights of the last optimizer step, with the run's own
-  generator (whose new state the driver takes over), so a run's records equal the
-  single-process run's (wall-clock ``time/*`` and ``cluster/*`` fields aside).
-- k >= 1: at the start of epoch e the driver also submits the batches of epochs e+1 .. e+a
-  with the weights it has then, and the workers generate them while it trains: a batch is
-  sampled with weights at most a epochs (weight versions) old, logged as ``cluster/staleness``.
-  a (``cluster/lookahead``) is k under ``cluster.stale_policy=drop``, and under admit (the
-  default) as far ahead as the bound in optimizer steps lets a batch be trained
-  (``rlvr.cluster.staleness``; a = 0 samples as k = 0 does).
-  Each such batch has its own generator, seeded from (seed, epoch), so it does not depend on
-  when it was sampled. The loss corrects for the stale sampler with the trainer's own
-  recomputed log-probs as pi_old and truncated importance weights min(pi_old / pi_behaviour, C)
-  (``algo.tis_cap``), the behaviour policy's log-probs travelling with each sample.
-
-Checkpoints: ``state`` waits for the batches in flight and hands them to the checkpoint
-(``rlvr.cluster.inflight``); ``restore`` takes them back on resume, so a resumed run trains
-on the batches the straight run trained on (sampled with the same, older, weights).
-
-Faults: an actor restarts (Ray's ``max_restarts``) with fresh state; a call that fails with
-``RayActorError`` is sent again to the restarted actor with the same weights reference and
-generator state, so the batch is the same one. ``cluster/worker_restarts`` counts restarts:
-a new process behind a worker, seen when it answers (however many queued calls it failed; a
-worker killed after its last batch was delivered lost nothing and is not counted). A worker
-silent for ``cluster.call_timeout`` seconds once the driver waits for its batch stops the
-run, naming it and the batch, without a restart: a hang (a wedged device, a deadlock) is no
-crash Ray sees, one that repeats would cost a timeout per try, and the checkpoints stay.
-
-Placement: with ``cluster.address`` set (a cluster of one or more nodes), the workers go into
-a placement group of one ``{"CPU": WORKER_CPUS}`` bundle each with strategy ``SPREAD``: Ray
-puts them on distinct nodes where it can (and packs them where it cannot); the group is
-removed by ``close``. Without an address (a private local Ray) there is no group.
+The design: ``docs/explanation/cluster.md`` (``rlvr.cluster.rollout``).
 """
 
 from __future__ import annotations

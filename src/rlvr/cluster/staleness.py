@@ -19,6 +19,7 @@ the age a batch submitted k epochs ahead reaches). ``cluster.stale_policy`` keep
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import astuple, dataclass
 from typing import Any
 
 import torch
@@ -79,40 +80,47 @@ def token_stats(step: int, samples: Any) -> dict[str, Any]:
             "cluster/tokens_continued": (versions > started).double().mean().item()}
 
 
-class Shift:
-    """What was sampled against what was trained, over the run: responses, their policy
-    tokens and how many were solved, for every batch sampled (dropped ones included) and for
-    those trained on. The means' differences (trained minus sampled) show a pipeline that
-    trains on a biased share of what it samples: 0 when nothing is dropped."""
+@dataclass
+class Totals:
+    """Responses, their policy tokens and how many were solved, summed over batches."""
 
-    KEYS = ("responses", "tokens", "solved")
+    responses: float = 0.0
+    tokens: float = 0.0
+    solved: float = 0.0
+
+    def __add__(self, other: Totals) -> Totals:
+        return Totals(self.responses + other.responses, self.tokens + other.tokens, self.solved + other.solved)
+
+
+class Shift:
+    """What was sampled against what was trained, over the run: ``Totals`` for every batch
+    sampled (dropped ones included) and for those trained on. The means' differences
+    (trained minus sampled) show a pipeline that trains on a biased share of what it
+    samples: 0 when nothing is dropped."""
 
     def __init__(self, state: dict[str, list[float]] | None = None) -> None:
-        self.sampled, self.trained = ([0.0, 0.0, 0.0], [0.0, 0.0, 0.0]) if state is None else (
-            list(state["sampled"]), list(state["trained"]))
-
-    @staticmethod
-    def _sums(samples: Any, grades: Any) -> list[float]:
-        tokens = samples.per_episode(samples.policy_mask.sum(-1).double())  # [N] policy tokens per response
-        return [float(tokens.numel()), tokens.sum().item(), grades.correct.double().sum().item()]
+        self.sampled, self.trained = (Totals(), Totals()) if state is None else (
+            Totals(*state["sampled"]), Totals(*state["trained"]))
 
     def add(self, samples: Any, grades: Any, trained: bool) -> None:
         """A batch (or part) sampled; ``trained``: and trained on (else dropped)."""
-        sums = self._sums(samples, grades)
-        self.sampled = [a + b for a, b in zip(self.sampled, sums)]
+        tokens = samples.per_episode(samples.policy_mask.sum(-1).double())  # [N] policy tokens per response
+        batch = Totals(float(tokens.numel()), tokens.sum().item(), grades.correct.double().sum().item())
+        self.sampled += batch
         if trained:
-            self.trained = [a + b for a, b in zip(self.trained, sums)]
+            self.trained += batch
 
     def stats(self) -> dict[str, float]:
         """``async/length_*`` (mean policy tokens per response) and ``async/solve_*`` (solve
         rate), sampled and trained, and their shift (trained minus sampled)."""
         out = {}
-        for name, index in (("length", 1), ("solve", 2)):
-            sampled = self.sampled[index] / max(self.sampled[0], 1.0)
-            trained = self.trained[index] / max(self.trained[0], 1.0)
+        for name, field in (("length", "tokens"), ("solve", "solved")):
+            sampled = getattr(self.sampled, field) / max(self.sampled.responses, 1.0)
+            trained = getattr(self.trained, field) / max(self.trained.responses, 1.0)
             out.update({f"async/{name}_sampled": sampled, f"async/{name}_trained": trained,
                         f"async/{name}_shift": trained - sampled})
         return out
 
     def state(self) -> dict[str, list[float]]:
-        return {"sampled": list(self.sampled), "trained": list(self.trained)}
+        """[responses, tokens, solved] sampled and trained: a checkpoint's lists."""
+        return {"sampled": list(astuple(self.sampled)), "trained": list(astuple(self.trained))}

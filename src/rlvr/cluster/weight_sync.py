@@ -1,13 +1,12 @@
 """Weights from the trainer to the rollout workers: as a payload in Ray's object store
-(``weights_payload``, the default; a ``WeightsBoard`` with ``cluster.weights_in_flight``),
-or by a collective broadcast (``cluster.weight_sync=collective``, one per dtype); and
-the process groups' plumbing (``free_port``, ``backend_for``) the learners share.
+(``weights_payload``: ``cluster.weight_sync=object_store``, the default; with
+``cluster.weights_in_flight`` the newest version is posted on a ``WeightsBoard`` after
+every optimizer step, where workers look before each batch), or by a collective
+broadcast; and the process groups' plumbing (``free_port``, ``backend_for``) the learners
+share.
 
-    driver                                   worker r
-    CollectiveWeights(workers, module) ----> join(init_method, r, W + 1, backend)
-    send(module, version)               ---> receive(version): broadcast into its module
-
-A collective group cannot take a restarted worker back (docs/explanation/learners-design.md)."""
+The design: ``docs/explanation/cluster.md`` (``rlvr.cluster.weight_sync``).
+"""
 
 from __future__ import annotations
 

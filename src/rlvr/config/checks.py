@@ -329,8 +329,8 @@ def check_options(config: Any) -> None:
     """task.options and a chat template without loading a model or data (``rlvr train``
     refuses the same as it builds): every unknown task option in one error, each with the
     setting meant, then their types and declared rules (``check_task_options``) and a chat
-    template's limits (``rlvr.policies.prompts.check_chat_template``)."""
-    from rlvr.policies.prompts import check_chat_template
+    template's limits (``rlvr.policies.template_sandbox.check_chat_template``)."""
+    from rlvr.policies.template_sandbox import check_chat_template
     from rlvr.tasks import check_task_options
 
     unknown = [(path, hint) for path, hint in unknown_keys(type(config), config.to_dict(), OPTION_OWNERS)

@@ -28,7 +28,7 @@ from rlvr.core.importance import (
 )
 from rlvr.core.kl import KL_ESTIMATORS, KL_LOSS_ESTIMATORS, kl_loss_term, kl_penalty, kl_reward_penalty
 from rlvr.core.logprobs import token_log_probs
-from rlvr.core.losses import LOSS_MODES, entropy_bonus, policy_loss
+from rlvr.core.losses import LOSS_MODES, LossInputs, entropy_bonus, policy_loss
 from rlvr.core.masked import entropy_from_logits, masked_mean, masked_normalize, masked_sum
 from rlvr.core.selection import nonzero_delta_groups, overlong_mask, overlong_penalty, top_entropy_mask
 
@@ -44,6 +44,7 @@ __all__ = [
     "REWARD_SCALES",
     "TRUNCATING_CORRECTIONS",
     "Correction",
+    "LossInputs",
     "aggregate_loss",
     "aggregation_weights",
     "compute_deltas",

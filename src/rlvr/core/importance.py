@@ -1,13 +1,7 @@
 """Sampler-trainer mismatch: the off-policy corrections of the policy gradient, and how far apart they are.
 
-Each token's policy-gradient term is reweighted by a function of r_t = pi_old / pi_sampler
-(Yao et al. 2025): ``IS_CORRECTIONS`` (truncation, masking, IcePop), the table of each
-weight and its name in verl, TRL and slime in docs/explanation/core-design.md. Every min
-and bound is taken on the log-ratio; a masked token stays in the aggregation's normaliser.
-
-Shapes: N responses, T response tokens. ``old_log_probs`` [N, T] are the trainer's,
-``sample_log_probs`` [N, T] the sampler's; ``mask`` [N, T] bool is True on the policy's
-tokens, the only ones weighted, summed and counted (weight 1 elsewhere)."""
+The design: ``docs/explanation/core.md`` (``rlvr.core.importance``).
+"""
 
 from __future__ import annotations
 

@@ -5,13 +5,10 @@ the sampled tokens under the current policy; ``deltas`` are per response, [N] or
 [N, 1], and apply to every token of the response (outcome reward: credit is spread
 evenly over positions).
 
-``LOSS_MODES`` maps each mode to its function
-``(log_probs, deltas, old_log_probs, clip_eps, clip_eps_high, clip_ratio_c, response_mask)
--> (per_token_loss, stats)`` with log_probs [N, T], deltas [N, 1] (constants, in the dtype
-of log_probs), old_log_probs [N, T] or None, response_mask [N, T] bool or None,
-per_token_loss [N, T] and stats ``ratio`` [N, T] (detached) and ``clipped`` [N, T] bool:
-the tokens whose term the clip changed (for every mode but ``cispo`` their gradient is 0;
-``cispo`` keeps it, scaled by the clipped weight).
+``LOSS_MODES`` maps each mode to its function ``LossInputs -> (per_token_loss, stats)``
+with per_token_loss [N, T] and stats ``ratio`` [N, T] (detached) and ``clipped`` [N, T]
+bool: the tokens whose term the clip changed (for every mode but ``cispo`` their gradient
+is 0; ``cispo`` keeps it, scaled by the clipped weight).
 
 Modes: ``naive`` and ``ratio`` (the plain policy gradient, on- and off-policy),
 ``clipped`` (PPO), ``dual_clip`` (PPO with a floor on negative deltas), ``gspo`` (one
@@ -22,6 +19,7 @@ clipped ratio per response), ``cispo`` (REINFORCE with a clipped, detached weigh
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -29,12 +27,22 @@ from rlvr.core.masked import masked_mean
 from rlvr.core.registry import lookup
 
 LossStats = dict[str, torch.Tensor]
-# (log_probs, deltas, old_log_probs, clip_eps, clip_eps_high, clip_ratio_c, response_mask)
-#   -> (per_token_loss, stats)
-LossFn = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor | None, float | None, float | None, float, torch.Tensor | None],
-    tuple[torch.Tensor, LossStats],
-]
+
+
+@dataclass(frozen=True)
+class LossInputs:
+    """What every loss mode reads; each mode uses the fields it needs."""
+
+    log_probs: torch.Tensor  # [N, T], carries the gradient
+    deltas: torch.Tensor  # [N, 1], constants in the dtype of log_probs
+    old_log_probs: torch.Tensor | None  # [N, T], pi_old's; every mode but naive needs them
+    clip_eps: float | None  # the ratio's lower clip range (None: no lower clip)
+    clip_eps_high: float | None  # its upper clip range (None: clip_eps)
+    clip_ratio_c: float  # dual_clip's floor on negative deltas, > 1
+    response_mask: torch.Tensor | None  # [N, T] bool; gspo needs it
+
+
+LossFn = Callable[[LossInputs], tuple[torch.Tensor, LossStats]]
 
 
 def _per_response(deltas: torch.Tensor, num_responses: int) -> torch.Tensor:
@@ -46,13 +54,14 @@ def _per_response(deltas: torch.Tensor, num_responses: int) -> torch.Tensor:
     return deltas
 
 
-def _log_ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor | None, mode: str) -> torch.Tensor:
+def _log_ratio(x: LossInputs, mode: str) -> torch.Tensor:
     """log(pi / pi_old) = log_prob - old_log_prob; [N, T] each -> [N, T].
 
     ``old_log_probs`` must be constants (sampled under no_grad): they are detached here
     too, because a ratio whose denominator carries gradient is identically 1 and its
     gradient silently 0.
     """
+    log_probs, old_log_probs = x.log_probs, x.old_log_probs
     if old_log_probs is None:
         raise ValueError(f"loss mode {mode!r} needs old_log_probs")
     if old_log_probs.shape != log_probs.shape:
@@ -62,15 +71,16 @@ def _log_ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor | None, mode
     return log_probs - old_log_probs.detach()
 
 
-def _ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor | None, mode: str) -> torch.Tensor:
+def _ratio(x: LossInputs, mode: str) -> torch.Tensor:
     """ratio = pi / pi_old = exp(log_prob - old_log_prob); [N, T] each -> [N, T]."""
-    return torch.exp(_log_ratio(log_probs, old_log_probs, mode))
+    return torch.exp(_log_ratio(x, mode))
 
 
-def _clip_range(clip_eps: float | None, clip_eps_high: float | None) -> tuple[float, float]:
+def _clip_range(x: LossInputs) -> tuple[float, float]:
     """The ratio's range [1 - clip_eps, 1 + clip_eps_high]; ``clip_eps_high`` None means
     ``clip_eps``; ``clip_eps`` None: no lower clip (the range starts at 0, where a ratio
     never goes), and then ``clip_eps_high`` must be given."""
+    clip_eps, clip_eps_high = x.clip_eps, x.clip_eps_high
     if clip_eps is None:
         if clip_eps_high is None:
             raise ValueError("clip_eps None (no lower clip) needs clip_eps_high")
@@ -96,65 +106,33 @@ def _no_clip(ratio: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(ratio, dtype=torch.bool)
 
 
-def naive_loss(
-    log_probs: torch.Tensor,
-    deltas: torch.Tensor,
-    old_log_probs: torch.Tensor | None,
-    clip_eps: float | None,
-    clip_eps_high: float | None,
-    clip_ratio_c: float,
-    response_mask: torch.Tensor | None,
-) -> tuple[torch.Tensor, LossStats]:
+def naive_loss(x: LossInputs) -> tuple[torch.Tensor, LossStats]:
     """loss = -delta * log_prob; [N, T] (ratio reported as 1, nothing clipped).
 
     Its gradient -delta * grad log pi is the policy gradient at pi = pi_old.
     """
-    loss = -deltas * log_probs
-    ones = torch.ones_like(log_probs).detach()
-    return loss, {"ratio": ones, "clipped": _no_clip(log_probs)}
+    loss = -x.deltas * x.log_probs
+    ones = torch.ones_like(x.log_probs).detach()
+    return loss, {"ratio": ones, "clipped": _no_clip(x.log_probs)}
 
 
-def ratio_loss(
-    log_probs: torch.Tensor,
-    deltas: torch.Tensor,
-    old_log_probs: torch.Tensor | None,
-    clip_eps: float | None,
-    clip_eps_high: float | None,
-    clip_ratio_c: float,
-    response_mask: torch.Tensor | None,
-) -> tuple[torch.Tensor, LossStats]:
+def ratio_loss(x: LossInputs) -> tuple[torch.Tensor, LossStats]:
     """loss = -delta * ratio, ratio = exp(log_prob - old_log_prob) (pi / pi_old); [N, T]."""
-    ratio = _ratio(log_probs, old_log_probs, "ratio")
-    return -(ratio * deltas), {"ratio": ratio.detach(), "clipped": _no_clip(ratio)}
+    ratio = _ratio(x, "ratio")
+    return -(ratio * x.deltas), {"ratio": ratio.detach(), "clipped": _no_clip(ratio)}
 
 
-def clipped_loss(
-    log_probs: torch.Tensor,
-    deltas: torch.Tensor,
-    old_log_probs: torch.Tensor | None,
-    clip_eps: float | None,
-    clip_eps_high: float | None,
-    clip_ratio_c: float,
-    response_mask: torch.Tensor | None,
-) -> tuple[torch.Tensor, LossStats]:
+def clipped_loss(x: LossInputs) -> tuple[torch.Tensor, LossStats]:
     """loss = -min(ratio * delta, clip(ratio, 1 - clip_eps, 1 + clip_eps_high) * delta); [N, T].
 
     PPO's clipped surrogate; ``clip_eps_high`` None means ``clip_eps`` (symmetric clip).
     """
-    ratio = _ratio(log_probs, old_log_probs, "clipped")
-    objective, was_clipped = _clipped_objective(ratio, deltas, *_clip_range(clip_eps, clip_eps_high))
+    ratio = _ratio(x, "clipped")
+    objective, was_clipped = _clipped_objective(ratio, x.deltas, *_clip_range(x))
     return -objective, {"ratio": ratio.detach(), "clipped": was_clipped.detach()}
 
 
-def dual_clip_loss(
-    log_probs: torch.Tensor,
-    deltas: torch.Tensor,
-    old_log_probs: torch.Tensor | None,
-    clip_eps: float | None,
-    clip_eps_high: float | None,
-    clip_ratio_c: float,
-    response_mask: torch.Tensor | None,
-) -> tuple[torch.Tensor, LossStats]:
+def dual_clip_loss(x: LossInputs) -> tuple[torch.Tensor, LossStats]:
     """Dual-clip PPO; [N, T]:
 
         objective = max(min(ratio * delta, clip(ratio, 1 - clip_eps, 1 + clip_eps_high) * delta), c * delta)
@@ -166,26 +144,18 @@ def dual_clip_loss(
     -c * delta and its gradient at 0; it binds exactly where ratio > c. ``clipped``: the
     tokens of either clip (both have gradient 0).
     """
-    if not clip_ratio_c > 1.0:
+    if not x.clip_ratio_c > 1.0:
         raise ValueError(f"dual_clip needs clip_ratio_c > 1 (the floor c * delta on negative deltas), "
-                         f"got {clip_ratio_c}")
-    ratio = _ratio(log_probs, old_log_probs, "dual_clip")
-    objective, was_clipped = _clipped_objective(ratio, deltas, *_clip_range(clip_eps, clip_eps_high))
-    floor = clip_ratio_c * deltas  # [N, 1]
-    floored = (deltas < 0) & (floor > objective)  # [N, T]
+                         f"got {x.clip_ratio_c}")
+    ratio = _ratio(x, "dual_clip")
+    objective, was_clipped = _clipped_objective(ratio, x.deltas, *_clip_range(x))
+    floor = x.clip_ratio_c * x.deltas  # [N, 1]
+    floored = (x.deltas < 0) & (floor > objective)  # [N, T]
     objective = torch.where(floored, floor, objective)
     return -objective, {"ratio": ratio.detach(), "clipped": (was_clipped | floored).detach()}
 
 
-def gspo_loss(
-    log_probs: torch.Tensor,
-    deltas: torch.Tensor,
-    old_log_probs: torch.Tensor | None,
-    clip_eps: float | None,
-    clip_eps_high: float | None,
-    clip_ratio_c: float,
-    response_mask: torch.Tensor | None,
-) -> tuple[torch.Tensor, LossStats]:
+def gspo_loss(x: LossInputs) -> tuple[torch.Tensor, LossStats]:
     """GSPO: one clipped ratio per response, on every one of its tokens; [N, T]:
 
         s_i = exp(mean over response i's tokens of (log_prob - old_log_prob))     [N, 1]
@@ -205,25 +175,17 @@ def gspo_loss(
     seq_mean_token_mean the loss is the paper's -mean_i min(s_i delta_i, clip(s_i) delta_i).
     ``clipped``: every token of a clipped response.
     """
-    if response_mask is None:
+    if x.response_mask is None:
         raise ValueError("loss mode 'gspo' needs response_mask: its ratio is a mean over each response's tokens")
-    log_ratio = _log_ratio(log_probs, old_log_probs, "gspo")  # [N, T]
-    seq_log_ratio = masked_mean(log_ratio.detach(), response_mask, dim=-1).unsqueeze(-1)  # [N, 1]
+    log_ratio = _log_ratio(x, "gspo")  # [N, T]
+    seq_log_ratio = masked_mean(log_ratio.detach(), x.response_mask, dim=-1).unsqueeze(-1)  # [N, 1]
     # log_probs - log_probs.detach() is exactly 0 in value and carries token t's gradient.
-    ratio = torch.exp(seq_log_ratio + (log_probs - log_probs.detach()))  # [N, T], s_i on row i
-    objective, was_clipped = _clipped_objective(ratio, deltas, *_clip_range(clip_eps, clip_eps_high))
+    ratio = torch.exp(seq_log_ratio + (x.log_probs - x.log_probs.detach()))  # [N, T], s_i on row i
+    objective, was_clipped = _clipped_objective(ratio, x.deltas, *_clip_range(x))
     return -objective, {"ratio": ratio.detach(), "clipped": was_clipped.detach()}
 
 
-def cispo_loss(
-    log_probs: torch.Tensor,
-    deltas: torch.Tensor,
-    old_log_probs: torch.Tensor | None,
-    clip_eps: float | None,
-    clip_eps_high: float | None,
-    clip_ratio_c: float,
-    response_mask: torch.Tensor | None,
-) -> tuple[torch.Tensor, LossStats]:
+def cispo_loss(x: LossInputs) -> tuple[torch.Tensor, LossStats]:
     """CISPO: loss = -sg(clip(ratio, 1 - clip_eps, 1 + clip_eps_high)) * delta * log_prob; [N, T].
 
     REINFORCE with a truncated importance weight: the gradient is
@@ -235,10 +197,10 @@ def cispo_loss(
     gradient is scaled, not removed). The loss's value is not a surrogate objective
     (log-prob scale); its gradient is what matters.
     """
-    ratio = _ratio(log_probs, old_log_probs, "cispo").detach()
-    low, high = _clip_range(clip_eps, clip_eps_high)
+    ratio = _ratio(x, "cispo").detach()
+    low, high = _clip_range(x)
     weight = torch.clamp(ratio, low, high)  # [N, T], a constant
-    return -(weight * deltas) * log_probs, {"ratio": ratio, "clipped": (ratio < low) | (ratio > high)}
+    return -(weight * x.deltas) * x.log_probs, {"ratio": ratio, "clipped": (ratio < low) | (ratio > high)}
 
 
 LOSS_MODES: dict[str, LossFn] = {
@@ -276,7 +238,7 @@ def policy_loss(
         raise ValueError(
             f"response_mask shape {tuple(response_mask.shape)} != log_probs shape {tuple(log_probs.shape)}"
         )
-    return loss_fn(log_probs, deltas, old_log_probs, clip_eps, clip_eps_high, clip_ratio_c, response_mask)
+    return loss_fn(LossInputs(log_probs, deltas, old_log_probs, clip_eps, clip_eps_high, clip_ratio_c, response_mask))
 
 
 def entropy_bonus(entropy: torch.Tensor, coef: float) -> torch.Tensor:

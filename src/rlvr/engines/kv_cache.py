@@ -3,9 +3,8 @@
 Shapes: B prompts, G responses per prompt, n = B*G rows (row ``b * G + g`` is response g
 of prompt b), H key/value heads, P prompt tokens, L filled positions, D head size.
 
-Buffers [n, H, capacity, D] per layer, doubled when full; attention sees the filled view,
-so the numbers equal transformers' growing cache bit for bit (why and what it saves:
-docs/explanation/engines-design.md). Imports transformers (an optional dependency)."""
+The design: ``docs/explanation/engines.md`` (``rlvr.engines.kv_cache``).
+"""
 
 from __future__ import annotations
 

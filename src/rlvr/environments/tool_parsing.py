@@ -221,7 +221,7 @@ def shown_tools(template: str | None, prompt: Any, schemas: list[dict[str, Any]]
     otherwise (no slot, a slot that teaches another syntax, as Llama 3's and Mistral's do, or
     the "plain" style) the chat's system message describes them (``describe_tools``). A text prompt
     is left as it is (as TRL shows tools through the chat template alone)."""
-    from rlvr.policies.prompts import template_takes_tools
+    from rlvr.policies.template_sandbox import template_takes_tools
 
     if not schemas or isinstance(prompt, str):  # a text prompt describes its tools itself
         return prompt, None

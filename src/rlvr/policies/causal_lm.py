@@ -4,9 +4,8 @@ Shapes: B prompts, G responses per prompt, N = B*G responses (row ``b * G + g`` 
 response g of prompt b), n any number of rows, P prompt tokens (left-padded), T
 response tokens (right-padded), V vocabulary.
 
-Generation is the engine's (``rlvr.engines``, ``HFEngine`` by default), handed the
-trainer's weights by ``sync_engine``; scoring stays with the policy
-(``rlvr.policies.scoring``). How the two agree: docs/explanation/policies-design.md."""
+The design: ``docs/explanation/engines.md`` (``rlvr.policies.causal_lm``).
+"""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """Running reward specs on a batch of completions, safely.
 
-``RewardRunner`` makes a reward function that raises, returns garbage or hangs an
-abstention of that function on the completions it concerns, counted in its
-``RewardStats`` (``strict=True``: an error instead); a spec with ``timeout`` runs in
-worker processes (``rlvr.rewards.workers``), ``timeout=None`` in-process. Each case,
-and the workers' start methods: docs/explanation/rewards-design.md."""
+The design: ``docs/explanation/rewards.md`` (``rlvr.rewards.runner``).
+"""
 
 from __future__ import annotations
 

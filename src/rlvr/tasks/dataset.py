@@ -1,11 +1,7 @@
 """Your own data: prompts (and gold answers) from a file, rewards from verifiers or your functions.
 
-``task.name: dataset`` reads ``path`` (``rlvr.tasks.readers``); each row's
-``prompt_column`` is text or a chat, every other column reaches every reward function
-by its name; the built-in reward is the gold check on ``answer_column``. Held out: the
-rows of ``eval_path`` or ``eval_fraction`` of ``path``; training order: ``PassOrder``.
-Every problem with a file is a DataError naming ``file:line`` or ``file: row i``. In
-full: docs/explanation/tasks-design.md."""
+The design: ``docs/explanation/tasks.md`` (``rlvr.tasks.dataset``).
+"""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """verifiers environments as a task: ``task.name: verifiers``.
 
-A verifiers (0.4.x, ``verifiers.v1``) taskset runs unchanged against the run's endpoint,
-its model calls relayed to the episode's URL where the tokens are recorded as for any
-agent; its rubric is the episode's reward and ``solved_reward`` names the gold check.
-What runs where, and in which event loop: docs/explanation/tasks-design.md."""
+The design: ``docs/explanation/tasks.md`` (``rlvr.tasks.verifiers_env``).
+"""
 
 from __future__ import annotations
 
