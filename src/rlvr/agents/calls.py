@@ -5,7 +5,7 @@ Every call is recorded token in, token out (ids, sampler log-probs, weights vers
 nothing is tokenised again. ``join_calls`` joins a call to the segment its prompt extends
 most (the ids between become an untrained context turn) or starts a new segment where
 the agent rewrote its history; a trie of the segments' ids makes joining linear. The
-joining rule in full: docs/explanation/agent-calls-design.md."""
+joining rule in full: docs/explanation/agents.md."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ An agent is the user's ``run(client, row)`` (async or plain), its client pointed
 episode's own URL and key; it returns a reward, or a dict with ``reward``, ``solved``
 and more numbers. At most ``concurrency`` episodes run at once, each within
 ``timeout``; a failed episode abstains, and a stop signal cancels them all
-(``CutShort``). In full: docs/explanation/agent-calls-design.md."""
+(``CutShort``). In full: docs/explanation/agents.md."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@
 steps (``learners.LearnerGroup``); ``session.loop_parts`` builds the pair the loop receives.
 Nothing here imports the loop, nor Ray until a run asks for actors (``pip install
 'rlvr[ray]'``). Every wait on an actor is bounded (``cluster.call_timeout``,
-``READY_TIMEOUT``, ``PROBE_TIMEOUT``; docs/explanation/learners-design.md)."""
+``READY_TIMEOUT``, ``PROBE_TIMEOUT``; docs/explanation/cluster.md)."""
 
 from __future__ import annotations
 

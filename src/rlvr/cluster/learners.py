@@ -5,7 +5,7 @@ holding a replica (or, under FSDP, a shard) of the policy and its optimizer, joi
 Each learner takes its share of the rollout; the shares' gradients and sums add up to
 the batch's (all-reduced with SUM), so every learner takes the same step and the
 replicas stay equal. The group is the loop's learner and holds the weights; every wait
-is bounded. Ray is imported lazily. Design: docs/explanation/learners-design.md."""
+is bounded. Ray is imported lazily. Design: docs/explanation/cluster.md."""
 
 from __future__ import annotations
 

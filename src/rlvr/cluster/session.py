@@ -5,7 +5,7 @@ holding the run's rollout workers and learners.
 in this process, or Ray actors in a ``Cluster`` closed when the run ends. A Ray the run
 starts is private and the run's alone (its SIGTERM handler undone, its session folder
 removed); a joined or already initialised one is left as it is
-(docs/explanation/learners-design.md)."""
+(docs/explanation/cluster.md)."""
 
 from __future__ import annotations
 

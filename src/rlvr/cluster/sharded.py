@@ -4,7 +4,7 @@ of learners, or by one process.
 
 A checkpoint is data, never code: ``safe_reader`` unpickles DCP's metadata with only its
 own classes allowed and ``SafePlanner`` reads byte items with ``weights_only=True``
-(docs/explanation/learners-design.md)."""
+(docs/explanation/cluster.md)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Every method is ``grad log pi(a|s) * delta``; they differ only in delta. Rewards
 deltas are ``[B, G]``: B prompts (states), G sampled responses per prompt (the group).
 ``DELTA_MODES`` maps each mode to ``(rewards, valid, eps, lengths) -> deltas``, invalid
 entries zeroed by ``compute_deltas``; ``REWARD_SCALES`` name the centered modes by their
-scale (none / group / batch). In full: docs/explanation/core-design.md."""
+scale (none / group / batch). In full: docs/explanation/core.md."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ With r = pi_ref(a) / pi(a): k1 = -log r, k2 = (log r)^2 / 2, k3 = r - log r - 1 
 lecture's), and k1+ / k3+ (the value of k1 / k3 with k2's gradient, as verl). As a loss
 term k1's expected gradient is 0 and k3's is that of the reverse KL; in the reward
 (``kl_reward_penalty``) k1 is right. Which gradient each gives:
-docs/explanation/core-design.md (test_kl.py checks each by exact enumeration)."""
+docs/explanation/core.md (test_kl.py checks each by exact enumeration)."""
 
 from __future__ import annotations
 

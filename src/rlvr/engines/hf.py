@@ -5,7 +5,7 @@ response g of prompt b), n running rows, P prompt tokens, T response tokens, V v
 
 Log-probs are always those of softmax(logits / tau) over the whole vocabulary, whatever
 top-k, top-p and min_new_tokens did to the draw; partial rollouts recompute the KV cache
-with the new weights (docs/explanation/engines-design.md)."""
+with the new weights (docs/explanation/engines.md)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ response g of prompt b), P prompt tokens (left-padded), T response tokens, L pro
 The engine holds its own copy of the weights (``load_weights``, checked with a probe);
 ``logprobs_mode_for`` picks which of vLLM's log-probs is exact for the run. Log-probs,
 partial rollouts, seeding and the differences from ``HFEngine``:
-docs/explanation/engines-design.md."""
+docs/explanation/engines.md."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """vLLM's requests driven one engine step at a time, for ``rlvr.engines.vllm.VLLMEngine``:
 ``LLM.generate``'s loop written out, so that new weights can come in between two steps
 and every token is tagged with the weights version that drew it (how the requests are
-paused and recomputed: docs/explanation/engines-design.md)."""
+paused and recomputed: docs/explanation/engines.md)."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from rlvr.base.record import Record, prompt_text
 def noise_estimates(norm_sq_small: float, size_small: float, norm_sq_big: float, size_big: float
                     ) -> tuple[float, float]:
     """Unbiased |G|^2 and tr(Sigma) from the squared norms of two gradient estimates of
-    batch sizes b < B (McCandlish et al. 2018, appendix A.1; derived in docs/explanation/loop-design.md)."""
+    batch sizes b < B (McCandlish et al. 2018, appendix A.1; derived in docs/explanation/loop.md)."""
     if not 0 < size_small < size_big:
         raise ValueError(f"need 0 < small batch < big batch, got {size_small} and {size_big}")
     true_norm_sq = (size_big * norm_sq_big - size_small * norm_sq_small) / (size_big - size_small)
@@ -48,7 +48,7 @@ class GradientNoiseMeter:
 
     ``metrics`` (needs m >= 2 parts): ``grad/true_norm_sq`` (|G|^2), ``grad/trace_cov``
     (tr Sigma), ``grad/noise_scale`` (B_simple), ``grad/snr`` (B / B_simple) and
-    ``grad/batch_size`` (B); the estimator is explained in docs/explanation/loop-design.md."""
+    ``grad/batch_size`` (B); the estimator is explained in docs/explanation/loop.md."""
 
     def __init__(self) -> None:
         self.reset()
@@ -120,7 +120,7 @@ def max_reward_stats(rewards: torch.Tensor, correct: torch.Tensor, max_reward: f
     is R = 1): ``hack/max_reward_frac`` (share of scored responses at the top) and
     ``hack/max_reward_not_gold`` (share of those that fail the gold check; 0, never NaN,
     when none counts). The top is ``max_reward`` or else the batch's highest reward, within
-    ``atol``; when a batch's top counts is in docs/explanation/loop-design.md."""
+    ``atol``; when a batch's top counts is in docs/explanation/loop.md."""
     if rewards.shape != correct.shape:
         raise ValueError(f"rewards {tuple(rewards.shape)} and correct {tuple(correct.shape)} differ in shape")
     runs = rewards.shape[0]
@@ -185,7 +185,7 @@ def reward_gold_divergence(records: Sequence[Record], window: int = 10, min_rise
     """Windows of ``window`` epochs where the reward rose while the gold accuracy did not:
     the reward's fitted change as a share of its span so far, rho, is at least ``min_rise``
     and the gold accuracy's fitted change is under ``gold_ratio`` * rho. Windows start
-    every window // 2 epochs; the defaults' origin is in docs/explanation/loop-design.md."""
+    every window // 2 epochs; the defaults' origin is in docs/explanation/loop.md."""
     if window < 2:
         raise ValueError(f"window must be at least 2 epochs, got {window}")
     gold_by_epoch = dict(zip(*epoch_series(records, "solve_rate")))

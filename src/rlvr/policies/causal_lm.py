@@ -4,7 +4,7 @@ Shapes: B prompts, G responses per prompt, N = B*G responses (row ``b * G + g`` 
 response g of prompt b), n any number of rows, P prompt tokens (left-padded), T
 response tokens (right-padded), V vocabulary.
 
-The design: ``docs/explanation/engines.md`` (``rlvr.policies.causal_lm``).
+The design: ``docs/explanation/policies.md`` (``rlvr.policies.causal_lm``).
 """
 
 from __future__ import annotations

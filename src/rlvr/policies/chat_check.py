@@ -3,7 +3,7 @@
 An episode is built token in, token out: each observation's messages added as the text
 the template adds for them (the *delta*, ``render_delta``). Trained on, this must be what
 the template gives for the whole conversation; not every template is consistent (Qwen3's
-drops earlier ``<think>`` parts). The delta's definition: docs/explanation/policies-design.md.
+drops earlier ``<think>`` parts). The delta's definition: docs/explanation/policies.md.
 Without a chat template there is nothing to check: ``check_chat_template`` returns []."""
 
 from __future__ import annotations

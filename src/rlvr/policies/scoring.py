@@ -5,7 +5,7 @@ and the entropy of the policy there.
 Shapes: n rows (response b * G + g of prompt b, a prompt's rows consecutive), P prompt
 tokens (left-padded), T response tokens (right-padded), V vocabulary, H hidden size, D
 either (what ``forward`` returns), u distinct prompts, M real response tokens.
-``forward(keep, **inputs)``: ``logits_forward`` or ``hidden_forward`` (docs/explanation/policies-design.md)."""
+``forward(keep, **inputs)``: ``logits_forward`` or ``hidden_forward`` (docs/explanation/policies.md)."""
 
 from __future__ import annotations
 

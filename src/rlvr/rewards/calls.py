@@ -4,7 +4,7 @@ The TRL form, ``fn(prompts, completions, **columns) -> list[float | None]``, wit
 ``completion_ids`` and ``trainer_state`` beside the data's columns. A call's outcome is
 plain data ("ok", "scored", "error", "timeout"), judged where it is produced;
 ``judge_outcome`` turns it into what each completion gets. Which exceptions a call
-catches, and why: docs/explanation/rewards-design.md."""
+catches, and why: docs/explanation/rewards.md."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 The combined reward is ``sum_f w_f * r_f`` in spec order over the functions that scored
 (NaN when none did, or when a ``required`` function did not); weight 0 reports a
 function without adding it. Why, and how this differs from TRL:
-docs/explanation/rewards-design.md."""
+docs/explanation/rewards.md."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Each is a reward function in the TRL form, usable from YAML as
 ``rlvr.rewards.verifiers:<name>``; ``regex_reward(pattern)`` makes a format reward. The
 gold column is ``answer``; values: 1.0 right, 0.0 wrong or no answer, None when the gold
 cannot be read. ``extract`` (``EXTRACTORS``) says where the answer is: the choices and
-an example config in docs/explanation/rewards-design.md."""
+an example config in docs/explanation/rewards.md."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@
 loaded with ``weights_only=True``), a ``model/`` folder for language models (or
 ``sharded/`` DCP files of data-parallel learners) and ``manifest.json`` with every file's
 SHA-256. Written under a temporary name and renamed; one that fails its manifest is
-skipped for the one before (docs/explanation/runs-design.md)."""
+skipped for the one before (docs/explanation/runs.md)."""
 
 from __future__ import annotations
 

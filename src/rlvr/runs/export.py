@@ -3,7 +3,7 @@
 A causal LM's folder loads with ``from_pretrained`` (LoRA adapters merged, DCP shards
 gathered; the base model checked by digest, or ``--base``); the positional toy's holds
 ``policy.pt`` and ``config.yaml``. The weights are the newest verified checkpoint's, or
-``checkpoint=``'s; written beside ``out`` and renamed (docs/explanation/runs-design.md)."""
+``checkpoint=``'s; written beside ``out`` and renamed (docs/explanation/runs.md)."""
 
 from __future__ import annotations
 

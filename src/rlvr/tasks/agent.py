@@ -3,7 +3,7 @@
 The agent is the user's ``run(client, row)`` (``task.options.agent: "module:function"``),
 its client pointed at the episode's own URL on the run's endpoint, where every token
 sampled is recorded (``rlvr.agents``). An episode's reward is what its agent returned;
-the gold check is its ``solved`` (docs/explanation/tasks-design.md)."""
+the gold check is its ``solved`` (docs/explanation/tasks.md)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ The environment is a ready one by name (``rlvr.environments.games``) or the user
 (``environment_factory``: an rlvr ``Environment`` or a TRL-style class). Episodes start
 from seeds or from the rows of ``data``; an episode's reward is its return, the gold
 check whether the environment said it was solved. How failed episodes are counted:
-docs/explanation/tasks-design.md."""
+docs/explanation/tasks.md."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Data: JSON Lines with ``question`` and ``answer`` (a worked solution ending
 ``#### <number>``); prompt templates ``r1_zero`` and ``plain``. Rewards (TRL form): the
 required ``answer_reward``, under the ``RewardRunner`` timeout instead of math-verify's
-SIGALRM ones, and ``format_reward`` (docs/explanation/tasks-design.md)."""
+SIGALRM ones, and ``format_reward`` (docs/explanation/tasks.md)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 ``task.name: reasoning_gym`` with ``task.options.dataset`` a generator name, ``size``
 training and ``eval_size`` held-out problems (seeds ``data_seed`` and ``data_seed + 1``).
 Reward: each problem's own scorer, in a reward worker under ``grader_timeout``, on the
-answer ``extract`` finds (docs/explanation/tasks-design.md)."""
+answer ``extract`` finds (docs/explanation/tasks.md)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Prompts are n tokens from a vocabulary of V numbers; a response is n tokens. The
 functions are vectorised over ``prompts [B, n]`` and ``responses [B, G, n]`` and equal
 the lecture's scalar definitions (``*_scalar``, the tests' reference); they see numbers
 written as text (``"3 1 2"``). ``inclusion_ordering`` has a loophole on prompts with
-repeated numbers (docs/explanation/tasks-design.md)."""
+repeated numbers (docs/explanation/tasks.md)."""
 
 from __future__ import annotations
 
