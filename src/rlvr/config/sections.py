@@ -2,12 +2,8 @@
 
 The sections of rlvr's config, each field declared in one line (``setting``: its
 default, help and own rules), with the facts derived from them (``AlgoConfig.kl_in_reward``,
-...). ``rlvr.base.settings`` builds, checks and writes them; ``rlvr.config.checks.validate``
-holds the rules between fields. Validation names the bad field, its value and what is
-allowed, before any work is done. Defaults reproduce the lecture's sorting experiment.
-
-Importing this module imports no task, policy or engine: the names it allows are read
-from their registries when a config is checked (``Names``).
+...); ``rlvr.base.settings`` builds, checks and writes them, ``rlvr.config.checks`` holds
+the rules between fields. Defaults reproduce the lecture's sorting experiment.
 """
 
 from __future__ import annotations
