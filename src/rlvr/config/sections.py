@@ -120,8 +120,8 @@ class PolicyConfig:
     name: str = setting("positional", "policy", choices=POLICIES)
     temperature: float = setting(1.0, "sampling and scoring temperature", above=0)
     options: PositionalOptions | CausalLMOptions = setting(
-        PositionalOptions(), "the policy's options: the positional model's sizes; the causal LM's model, loading, "
-        "sampling and generation engine", sections=POLICY_OPTIONS)
+        PositionalOptions(), "the causal LM's model, loading, sampling and generation engine; the positional "
+        "model's sizes", sections=POLICY_OPTIONS)
 
     def __post_init__(self) -> None:
         # options left as the default name's: the named policy's defaults
