@@ -120,6 +120,11 @@ def build_causal_lm_policy(config: PolicyConfig, weights: bool = True) -> Causal
         disable_dropout=o.disable_dropout)
 
 
+# the tasks that need an optional install -> its modules
+TASK_MODULES = {"reasoning_gym": ("reasoning_gym",), "gsm8k": ("math_verify",), "agent": AGENT_MODULES,
+                "verifiers": (*AGENT_MODULES, "verifiers")}
+
+
 def needed_modules(config: Config) -> list[tuple[str, tuple[str, ...]]]:
     """(the setting, the modules it needs) for each optional back end ``config`` uses.
     The vLLM engine is left to the run: a config may be written for a GPU machine."""
@@ -129,14 +134,8 @@ def needed_modules(config: Config) -> list[tuple[str, tuple[str, ...]]]:
         needs.append(("policy.name='causal_lm'", LM_MODULES))
         if p.options.lora is not None:
             needs.append(("policy.options.lora", ("peft",)))
-    if t.name == "reasoning_gym":
-        needs.append(("task.name='reasoning_gym'", ("reasoning_gym",)))
-    if t.name == "gsm8k":
-        needs.append(("task.name='gsm8k'", ("math_verify",)))
-    if t.name == "agent":
-        needs.append(("task.name='agent'", AGENT_MODULES))
-    if t.name == "verifiers":
-        needs.append(("task.name='verifiers'", (*AGENT_MODULES, "verifiers")))
+    if t.name in TASK_MODULES:
+        needs.append((f"task.name={t.name!r}", TASK_MODULES[t.name]))
     for i, item in enumerate(config.rewards.functions):
         function = item.get("function") if isinstance(item, dict) else item
         if isinstance(function, str) and function.startswith("rlvr.rewards.judge:"):
