@@ -1,7 +1,7 @@
 """Dynamic sampling (algo.dynamic_sampling) on the lecture's sorting toy, over seeds.
 
 Four settings: the lecture's run (its 3 fixed prompts) and the same run on fresh random
-prompts (``task.prompts=null``; 3 per epoch, 64 held-out), each without and with dynamic
+prompts (``task.options.prompts=null``; 3 per epoch, 64 held-out), each without and with dynamic
 sampling (at most 32 batches an epoch). Per setting: the share of groups with a nonzero delta
 in the batches trained on (mean over epochs), the final epoch's mean reward, the greedy
 solve rate at the end (on the training prompts for the fixed set, on the held-out ones
@@ -23,8 +23,9 @@ QUIET = ["log.progress=false", "log.plot=false", "log.checkpoint_every=0", "log.
 SETTINGS = {
     "lecture prompts": [],
     "lecture prompts + dynamic": ["algo.dynamic_sampling=true", "algo.max_sampling_tries=32"],
-    "random prompts": ["task.prompts=null"],
-    "random prompts + dynamic": ["task.prompts=null", "algo.dynamic_sampling=true", "algo.max_sampling_tries=32"],
+    "random prompts": ["task.options.prompts=null"],
+    "random prompts + dynamic": ["task.options.prompts=null", "algo.dynamic_sampling=true",
+                                 "algo.max_sampling_tries=32"],
 }
 
 

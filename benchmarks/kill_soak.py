@@ -56,8 +56,9 @@ FAULTS = ("['rlvr.rewards.faults:flaky', 'rlvr.rewards.faults:sometimes_nan', "
 # so which calls time out does not depend on the load (the runs must be equal).
 COMMON = [f"rewards.functions={FAULTS}", "rewards.timeout=1.0", "log.progress=false", "log.plot=false",
           "log.eval_every=1000", "log.eval_samples=2", "log.checkpoint_every=2", "seed=11"]
-TOY = ["algo.epochs=12", "algo.inner_steps=3", "algo.group_size=4", "algo.loss=clipped", "task.prompts=null",
-       "task.vocab_size=10", "task.num_numbers=4", "task.prompts_per_epoch=4", "task.eval_size=4"]
+TOY = ["algo.epochs=12", "algo.inner_steps=3", "algo.group_size=4", "algo.loss=clipped", "task.options.prompts=null",
+       "task.options.vocab_size=10", "task.options.num_numbers=4", "task.prompts_per_epoch=4",
+       "task.options.eval_size=4"]
 MOMENTS = ("startup", "early", "checkpoint", "random")
 
 

@@ -171,8 +171,9 @@ def main() -> None:
     if args.large:
         gen = torch.Generator().manual_seed(0)
         prompts = torch.rand(256, 16, generator=gen).argsort(dim=-1)[:, :8].tolist()
-        overrides = [f"task.prompts={prompts}", "task.num_numbers=8", "task.vocab_size=16", "algo.group_size=16",
-                     "algo.epochs=10", "log.progress=false", "log.eval_every=1000", f"threads={args.threads}"]
+        overrides = [f"task.options.prompts={prompts}", "task.options.num_numbers=8", "task.options.vocab_size=16",
+                     "algo.group_size=16", "algo.epochs=10", "log.progress=false", "log.eval_every=1000",
+                     f"threads={args.threads}"]
         config = rlvr.load_config(None, overrides)
         compare("256 prompts of 8 x G=16, 10x10, centered", config,
                 lambda: baseline_run("centered", prompts, 16, 16, 10, 10), max(1, args.repeats // 2))

@@ -42,7 +42,7 @@ def jobs(model: Path) -> dict[str, list[str]]:
     ]
     out = {
         "lecture": ["train", *quiet],
-        "sorting_best": ["train", str(ROOT / "examples" / "sorting_best.yaml"), *quiet],
+        "sorting_best": ["train", "{tree}/examples/sorting_best.yaml", *quiet],  # each side's own spelling
         "sort_text_tiny_lm": ["train", *tiny_lm],
         "tiny_lm_cluster": ["train", *tiny_lm, "cluster.rollout_workers=1", "cluster.learners=2"],
         "dynamic_sampling": ["train", "task.prompts=null", "algo.dynamic_sampling=true", "algo.max_sampling_tries=8",
@@ -101,10 +101,11 @@ def main() -> int:
             failed = 0
             for name, job_args in jobs(model).items():
                 got = {}
-                for side, src in (("base", base_tree / "src"), ("now", ROOT / "src")):
+                for side, tree in (("base", base_tree), ("now", ROOT)):
                     out = tmp / side / name
                     flags = ["--seeds", "0,1"] if job_args[0] == "compare" else []
-                    rlvr(src, [*job_args, f"out_dir={out}", f"name={name}", *flags], tmp)
+                    side_args = [arg.replace("{tree}", str(tree)) for arg in job_args]
+                    rlvr(tree / "src", [*side_args, f"out_dir={out}", f"name={name}", *flags], tmp)
                     got[side] = records(out)
                 diff = differences(got["base"], got["now"])
                 failed += bool(diff)

@@ -26,8 +26,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=0.5)
     args = parser.parse_args()
     config = rlvr.load_config(None, [
-        f"algo.epochs={args.epochs}", "algo.inner_steps=2", "task.prompts=null", "task.vocab_size=10",
-        "task.num_numbers=4", "task.prompts_per_epoch=8", "task.eval_size=4", "log.eval_samples=2",
+        f"algo.epochs={args.epochs}", "algo.inner_steps=2", "task.options.prompts=null", "task.options.vocab_size=10",
+        "task.options.num_numbers=4", "task.prompts_per_epoch=8", "task.options.eval_size=4", "log.eval_samples=2",
         "log.eval_every=1000", "log.progress=false", "log.plot=false",
         f"rewards.functions={FUNCTIONS}", f"rewards.timeout={args.timeout}",
     ])

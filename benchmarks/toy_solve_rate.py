@@ -26,7 +26,8 @@ def solve_rates(path: str | None, overrides: list[str], seeds: list[int]) -> dic
     for seed in seeds:
         config = rlvr.load_config(path, QUIET + overrides + [f"seed={seed}"])
         s = summary(rlvr.train(config).records)
-        solved.append(round(s["eval_greedy_solve_rate"] * len(config.task.prompts or [0] * config.task.eval_size)))
+        options = config.task.options
+        solved.append(round(s["eval_greedy_solve_rate"] * len(options["prompts"] or [0] * options["eval_size"])))
         rewards.append(s["reward_end"])
         stalls.append(s["frac_zero_delta_groups_end"])
     return {

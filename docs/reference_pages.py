@@ -18,8 +18,8 @@ from rlvr.config import Config
 def config_markdown() -> str:
     """Every config key: one table per section, then each task's options."""
     parts = ["Every key of a run's config, as `rlvr config` checks it: its type, its default, "
-             "its rules (an optional key's null passes them) and its help. A key marked *only* "
-             "applies when its section's `name` is that choice.\n"]
+             "its rules (an optional key's null passes them) and its help. A section marked with a "
+             "`name` is the one that choice takes.\n"]
     top = [f for f in dataclasses.fields(Config) if not dataclasses.is_dataclass(_hint(Config, f))]
     parts.append(_table("Top level", "", top, Config))
     for f in dataclasses.fields(Config):
@@ -30,13 +30,16 @@ def config_markdown() -> str:
     return "\n".join(parts)
 
 
-def _sections(path: str, cls: type) -> list[str]:
-    leaves = [f for f in dataclasses.fields(cls) if not dataclasses.is_dataclass(_hint(cls, f))]
-    parts = [_table(f"`{path}`", f"{path}.", leaves, cls)] if leaves else []
+def _sections(path: str, cls: type, when: str = "") -> list[str]:
+    leaves = [f for f in dataclasses.fields(cls)
+              if not dataclasses.is_dataclass(_hint(cls, f)) and "sections" not in f.metadata]
+    parts = [_table(f"`{path}`{when}", f"{path}.", leaves, cls)] if leaves else []
     for f in dataclasses.fields(cls):
         inner = _hint(cls, f)
         if dataclasses.is_dataclass(inner):
-            parts.extend(_sections(f"{path}.{f.name}", inner))
+            parts.extend(_sections(f"{path}.{f.name}", inner, when))
+        for name, section in f.metadata.get("sections", {}).items():  # a section its section's name picks
+            parts.extend(_sections(f"{path}.{f.name}", section, f" (`{path}.name: {name}`)"))
     return parts
 
 
@@ -50,13 +53,10 @@ def _table(title: str, prefix: str, fields: list[dataclasses.Field], cls: type) 
 
 
 def _task_options() -> str:
-    from rlvr.tasks import TASKS, SortingTask, task_option_entries
+    from rlvr.tasks import TASKS, task_option_entries
 
-    parts = ["## `task.options`, by task\n", "Each task's keyword arguments; the sorting task reads `task.*` "
-             "instead.\n"]
-    for name, cls in TASKS.items():
-        if cls is SortingTask:
-            continue
+    parts = ["## `task.options`, by task\n", "Each task's keyword arguments.\n"]
+    for name in TASKS:
         task = types.SimpleNamespace(name=name)  # the config section task_option_entries reads
         rows = [f"### `task.name: {name}`\n", "| option | default | rules | help |", "| --- | --- | --- | --- |"]
         for key, default, rules in task_option_entries(task, {}):
@@ -126,8 +126,6 @@ def _rules(metadata: Any) -> str:
         if metadata.get(key) is not None:
             bound = metadata[key]
             rules.append(f"{sign} {int(bound) if float(bound).is_integer() else bound}")
-    if metadata.get("only") is not None:
-        rules.append(f"only `name: {metadata['only']}`")
     return "; ".join(rules)
 
 

@@ -117,7 +117,7 @@ def test_refusals_name_the_reason():
     assert "differs from run 0" in batching_refusal(cs)
     with pytest.raises(ConfigError, match="differs from run 0"):
         train_batched(cs)
-    assert "fixed task.prompts" in batching_refusal([rlvr.load_config(None, ["task.prompts=null"])])
+    assert "fixed task.options.prompts" in batching_refusal([rlvr.load_config(None, ["task.prompts=null"])])
     assert "algo.loss=naive" in batching_refusal([rlvr.load_config(None, ["algo.loss=clipped"])])
     assert batching_refusal([]) == "no runs"
     started = configs(seeds=(0,))[:1]

@@ -8,15 +8,17 @@ import yaml
 
 from rlvr.cli import main
 from rlvr.config import BOUNDS, Config, ConfigError, config_from_dict, load_config, parse_overrides
+from rlvr.config.checks import sorting_options
 from rlvr.core import DELTA_MODES
 
 
 def test_defaults_are_the_lecture_experiment():
     c = load_config()
-    assert c.task.prompts == [[1, 0, 2], [3, 2, 4], [1, 2, 3]]
+    assert c.task.options == {"num_numbers": 3, "vocab_size": 5, "reward": "inclusion_ordering", "allow_repeats": False,
+                              "prompts": [[1, 0, 2], [3, 2, 4], [1, 2, 3]], "eval_size": 64, "eval_seed": 1234}
     assert (c.algo.group_size, c.algo.epochs, c.algo.inner_steps) == (10, 100, 10)
-    assert c.policy.embedding_dim == 10 and c.optim.name == "adam" and c.optim.lr == 1e-3
-    assert c.task.reward == "inclusion_ordering" and c.algo.kl_coef == 0
+    assert c.policy.options.embedding_dim == 10 and c.optim.name == "adam" and c.optim.lr == 1e-3
+    assert sorting_options(c.task) == c.task.options and c.algo.kl_coef == 0
 
 
 def test_overrides_beat_the_file_which_beats_the_defaults(tmp_path):
@@ -24,11 +26,11 @@ def test_overrides_beat_the_file_which_beats_the_defaults(tmp_path):
     path.write_text(yaml.safe_dump({
         "algo": {"group_size": 16, "loss": "clipped"}, "optim": {"lr": "1e-2"},
     }))
-    c = load_config(path, ["algo.group_size=32", "task.prompts=null", "policy.temperature=2"])
+    c = load_config(path, ["algo.group_size=32", "task.options.prompts=null", "policy.temperature=2"])
     assert c.algo.group_size == 32  # the override, not the file's 16
     assert c.algo.loss == "clipped" and c.optim.lr == 0.01  # the file's (YAML 1.1 reads 1e-2 as a string)
     assert c.algo.epochs == 100 and c.optim.name == "adam"  # untouched: the defaults
-    assert c.task.prompts is None and c.policy.temperature == 2.0 and isinstance(c.policy.temperature, float)
+    assert c.task.options["prompts"] is None and c.policy.temperature == 2.0 and isinstance(c.policy.temperature, float)
     again = config_from_dict(yaml.safe_load(c.to_yaml()))
     assert again == c
 
@@ -112,32 +114,37 @@ def test_every_example_config_validates():
 def test_commented_yaml_documents_every_field_and_round_trips(tmp_path, capsys):
     from rlvr.cli import main
 
-    assert main(["config", "algo.group_size=64", "task.prompts=null"]) == 0
+    assert main(["config", "algo.group_size=64", "task.options.prompts=null"]) == 0
     text = capsys.readouterr().out
     assert "group_size: 64  # G: responses sampled per prompt [> 0]" in text
     assert f"deltas: centered  # delta mode [{' | '.join(DELTA_MODES)}]" in text  # from the core's registry
-    assert "num_numbers: 3  # numbers per prompt (n) [>= 2, <= 1024; sorting only]" in text
+    assert "num_numbers: 3  # numbers per prompt (n) [>= 2, <= 1024]" in text  # the task's option, documented
     path = tmp_path / "c.yaml"
     path.write_text(text)
-    assert load_config(path) == load_config(None, ["algo.group_size=64", "task.prompts=null"])
+    assert load_config(path) == load_config(None, ["algo.group_size=64", "task.options.prompts=null"])
 
 
 def _declared_rules():
-    """(path, value, message): a value just past each rule a field declares, in every section."""
+    """(path, value, message): a value just past each rule a field declares, in every section,
+    and each rule of the default task's and policy's options."""
+    from rlvr.config.sections import PositionalOptions
+    from rlvr.tasks.sorting import SortingTask
+
     hints = get_type_hints(Config)
     top = [f for f in dataclasses.fields(Config) if not dataclasses.is_dataclass(hints[f.name])]
     sections = [(f"{f.name}.", dataclasses.fields(hints[f.name]))
                 for f in dataclasses.fields(Config) if dataclasses.is_dataclass(hints[f.name])]
-    for prefix, section in [("", top), *sections]:
-        for f in section:
-            path = prefix + f.name
-            if "choices" in f.metadata:
-                yield path, "bogus", f"{path}='bogus' is not allowed; choose one of: "
-            for rule, (_, word) in BOUNDS.items():
-                if rule in f.metadata:
-                    bound = f.metadata[rule]
-                    past = {"min": bound - 1, "max": bound + 1}.get(rule, bound)  # above, below: the bound itself
-                    yield path, past, f" must be {word} {bound}"
+    sections.append(("policy.options.", dataclasses.fields(PositionalOptions)))
+    declared = [(prefix + f.name, f.metadata) for prefix, section in [("", top), *sections] for f in section]
+    declared += [(f"task.options.{key}", rules) for key, rules in SortingTask.options.items()]
+    for path, metadata in declared:
+        if "choices" in metadata:
+            yield path, "bogus", f"{path}='bogus' is not allowed; choose one of: "
+        for rule, (_, word) in BOUNDS.items():
+            if rule in metadata:
+                bound = metadata[rule]
+                past = {"min": bound - 1, "max": bound + 1}.get(rule, bound)  # above, below: the bound itself
+                yield path, past, f" must be {word} {bound}"
 
 
 RULES = list(_declared_rules())
@@ -145,7 +152,8 @@ RULES = list(_declared_rules())
 
 def test_rules_are_declared_on_the_fields():
     paths = {path for path, _, _ in RULES}
-    assert len(RULES) >= 45 and {"algo.deltas", "algo.clip_eps", "optim.lr", "seed", "task.num_numbers"} <= paths
+    assert len(RULES) >= 45 and {"algo.deltas", "algo.clip_eps", "optim.lr", "seed", "task.options.num_numbers",
+                                 "policy.options.embedding_dim"} <= paths
 
 
 @pytest.mark.parametrize("path, value, message", RULES, ids=[f"{p}={v}" for p, v, _ in RULES])
@@ -156,8 +164,9 @@ def test_every_declared_rule_is_enforced(path, value, message):
 
 
 def test_sorting_only_rules_do_not_apply_to_text_tasks():
-    config = load_config(None, ["task.name=sort_text", "policy.name=causal_lm", "task.num_numbers=1"])
-    assert config.task.num_numbers == 3  # unused by text tasks: ignored (a warning), it keeps its default
+    with pytest.warns(UserWarning, match="task.num_numbers=1 is ignored: it is for task.name='sorting' only"):
+        config = load_config(None, ["task.name=sort_text", "policy.name=causal_lm", "task.num_numbers=1"])
+    assert "num_numbers" not in config.task.options  # unused by text tasks: ignored (a warning)
 
 
 @pytest.mark.parametrize(

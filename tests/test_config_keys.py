@@ -14,11 +14,12 @@ import pytest
 import yaml
 
 from rlvr.cli import main
-from rlvr.config import ConfigError, load_config
+from rlvr.config import ConfigError, config_from_dict, load_config, merge
 from rlvr.tasks import TASKS
 
 LM = ["task.name=sort_text", "policy.name=causal_lm", "policy.options.model=m"]
 QUIET = ["log.progress=false", "log.plot=false"]
+# the settings of the sorting task's and the positional policy's options that were keys of their sections
 SORTING_ONLY = {"task": ("reward", "num_numbers", "vocab_size", "prompts", "allow_repeats", "eval_size"),
                 "policy": ("embedding_dim", "embedding_std")}
 
@@ -87,14 +88,14 @@ def test_an_lm_config_leaves_out_the_sorting_settings(capsys):
     config = load_config(None, LM)
     written = yaml.safe_load(config.to_yaml())
     for section, names in SORTING_ONLY.items():
-        assert not set(names) & set(written[section]), section
-    assert load_config(None, []).to_yaml().count("num_numbers:") == 1  # the sorting run keeps them
+        assert not set(names) & (set(written[section]) | set(written[section]["options"])), section
     assert main(["config", *LM]) == 0
     shown = yaml.safe_load(capsys.readouterr().out)
     for section, names in SORTING_ONLY.items():
-        assert not set(names) & set(shown[section]), section
-    sorting = yaml.safe_load(load_config().to_commented_yaml())
-    assert set(SORTING_ONLY["task"]) <= set(sorting["task"]) and set(SORTING_ONLY["policy"]) <= set(sorting["policy"])
+        assert not set(names) & (set(shown[section]) | set(shown[section]["options"])), section
+    sorting = yaml.safe_load(load_config().to_commented_yaml())  # each option the sorting run takes, listed
+    for section, names in SORTING_ONLY.items():
+        assert set(names) <= set(sorting[section]["options"]), section
 
 
 def test_a_written_config_reads_back_as_the_same_config(tmp_path):
@@ -102,13 +103,33 @@ def test_a_written_config_reads_back_as_the_same_config(tmp_path):
     the one its config.yaml loads back as; the same arguments again are the same run."""
     with pytest.warns(UserWarning, match=r"task.num_numbers=7 is ignored"):
         config = load_config(None, [*LM, "task.num_numbers=7", "task.prompts=null", "policy.embedding_dim=4"])
-    assert config.task.num_numbers == 3 and config.policy.embedding_dim == 10
+    assert "num_numbers" not in config.task.options and not hasattr(config.policy.options, "embedding_dim")
     path = tmp_path / "config.yaml"
     path.write_text(config.to_yaml())
     assert load_config(path) == config
-    sorting = load_config(None, ["task.num_numbers=4", "task.prompts=null", "policy.embedding_std=0.3"])
+    sorting = load_config(None, ["task.options.num_numbers=4", "task.options.prompts=null",
+                                 "policy.options.embedding_std=0.3"])
     path.write_text(sorting.to_yaml())
-    assert load_config(path) == sorting and load_config(path).task.num_numbers == 4
+    assert load_config(path) == sorting and load_config(path).task.options["num_numbers"] == 4
+
+
+def test_the_keys_the_options_took_over_are_read_into_them():
+    """A config (a run directory's among them) that gives the sorting task's and the
+    positional policy's settings in their sections is the config that gives them in the
+    options; given in both places, one line says so; the later of a file and an override wins."""
+    old = load_config(None, ["task.num_numbers=4", "task.vocab_size=6", "task.prompts=null", "task.reward=exact",
+                             "task.allow_repeats=true", "task.eval_size=8", "policy.embedding_dim=4",
+                             "policy.embedding_std=0.5"])
+    new = load_config(None, ["task.options={num_numbers: 4, vocab_size: 6, prompts: null, reward: exact, "
+                             "allow_repeats: true, eval_size: 8}",
+                             "policy.options={embedding_dim: 4, embedding_std: 0.5}"])
+    assert old == new and new.task.options["num_numbers"] == 4 and new.policy.options.embedding_dim == 4
+    with pytest.raises(ConfigError, match=r"^task.num_numbers is task.options.num_numbers: give it once$"):
+        config_from_dict({"task": {"num_numbers": 4, "options": {"num_numbers": 5}}})
+    assert merge({"task": {"options": {"prompts": None}}}, {"task": {"prompts": [[0, 1, 2]]}}) == {
+        "task": {"options": {}, "prompts": [[0, 1, 2]]}}
+    assert merge({"task": {"prompts": None}}, {"task": {"options": {"prompts": [[0, 1, 2]]}}}) == {
+        "task": {"options": {"prompts": [[0, 1, 2]]}}}
 
 
 def test_an_lm_run_with_an_ignored_setting_resumes(tmp_path, tiny_model, capsys):
@@ -231,13 +252,15 @@ def test_the_config_check_leaves_errors_of_the_template_own_to_real_prompts(caps
     assert "not a valid Jinja template" in refused(capsys, ["config", *LM, "policy.options.chat_template='{% for %}'"])
 
 
-def test_dataclass_fields_with_only_rules_are_the_sorting_and_positional_ones_and_the_lm_options():
+def test_the_task_and_policy_sections_hold_what_is_general_and_their_options_the_rest():
     from rlvr.config import PolicyConfig, TaskConfig
+    from rlvr.config.sections import PositionalOptions
+    from rlvr.tasks.sorting import SortingTask
 
-    lm_only = {"task": set(), "policy": {"options"}}
-    for cls, section in ((TaskConfig, "task"), (PolicyConfig, "policy")):
-        only = {f.name for f in dataclasses.fields(cls) if "only" in f.metadata}
-        assert only == set(SORTING_ONLY[section]) | lm_only[section]
+    assert {f.name for f in dataclasses.fields(TaskConfig)} == {"name", "prompts_per_epoch", "options"}
+    assert {f.name for f in dataclasses.fields(PolicyConfig)} == {"name", "temperature", "options"}
+    assert set(SORTING_ONLY["task"]) <= set(SortingTask.options)
+    assert {f.name for f in dataclasses.fields(PositionalOptions)} == set(SORTING_ONLY["policy"])
 
 
 def test_what_a_new_user_types_is_refused_with_the_way_on(capsys):

@@ -137,7 +137,7 @@ def test_dynamic_sampling_with_fixed_prompts_keeps_the_whole_list_as_the_batch(p
 
 
 def test_dynamic_sampling_refuses_a_batch_size_that_contradicts_the_fixed_list():
-    with pytest.raises(ConfigError, match="task.prompts_per_epoch=5 with 3 fixed task.prompts"):
+    with pytest.raises(ConfigError, match="task.prompts_per_epoch=5 with 3 fixed task.options.prompts"):
         load_config(None, ["algo.dynamic_sampling=true", "task.prompts_per_epoch=5"])
     load_config(None, ["algo.dynamic_sampling=true", "task.prompts_per_epoch=5", "task.prompts=null"])
 

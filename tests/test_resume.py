@@ -230,7 +230,7 @@ def test_resume_refuses_config_changes_it_cannot_honour_by_name(tmp_path, capsys
     count = len(read_records(out))
     assert main(["train", f"resume={out}", "algo.epochs=4", "optim.lr=0.01", "policy.embedding_dim=12"]) == 2
     err = capsys.readouterr().err
-    assert "resume cannot change policy.embedding_dim (was 10, now 12), optim.lr (was 0.001, now 0.01)" in err
+    assert "resume cannot change policy.options.embedding_dim (was 10, now 12), optim.lr (was 0.001, now 0.01)" in err
     assert "allowed on resume: algo.epochs" in err
     assert len(read_records(out)) == count and not (out / "resumes.jsonl").exists()
 

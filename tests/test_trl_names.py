@@ -8,7 +8,7 @@ import pytest
 import torch
 import yaml
 
-from rlvr.base.trl_names import TRL_NAMES, VERL_NAMES, foreign_hint, markdown_table, trl_hint
+from rlvr.base.trl_names import TRL_NAMES, VERL_NAMES, foreign_hint, markdown_table
 from rlvr.config import ConfigError, load_config, presets
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "how-to" / "from-trl.md"
@@ -158,10 +158,10 @@ def test_trl_s_importance_sampling_modes_name_rlvr_s_method(mode, settings):
     with pytest.raises(ConfigError) as err:
         load_config(None, [f"vllm_importance_sampling_mode={mode}"])
     assert f"'vllm_importance_sampling_mode' is TRL's name; use {settings}" in str(err.value)
-    assert trl_hint("vllm_importance_sampling_correction", True) == (
+    assert foreign_hint("vllm_importance_sampling_correction", True) == (
         "'vllm_importance_sampling_correction' is TRL's name; use algo.is_correction=seq_mask_is with "
         "algo.tis_cap=3 (TRL's default mode and cap)")
-    assert "rlvr calls this algo.tis_cap" in trl_hint("vllm_importance_sampling_clip_max", 3.0)
+    assert "rlvr calls this algo.tis_cap" in foreign_hint("vllm_importance_sampling_clip_max", 3.0)
 
 
 def test_a_verl_section_is_refused_setting_by_setting(tmp_path):
@@ -193,7 +193,7 @@ def test_a_translated_value_is_the_setting_it_names():
 
 
 def test_a_name_that_is_not_trls_keeps_the_did_you_mean():
-    assert trl_hint("group_sise") is None
+    assert foreign_hint("group_sise") is None
     with pytest.raises(ConfigError, match="did you mean 'algo.group_size'"):
         load_config(None, ["algo.group_sise=3"])
 
@@ -256,4 +256,4 @@ def test_cispo_defaults_to_trl_s_open_lower_clip():
 
 
 def test_trl_s_cispo_epsilon_high_is_the_cap_itself():
-    assert "epsilon_high - 1" in trl_hint("epsilon_high")
+    assert "epsilon_high - 1" in foreign_hint("epsilon_high")

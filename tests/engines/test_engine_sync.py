@@ -48,7 +48,7 @@ def no_loading(monkeypatch):
 
 
 def test_engine_vllm_without_the_package_is_a_config_error_before_loading(tiny_model, monkeypatch, no_loading):
-    monkeypatch.setattr("rlvr.policies.causal_lm.vllm_installed", lambda: False)
+    monkeypatch.setattr("rlvr.config.checks.vllm_installed", lambda: False)
     with pytest.raises(ConfigError, match=r"engine='vllm' needs the vllm package, which is not installed: "
                                           r"pip install 'rlvr\[vllm\]'"):
         build_policy(lm_config(tiny_model, engine="vllm"))

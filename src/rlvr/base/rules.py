@@ -1,16 +1,19 @@
 """The rules a setting declares, and the one check of a value against them.
 
-A config field declares its help and rules in one line (``rlvr.base.settings.setting``); a
-task option declares the same rules beside its task (``option``), its type being the
+A config field declares its default, help and rules in one line (``setting``); a task
+option declares the same rules beside its task (``option``), its type being the
 annotation of the task's keyword argument. ``coerce`` checks a value's type and
 ``check_rules`` its allowed values and bounds, for both.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 import operator
 import types
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin
 
@@ -24,10 +27,33 @@ SEED_MAX = 2**32 - 1  # numpy's seed range
 
 def option(help: str, *, choices: Any = None, min: float | None = None, max: float | None = None,
            above: float | None = None, below: float | None = None) -> dict[str, Any]:
-    """A task option's help and rules (the rules of ``rlvr.base.settings.setting``); its default
-    and type are the task's keyword argument's."""
+    """A task option's help and rules (those of ``setting``); its default and type are the
+    task's keyword argument's."""
     rules = {"choices": choices, "min": min, "max": max, "above": above, "below": below}
     return {"help": help, **{key: rule for key, rule in rules.items() if rule is not None}}
+
+
+def setting(default: Any, help: str, *, choices: Any = None, min: float | None = None, max: float | None = None,
+            above: float | None = None, below: float | None = None,
+            factory: Callable[[], Any] | None = None, sections: dict[str, type] | None = None) -> Any:
+    """A config field: its default, one line of help and its own rules, declared once.
+
+    choices: the allowed values (a tuple, a registry whose keys are the names, or
+    ``rlvr.base.settings.Names``); min, max: inclusive bounds; above, below: exclusive
+    ones. An optional field's null passes every rule. factory: makes the default when a
+    section is made (``default`` is then unused). sections: a nested section whose class
+    the section's ``name`` picks (``policy.options``), ``default`` being the default name's.
+    """
+    metadata = option(help, choices=choices, min=min, max=max, above=above, below=below)
+    if sections is not None:
+        metadata["sections"] = sections
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=metadata)
+    if isinstance(default, (list, dict)):
+        return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
+    if dataclasses.is_dataclass(default):  # a nested section
+        return dataclasses.field(default_factory=type(default), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 def check_rules(path: str, value: Any, rules: dict[str, Any]) -> None:
@@ -41,11 +67,10 @@ def check_rules(path: str, value: Any, rules: dict[str, Any]) -> None:
 
 
 def rules_text(rules: dict[str, Any]) -> str:
-    """Declared rules as help shows them: " [raw | centered]", " [> 0, < 1]", " [> 0; sorting only]"."""
+    """Declared rules as help shows them: " [raw | centered]", " [> 0, < 1]"."""
     parts = [" | ".join(rules["choices"])] if "choices" in rules else []
     parts += [f"{word} {rules[rule]}" for rule, (_, word) in BOUNDS.items() if rule in rules]
-    when = f"; {rules['only']} only" if "only" in rules else ""
-    return f" [{', '.join(parts)}{when}]" if parts else ""
+    return f" [{', '.join(parts)}]" if parts else ""
 
 
 def finite(value: Any) -> bool:

@@ -1,31 +1,28 @@
 """Typed settings: dataclass fields that declare their help and rules, YAML in and out.
 
-A section is a dataclass whose fields are ``setting(...)``: a default, one line of help
-and the field's own rules (``rlvr.base.rules``); a field whose type is a dataclass is a
-nested section. This module knows no section of rlvr's: it builds a section from a
-mapping (each value's type checked), checks every field's rules, writes the settings
-that apply as YAML (plain, or with each field's help as a comment), reads YAML files
-and ``key=value`` overrides, merges mappings. Every key that is no setting is named, with the setting meant, by
-``rlvr.base.unknown_keys``. The schema is ``rlvr.config``; the rules between fields are
-``rlvr.config.checks``.
+A section is a dataclass whose fields are ``setting(...)`` (``rlvr.base.rules``); a field
+holding a dataclass is a nested section. This module knows no section of rlvr's: it
+builds a section from a mapping (each value's type checked), names every key that is no
+setting with the setting meant, checks every field's rules, writes the settings that
+apply as YAML (plain, or with each field's help as a comment), reads YAML files and
+``key=value`` overrides, merges mappings. The schema is ``rlvr.config.sections``.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import importlib
-import warnings
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import field, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, get_type_hints
 
 import yaml
 
-from rlvr.base.errors import ConfigError
-from rlvr.base.rules import check_rules, coerce, option, rules_text
+from rlvr.base.errors import ConfigError, did_you_mean
+from rlvr.base.rules import check_rules, coerce, rules_text
+from rlvr.base.trl_names import VERL_NAMES, foreign_hint
 
 # a free-form mapping field's dotted path -> a function giving {owner's name: its option names}
 OptionOwners = Mapping[str, Callable[[], Mapping[str, tuple[str, ...]]]]
@@ -51,56 +48,37 @@ class Names:
         return len(self.names())
 
 
-def setting(default: Any, help: str, *, choices: Any = None, min: float | None = None, max: float | None = None,
-            above: float | None = None, below: float | None = None, only: str | None = None,
-            factory: Callable[[], Any] | None = None) -> Any:
-    """A config field: its default, one line of help and its own rules, declared once.
+def section_type(cls: type, key: str, name: Any) -> type | None:
+    """The section class of ``cls``'s field ``key``: its annotation when a dataclass, or
+    for a field whose section depends on ``cls``'s ``name`` (``setting(sections=...)``)
+    the one ``name`` picks; None: a value, or a name that picks none."""
+    if picks_section(cls, key):
+        return next(f for f in fields(cls) if f.name == key).metadata["sections"].get(name)
+    hint = get_type_hints(cls).get(key)
+    return hint if dataclasses.is_dataclass(hint) else None
 
-    choices: the allowed values (a tuple, a registry whose keys are the names, or
-    ``Names``); min, max: inclusive bounds; above, below: exclusive ones; only: the rules
-    hold only when the section's ``name`` is this. An optional field's null passes every
-    rule. factory: makes the default when a section is made (``default`` is then unused).
-    """
-    metadata = option(help, choices=choices, min=min, max=max, above=above, below=below)
-    if only is not None:
-        metadata["only"] = only
-    if factory is not None:
-        return field(default_factory=factory, metadata=metadata)
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
-    if dataclasses.is_dataclass(default):  # a nested section
-        return field(default_factory=type(default), metadata=metadata)
-    return field(default=default, metadata=metadata)
+
+def picks_section(cls: type, key: str) -> bool:
+    """Is ``cls``'s field ``key`` a section whose class its ``name`` picks?"""
+    return any(f.name == key and "sections" in f.metadata for f in fields(cls))
+
+
+def _chosen(cls: type, node: Any) -> Any:
+    """The ``name`` that the mapping ``node`` gives the section ``cls`` (its default when it gives none)."""
+    given = node.get("name") if isinstance(node, dict) else None
+    defaults = [f.default for f in fields(cls) if f.name == "name"]
+    return given if given is not None else (defaults[0] if defaults else None)
 
 
 # ---------------------------------------------------------------- checking
 
 
-def applies(section: Any, f: dataclasses.Field) -> bool:
-    """Does ``f`` apply to ``section``'s choice (its ``only`` rule, if any, names the section's ``name``)?"""
-    return f.metadata.get("only", getattr(section, "name", None)) == getattr(section, "name", None)
-
-
-def unused_fields(config: Any) -> dict[str, list[str]]:
-    """Section -> the fields of ``config``'s sections that are for another choice (``only``)."""
-    return {f.name: [g.name for g in fields(section) if not applies(section, g)]
-            for f in fields(config) if dataclasses.is_dataclass(section := getattr(config, f.name))}
-
-
 def check_fields(section: Any, prefix: str = "") -> None:
-    """The rules each field declares (``setting``), over every section; a field of another
-    choice given a value is ignored, with a warning."""
-    name = getattr(section, "name", None)  # the task's or policy's name, for messages
+    """The rules each field declares (``setting``), over every section."""
     for f in fields(section):
         value, path, rules = getattr(section, f.name), prefix + f.name, f.metadata
         if value is None:
             continue  # an optional field left null
-        if not applies(section, f):  # a field of another task or policy: unused here
-            if value != getattr(type(section)(), f.name):
-                shown = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
-                warnings.warn(f"{path}={shown!r} is ignored: it is for {prefix}name={rules['only']!r} only, "
-                              f"not {name!r}", stacklevel=3)
-            continue
         if dataclasses.is_dataclass(value):
             check_fields(value, path + ".")
             continue
@@ -112,15 +90,129 @@ def build(cls: type, data: Any, prefix: str = "") -> Any:
     type (every key must be a field: ``unknown_keys`` names the others first)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {data!r}")
-    hints = get_type_hints(cls)
+    hints, chosen = get_type_hints(cls), _chosen(cls, data)
     kwargs = {}
     for key, value in data.items():
-        path, hint = f"{prefix}{key}", hints[key]
-        if dataclasses.is_dataclass(hint):
-            kwargs[key] = build(hint, {} if value is None else value, path + ".")
-        else:
-            kwargs[key] = coerce(path, value, hint)
+        path, section = f"{prefix}{key}", section_type(cls, key, chosen)
+        if section is not None:
+            kwargs[key] = build(section, {} if value is None else value, path + ".")
+        elif not picks_section(cls, key):
+            kwargs[key] = coerce(path, value, hints[key])
+        # else: a name that picks no section; validation names it
     return cls(**kwargs)
+
+
+# ---------------------------------------------------------------- unknown keys
+
+
+def _section(path: str) -> str:
+    """"algo." of "algo.epochs", "policy.options." of "policy.options.model", "" of "seed"."""
+    return path[:path.rfind(".") + 1]
+
+
+def is_option(path: str) -> bool:
+    """Is ``path`` a key of a section named ``*options`` (a component's keyword arguments)?"""
+    return _section(path).rstrip(".").endswith("options")
+
+
+def _node(data: dict, path: str) -> Any:
+    for part in path.split("."):
+        data = data.get(part) if isinstance(data, dict) else None
+    return data
+
+
+def setting_paths(schema: type, data: dict, owners: OptionOwners) -> dict[str, str]:
+    """Every setting's dotted path -> "" when it applies to the config mapping ``data``,
+    else the choice it needs ("policy.name=causal_lm"): each section's fields (a section
+    its ``name`` picks names the choice), and the keys ``owners`` gives each free-form mapping field."""
+    paths: dict[str, str] = {}
+
+    def walk(cls: type, node: Any, prefix: str, needs: str) -> None:
+        chosen = _chosen(cls, node)
+        for f in fields(cls):
+            # a section the name picks: each choice's keys, those of another choice needing it
+            picks = f.metadata.get("sections") or {chosen: section_type(cls, f.name, chosen)}
+            for name, section in sorted(picks.items(), key=lambda item: item[0] == chosen):  # the chosen last
+                if section is not None:
+                    walk(section, _node(node, f.name), f"{prefix}{f.name}.",
+                         needs or (f"{prefix}name={name}" if name != chosen else ""))
+            if not any(picks.values()):
+                paths[prefix + f.name] = needs
+
+    walk(schema, data, "", "")
+    for field_path, owners_of in owners.items():
+        section = field_path.rsplit(".", 1)[0]
+        chosen = _chosen(get_type_hints(schema)[section], data.get(section))
+        names_of: dict[str, list[str]] = {}
+        for name, keys in owners_of().items():
+            for key in keys:
+                names_of.setdefault(key, []).append(name)
+        for key, names in names_of.items():
+            either = " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+            paths[f"{field_path}.{key}"] = "" if chosen in names else f"{section}.name={either}"
+    return paths
+
+
+def unknown_keys(schema: type, data: dict, owners: OptionOwners, free: bool = True) -> list[tuple[str, str]]:
+    """(path, hint) of every key of the config mapping ``data`` that names no setting: in
+    every section, and (``free``) in the free-form mappings of ``owners`` for the chosen
+    owner (one that takes none is not read). Keys of option sections come last."""
+    found: list[tuple[str, Any, list[str]]] = []  # (path, value, the names allowed where it stands)
+
+    def walk(cls: type, node: dict, prefix: str) -> None:
+        names, chosen = [f.name for f in fields(cls)], _chosen(cls, node)
+        for key, value in node.items():
+            if key not in names:
+                found.append((f"{prefix}{key}", value, names))
+            elif (section := section_type(cls, key, chosen)) is not None and isinstance(value, dict):
+                walk(section, value, f"{prefix}{key}.")
+
+    walk(schema, data, "")
+    if not found and not free:
+        return []  # no hint to look for: the owners' options are not imported
+    paths = setting_paths(schema, data, owners)
+    for field_path in owners if free else ():
+        node = _node(data, field_path)
+        allowed = [p.rsplit(".", 1)[1] for p, when in paths.items() if _section(p) == f"{field_path}." and not when]
+        if isinstance(node, dict) and allowed:
+            found += [(f"{field_path}.{key}", value, allowed) for key, value in node.items() if key not in allowed]
+    found.sort(key=lambda item: is_option(item[0]))
+    return [hint for path, value, allowed in found for hint in _unknown_key(path, value, allowed, paths)]
+
+
+def _unknown_key(path: str, value: Any, allowed: list[str], paths: dict[str, str]) -> list[tuple[str, str]]:
+    """(path, hint) for an unknown key; a mapping under it that holds verl's names (its
+    ``actor_rollout_ref:`` section) gives one per setting in it."""
+    if isinstance(value, dict) and value:
+        leaves = _leaves(path, value)
+        if any(leaf in VERL_NAMES for leaf, _ in leaves):
+            return [(leaf, foreign_hint(leaf, v) if leaf in VERL_NAMES else "a verl setting rlvr has no equivalent "
+                     "of (docs/how-to/from-trl.md lists those it has)") for leaf, v in leaves]
+    key = path.rsplit(".", 1)[-1]
+    if path in VERL_NAMES:
+        return [(path, foreign_hint(path, value))]
+    elsewhere = {p: when for p, when in paths.items() if _section(p) != _section(path)}
+    prefix = "" if is_option(path) else path[: len(path) - len(key)]  # an option's message names its section
+    return [(path, did_you_mean(key, allowed, elsewhere, known=foreign_hint(path, value), prefix=prefix))]
+
+
+def _leaves(path: str, value: Any) -> list[tuple[str, Any]]:
+    if not isinstance(value, dict) or not value:
+        return [(path, value)]
+    return [leaf for key, item in value.items() for leaf in _leaves(f"{path}.{key}", item)]
+
+
+def unknown_message(unknown: list[tuple[str, str]]) -> str:
+    """One line naming every unknown key, each with its hint."""
+    def said(path: str, hint: str) -> str:
+        if is_option(path):
+            section, key = path.rsplit(".", 1)
+            return f"{section}: unknown option {key!r}; {hint}"
+        return f"unknown key {path!r}; {hint}"
+
+    if len(unknown) == 1:
+        return said(*unknown[0])
+    return f"{len(unknown)} unknown keys: " + " ".join(f"({i}) {said(*item)}" for i, item in enumerate(unknown, 1))
 
 
 # ---------------------------------------------------------------- YAML out
@@ -139,13 +231,8 @@ def named_callables(value: Any) -> Any:
 
 
 def to_yaml(config: Any) -> str:
-    """The settings that apply as YAML (a field of another choice left out: loaded back,
-    it takes its default, as the config built from it has)."""
-    data = dataclasses.asdict(config)
-    for section, unused in unused_fields(config).items():
-        for name in unused:
-            del data[section][name]
-    return yaml.safe_dump(named_callables(data), sort_keys=False)
+    """The settings as YAML."""
+    return yaml.safe_dump(named_callables(dataclasses.asdict(config)), sort_keys=False)
 
 
 # a free-form mapping's own entries, for help: (key, value given or its default, its rules as metadata)
@@ -154,13 +241,11 @@ MappingEntries = Callable[[Any, Any], list[tuple[str, Any, dict[str, Any]]]]
 
 def commented_yaml(section: Any, indent: str = "", entries: dict[str, MappingEntries] | None = None,
                    prefix: str = "") -> list[str]:
-    """The lines of YAML with each field's help and rules as a comment: every setting that
-    applies. ``entries``: for a free-form mapping's dotted path (``task.options``), the
-    keys it takes, each shown with its value (given, else its default) and its own help."""
+    """The lines of YAML with each field's help and rules as a comment: every setting.
+    ``entries``: for a free-form mapping's dotted path (``task.options``), the keys it
+    takes, each shown with its value (given, else its default) and its own help."""
     lines = []
     for f in fields(section):
-        if not applies(section, f):
-            continue
         value = getattr(section, f.name)
         help_text = f.metadata.get("help", "") + rules_text(f.metadata)
         if dataclasses.is_dataclass(value):
@@ -269,16 +354,18 @@ def merge_into(cls: type | None, base: dict, update: dict) -> dict:
     a free-form mapping field (keyword arguments: ``lora``, ``task.options``) merges one
     level deep, its values replaced whole; anything else is replaced."""
     hints = get_type_hints(cls) if cls is not None else {}
+    chosen = _chosen(cls, {**base, **update}) if cls is not None else None
     out = dict(base)
     for key, value in update.items():
-        hint = hints.get(key)
+        section = section_type(cls, key, chosen) if cls is not None else None
         if not (isinstance(value, dict) and isinstance(out.get(key), dict)):
             out[key] = value
-        elif hint is None or dataclasses.is_dataclass(hint):
-            out[key] = merge_into(hint, out[key], value)
+        elif section is not None or key not in hints or picks_section(cls, key):
+            out[key] = merge_into(section, out[key], value)
         else:
             out[key] = {**out[key], **value}
     return out
+
 
 
 def read_mapping(path: str | Path) -> dict:

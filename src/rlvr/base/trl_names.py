@@ -1,19 +1,10 @@
 """TRL's and verl's config names and what rlvr calls each: the tables, declared once.
 
-A config key rlvr does not know but TRL's ``GRPOConfig`` (or the ``TrainingArguments``
-it extends) or verl's PPO trainer config does is refused with the rlvr name to use
-instead ("rlvr calls this algo.group_size"), the rlvr setting a value means ("use
-algo.preset=dr_grpo"), or why there is none ("rlvr has no equivalent: ...").
-``docs/how-to/from-trl.md`` shows both tables; a test keeps them equal (``markdown_table`` writes them).
-
-TRL's names are matched by the key alone, wherever it stands (``beta``, ``algo.beta``);
-verl's by their dotted path (``actor_rollout_ref.rollout.n``), or by their last part
-when no other verl name ends so (``clip_ratio_high``).
-
-Each entry: the foreign name -> (the rlvr setting, or None when rlvr has none; a note on
-how the two differ, or why there is no equivalent; the rlvr setting each foreign value
-means, where values differ; for values no table can list, a function from the value to
-the rlvr settings it means, or None).
+A key of TRL's ``GRPOConfig`` (or ``TrainingArguments``) or of verl's PPO trainer config
+is refused with the rlvr name to use ("rlvr calls this algo.group_size"), the setting a
+value means ("use algo.preset=dr_grpo"), or why there is none. TRL's names are matched by
+the key alone, wherever it stands; verl's by their dotted path, or by their last part when
+no other verl name ends so. ``docs/how-to/from-trl.md`` shows both tables (``markdown_table``).
 """
 
 from __future__ import annotations
@@ -331,11 +322,6 @@ def foreign_hint(path: str, value: Any = None) -> str | None:
         (verl,) = _VERL_LEAVES[key]
         return _hint("verl", verl, VERL_NAMES[verl], value)
     return None
-
-
-def trl_hint(key: str, value: Any = None) -> str | None:
-    """``foreign_hint`` of TRL's name ``key`` alone (None when it is not one)."""
-    return _hint("TRL", key, TRL_NAMES[key], value) if key in TRL_NAMES else None
 
 
 def _hint(framework: str, name: str, entry: ForeignName, value: Any) -> str:

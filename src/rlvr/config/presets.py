@@ -1,13 +1,7 @@
 """Defaults that depend on other settings: ``algo.preset``, the causal-LM defaults and the
-run's name (``default_run_name``).
-
-Both fill settings the user did not give, before the config is built: a field given in
-the YAML file or as ``key=value`` always wins, and ``rlvr config`` prints the values
-that result. ``algo.loss=cispo`` without ``algo.clip_eps`` leaves the weight's lower clip
-open, as MiniMax-M1 and TRL do; ``algo.kl_in=reward`` without ``algo.kl_estimator`` takes
-k1, the penalty the reward subtracts. They act on the mapping a config is loaded from (``load_config``,
-``config_from_dict``, ``rlvr.train`` with a dict or a YAML path); a ``Config`` built field
-by field in Python takes its fields as they are.
+run's name (``default_run_name``). They fill what the config mapping does not give, before
+it is built (a field given always wins; ``rlvr config`` prints the result); a ``Config``
+built field by field in Python takes its fields as they are.
 """
 
 from __future__ import annotations

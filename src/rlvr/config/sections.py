@@ -2,12 +2,8 @@
 
 The sections of rlvr's config, each field declared in one line (``setting``: its
 default, help and own rules), with the facts derived from them (``AlgoConfig.kl_in_reward``,
-...). ``rlvr.base.settings`` builds, checks and writes them; ``rlvr.config.checks.validate``
-holds the rules between fields. Validation names the bad field, its value and what is
-allowed, before any work is done. Defaults reproduce the lecture's sorting experiment.
-
-Importing this module imports no task, policy or engine: the names it allows are read
-from their registries when a config is checked (``Names``).
+...); ``rlvr.base.settings`` builds, checks and writes them, ``rlvr.config.checks`` holds
+the rules between fields. Defaults reproduce the lecture's sorting experiment.
 """
 
 from __future__ import annotations
@@ -19,13 +15,8 @@ from pathlib import Path
 import torch
 
 from rlvr.base.modeling import DTYPES
-from rlvr.base.settings import (
-    Names,
-    commented_yaml,
-    setting,
-    to_yaml,
-)
-from rlvr.config.checks import MAX_RESPONSES
+from rlvr.base.rules import setting
+from rlvr.base.settings import Names, commented_yaml, to_yaml
 from rlvr.config.presets import ALGO_PRESETS
 from rlvr.core import AGGREGATIONS, DELTA_MODES, IS_CORRECTIONS, KL_ESTIMATORS, LOSS_MODES
 from rlvr.core.logprobs import DEFAULT_CHUNK_ELEMENTS
@@ -40,14 +31,20 @@ OLD_LOG_PROBS = ("auto", "sampler", "recompute")  # where the old policy's log-p
 KL_PLACEMENTS = ("loss", "reward")  # where the KL penalty goes
 OVERLONG = ("none", "mask", "penalty")  # what happens to responses cut at the length limit
 AUTOCAST = ("bfloat16", "float16")
+# responses sampled at once (prompts x group_size, eval batch x eval_samples) past which a run
+# would exhaust memory before doing any work
+MAX_RESPONSES = 2**16
 # torch's own thread count (physical cores, or OMP_NUM_THREADS), read before any run sets its own
 DEFAULT_TORCH_THREADS = torch.get_num_threads()
 
 
-def _lecture_prompts() -> list:
-    from rlvr.tasks.sorting import LECTURE_PROMPTS  # the task's; imported when a config is made, not here
+@dataclass
+class PositionalOptions:
+    """``policy.options`` of ``policy.name: positional`` (``rlvr.policies.positional``), the
+    sorting toy's model; its sizes n and V are the task's (``task.options``)."""
 
-    return [list(p) for p in LECTURE_PROMPTS]
+    embedding_dim: int = setting(10, "embedding size D", above=0)
+    embedding_std: float = setting(1.0, "std of the initial embedding", above=0)
 
 
 @dataclass
@@ -85,19 +82,20 @@ class CausalLMOptions:
     engine_options: VLLMOptions = setting(VLLMOptions(), "the engine's settings (vllm)")
 
 
+POLICY_OPTIONS = {"positional": PositionalOptions, "causal_lm": CausalLMOptions}  # policy.name -> its options
+
+
 @dataclass
 class TaskConfig:
     name: str = setting("sorting", "task", choices=Names("rlvr.tasks", "TASKS"))
-    reward: str = setting("inclusion_ordering", "sorting reward", choices=Names("rlvr.tasks.sorting", "REWARDS"),
-                          only="sorting")
-    num_numbers: int = setting(3, "numbers per prompt (n)", min=2, max=1024, only="sorting")
-    vocab_size: int = setting(5, "numbers are drawn from range(vocab_size)", above=0, max=4096, only="sorting")
-    prompts: list | None = setting(None, "fixed prompts used every epoch and for evaluation; null to sample fresh ones",
-                                   only="sorting", factory=_lecture_prompts)
-    allow_repeats: bool = setting(False, "random prompts may repeat a number", only="sorting")
     prompts_per_epoch: int = setting(3, "B: prompts sampled per epoch (random or text-task prompts)", above=0)
-    eval_size: int = setting(64, "held-out prompts (random prompts)", above=0, max=2**14, only="sorting")
-    options: dict = setting({}, "task-specific options (text tasks: the task class's keyword arguments)")
+    options: dict = setting({}, "the task's options: its class's keyword arguments (rlvr config lists them)")
+
+    def __post_init__(self) -> None:
+        if self.name == "sorting":  # its options in full, as for the lecture where not given
+            from rlvr.tasks.sorting import config_options  # imported when a config is made, not here
+
+            self.options = {**config_options(), **self.options}
 
 
 @dataclass
@@ -120,11 +118,16 @@ class RewardsConfig:
 @dataclass
 class PolicyConfig:
     name: str = setting("positional", "policy", choices=POLICIES)
-    embedding_dim: int = setting(10, "positional model: embedding size D", above=0, only="positional")
-    embedding_std: float = setting(1.0, "positional model: std of the initial embedding", above=0, only="positional")
     temperature: float = setting(1.0, "sampling and scoring temperature", above=0)
-    options: CausalLMOptions = setting(CausalLMOptions(), "the causal LM: its model, loading, sampling and "
-                                       "generation engine", only="causal_lm")
+    options: PositionalOptions | CausalLMOptions = setting(
+        PositionalOptions(), "the causal LM's model, loading, sampling and generation engine; the positional "
+        "model's sizes", sections=POLICY_OPTIONS)
+
+    def __post_init__(self) -> None:
+        # options left as the default name's: the named policy's defaults
+        picked = POLICY_OPTIONS.get(self.name)
+        if picked is not None and not isinstance(self.options, picked) and self.options == type(self.options)():
+            self.options = picked()
 
 
 @dataclass
@@ -352,7 +355,7 @@ class Config:
         return dataclasses.asdict(self)
 
     def to_yaml(self) -> str:
-        """The settings that apply as YAML (a field of another task or policy left out)."""
+        """The settings as YAML."""
         return to_yaml(self)
 
     def to_commented_yaml(self) -> str:

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from rlvr.base.modeling import DTYPES
-from rlvr.base.settings import setting
+from rlvr.base.rules import setting
 from rlvr.engines.base import Engine, Generation, SamplingParams, check_seeds
 from rlvr.engines.vllm_requests import Drawn, Requests, can_pause
 

@@ -40,10 +40,10 @@ def pass_at_k(num_samples: int, num_correct: torch.Tensor, k: int) -> torch.Tens
 
 def eval_prompts_label(config: Config) -> str:
     """What the evaluation is on, for figures and tables: "training prompts" when the
-    task evaluates the prompts it trains on (the sorting task with fixed ``task.prompts``,
+    task evaluates the prompts it trains on (the sorting task with fixed ``task.options.prompts``,
     the lecture's setting: its solve rate says nothing about prompts it has not seen),
     else "held-out prompts"."""
-    if config.task.name == "sorting" and config.task.prompts is not None:
+    if config.task.name == "sorting" and config.task.options.get("prompts") is not None:
         return "training prompts"
     return "held-out prompts"
 

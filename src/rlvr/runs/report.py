@@ -191,6 +191,13 @@ def _section(config: dict, name: str) -> dict:
     return section if isinstance(section, dict) else {}
 
 
+def _sorting_reward(task: dict) -> Any:
+    """The sorting task's reward in a run's config: an option, or a key of the section in a run written before."""
+    if task.get("name") != "sorting":
+        return ""
+    return _section(task, "options").get("reward", task.get("reward"))
+
+
 def _last(records: list[Record], kind: str, key: str) -> Any:
     values = [r[key] for r in records if r.get("kind") == kind and key in r]
     return values[-1] if values else None
@@ -208,8 +215,7 @@ def summary_row(run: Run) -> dict[str, str]:
     _, zero = epoch_series(run.records, "frac_zero_delta_groups")
     return {
         "run": run.label,
-        "task": " ".join(_cell(x) for x in (task.get("name"), task.get("reward") if task.get("name") == "sorting"
-                                            else "") if x) or "-",
+        "task": " ".join(_cell(x) for x in (task.get("name"), _sorting_reward(task)) if x) or "-",
         "policy": _cell(policy.get("name", "-")),
         "algorithm": f"{_cell(algo.get('loss', '-'))} loss, {_cell(algo.get('deltas', '-'))} deltas, "
                      f"G={_cell(algo.get('group_size', '-'))}",

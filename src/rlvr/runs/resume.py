@@ -27,15 +27,15 @@ RESUMABLE = ("algo.epochs", "name", "threads", "rewards.timeout", "rewards.num_w
              *(f"log.{f.name}" for f in dataclasses.fields(LogConfig)))
 
 
-def _flat(config: Config) -> dict[str, Any]:
-    """``{"algo.epochs": 100, ...}``: every field of every section, and the top-level ones."""
+def _flat(config: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"algo.epochs": 100, "policy.options.embedding_dim": 10, ...}``: every field of every section."""
     out = {}
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         if dataclasses.is_dataclass(value):
-            out.update({f"{f.name}.{g.name}": getattr(value, g.name) for g in dataclasses.fields(value)})
+            out.update(_flat(value, f"{prefix}{f.name}."))
         else:
-            out[f.name] = value
+            out[prefix + f.name] = value
     return out
 
 

@@ -38,10 +38,8 @@ def check_task_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
     (no data read): each a keyword argument of the task (an unknown key is a ConfigError
     naming the nearest), of the argument's type and within the rules its task declares
     (``GradedTask.options``), the required ones given. Returns them, numbers as their
-    types take them. Sorting does not read ``task.options``."""
+    types take them."""
     cls = task_class(name)
-    if cls is SortingTask:
-        return {}
     parameters = {name: p for name, p in inspect.signature(cls).parameters.items() if name not in ("args", "kwargs")}
     unknown = [key for key in options if key not in parameters]
     if unknown:
@@ -68,8 +66,6 @@ def task_option_entries(task: Any, options: dict[str, Any]) -> list[tuple[str, A
     try:
         cls = task_class(task.name)
     except ConfigError:
-        return []
-    if cls is SortingTask:
         return []
     parameters = {name: p for name, p in inspect.signature(cls).parameters.items() if name not in ("args", "kwargs")}
     return [(key, options[key] if key in options else "required" if p.default is p.empty else p.default,
@@ -99,4 +95,4 @@ def task_class(name: str) -> type[GradedTask]:
 
 def settings_field(name: str) -> str:
     """Where a task's settings are in a config, for messages."""
-    return "task" if name == SortingTask.name else f"task.options for {name!r}"
+    return f"task.options for {name!r}"

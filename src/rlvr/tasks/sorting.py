@@ -9,12 +9,14 @@ repeated numbers (docs/explanation/tasks.md)."""
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from rlvr.base.rules import SEED_MAX, option
 from rlvr.rewards import RewardResult, RewardSpec, TrainerState
 from rlvr.tasks.grading import GradedTask
 
@@ -118,6 +120,16 @@ class SortingTask(GradedTask):
     gold_reward = "exact"
     user_rewards_first = True
     reports_builtin_rewards = False
+    options = {
+        "num_numbers": option("numbers per prompt (n)", min=2, max=1024),
+        "vocab_size": option("numbers are drawn from range(vocab_size)", above=0, max=4096),
+        "reward": option("the rewarded function", choices=REWARDS),
+        "allow_repeats": option("random prompts may repeat a number"),
+        "prompts": option("fixed prompts used every epoch and for evaluation (default: the lecture's three); "
+                          "null to sample fresh ones"),
+        "eval_size": option("held-out prompts (random prompts)", above=0, max=2**14),
+        "eval_seed": option("seed of the held-out prompts (random prompts)", min=0, max=SEED_MAX),
+    }
 
     num_numbers: int = 3
     vocab_size: int = 5
@@ -183,3 +195,10 @@ class SortingTask(GradedTask):
         result = self.runner(prompt_texts, NumberTexts(responses.reshape(b * g, n)), completion_ids=completion_ids,
                              trainer_state=trainer_state)
         return result.reshape(b, g)
+
+
+def config_options() -> dict[str, Any]:
+    """The task's keyword arguments as a config's ``task.options`` holds them by default:
+    their defaults, the prompts the lecture's (null: fresh ones)."""
+    defaults = {name: p.default for name, p in inspect.signature(SortingTask).parameters.items()}
+    return {**defaults, "prompts": [list(p) for p in LECTURE_PROMPTS]}
