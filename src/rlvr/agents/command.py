@@ -7,7 +7,7 @@ its reward on stdout, the last line: a number, or a JSON object with ``reward`` 
 ``solved``, and more numbers), as ``run(client, row)`` returns them. A non-zero exit, no
 reward line, or a run past the episode's time-out is the episode's error (it abstains).
 
-Where bubblewrap makes namespaces (``rlvr.environments.sandbox.jail``) the program runs
+Where bubblewrap makes namespaces (``rlvr.base.processes.jail``) the program runs
 jailed: its own PID, mount and network namespaces, the system and Python folders
 read-only, the working folder read-only (where it is started), a private ``/tmp``, and no
 network but its own loopback. There a small relay of the jail's own
@@ -33,8 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from rlvr.base.processes import ProcessCap, kill_tree, supervised
-from rlvr.environments.sandbox import jail
+from rlvr.base.processes import ProcessCap, jail, kill_group, kill_tree, supervised
 
 MAX_OUTPUT_BYTES = 1 << 20  # of stdout kept (the reward is its last line) and of stderr (its tail, in the error)
 _ERROR_CHARS = 300
@@ -147,15 +146,13 @@ async def _run_capped(argv: list[str], url: str, key: str, data: bytes, unix_soc
     try:
         await _feed(process.stdin, data)
         code = await process.wait()
-        with contextlib.suppress(ProcessLookupError):  # what it left running would hold its pipes open
-            os.killpg(process.pid, signal.SIGKILL)
+        kill_group(process.pid)  # what it left running would hold its pipes open
         out, err = await tails
         return code, out, err
     finally:
         if process.returncode is None:  # cut short: what it started and left, in a session of its own too
             kill_tree(process.pid)  # (its supervisor is their subreaper; one that ended killed them itself)
-        with contextlib.suppress(ProcessLookupError):  # it, and its group
-            os.killpg(process.pid, signal.SIGKILL)
+        kill_group(process.pid)  # it, and its group
         transport = getattr(process, "_transport", None)
         try:
             if process.returncode is None:

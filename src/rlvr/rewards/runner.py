@@ -32,12 +32,13 @@ closures work, and a restart after a timeout costs milliseconds. Functions run i
 forked worker must not use torch threads or CUDA (reward code rarely does); with
 ``start_method="spawn"`` or ``"forkserver"`` functions must be picklable (module-level
 or ``functools.partial`` of one) and each worker start re-imports their modules
-(about a second with torch). The workers themselves live in ``rlvr.rewards.workers``.
+(about a second with torch). The workers are a ``rlvr.base.workers.WorkerPool``.
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import math
 import multiprocessing
@@ -47,9 +48,9 @@ from typing import Any, NamedTuple
 
 import torch
 
+from rlvr.base.workers import WorkerFailed, WorkerPool, WorkerStartError
 from rlvr.rewards.calls import RewardError, TrainerState, call_reward, check_picklable, judge_outcome
 from rlvr.rewards.combine import RewardResult, RewardSpec, RewardStats, combine_rewards, most_failed_message
-from rlvr.rewards.workers import WorkerPool
 
 logger = logging.getLogger(__name__)
 
@@ -294,12 +295,17 @@ class RewardRunner:
             return [call_reward(spec.fn, *request, in_process=True) for request in requests]
         if self._pool is None:
             fns = [s.fn if s.timeout is not None else None for s in self.specs]
-            self._pool = WorkerPool(fns, self.num_workers, self.start_method)
+            self._pool = WorkerPool(functools.partial(_call_in_worker, fns), self.num_workers, self.start_method,
+                                    role="reward")
             self._close_pool = weakref.finalize(self, self._pool.close)
         # only plain lists cross to a worker, whatever sequence type the caller passed
-        plain = [(list(p), list(c), {name: v if name in constants else list(v) for name, v in cols.items()})
+        plain = [(index, (list(p), list(c), {name: v if name in constants else list(v) for name, v in cols.items()}))
                  for p, c, cols in requests]
-        return self._pool.run(index, plain, spec.timeout)
+        try:
+            answers = self._pool.map(plain, spec.timeout)
+        except WorkerStartError as err:
+            raise RewardError(str(err)) from None
+        return [_outcome(answer) for answer in answers]
 
     def _report(self, spec: RewardSpec, failures: list[_Failure]) -> None:
         """Raise the first failure (strict) or log the first of each kind once."""
@@ -337,3 +343,15 @@ def _failure_line(spec: RewardSpec, failure: _Failure) -> str:
         return f"raised {last[0].strip()}"
     return failure.what
 
+
+def _call_in_worker(fns: list, request: tuple) -> tuple:
+    """A reward call in a worker: ``request`` is (the function's index in ``fns``, its arguments)."""
+    index, arguments = request
+    return call_reward(fns[index], *arguments)
+
+
+def _outcome(answer: Any) -> tuple:
+    """A worker's answer as a call's outcome: the pool's failures as a timeout or an error."""
+    if not isinstance(answer, WorkerFailed):
+        return answer
+    return ("timeout",) if answer.timed_out else ("error", answer.message, "")
