@@ -93,6 +93,15 @@ def kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
+def killed_by(code: int) -> str | None:
+    """The name of the signal that ended a process of exit status ``code`` (-N as Popen says
+    it, 128 + N as a shell, bwrap and the supervisor do), None where it exited."""
+    number = -code if code < 0 else code - 128 if code > 128 else 0
+    if not number:
+        return None
+    return signal.Signals(number).name if number in signal.valid_signals() else str(number)
+
+
 def descendants(root: int) -> set[int]:
     """The ids of every process below ``root`` (its children, theirs, ...), read from /proc."""
     parents: dict[int, list[int]] = {}

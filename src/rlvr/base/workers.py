@@ -86,19 +86,19 @@ for pgid in groups:
         os.killpg(pgid, signal.SIGKILL)
     except OSError:
         pass
-if len(sys.argv) > 1:  # the trainer's multiprocessing temp folder, which only its clean exit removes
-    shutil.rmtree(sys.argv[1], ignore_errors=True)
+for folder in sys.argv[1:]:  # the trainer's folders (multiprocessing's: only its clean exit removes it)
+    shutil.rmtree(folder, ignore_errors=True)
 """
 
 
 class Reaper:
     """A process that kills the process groups it is told about once the trainer is gone,
-    and removes ``tempdir`` (a folder of the trainer's) if given."""
+    and removes ``folders`` (of the trainer's)."""
 
-    def __init__(self, tempdir: str | None) -> None:
+    def __init__(self, folders: Sequence[str]) -> None:
         read_end, write_end = os.pipe()
         self._process = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _REAPER, *([tempdir] if tempdir else [])],
+            [sys.executable, "-I", "-S", "-c", _REAPER, *folders],
             stdin=read_end,
             start_new_session=True,
         )
@@ -133,7 +133,7 @@ class _Worker:
         self.started = time.monotonic()
         self.ready = False
         self.task: Hashable | None = None  # the key of the request it runs
-        self.waiting: tuple[bytes, float] | None = None  # a request sent before it was ready, and its timeout
+        self.waiting: bytes | None = None  # a request given to it before it was ready
         self.timeout = self.deadline = math.inf
         self.max_reply: int | None = None
 
@@ -147,19 +147,21 @@ class WorkerPool:
     role:         what the workers run, in their process name and errors ("reward", "tool", ...)
     memory_mb:    megabytes of address space a worker may grow by (None: no cap)
     subreaper:    each worker is the subreaper of what its calls start, all killed with it
+    folder:       a folder of the trainer's removed once the trainer is gone, even after a SIGKILL
     ``map`` runs requests on whichever worker is free; ``submit`` and ``wait`` run them on
     the slot named (a worker that keeps state between requests). Not thread-safe.
     """
 
     def __init__(self, serve: Callable[[Any], Any], num_workers: int, start_method: str = "fork", *,
-                 role: str = "call", memory_mb: int | None = None, subreaper: bool = False) -> None:
+                 role: str = "call", memory_mb: int | None = None, subreaper: bool = False,
+                 folder: str | None = None) -> None:
         self._context = multiprocessing.get_context(start_method)
         self.serve, self.num_workers, self.role = serve, num_workers, role
         self.memory_mb, self.subreaper = memory_mb, subreaper
         self._workers: dict[int, _Worker] = {}
         # a forkserver listens on a socket in multiprocessing's pymp-* temp folder
-        tempdir = multiprocessing.util.get_temp_dir() if start_method == "forkserver" else None
-        self._reaper = Reaper(tempdir) if _POSIX else None
+        folders = [multiprocessing.util.get_temp_dir()] if start_method == "forkserver" else []
+        self._reaper = Reaper([*folders, *([folder] if folder else [])]) if _POSIX else None
 
     def map(self, requests: Sequence[Any], timeout: float) -> list[Any]:
         """What ``serve`` returned for each request, or its WorkerFailed; each request limited
@@ -191,10 +193,11 @@ class WorkerPool:
         worker = self._workers.get(slot) or self._start(slot)
         message = pickle.dumps((request, max_reply))
         if worker.ready:
-            self._send(worker, message, timeout)
+            worker.conn.send_bytes(message)
         else:
-            worker.waiting = (message, timeout)
+            worker.waiting = message
         worker.task, worker.max_reply = key, max_reply
+        worker.timeout, worker.deadline = timeout, time.monotonic() + timeout
 
     def busy(self) -> list[int]:
         """The slots whose worker runs a request."""
@@ -211,7 +214,7 @@ class WorkerPool:
         waiting = {slot: w for slot, w in self._workers.items() if w.task is not None or not w.ready}
         if not waiting:
             return []
-        until = min(w.deadline if w.ready else w.started + STARTUP_TIMEOUT for w in waiting.values())
+        until = min(w.deadline if w.task is not None else w.started + STARTUP_TIMEOUT for w in waiting.values())
         readable = wait([w.conn for w in waiting.values()], timeout=max(0.0, min(until - time.monotonic(), poll)))
         now, ended = time.monotonic(), []
         for slot, worker in waiting.items():
@@ -227,7 +230,7 @@ class WorkerPool:
                 ended.append((slot, worker.task, WorkerFailed(
                     f"no answer within {worker.timeout:g} s (its worker was killed)", True, True)))
                 self.stop(slot)
-            elif not worker.ready and now >= worker.started + STARTUP_TIMEOUT:
+            elif worker.task is None and now >= worker.started + STARTUP_TIMEOUT:
                 raise WorkerStartError(f"a {self.role} worker did not start within {STARTUP_TIMEOUT:.0f} s")
         return ended
 
@@ -268,10 +271,6 @@ class WorkerPool:
         self._workers[slot] = _Worker(process, parent_conn)
         return self._workers[slot]
 
-    def _send(self, worker: _Worker, message: bytes, timeout: float) -> None:
-        worker.conn.send_bytes(message)
-        worker.timeout, worker.deadline = timeout, time.monotonic() + timeout
-
     def _receive(self, worker: _Worker) -> Any:
         """The worker's message: its start-up (a request that waited for it is sent now), its
         answer, or a WorkerFailed (lost) where it cannot be read."""
@@ -293,7 +292,7 @@ class WorkerPool:
         worker.ready = True
         if worker.waiting is not None:
             try:
-                self._send(worker, *worker.waiting)
+                worker.conn.send_bytes(worker.waiting)
             except OSError:
                 worker.process.join(timeout=1.0)
                 return WorkerFailed(f"lost its worker process (exit code {worker.process.exitcode})", lost=True)

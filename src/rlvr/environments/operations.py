@@ -148,10 +148,6 @@ def call_name(env_name: str | None, operation: str, args: tuple) -> str:
     return f"{env_name or 'the environment'}.{operation}"
 
 
-def call_what(envs: dict[int, Any], row: int, operation: str, args: tuple) -> str:
-    return call_name(type(envs[row]).__name__ if row in envs else None, operation, args)
-
-
 def run_request(envs: dict[int, Any], make_env: Callable[[], Environment], request: tuple, seconds: float | None,
                 max_chars: int | None = None) -> tuple:
     """One request, run here: ("ok", value) or ("failed", one line, whether it timed out); a
@@ -159,7 +155,7 @@ def run_request(envs: dict[int, Any], make_env: Callable[[], Environment], reque
     row, operation, args = request
     if operation == "make":
         args = (make_env,)
-    what = call_what(envs, row, operation, args)
+    what = call_name(type(envs[row]).__name__ if row in envs else None, operation, args)
     try:
         with time_limit(seconds):
             value = _OPERATIONS[operation](envs, row, *args)

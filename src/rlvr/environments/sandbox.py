@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -19,7 +18,16 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from rlvr.base.processes import JAIL_WORK, ProcessCap, die_with_parent, jail, kill_group, kill_tree, supervised
+from rlvr.base.processes import (
+    JAIL_WORK,
+    ProcessCap,
+    die_with_parent,
+    jail,
+    kill_group,
+    kill_tree,
+    killed_by,
+    supervised,
+)
 from rlvr.environments.base import ToolError
 
 # python: a program in a fresh interpreter (its limits set by its supervisor); its source comes on stdin
@@ -84,16 +92,14 @@ def run_python(
             return text
         raise ToolError(f"{text[:max_output_chars]}\n[output cut: {out.total} bytes in all, "
                         f"the limit is {max_output_chars} characters]")
-    if isinstance(returncode, int) and returncode > 128:
-        returncode = 128 - returncode  # bwrap and the supervisor report a death by signal N as exit code 128 + N
     if returncode == "flooded":
         why = f"stopped: it printed past {output_limit} bytes"
     elif returncode is None:
         why = f"timed out after {timeout:g}s"
-    elif returncode == -signal.SIGXCPU:
+    elif killed_by(returncode) == "SIGXCPU":
         why = f"stopped at its CPU time limit of {cpu_seconds}s"
-    elif isinstance(returncode, int) and returncode < 0:
-        why = f"killed by {signal.Signals(-returncode).name if -returncode in signal.valid_signals() else -returncode}"
+    elif killed_by(returncode) is not None:
+        why = f"killed by {killed_by(returncode)}"
     else:
         why = f"exit code {returncode}"
     half = max_output_chars // 2

@@ -21,7 +21,6 @@ import os
 import select
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from rlvr.base.processes import block_network, die_with_parent, jail, kill_descendants, limit_address_space
+from rlvr.base.processes import block_network, die_with_parent, jail, kill_descendants, killed_by, limit_address_space
 from rlvr.base.workers import WorkerFailed, WorkerPool
 from rlvr.environments.base import ToolCall, ToolError, ToolResult, describe_error
 from rlvr.environments.sandbox import run_python
@@ -72,15 +71,16 @@ class ToolBox:
         if any(getattr(fn, "runs_programs", False) for fn in self.tools.values()):
             jail()  # found (or its absence said) before any work
         self._folder = tempfile.mkdtemp(prefix="rlvr-tools-")
-        self._janitor = _janitor(self._folder)
-        self._pool: WorkerPool | None = None
+        serve = functools.partial(_run_call, tools=self.tools, limits=self.limits, folder=self._folder)
+        self._pool: WorkerPool | None = WorkerPool(serve, num_workers, start_method, role="tool", subreaper=True,
+                                                   folder=self._folder)  # workers start on first use
 
     def run(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
         """The result of each call, in order; calls of unknown tools or with arguments the
         tool does not take fail without running."""
         results: list[ToolResult | None] = [self._refusal(call) for call in calls]
         todo = [index for index, result in enumerate(results) if result is None]
-        answers = self._workers().map([calls[i] for i in todo], self.limits.timeout + _GRACE) if todo else []
+        answers = self._pool.map([calls[i] for i in todo], self.limits.timeout + _GRACE) if todo else []
         for index, answer in zip(todo, answers):
             if isinstance(answer, WorkerFailed):
                 answer = ToolResult(calls[index].name, f"timed out after {self.limits.timeout:g}s" if answer.timed_out
@@ -93,22 +93,12 @@ class ToolBox:
             self._pool.close()
             self._pool = None
         shutil.rmtree(self._folder, ignore_errors=True)
-        if self._janitor is not None:
-            self._janitor.stdin.close()
-            self._janitor.wait()
-            self._janitor = None
 
     def __enter__(self) -> ToolBox:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def _workers(self) -> WorkerPool:
-        if self._pool is None:
-            serve = functools.partial(_run_call, tools=self.tools, limits=self.limits, folder=self._folder)
-            self._pool = WorkerPool(serve, self.num_workers, self.start_method, role="tool", subreaper=True)
-        return self._pool
 
     def _refusal(self, call: ToolCall) -> ToolResult | None:
         """A failed result for a call that must not run, else None."""
@@ -122,16 +112,6 @@ class ToolBox:
         except ValueError:  # a callable without a signature: its call will tell
             pass
         return None
-
-_JANITOR = "import shutil, sys; sys.stdin.buffer.read(); shutil.rmtree(sys.argv[1], ignore_errors=True)"
-
-
-def _janitor(folder: str) -> subprocess.Popen:
-    """A process that removes ``folder`` once its stdin closes: at ``close()``, or when the
-    kernel closes it for a process killed outright (SIGKILL), which runs no cleanup."""
-    return subprocess.Popen([sys.executable, "-I", "-S", "-c", _JANITOR, folder], stdin=subprocess.PIPE,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-
 
 def _run_call(call: ToolCall, *, tools: Mapping[str, Callable[..., Any]], limits: _Limits, folder: str
               ) -> ToolResult:
@@ -155,7 +135,7 @@ def _run_call(call: ToolCall, *, tools: Mapping[str, Callable[..., Any]], limits
     if code is None:
         return ToolResult(call.name, f"timed out after {limits.timeout:g}s", True)
     if code < 0:
-        return ToolResult(call.name, f"its process was killed by {signal.Signals(-code).name}", True)
+        return ToolResult(call.name, f"its process was killed by {killed_by(code)}", True)
     if code > 0 or not os.path.exists(result_path):
         return ToolResult(call.name, f"its process exited with code {code} and no result", True)
     with open(result_path, encoding="utf-8") as file:

@@ -295,7 +295,7 @@ class RewardRunner:
             return [call_reward(spec.fn, *request, in_process=True) for request in requests]
         if self._pool is None:
             fns = [s.fn if s.timeout is not None else None for s in self.specs]
-            self._pool = WorkerPool(functools.partial(_call_in_worker, fns), self.num_workers, self.start_method,
+            self._pool = WorkerPool(functools.partial(_serve_reward, fns), self.num_workers, self.start_method,
                                     role="reward")
             self._close_pool = weakref.finalize(self, self._pool.close)
         # only plain lists cross to a worker, whatever sequence type the caller passed
@@ -344,7 +344,7 @@ def _failure_line(spec: RewardSpec, failure: _Failure) -> str:
     return failure.what
 
 
-def _call_in_worker(fns: list, request: tuple) -> tuple:
+def _serve_reward(fns: list, request: tuple) -> tuple:
     """A reward call in a worker: ``request`` is (the function's index in ``fns``, its arguments)."""
     index, arguments = request
     return call_reward(fns[index], *arguments)
