@@ -66,8 +66,6 @@ class ToolBox:
         self.tools = dict(tools)
         self.names = tuple(self.tools)  # what parse_tool_calls takes as known
         self.limits = _Limits(timeout, memory_mb, max_output_chars)
-        self.num_workers = num_workers
-        self.start_method = start_method
         if any(getattr(fn, "runs_programs", False) for fn in self.tools.values()):
             jail()  # found (or its absence said) before any work
         self._folder = tempfile.mkdtemp(prefix="rlvr-tools-")
