@@ -1,7 +1,7 @@
 """Kill soak: runs killed (SIGKILL) or stopped (SIGTERM) at random moments, then resumed,
 must end exactly where an uninterrupted run ends, and leave no process behind.
 
-Two workloads, both with reward functions that fail at random (``rlvr.rewards.faults``:
+Two workloads, both with reward functions that fail at random (``faulty_rewards``:
 one raises, one returns NaN, one hangs past its time limit): the sorting toy and a
 tiny character LM on text sorting (written offline with ``rlvr.base.modeling.init_model``).
 Each is first run straight through the CLI. Then, run after run, each process is sent
@@ -50,8 +50,8 @@ import torch
 from rlvr.runs.checkpoint import list_checkpoints, load_latest
 from rlvr.runs.metrics import read_records, without_timings
 
-FAULTS = ("['rlvr.rewards.faults:flaky', 'rlvr.rewards.faults:sometimes_nan', "
-          "'rlvr.rewards.faults:sometimes_hangs']")
+FAULTS = ("['faulty_rewards:flaky', 'faulty_rewards:sometimes_nan', "
+          "'faulty_rewards:sometimes_hangs']")
 # A hang costs its time limit; 1 s is far above a normal call even on a loaded machine,
 # so which calls time out does not depend on the load (the runs must be equal).
 COMMON = [f"rewards.functions={FAULTS}", "rewards.timeout=1.0", "log.progress=false", "log.plot=false",
@@ -70,7 +70,10 @@ def lm_args(model: Path) -> list[str]:
 
 def start(args: list[str]) -> subprocess.Popen:
     # A session of its own: its process group is the run and every process it starts.
-    return subprocess.Popen([sys.executable, "-m", "rlvr.cli", "train", *args], start_new_session=True,
+    # this folder on its path: the faulty reward functions live here
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.abspath(__file__)),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen([sys.executable, "-m", "rlvr.cli", "train", *args], start_new_session=True, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 

@@ -1,6 +1,6 @@
 """Soak run: a long sorting-toy training run whose user reward functions fail at random.
 
-Three misbehaving functions from ``rlvr.rewards.faults`` run beside the built-in reward:
+Three misbehaving functions from ``faulty_rewards`` run beside the built-in reward:
 one raises on ~20% of calls, one hangs (60 s sleep) on ~5%, one returns NaN on ~10%.
 Each call has a time limit; hung workers are killed and replaced. The run must finish,
 and the summary shows the faults it survived.
@@ -17,7 +17,7 @@ import time
 import rlvr
 from rlvr.runs.metrics import summary
 
-FUNCTIONS = "['rlvr.rewards.faults:flaky', 'rlvr.rewards.faults:sometimes_hangs', 'rlvr.rewards.faults:sometimes_nan']"
+FUNCTIONS = "['faulty_rewards:flaky', 'faulty_rewards:sometimes_hangs', 'faulty_rewards:sometimes_nan']"
 
 
 def main() -> None:

@@ -287,7 +287,7 @@ def test_a_mid_epoch_text_checkpoint_is_plain_data_and_resumes_exactly(tmp_path,
     args = ["task.name=sort_text", "task.prompts_per_epoch=2", "task.options={num_digits: 3, num_eval: 4}",
             "policy.name=causal_lm", f"policy.options={{model: '{model}', max_new_tokens: 5}}",
             "algo.epochs=2", "algo.inner_steps=3", "algo.group_size=2", "algo.loss=clipped",
-            "rewards.functions=['rlvr.rewards.faults:sometimes_nan']", "rewards.timeout=null",
+            "rewards.functions=['faulty_rewards:sometimes_nan']", "rewards.timeout=null",
             "log.eval_samples=2", "log.progress=false", "log.plot=false", "seed=2"]
     assert main(["train", f"out_dir={straight}", *args]) == 0
     original, calls = LocalLearner.optimizer_step, []

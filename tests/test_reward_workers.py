@@ -1,4 +1,4 @@
-"""rlvr.rewards.workers: worker processes, and what they start, never outlive the trainer."""
+"""Reward workers (``rlvr.base.workers``): worker processes, and what they start, never outlive the trainer."""
 
 from __future__ import annotations
 

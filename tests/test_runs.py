@@ -19,7 +19,7 @@ from rlvr.runs.metrics import JsonlSink, read_records, without_timings
 BASE = ["log.progress=false", "log.plot=false", "seed=3"]
 
 
-FAIL_FIRST_EPOCH = ["rewards.strict=true", "rewards.timeout=null", "rewards.functions=['rlvr.rewards.faults:flaky']"]
+FAIL_FIRST_EPOCH = ["rewards.strict=true", "rewards.timeout=null", "rewards.functions=['faulty_rewards:flaky']"]
 
 
 def hold_lock(run_dir):

@@ -6,13 +6,13 @@ import time
 import pytest
 import torch
 
+from faulty_rewards import flaky
 from rlvr.cli import main
 from rlvr.config import ConfigError, load_config
 from rlvr.config.compose import build_task
 from rlvr.loop.evaluation import pass_at_k
 from rlvr.loop.trainer import train
 from rlvr.rewards import RewardRunner, RewardSpec, combine_rewards
-from rlvr.rewards.faults import flaky
 from rlvr.runs.metrics import read_records
 from rlvr.tasks import TASKS, check_task_options, reward_runner
 from rlvr.tasks.sorting import LECTURE_PROMPTS, REWARD_FUNCTIONS
@@ -33,7 +33,7 @@ def test_pass_at_k_by_hand():
 def test_failing_reward_functions_abstain_and_are_counted():
     config = load_config(None, FAST + [
         "algo.epochs=3",
-        "rewards.functions=['rlvr.rewards.faults:flaky', {function: 'rlvr.rewards.faults:sometimes_nan', weight: 2}]",
+        "rewards.functions=['faulty_rewards:flaky', {function: 'faulty_rewards:sometimes_nan', weight: 2}]",
     ])
     records = [r for r in train(config) if r["kind"] == "train"]
     errors = sum(r["reward/flaky/errors"] for r in records[::10])
@@ -46,7 +46,7 @@ def test_failing_reward_functions_abstain_and_are_counted():
 def test_strict_mode_makes_the_first_error_fatal(tmp_path, capsys):
     out = tmp_path / "run"
     code = main(["train", f"out_dir={out}", *FAST, "algo.epochs=3", "rewards.strict=true",
-                 "rewards.functions=['rlvr.rewards.faults:flaky']"])
+                 "rewards.functions=['faulty_rewards:flaky']"])
     assert code == 4
     assert "flaky" in capsys.readouterr().err
 
@@ -55,7 +55,7 @@ def test_hanging_reward_function_times_out_and_the_run_goes_on():
     config = load_config(None, FAST + [
         "algo.epochs=2", "algo.inner_steps=1", "rewards.timeout=0.5", "task.prompts=null",
         "task.vocab_size=10", "task.prompts_per_epoch=6", "task.eval_size=2", "log.eval_samples=2",
-        "rewards.functions=['rlvr.rewards.faults:sometimes_hangs']",
+        "rewards.functions=['faulty_rewards:sometimes_hangs']",
     ])
     records = [r for r in train(config) if r["kind"] == "train"]
     assert sum(r["reward/sometimes_hangs/timeouts"] for r in records) > 0
@@ -63,11 +63,11 @@ def test_hanging_reward_function_times_out_and_the_run_goes_on():
 
 @pytest.mark.parametrize("spec, message", [
     ("['nomodule_xyz:f']", "rewards.functions[0]"),
-    ("['rlvr.rewards.faults']", "must be 'module:function'"),
-    ("[{function: 'rlvr.rewards.faults:flaky', wieght: 1}]", "unknown keys ['wieght']"),
-    ("[{function: 'rlvr.rewards.faults:flaky', required: 1}]", "required=1 must be true or false"),
-    ("[{function: 'rlvr.rewards.faults:flaky', options: [1]}]", "options=[1] must be a mapping"),
-    ("[{function: 'rlvr.rewards.faults:flaky', name: inclusion_ordering}]", "repeated: inclusion_ordering"),
+    ("['faulty_rewards']", "must be 'module:function'"),
+    ("[{function: 'faulty_rewards:flaky', wieght: 1}]", "unknown keys ['wieght']"),
+    ("[{function: 'faulty_rewards:flaky', required: 1}]", "required=1 must be true or false"),
+    ("[{function: 'faulty_rewards:flaky', options: [1]}]", "options=[1] must be a mapping"),
+    ("[{function: 'faulty_rewards:flaky', name: inclusion_ordering}]", "repeated: inclusion_ordering"),
 ])
 def test_bad_reward_function_specs_are_config_errors(spec, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
@@ -113,7 +113,7 @@ def test_required_function_without_a_verdict_abstains_the_sample(required):
 
 
 def _padded(gold: str, raises: bool) -> str:
-    """``gold`` padded with spaces so that rlvr.rewards.faults.flaky raises on it (or not)."""
+    """``gold`` padded with spaces so that faulty_rewards.flaky raises on it (or not)."""
     for width in range(len(gold), len(gold) + 100):
         text = gold.rjust(width)
         try:
@@ -131,7 +131,7 @@ def _padded(gold: str, raises: bool) -> str:
 def test_required_user_function_that_raises_abstains_the_sample(required):
     config = load_config(None, [
         "task.name=arithmetic", "policy.name=causal_lm", "rewards.timeout=null",
-        f"rewards.functions=[{{function: 'rlvr.rewards.faults:flaky', required: {str(required).lower()}}}]",
+        f"rewards.functions=[{{function: 'faulty_rewards:flaky', required: {str(required).lower()}}}]",
     ])
     with build_task(config) as task:
         prompt = task.eval_prompts()[0]
@@ -200,7 +200,7 @@ def test_sorting_takes_required_user_functions():
             except ValueError:
                 flaky_raises.append(True)
     assert any(flaky_raises) and not all(flaky_raises)
-    functions = "rewards.functions=[{function: 'rlvr.rewards.faults:flaky', required: true}]"
+    functions = "rewards.functions=[{function: 'faulty_rewards:flaky', required: true}]"
     with build_task(load_config(None, [functions, "rewards.timeout=null"])) as task:
         rewards = task.grade(prompts, responses).rewards.reshape(-1)
     builtin = REWARD_FUNCTIONS["inclusion_ordering"](prompts, responses).reshape(-1)

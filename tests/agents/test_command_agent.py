@@ -14,7 +14,7 @@ pytest.importorskip("uvicorn")
 
 from conftest import FORK_BOMB, processes_capped, tagged  # noqa: E402
 from rlvr.agents.command import command_agent  # noqa: E402
-from rlvr.environments.sandbox import jail  # noqa: E402
+from rlvr.base.processes import jail  # noqa: E402
 
 AGENT = textwrap.dedent("""
     import json, os, sys

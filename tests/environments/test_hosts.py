@@ -127,7 +127,7 @@ def test_a_worker_that_dies_or_answers_what_cannot_be_sent_fails_its_call_named(
 
 def test_the_runs_stop_cuts_the_waits_at_once():
     hosts = started(Sleeps, range(3))
-    pids = [w.process.pid for w in hosts._workers.values()]
+    pids = hosts._pool.pids()
     timer = threading.Timer(0.3, STOPPING.set)
     timer.start()
     try:
@@ -139,7 +139,7 @@ def test_the_runs_stop_cuts_the_waits_at_once():
         timer.join()
         STOPPING.clear()
     assert took < 2.0  # not the 30 s limit
-    assert not hosts._workers  # the workers in mid-call were killed: their replies would be stale
+    assert not hosts._pool.pids()  # the workers in mid-call were killed: their replies would be stale
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
@@ -156,7 +156,7 @@ def test_more_episodes_than_workers_share_them_in_order():
 
 def test_closing_the_hosts_leaves_no_worker():
     hosts = started(Echo, range(3))
-    pids = [w.process.pid for w in hosts._workers.values()]
+    pids = hosts._pool.pids()
     hosts.close()
     for pid in pids:
         with pytest.raises(ProcessLookupError):
@@ -181,7 +181,7 @@ def test_a_trainer_killed_mid_call_leaves_no_worker(tmp_path):
         sys.path[:0] = [{str(pathlib.Path(__file__).parent)!r}, {str(pathlib.Path(__file__).parents[1])!r}]
         from test_hosts import Sleeps, started
         hosts = started(Sleeps, range(3))
-        print(" ".join(str(w.process.pid) for w in hosts._workers.values()), flush=True)
+        print(" ".join(map(str, hosts._pool.pids())), flush=True)
         hosts.call([(row, "step", ("go", False)) for row in range(3)], 60.0)
     """)
     trainer = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
@@ -325,10 +325,12 @@ def test_observations_and_tool_text_are_cut_to_the_budget_before_they_cross(work
 
 
 def test_an_answer_past_the_reply_limit_ends_its_episode_named(monkeypatch):
-    from rlvr.environments import hosts as hosts_module
-    from rlvr.environments import operations
+    import pickle
 
-    monkeypatch.setattr(operations, "reply_limit", lambda max_chars: 1000)  # the worker's check (forked after this)
+    from rlvr.base import workers
+    from rlvr.environments import hosts as hosts_module
+
+    monkeypatch.setattr(hosts_module, "reply_limit", lambda max_chars: 1000)  # the worker checks it before sending
     hosts = EnvironmentHosts(Floods, 1)
     try:
         hosts.call([(0, "make", ()), (0, "reset", (0,))], 30.0)
@@ -337,8 +339,7 @@ def test_an_answer_past_the_reply_limit_ends_its_episode_named(monkeypatch):
             " bytes pickled, more than the 1,000 a worker may send back")
     finally:
         hosts.close()
-    monkeypatch.undo()
-    monkeypatch.setattr(hosts_module, "reply_limit", lambda max_chars: 1000)  # the trainer's read alone
+    monkeypatch.setattr(workers, "answer_bytes", lambda answer, limit: pickle.dumps(answer))  # the trainer's read alone
     hosts = EnvironmentHosts(Floods, 1)
     try:
         hosts.call([(0, "make", ()), (0, "reset", (0,))], 30.0)

@@ -16,8 +16,9 @@ import pytest
 
 from conftest import FORK_BOMB, processes_capped, tagged
 from rlvr.base.errors import ConfigError
+from rlvr.base.processes import jail
 from rlvr.environments.base import ToolCall, ToolError, ToolResult
-from rlvr.environments.sandbox import jail, run_python
+from rlvr.environments.sandbox import run_python
 from rlvr.environments.tool_parsing import (
     PLAIN_ARGUMENT,
     TOOL_STYLES,

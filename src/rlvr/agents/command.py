@@ -7,17 +7,11 @@ its reward on stdout, the last line: a number, or a JSON object with ``reward`` 
 ``solved``, and more numbers), as ``run(client, row)`` returns them. A non-zero exit, no
 reward line, or a run past the episode's time-out is the episode's error (it abstains).
 
-Where bubblewrap makes namespaces (``rlvr.environments.sandbox.jail``) the program runs
-jailed: its own PID, mount and network namespaces, the system and Python folders
-read-only, the working folder read-only (where it is started), a private ``/tmp``, and no
-network but its own loopback. There a small relay of the jail's own
-(``_RELAY``) listens on the jail's loopback and passes each connection to the
-endpoint's Unix socket, the one way out; the program gets that loopback address as its
-base URL. Without bwrap (said once, as a warning) it runs in its own process group. Either
-way it runs under ``rlvr.base.processes``' supervisor, the subreaper of all it starts, with
-``memory_mb`` of address space and at most ``MAX_PROCESSES`` processes (a pids cgroup of
-its own where one can be made; in the jail also ``RLIMIT_NPROC``), and it and everything
-it started (a daemon in a session of its own too) are killed when the episode ends.
+It runs in a jail where bubblewrap makes namespaces (``rlvr.base.processes.jail``; a relay
+inside, ``_RELAY``, passes its loopback connections to the endpoint's Unix socket, the one
+way out), under the supervisor of ``rlvr.base.processes`` with ``memory_mb`` of address
+space and at most ``MAX_PROCESSES`` processes; it and all it started are killed when the
+episode ends. docs/explanation/isolation.md says what each mechanism bounds.
 """
 
 from __future__ import annotations
@@ -27,14 +21,12 @@ import contextlib
 import json
 import os
 import shlex
-import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from rlvr.base.processes import ProcessCap, kill_tree, supervised
-from rlvr.environments.sandbox import jail
+from rlvr.base.processes import ProcessCap, jail, kill_group, kill_tree, killed_by, supervised
 
 MAX_OUTPUT_BYTES = 1 << 20  # of stdout kept (the reward is its last line) and of stderr (its tail, in the error)
 _ERROR_CHARS = 300
@@ -130,32 +122,27 @@ async def _run_capped(argv: list[str], url: str, key: str, data: bytes, unix_soc
                    _JAILED_SOCKET, "--chdir", cwd, "--setenv", "PATH", env["PATH"], "--setenv", "LANG", "C.UTF-8",
                    "--", os.path.realpath(sys.executable), "-I", "-S", "-c", _RELAY, _JAILED_SOCKET,
                    *supervised(argv, memory, jailed=True)]
-        try:
-            process = await asyncio.create_subprocess_exec(*program, stdin=asyncio.subprocess.PIPE,
-                                                           stdout=asyncio.subprocess.PIPE,
-                                                           stderr=asyncio.subprocess.PIPE, env=env,
-                                                           start_new_session=True, pass_fds=(reader,),
-                                                           preexec_fn=cap.join)
-        finally:
-            os.close(reader)
     else:
-        process = await asyncio.create_subprocess_exec(*supervised(argv, memory),
-                                                       stdin=asyncio.subprocess.PIPE,
-                                                       stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                                                       env=env, start_new_session=True, preexec_fn=cap.join)
+        program, reader = supervised(argv, memory), None
+    pipe = asyncio.subprocess.PIPE
+    try:
+        process = await asyncio.create_subprocess_exec(*program, stdin=pipe, stdout=pipe, stderr=pipe, env=env,
+                                                       start_new_session=True, preexec_fn=cap.join,
+                                                       pass_fds=() if reader is None else (reader,))
+    finally:
+        if reader is not None:
+            os.close(reader)
     tails = asyncio.gather(_tail(process.stdout), _tail(process.stderr))
     try:
         await _feed(process.stdin, data)
         code = await process.wait()
-        with contextlib.suppress(ProcessLookupError):  # what it left running would hold its pipes open
-            os.killpg(process.pid, signal.SIGKILL)
+        kill_group(process.pid)  # what it left running would hold its pipes open
         out, err = await tails
         return code, out, err
     finally:
         if process.returncode is None:  # cut short: what it started and left, in a session of its own too
             kill_tree(process.pid)  # (its supervisor is their subreaper; one that ended killed them itself)
-        with contextlib.suppress(ProcessLookupError):  # it, and its group
-            os.killpg(process.pid, signal.SIGKILL)
+        kill_group(process.pid)  # it, and its group
         transport = getattr(process, "_transport", None)
         try:
             if process.returncode is None:
@@ -189,12 +176,8 @@ def _outcome(code: int, out: bytes, err: bytes) -> Any:
     """What the program returned: its last stdout line as JSON (a number or an object), or
     a RuntimeError naming why there is none."""
     if code != 0:
-        if code < 0 or code > 128:  # a signal (bwrap reports its program's death by signal N as 128 + N)
-            number = -code if code < 0 else code - 128
-            name = signal.Signals(number).name if number in signal.valid_signals() else str(number)
-            why = f"was killed by {name}"
-        else:
-            why = f"exited with code {code}"
+        name = killed_by(code)
+        why = f"exited with code {code}" if name is None else f"was killed by {name}"
         raise RuntimeError(f"the agent command {why}{_stderr(err)}")
     lines = out.decode("utf-8", errors="replace").strip().splitlines()
     if not lines:

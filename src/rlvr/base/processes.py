@@ -1,8 +1,9 @@
-"""The limits every program rlvr starts for untrusted code shares, in one place: the process
-cap (``MAX_PROCESSES``: a pids cgroup of its own where this process may make one, and
-``RLIMIT_NPROC`` inside a jail's user namespace), the address-space cap, and the end of
-every descendant (a subreaper kills its tree, and ``kill_tree`` kills a subreaper's tree
-from outside, even what left its session).
+"""How rlvr confines the processes that run untrusted code, in one place: the bubblewrap
+jail (``jail``), resource limits (address space, processes, CPU time, file size), the
+network guard, ``MAX_PROCESSES`` (a pids cgroup of its own where this process may make one,
+``RLIMIT_NPROC`` inside a jail's user namespace), death with the parent, and the end of
+every descendant (a subreaper kills its tree, ``kill_tree`` kills a subreaper's tree from
+outside, even what left its session). Where each applies: docs/explanation/isolation.md.
 
 Standard library only: the jails run this file's source as a program (``supervisor``),
 which starts a command under those limits and kills what it left when it ends.
@@ -24,6 +25,8 @@ MAX_PROCESSES = 128  # processes (threads count too) a jailed program and all it
 _PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36  # from <linux/prctl.h>
 _ROUNDS = 100  # scans of /proc at most while stopping a tree, should a fork bomb outpace them
 _caps = itertools.count()
+JAIL_WORK = "/tmp/work"  # a jailed program's working folder: its own tmpfs
+_JAIL_TMPFS_BYTES = 64 * 2**20
 
 
 def become_subreaper() -> None:
@@ -49,27 +52,54 @@ def die_with_parent(parent: int | None = None) -> None:
 def limit_address_space(limit_bytes: int, grow: bool = False) -> None:
     """Cap this process's address space at ``limit_bytes`` (``grow``: at what it uses now plus
     ``limit_bytes``, for a process forked from a big one), never above the hard limit."""
-    import resource
-
     if grow:
         try:
             with open("/proc/self/statm") as file:
                 limit_bytes += int(file.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
         except OSError:  # no /proc: RLIMIT_AS is not enforced there either (macOS)
             return
-    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
-    limit_bytes = limit_bytes if hard == resource.RLIM_INFINITY else min(limit_bytes, hard)
-    resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
+    set_limit("RLIMIT_AS", limit_bytes)
 
 
-def limit_processes(limit: int) -> None:
-    """``RLIMIT_NPROC``: inside a jail's user namespace (Linux 5.14+) it counts that namespace's
-    processes alone; outside one it counts all of the user's, and root is never held to it."""
+def set_limit(name: str, soft: int, hard: int | None = None) -> None:
+    """Set the resource limit ``name`` (``RLIMIT_AS``, ``RLIMIT_CPU``, ...) to ``soft`` and
+    ``hard`` (None: ``soft``), never above the hard limit this process has. ``RLIMIT_NPROC``:
+    inside a jail's user namespace (Linux 5.14+) it counts that namespace's processes alone;
+    outside one it counts all of the user's, and root is never held to it."""
     import resource
 
-    hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
-    limit = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
-    resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
+    kind = getattr(resource, name)
+    ceiling = resource.getrlimit(kind)[1]
+    hard = soft if hard is None else hard
+    if ceiling != resource.RLIM_INFINITY:
+        soft, hard = min(soft, ceiling), min(hard, ceiling)
+    resource.setrlimit(kind, (soft, hard))
+
+
+def block_network(message: str = "no network access") -> None:
+    """Make ``socket.socket``, ``create_connection`` and ``getaddrinfo`` raise: a guard against
+    reaching the network by accident, not a jail (``_socket`` is still there)."""
+    import socket
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise PermissionError(message)
+
+    socket.socket = socket.create_connection = socket.getaddrinfo = refuse  # type: ignore[assignment, misc]
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL every process of the process group ``pgid`` (gone already: nothing to do)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def killed_by(code: int) -> str | None:
+    """The name of the signal that ended a process of exit status ``code`` (-N as Popen says
+    it, 128 + N as a shell, bwrap and the supervisor do), None where it exited."""
+    number = -code if code < 0 else code - 128 if code > 128 else 0
+    if not number:
+        return None
+    return signal.Signals(number).name if number in signal.valid_signals() else str(number)
 
 
 def descendants(root: int) -> set[int]:
@@ -248,14 +278,62 @@ def _pids_folder() -> str | None:
     return found[0] if found else None
 
 
-def supervised(argv: list[str], memory: int = 0, jailed: bool = False) -> list[str]:
+@functools.cache
+def jail() -> tuple[str, ...] | None:
+    """bubblewrap's options that jail a program (the program and its working folder follow
+    them): new PID, network, mount, IPC, UTS and user namespaces (every process it starts
+    ends with it; no network but its own loopback), killed with its parent, read-only
+    system and Python folders and nothing else of the host, a private tmpfs ``/tmp`` as its
+    only writable place. None where ``bwrap`` is not installed or cannot make namespaces
+    here (said once, as a warning)."""
+    import shutil
+    import subprocess
+    import warnings
+
+    found = shutil.which("bwrap")
+    if found is None:
+        why = "bwrap is not installed (Debian: apt-get install bubblewrap)"
+    else:
+        interpreter = os.path.realpath(sys.executable)
+        options = [found, "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
+                   "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", JAIL_WORK, "--setenv", "TMPDIR",
+                   JAIL_WORK]
+        for name in ("usr", "bin", "lib", "lib32", "lib64", "sbin"):
+            path = os.path.join("/", name)
+            if os.path.islink(path):
+                options += ["--symlink", os.readlink(path), path]
+            elif os.path.isdir(path):
+                options += ["--ro-bind", path, path]
+        options += ["--proc", "/proc", "--dev", "/dev", "--size", str(_JAIL_TMPFS_BYTES), "--tmpfs", "/tmp",
+                    "--dir", JAIL_WORK]
+        # after the private /tmp, which would hide a virtual environment (or Python) under /tmp
+        for path in sorted({sys.base_prefix, sys.prefix, os.path.dirname(os.path.dirname(interpreter))}):
+            if not path.startswith("/usr/"):
+                options += ["--ro-bind", path, path]
+        try:
+            probe = subprocess.run([*options, "--chdir", JAIL_WORK, "--", interpreter, "-I", "-S", "-c", "pass"],
+                                   capture_output=True, timeout=30)
+            if probe.returncode == 0:
+                return tuple(options)
+            said = probe.stderr.decode("utf-8", errors="replace").strip().split("\n", 1)[0][:300]
+            why = f"bwrap cannot make its namespaces here ({said or probe.returncode})"
+        except (OSError, subprocess.TimeoutExpired) as err:
+            why = f"bwrap does not run ({err})"
+    warnings.warn(f"programs (the python tool's, an agent command) run without a namespace sandbox: {why}; a "
+                  "program's processes are then bounded by its process group and resource limits only", stacklevel=2)
+    return None
+
+
+def supervised(argv: list[str], memory: int = 0, jailed: bool = False, cpu_seconds: int = 0, file_bytes: int = 0
+               ) -> list[str]:
     """The command line that runs ``argv`` under this module's ``supervise`` (python with
     nothing of the host's, ``-I -S``, and this file's source), with ``memory`` bytes of
-    address space (0: no cap) and, in a jail, an ``RLIMIT_NPROC`` of MAX_PROCESSES: a jail's
-    user namespace counts its own processes alone, where outside one the limit would count
-    all of the user's (there the pids cgroup caps them, where one can be made)."""
-    return [os.path.realpath(sys.executable), "-I", "-S", "-c", _source(), str(memory),
-            str(MAX_PROCESSES if jailed else 0), "--", *argv]
+    address space, ``cpu_seconds`` of CPU time and files of ``file_bytes`` at most (0: no
+    cap) and, in a jail, an ``RLIMIT_NPROC`` of MAX_PROCESSES: a jail's user namespace counts
+    its own processes alone, where outside one the limit would count all of the user's
+    (there the pids cgroup caps them, where one can be made)."""
+    limits = (memory, MAX_PROCESSES if jailed else 0, cpu_seconds, file_bytes)
+    return [os.path.realpath(sys.executable), "-I", "-S", "-c", _source(), *map(str, limits), "--", *argv]
 
 
 @functools.cache
@@ -264,10 +342,11 @@ def _source() -> str:
         return file.read()
 
 
-def supervise(memory: int, processes: int, argv: list[str]) -> int:
-    """Run ``argv`` with ``memory`` bytes of address space and an ``RLIMIT_NPROC`` of
-    ``processes`` (each where > 0), as the subreaper of all it starts; when it ends, kill
-    what it left; its exit code (killed by signal N: 128 + N, as a shell says it)."""
+def supervise(memory: int, processes: int, cpu_seconds: int, file_bytes: int, argv: list[str]) -> int:
+    """Run ``argv`` with ``memory`` bytes of address space, an ``RLIMIT_NPROC`` of
+    ``processes``, ``cpu_seconds`` of CPU time (SIGXCPU then, SIGKILL a second later) and
+    files of ``file_bytes`` (each where > 0), as the subreaper of all it starts; when it
+    ends, kill what it left; its exit code (killed by signal N: 128 + N, as a shell says it)."""
     become_subreaper()
 
     def limits() -> None:
@@ -275,7 +354,11 @@ def supervise(memory: int, processes: int, argv: list[str]) -> int:
         if memory > 0:
             limit_address_space(memory)
         if processes > 0:
-            limit_processes(processes)
+            set_limit("RLIMIT_NPROC", processes)
+        if cpu_seconds > 0:
+            set_limit("RLIMIT_CPU", cpu_seconds, cpu_seconds + 1)
+        if file_bytes > 0:
+            set_limit("RLIMIT_FSIZE", file_bytes)
 
     import subprocess
 
@@ -290,4 +373,4 @@ def supervise(memory: int, processes: int, argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(supervise(int(sys.argv[1]), int(sys.argv[2]), sys.argv[4:]))
+    sys.exit(supervise(*map(int, sys.argv[1:5]), sys.argv[6:]))

@@ -5,16 +5,11 @@ episode g of start b), P prompt tokens (left-padded), T tokens after the prompt
 (right-padded), the policy's and the environment's.
 
 Each turn, the episodes still running are continued from their token prefixes in one call
-to the policy's engine (they finish at different turns); each episode's draws come from
-its own seed, so a batch gives the episodes that one-at-a-time sampling gives. A turn that
-calls tools gets their results (the task's tools in sandboxed worker processes, all
-episodes' calls of a turn at once; the environment's own tools where its environment
-lives; at most ``max_tool_calls`` calls a turn run, the policy reading that the rest did
-not); any other turn goes to its environment's ``step``. The environments live in
-``EnvironmentHosts`` (worker processes by default, ``rlvr.environments.hosts``), and each
-kind of call goes to every episode at once. An episode ends when its environment says
-done, at ``max_turns`` policy turns, or at ``max_tokens`` tokens after the prompt (the last
-two: truncated, like a response cut at its length limit).
+to the policy's engine; each episode draws from its own seed, so a batch gives the episodes
+that one-at-a-time sampling gives. A turn that calls tools gets their results (at most
+``max_tool_calls`` run); any other turn goes to its environment's ``step``, each kind of
+call to every episode's environment at once (``EnvironmentHosts``). An episode ends when its
+environment says done, or truncated at ``max_turns`` policy turns or ``max_tokens`` tokens.
 
 ``episodes_samples`` lays the episodes out as ``Samples``: the response is every token after
 the prompt, and ``policy_mask`` marks the policy's, the only ones trained.
@@ -108,7 +103,7 @@ def run_episodes(policy: CausalLMPolicy, hosts: EnvironmentHosts, starts: Sequen
             break
         _policy_turns(policy, [running[i] for i in active], temperature, limits,
                       None if seeds is None else _turn_seeds(seeds[active], turn))
-        _answer(policy, hosts, [running[i] for i in active if not episodes[i].done], limits, toolbox)
+        _run_tools_or_step(policy, hosts, [running[i] for i in active if not episodes[i].done], limits, toolbox)
     for episode in episodes:
         if not episode.done:  # the turn limit
             episode.done = episode.truncated = True
@@ -216,7 +211,7 @@ def turn_calls(prefix_lengths: list[int], room: list[int], max_new_tokens: int, 
     return calls
 
 
-def _answer(policy: CausalLMPolicy, hosts: EnvironmentHosts, active: list[_Running], limits: EpisodeLimits,
+def _run_tools_or_step(policy: CausalLMPolicy, hosts: EnvironmentHosts, active: list[_Running], limits: EpisodeLimits,
             toolbox: ToolBox | None) -> None:
     """Each episode's reply to its policy turn: tool results for a turn that calls tools, else
     its environment's step; appended as token ids when the budget has room. Each kind of

@@ -1,8 +1,7 @@
 """What a host does with an environment (``rlvr.environments.hosts``): the operations a
 request names (make, reset, tools, tool, step, final, schemas, snapshot), each run under its
 time limit (``time_limit``, ``StepTimeout``), with the checks of what the environment
-answered (``step_reward``, ``as_observation``); and a worker process's loop, which runs
-the requests its host sends.
+answered (``step_reward``, ``as_observation``); ``EnvironmentHost`` runs them.
 
 A prompt, an observation or an environment tool's text longer than its episode could hold
 (``episode_chars``) is cut where it is made (``cut_observation``), before it crosses to the
@@ -14,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import numbers
-import os
 import pickle
 import signal
 import threading
@@ -22,10 +20,8 @@ import types
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from rlvr.base.errors import STOPPING, Stopped
-from rlvr.base.processes import become_subreaper, die_with_parent, kill_descendants, limit_address_space
+from rlvr.base.errors import Stopped
 from rlvr.environments.base import Environment, Observation, Step, describe_error
-from rlvr.rewards.workers import lead_group
 
 MAX_SCHEMA_CHARS = 65_536  # an environment's tool schemas, as JSON
 MAX_SNAPSHOT_BYTES = 1 << 20  # an environment's snapshot, pickled: attributes past it are left out
@@ -152,10 +148,6 @@ def call_name(env_name: str | None, operation: str, args: tuple) -> str:
     return f"{env_name or 'the environment'}.{operation}"
 
 
-def call_what(envs: dict[int, Any], row: int, operation: str, args: tuple) -> str:
-    return call_name(type(envs[row]).__name__ if row in envs else None, operation, args)
-
-
 def run_request(envs: dict[int, Any], make_env: Callable[[], Environment], request: tuple, seconds: float | None,
                 max_chars: int | None = None) -> tuple:
     """One request, run here: ("ok", value) or ("failed", one line, whether it timed out); a
@@ -163,7 +155,7 @@ def run_request(envs: dict[int, Any], make_env: Callable[[], Environment], reque
     row, operation, args = request
     if operation == "make":
         args = (make_env,)
-    what = call_what(envs, row, operation, args)
+    what = call_name(type(envs[row]).__name__ if row in envs else None, operation, args)
     try:
         with time_limit(seconds):
             value = _OPERATIONS[operation](envs, row, *args)
@@ -291,44 +283,18 @@ def time_limit(seconds: float | None) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-def worker_main(conn: Any, make_env: Callable[[], Environment], parent: int, memory_mb: int | None = None) -> None:
-    """A worker's loop: receive a request, run it, send back its outcome. The worker is the
-    subreaper of every process its environments start (``kill_descendants`` at its end; its
-    host kills that tree when it stops it), with ``memory_mb`` of address space to grow by."""
-    if os.name == "posix":
-        lead_group(0)
-    die_with_parent(parent)
-    become_subreaper()
-    if memory_mb is not None:
-        limit_address_space(memory_mb << 20, grow=True)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C and the run's stop are the trainer's
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    STOPPING.clear()
-    envs: dict[int, Any] = {}
-    try:
-        _serve(conn, make_env, envs)
-    finally:
-        envs.clear()
-        kill_descendants()
+class EnvironmentHost:
+    """Where a row's environments live: ``host((request, seconds, max_chars))`` runs a request
+    on them (``run_request``). A worker process of ``EnvironmentHosts`` serves with one, and
+    so does the trainer's process when there are no workers."""
 
+    def __init__(self, make_env: Callable[[], Environment]) -> None:
+        self.make_env = make_env
+        self.envs: dict[int, Any] = {}
 
-def _serve(conn: Any, make_env: Callable[[], Environment], envs: dict[int, Any]) -> None:
-    while True:
-        try:
-            request, seconds, max_chars = pickle.loads(conn.recv_bytes())
-        except (EOFError, OSError):  # the trainer is gone
-            return
-        outcome = run_request(envs, make_env, request, seconds, max_chars)
-        what = call_what(envs, request[0], request[1], request[2])
-        try:
-            message = pickle.dumps(outcome)
-        except Exception as err:  # noqa: BLE001 - a value of the environment's that does not pickle
-            message = pickle.dumps(("failed", f"{what}: its answer could not be sent back: "
-                                    f"{describe_error(err, 200)}", False))
-        if len(message) > reply_limit(max_chars):
-            message = pickle.dumps(("failed", f"{what}: its answer is {len(message):,} bytes pickled, more than the "
-                                    f"{reply_limit(max_chars):,} a worker may send back", False))
-        try:
-            conn.send_bytes(message)
-        except (EOFError, OSError):
-            return
+    def __call__(self, message: tuple) -> tuple:
+        request, seconds, max_chars = message
+        return run_request(self.envs, self.make_env, request, seconds, max_chars)
+
+    def close(self) -> None:
+        self.envs.clear()

@@ -31,18 +31,25 @@ if TYPE_CHECKING:
 class EpisodePolicy(Policy):
     """``lm`` acting in the environments of ``hosts`` (``EnvironmentHosts``: where they are
     made and run), within ``limits``, with the sandboxed ``toolbox`` (None: only the
-    environment's own tools). Everything else (the tokenizer, checkpoints' attributes) is
-    the LM policy's."""
+    environment's own tools). Its tokenizer, positions and base model are the LM policy's."""
 
     def __init__(self, lm: CausalLMPolicy, hosts: EnvironmentHosts, limits: EpisodeLimits,
                  toolbox: ToolBox | None = None) -> None:
         self.lm, self.hosts, self.limits, self.toolbox = lm, hosts, limits, toolbox
         self.module, self.engine = lm.module, lm.engine
 
-    def __getattr__(self, name: str) -> Any:  # the LM policy's own attributes (tokenizer, device, ...)
-        if name in ("lm", "hosts"):
-            raise AttributeError(name)
-        return getattr(self.lm, name)
+    @property
+    def tokenizer(self) -> Any:
+        return self.lm.tokenizer
+
+    @property
+    def max_positions(self) -> int | None:
+        return self.lm.max_positions
+
+    @property
+    def base_identity(self) -> dict[str, str] | None:
+        """The base model a checkpoint of this policy's weights names (``rlvr.runs.checkpoint``)."""
+        return self.lm.base_identity
 
     @property
     def max_response_length(self) -> int:

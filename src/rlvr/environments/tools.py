@@ -2,33 +2,13 @@
 
 A tool (``TOOLS``: a calculator, a Python runner) is a function that returns text. It sees
 model output, so it may raise, hang, fork, allocate without end or print a gigabyte;
-``ToolBox`` makes each a failed ``ToolResult`` whose message the policy reads.
-
-``ToolBox.run`` runs the calls of one turn of all running episodes in parallel in the
-reward sandbox's worker processes (``rlvr.rewards.workers``), each call in a child
-process forked by its worker for it, so that its limits and leftovers are its own:
-  * time: the worker kills the child after ``timeout`` seconds; the pool kills a worker
-    stuck outside a call a few seconds later, with its process group.
-  * memory: ``RLIMIT_AS`` bounds what the call may add to the worker's address space
-    (Linux); an allocation past it raises MemoryError.
-  * output: printed text, then the returned value; over ``max_output_chars`` characters
-    is a failure that shows the first ``max_output_chars``.
-  * processes: the worker is the subreaper of what its children start (Linux): whatever
-    a call leaves, even in a session of its own, is re-parented to the worker, which
-    kills it when the call ends, however it ends (elsewhere only the call's own process).
-  * files: the call runs in a scratch folder (its working directory and tempfile's),
-    removed after the call; ``close()`` removes the box's folder.
-  * network: ``socket.socket``, ``create_connection`` and ``getaddrinfo`` raise: a guard
-    against reaching the network by accident, not a jail (``_socket`` is still there).
-  * a killed trainer: each call's process dies with its worker, each worker with the
-    trainer (``PR_SET_PDEATHSIG``), and a janitor process removes the box's folder once
-    the trainer is gone, even after a SIGKILL.
-A worker call's outcome is judged as a reward and carries only numbers, so the child
-writes its result as JSON to a file in the box's folder, which ``run`` reads.
-
-The ``python`` tool runs the policy's program with ``rlvr.environments.sandbox.run_python``:
-in a jail of its own where bubblewrap runs, under the box's time, memory and output limits;
-its failures raise ``ToolError``.
+``ToolBox`` makes each a failed ``ToolResult`` whose message the policy reads. The calls of
+one turn of all running episodes run in parallel in a ``rlvr.base.workers.WorkerPool``,
+each in a child process its worker forks for it, under a time limit, an address-space cap,
+an output cap, a scratch folder, the network guard, and the end of all it started; the
+limits are listed in docs/explanation/isolation.md. The ``python`` tool runs the policy's
+program with ``rlvr.environments.sandbox.run_python``: in a jail of its own where
+bubblewrap runs, under the box's limits; its failures raise ``ToolError``.
 """
 
 from __future__ import annotations
@@ -36,13 +16,11 @@ from __future__ import annotations
 import functools
 import inspect
 import io
-import itertools
 import json
 import os
 import select
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,11 +28,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from rlvr.base.processes import become_subreaper, die_with_parent, kill_descendants, limit_address_space
+from rlvr.base.processes import block_network, die_with_parent, jail, kill_descendants, killed_by, limit_address_space
+from rlvr.base.workers import WorkerFailed, WorkerPool
 from rlvr.environments.base import ToolCall, ToolError, ToolResult, describe_error
-from rlvr.environments.sandbox import jail, run_python
+from rlvr.environments.sandbox import run_python
 from rlvr.environments.tool_parsing import calculator, call_arguments
-from rlvr.rewards.workers import WorkerPool
 
 _GRACE = 5.0  # seconds past a call's timeout before the pool kills a worker stuck outside the call
 _MESSAGE_CHARS = 300  # an exception's message is cut to this many characters
@@ -88,25 +66,24 @@ class ToolBox:
         self.tools = dict(tools)
         self.names = tuple(self.tools)  # what parse_tool_calls takes as known
         self.limits = _Limits(timeout, memory_mb, max_output_chars)
-        self.num_workers = num_workers
-        self.start_method = start_method
         if any(getattr(fn, "runs_programs", False) for fn in self.tools.values()):
             jail()  # found (or its absence said) before any work
         self._folder = tempfile.mkdtemp(prefix="rlvr-tools-")
-        self._janitor = _janitor(self._folder)
-        self._serial = itertools.count()  # names each call's result file: a late write never reaches another call
-        self._pool: WorkerPool | None = None
+        serve = functools.partial(_run_call, tools=self.tools, limits=self.limits, folder=self._folder)
+        self._pool: WorkerPool | None = WorkerPool(serve, num_workers, start_method, role="tool", subreaper=True,
+                                                   folder=self._folder)  # workers start on first use
 
     def run(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
         """The result of each call, in order; calls of unknown tools or with arguments the
         tool does not take fail without running."""
         results: list[ToolResult | None] = [self._refusal(call) for call in calls]
         todo = [index for index, result in enumerate(results) if result is None]
-        paths = [os.path.join(self._folder, f"{next(self._serial)}.json") for _ in todo]
-        requests = [([""], [""], {"call": calls[i], "result_path": path}) for i, path in zip(todo, paths)]
-        outcomes = self._workers().run(0, requests, self.limits.timeout + _GRACE) if requests else []
-        for index, path, outcome in zip(todo, paths, outcomes):
-            results[index] = self._result(calls[index].name, path, outcome)
+        answers = self._pool.map([calls[i] for i in todo], self.limits.timeout + _GRACE) if todo else []
+        for index, answer in zip(todo, answers):
+            if isinstance(answer, WorkerFailed):
+                answer = ToolResult(calls[index].name, f"timed out after {self.limits.timeout:g}s" if answer.timed_out
+                                    else f"its worker failed: {answer}", True)
+            results[index] = answer
         return [result for result in results if result is not None]
 
     def close(self) -> None:
@@ -114,22 +91,12 @@ class ToolBox:
             self._pool.close()
             self._pool = None
         shutil.rmtree(self._folder, ignore_errors=True)
-        if self._janitor is not None:
-            self._janitor.stdin.close()
-            self._janitor.wait()
-            self._janitor = None
 
     def __enter__(self) -> ToolBox:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def _workers(self) -> WorkerPool:
-        if self._pool is None:
-            fn = functools.partial(_call_in_worker, tools=self.tools, limits=self.limits)
-            self._pool = WorkerPool([fn], self.num_workers, self.start_method)
-        return self._pool
 
     def _refusal(self, call: ToolCall) -> ToolResult | None:
         """A failed result for a call that must not run, else None."""
@@ -144,38 +111,14 @@ class ToolBox:
             pass
         return None
 
-    def _result(self, name: str, path: str, outcome: tuple | None) -> ToolResult:
-        """The result the child wrote, or the pool's account: ("timeout",), ("error", what, detail)."""
-        if outcome is None or outcome[0] != "ok":
-            timed_out = outcome is None or outcome[0] == "timeout"
-            return ToolResult(name, f"timed out after {self.limits.timeout:g}s" if timed_out
-                              else f"its worker failed: {outcome[1]}", True)
-        with open(path, encoding="utf-8") as file:
-            written = json.load(file)
-        os.remove(path)
-        return ToolResult(name, written["content"], written["error"])
-
-
-_JANITOR = "import shutil, sys; sys.stdin.buffer.read(); shutil.rmtree(sys.argv[1], ignore_errors=True)"
-
-
-def _janitor(folder: str) -> subprocess.Popen:
-    """A process that removes ``folder`` once its stdin closes: at ``close()``, or when the
-    kernel closes it for a process killed outright (SIGKILL), which runs no cleanup."""
-    return subprocess.Popen([sys.executable, "-I", "-S", "-c", _JANITOR, folder], stdin=subprocess.PIPE,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-
-
-def _call_in_worker(prompts: Sequence, completions: Sequence, *, call: ToolCall, result_path: str,
-                    tools: Mapping[str, Callable[..., Any]], limits: _Limits) -> list[float]:
-    """One tool call in the shape of a reward function, which is what a WorkerPool runs:
-    the call runs in a child process, whose result (or the worker's account of how it
-    ended) is written to ``result_path``. Runs only in a worker: it kills the worker's
-    other child processes."""
-    become_subreaper()
+def _run_call(call: ToolCall, *, tools: Mapping[str, Callable[..., Any]], limits: _Limits, folder: str
+              ) -> ToolResult:
+    """One tool call, run in a worker (the subreaper of what the call starts, all killed
+    when it ends): in a child process forked for it, in a scratch folder under ``folder``."""
     if getattr(tools[call.name], "runs_programs", False):
         jail()  # probed once in this worker, not in each call's process
-    scratch = tempfile.mkdtemp(dir=os.path.dirname(result_path))
+    scratch = tempfile.mkdtemp(dir=folder)
+    result_path = scratch + ".json"  # beside the scratch folder, which the call may empty
     pid = os.fork()
     if pid == 0:
         _child(tools[call.name], call.arguments, limits, scratch, result_path)
@@ -188,12 +131,15 @@ def _call_in_worker(prompts: Sequence, completions: Sequence, *, call: ToolCall,
         kill_descendants()
         shutil.rmtree(scratch, ignore_errors=True)
     if code is None:
-        _write_result(result_path, f"timed out after {limits.timeout:g}s", True)
-    elif code < 0:
-        _write_result(result_path, f"its process was killed by {signal.Signals(-code).name}", True)
-    elif code > 0 or not os.path.exists(result_path):
-        _write_result(result_path, f"its process exited with code {code} and no result", True)
-    return [0.0]
+        return ToolResult(call.name, f"timed out after {limits.timeout:g}s", True)
+    if code < 0:
+        return ToolResult(call.name, f"its process was killed by {killed_by(code)}", True)
+    if code > 0 or not os.path.exists(result_path):
+        return ToolResult(call.name, f"its process exited with code {code} and no result", True)
+    with open(result_path, encoding="utf-8") as file:
+        written = json.load(file)
+    os.remove(result_path)
+    return ToolResult(call.name, written["content"], written["error"])
 
 
 def _child(fn: Callable[..., Any], arguments: Mapping[str, Any], limits: _Limits, scratch: str, result_path: str
@@ -210,7 +156,7 @@ def _child(fn: Callable[..., Any], arguments: Mapping[str, Any], limits: _Limits
         os.chdir(scratch)
         tempfile.tempdir = os.environ["TMPDIR"] = scratch
         limit_address_space(limits.memory_mb * 2**20, grow=True)
-        _block_network()
+        block_network("tools have no network access")
         content, error = _call(fn, arguments, limits.max_output_chars)
         _write_result(result_path, content, error)
         code = 0
@@ -263,15 +209,6 @@ def _write_result(path: str, content: str, error: bool) -> None:
     with open(path + ".part", "w", encoding="utf-8") as file:
         json.dump({"content": content, "error": error}, file)
     os.replace(path + ".part", path)  # a process killed while writing leaves no half result
-
-
-def _block_network() -> None:
-    import socket
-
-    def refuse(*args: Any, **kwargs: Any) -> NoReturn:
-        raise PermissionError("tools have no network access")
-
-    socket.socket = socket.create_connection = socket.getaddrinfo = refuse  # type: ignore[assignment, misc]
 
 
 def _wait(pid: int, timeout: float) -> int | None:

@@ -6,6 +6,7 @@ The design: ``docs/explanation/rewards.md`` (``rlvr.rewards.runner``).
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import math
 import multiprocessing
@@ -15,9 +16,9 @@ from typing import Any, NamedTuple
 
 import torch
 
+from rlvr.base.workers import WorkerFailed, WorkerPool, WorkerStartError
 from rlvr.rewards.calls import RewardError, TrainerState, call_reward, check_picklable, judge_outcome
 from rlvr.rewards.combine import RewardResult, RewardSpec, RewardStats, combine_rewards, most_failed_message
-from rlvr.rewards.workers import WorkerPool
 
 logger = logging.getLogger(__name__)
 
@@ -262,12 +263,17 @@ class RewardRunner:
             return [call_reward(spec.fn, *request, in_process=True) for request in requests]
         if self._pool is None:
             fns = [s.fn if s.timeout is not None else None for s in self.specs]
-            self._pool = WorkerPool(fns, self.num_workers, self.start_method)
+            self._pool = WorkerPool(functools.partial(_serve_reward, fns), self.num_workers, self.start_method,
+                                    role="reward")
             self._close_pool = weakref.finalize(self, self._pool.close)
         # only plain lists cross to a worker, whatever sequence type the caller passed
-        plain = [(list(p), list(c), {name: v if name in constants else list(v) for name, v in cols.items()})
+        plain = [(index, (list(p), list(c), {name: v if name in constants else list(v) for name, v in cols.items()}))
                  for p, c, cols in requests]
-        return self._pool.run(index, plain, spec.timeout)
+        try:
+            answers = self._pool.map(plain, spec.timeout)
+        except WorkerStartError as err:
+            raise RewardError(str(err)) from None
+        return [_outcome(answer) for answer in answers]
 
     def _report(self, spec: RewardSpec, failures: list[_Failure]) -> None:
         """Raise the first failure (strict) or log the first of each kind once."""
@@ -305,3 +311,15 @@ def _failure_line(spec: RewardSpec, failure: _Failure) -> str:
         return f"raised {last[0].strip()}"
     return failure.what
 
+
+def _serve_reward(fns: list, request: tuple) -> tuple:
+    """A reward call in a worker: ``request`` is (the function's index in ``fns``, its arguments)."""
+    index, arguments = request
+    return call_reward(fns[index], *arguments)
+
+
+def _outcome(answer: Any) -> tuple:
+    """A worker's answer as a call's outcome: the pool's failures as a timeout or an error."""
+    if not isinstance(answer, WorkerFailed):
+        return answer
+    return ("timeout",) if answer.timed_out else ("error", answer.message, "")

@@ -2,7 +2,8 @@
 
 Each is deterministic in the completion text (a hash picks the victims), so a run
 that resumes sees the same faults. Use them as ``rewards.functions``, e.g.
-``rewards.functions=['rlvr.rewards.faults:flaky']``.
+``rewards.functions=['faulty_rewards:flaky']``, with this folder on ``sys.path`` (the
+benchmarks run from it; the tests have it on theirs: ``pythonpath`` in pyproject.toml).
 """
 
 from __future__ import annotations
