@@ -295,9 +295,6 @@ VERL_NAMES: dict[str, ForeignName] = {
 }
 
 TABLES = {"TRL": TRL_NAMES, "verl": VERL_NAMES}
-_VERL_LEAVES: dict[str, list[str]] = {}
-for _path in VERL_NAMES:
-    _VERL_LEAVES.setdefault(_path.rsplit(".", 1)[-1], []).append(_path)
 
 
 def foreign_hint(path: str, value: Any = None) -> str | None:
@@ -318,9 +315,9 @@ def foreign_hint(path: str, value: Any = None) -> str | None:
         return _hint("verl", path, VERL_NAMES[path], value)
     if key in TRL_NAMES:
         return _hint("TRL", key, TRL_NAMES[key], value)
-    if len(_VERL_LEAVES.get(key, ())) == 1:
-        (verl,) = _VERL_LEAVES[key]
-        return _hint("verl", verl, VERL_NAMES[verl], value)
+    verl = [name for name in VERL_NAMES if name.rsplit(".", 1)[-1] == key]
+    if len(verl) == 1:
+        return _hint("verl", verl[0], VERL_NAMES[verl[0]], value)
     return None
 
 
