@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import html
-import types
 import typing
 from typing import Any
 
@@ -38,7 +37,7 @@ def _sections(path: str, cls: type, when: str = "") -> list[str]:
         inner = _hint(cls, f)
         if dataclasses.is_dataclass(inner):
             parts.extend(_sections(f"{path}.{f.name}", inner, when))
-        for name, section in f.metadata.get("sections", {}).items():  # a section its section's name picks
+        for name, section in f.metadata.get("sections", {}).items() if path != "task" else ():  # by task below
             parts.extend(_sections(f"{path}.{f.name}", section, f" (`{path}.name: {name}`)"))
     return parts
 
@@ -53,16 +52,15 @@ def _table(title: str, prefix: str, fields: list[dataclasses.Field], cls: type) 
 
 
 def _task_options() -> str:
-    from rlvr.tasks import TASKS, task_option_entries
+    from rlvr.tasks import TASK_OPTIONS
 
     parts = ["## `task.options`, by task\n", "Each task's keyword arguments.\n"]
-    for name in TASKS:
-        task = types.SimpleNamespace(name=name)  # the config section task_option_entries reads
+    for name, section in TASK_OPTIONS.items():
         rows = [f"### `task.name: {name}`\n", "| option | default | rules | help |", "| --- | --- | --- | --- |"]
-        for key, default, rules in task_option_entries(task, {}):
-            shown = "*required*" if default == "required" else _value(default)
-            rows.append(f"| `{key}` | {_cell(shown)} | {_cell(_rules(rules))} | "
-                        f"{_cell(rules.get('help', ''))} |")
+        for f in dataclasses.fields(section):
+            shown = "*required*" if f.metadata.get("required") else _value(f.default_factory())
+            rows.append(f"| `{f.name}` | {_cell(shown)} | {_cell(_rules(f.metadata))} | "
+                        f"{_cell(f.metadata.get('help', ''))} |")
         parts.append("\n".join(rows) + "\n")
     return "\n".join(parts)
 

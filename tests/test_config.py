@@ -8,17 +8,17 @@ import yaml
 
 from rlvr.cli import main
 from rlvr.config import BOUNDS, Config, ConfigError, config_from_dict, load_config, parse_overrides
-from rlvr.config.checks import sorting_options
 from rlvr.core import DELTA_MODES
 
 
 def test_defaults_are_the_lecture_experiment():
     c = load_config()
-    assert c.task.options == {"num_numbers": 3, "vocab_size": 5, "reward": "inclusion_ordering", "allow_repeats": False,
-                              "prompts": [[1, 0, 2], [3, 2, 4], [1, 2, 3]], "eval_size": 64, "eval_seed": 1234}
+    assert dataclasses.asdict(c.task.options) == {
+        "num_numbers": 3, "vocab_size": 5, "reward": "inclusion_ordering", "allow_repeats": False,
+        "prompts": [[1, 0, 2], [3, 2, 4], [1, 2, 3]], "eval_size": 64, "eval_seed": 1234}
     assert (c.algo.group_size, c.algo.epochs, c.algo.inner_steps) == (10, 100, 10)
     assert c.policy.options.embedding_dim == 10 and c.optim.name == "adam" and c.optim.lr == 1e-3
-    assert sorting_options(c.task) == c.task.options and c.algo.kl_coef == 0
+    assert c.algo.kl_coef == 0
 
 
 def test_overrides_beat_the_file_which_beats_the_defaults(tmp_path):
@@ -30,15 +30,15 @@ def test_overrides_beat_the_file_which_beats_the_defaults(tmp_path):
     assert c.algo.group_size == 32  # the override, not the file's 16
     assert c.algo.loss == "clipped" and c.optim.lr == 0.01  # the file's (YAML 1.1 reads 1e-2 as a string)
     assert c.algo.epochs == 100 and c.optim.name == "adam"  # untouched: the defaults
-    assert c.task.options["prompts"] is None and c.policy.temperature == 2.0 and isinstance(c.policy.temperature, float)
+    assert c.task.options.prompts is None and c.policy.temperature == 2.0 and isinstance(c.policy.temperature, float)
     again = config_from_dict(yaml.safe_load(c.to_yaml()))
     assert again == c
 
 
 
 def test_options_merge_as_their_types_say(tmp_path):
-    """Typed option sections merge key by key; a free-form mapping (task.options, a LoRA
-    config: keyword arguments) merges one level deep, each value replaced whole."""
+    """Typed option sections (task.options, policy.options) merge key by key; a mapping (a
+    LoRA config: keyword arguments) merges one level deep, each value replaced whole."""
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump({
         "task": {"name": "sort_text", "options": {"num_digits": 4, "num_eval": 8}},
@@ -47,7 +47,7 @@ def test_options_merge_as_their_types_say(tmp_path):
     }))
     c = load_config(path, ["task.options={num_eval: 3}", "policy.options={top_k: 5}", "policy.options.lora.r=4",
                            "policy.options.engine_options.dtype=float32"])
-    assert c.task.options == {"num_digits": 4, "num_eval": 3}
+    assert (c.task.options.num_digits, c.task.options.num_eval) == (4, 3)
     o = c.policy.options
     assert (o.model, o.max_new_tokens, o.top_k, o.lora) == ("m", 9, 5, {"r": 4, "alpha": 16})
     assert (o.engine_options.max_num_seqs, o.engine_options.dtype) == (4, "float32")
@@ -166,7 +166,7 @@ def test_every_declared_rule_is_enforced(path, value, message):
 def test_sorting_only_rules_do_not_apply_to_text_tasks():
     with pytest.warns(UserWarning, match="task.num_numbers=1 is ignored: it is for task.name='sorting' only"):
         config = load_config(None, ["task.name=sort_text", "policy.name=causal_lm", "task.num_numbers=1"])
-    assert "num_numbers" not in config.task.options  # unused by text tasks: ignored (a warning)
+    assert not hasattr(config.task.options, "num_numbers")  # unused by text tasks: ignored (a warning)
 
 
 @pytest.mark.parametrize(
@@ -239,5 +239,5 @@ def test_rlvr_config_lists_the_tasks_options_with_their_defaults_and_reloads(tmp
     assert "    max_turns: 3  # policy turns at most per episode" in printed
     (tmp_path / "printed.yaml").write_text(printed)
     again = load_config(tmp_path / "printed.yaml")
-    assert again.task.options["max_turns"] == 3 and again.task.options["step_timeout"] == 30.0
+    assert again.task.options.max_turns == 3 and again.task.options.step_timeout == 30.0
     assert main(["config", str(tmp_path / "printed.yaml")]) == 0

@@ -103,14 +103,14 @@ def test_a_written_config_reads_back_as_the_same_config(tmp_path):
     the one its config.yaml loads back as; the same arguments again are the same run."""
     with pytest.warns(UserWarning, match=r"task.num_numbers=7 is ignored"):
         config = load_config(None, [*LM, "task.num_numbers=7", "task.prompts=null", "policy.embedding_dim=4"])
-    assert "num_numbers" not in config.task.options and not hasattr(config.policy.options, "embedding_dim")
+    assert not hasattr(config.task.options, "num_numbers") and not hasattr(config.policy.options, "embedding_dim")
     path = tmp_path / "config.yaml"
     path.write_text(config.to_yaml())
     assert load_config(path) == config
     sorting = load_config(None, ["task.options.num_numbers=4", "task.options.prompts=null",
                                  "policy.options.embedding_std=0.3"])
     path.write_text(sorting.to_yaml())
-    assert load_config(path) == sorting and load_config(path).task.options["num_numbers"] == 4
+    assert load_config(path) == sorting and load_config(path).task.options.num_numbers == 4
 
 
 def test_the_keys_the_options_took_over_are_read_into_them():
@@ -123,7 +123,7 @@ def test_the_keys_the_options_took_over_are_read_into_them():
     new = load_config(None, ["task.options={num_numbers: 4, vocab_size: 6, prompts: null, reward: exact, "
                              "allow_repeats: true, eval_size: 8}",
                              "policy.options={embedding_dim: 4, embedding_std: 0.5}"])
-    assert old == new and new.task.options["num_numbers"] == 4 and new.policy.options.embedding_dim == 4
+    assert old == new and new.task.options.num_numbers == 4 and new.policy.options.embedding_dim == 4
     with pytest.raises(ConfigError, match=r"^task.num_numbers is task.options.num_numbers: give it once$"):
         config_from_dict({"task": {"num_numbers": 4, "options": {"num_numbers": 5}}})
     assert merge({"task": {"options": {"prompts": None}}}, {"task": {"prompts": [[0, 1, 2]]}}) == {

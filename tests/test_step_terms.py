@@ -78,7 +78,7 @@ def _steps(micro_batches):
 
 def test_clip_frac_entropy_kl_are_token_means_under_seq_mean_token_sum():
     config, records = _steps(micro_batches=1)
-    ln_v = math.log(config.task.options["vocab_size"])
+    ln_v = math.log(config.task.options.vocab_size)
     for r in records:
         assert 0.0 <= r["clip_frac"] <= 1.0
         assert 0.0 < r["entropy"] <= ln_v + 1e-6

@@ -14,7 +14,7 @@ from rlvr.loop.evaluation import pass_at_k
 from rlvr.loop.trainer import train
 from rlvr.rewards import RewardRunner, RewardSpec, combine_rewards
 from rlvr.runs.metrics import read_records
-from rlvr.tasks import TASKS, check_task_options, reward_runner
+from rlvr.tasks import TASKS, reward_runner
 from rlvr.tasks.sorting import LECTURE_PROMPTS, REWARD_FUNCTIONS
 
 FAST = ["log.progress=false", "log.plot=false", "log.checkpoint_every=0"]
@@ -220,10 +220,10 @@ def test_the_registry_names_every_task_by_its_config_name():
 def test_task_options_are_checked_without_building_the_task(tmp_path):
     missing = tmp_path / "missing.jsonl"  # never read: the unknown key is found first
     options = f"task.options={{train_path: '{missing}', eval_path: '{missing}', templat: plain}}"
-    config = load_config(None, ["task.name=gsm8k", "policy.name=causal_lm", options])
-    with pytest.raises(ConfigError, match="'gsm8k': unknown option 'templat'; did you mean 'template'"):
-        check_task_options(config.task.name, config.task.options)
-    check_task_options("sorting", {"anything": 1})  # sorting does not read task.options
+    with pytest.raises(ConfigError, match="task.options: unknown option 'templat'; did you mean 'template'"):
+        load_config(None, ["task.name=gsm8k", "policy.name=causal_lm", options])
+    with pytest.raises(ConfigError, match="task.options: unknown option 'anything'"):
+        load_config(None, ["task.options.anything=1"])
 
 
 def test_one_factory_builds_the_task_and_user_specs_in_summing_order():

@@ -6,7 +6,6 @@ import torch
 
 from rlvr.base.errors import ConfigError
 from rlvr.environments.base import Step
-from rlvr.tasks import check_task_options
 
 pytest.importorskip("transformers")
 
@@ -90,12 +89,13 @@ def test_calls_past_the_cap_are_not_run_and_the_policy_reads_why(tmp_path, monke
 
 
 def test_the_cap_is_a_task_option_with_its_rules():
+    from rlvr.config import load_config
     from rlvr.tasks.environment import EnvironmentTask
 
     assert EnvironmentTask(max_tool_calls=3).limits.max_tool_calls == 3
     assert EnvironmentTask().limits.max_tool_calls == 8
     with pytest.raises(ConfigError, match=r"task.options.max_tool_calls=0 must be >= 1"):
-        check_task_options("environment", {"max_tool_calls": 0})
+        load_config(None, ["task.name=environment", "policy.name=causal_lm", "task.options.max_tool_calls=0"])
 
 
 def test_an_own_tool_that_hangs_for_good_ends_its_episode_within_the_limit(tmp_path, monkeypatch):

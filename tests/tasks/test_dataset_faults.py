@@ -216,10 +216,9 @@ def test_a_prompt_too_long_for_the_model_is_named_by_file_and_line(tmp_path):
 
 
 def test_eval_fraction_as_text_is_a_config_error(tmp_path):
-    config = load_config(None, ["task.name=dataset", "policy.name=causal_lm", "task.options={path: "
-                                f"{write_jsonl(tmp_path / 'd.jsonl', ROWS)}, eval_fraction: half}}"])
     with pytest.raises(ConfigError, match=r"task.options.eval_fraction: expected float, got 'half'"):
-        build_task(config)
+        load_config(None, ["task.name=dataset", "policy.name=causal_lm", "task.options={path: "
+                           f"{write_jsonl(tmp_path / 'd.jsonl', ROWS)}, eval_fraction: half}}"])
 
 
 @pytest.mark.parametrize("name, content", [

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
-from collections.abc import Callable, Iterator, Mapping
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, get_type_hints
@@ -23,29 +21,6 @@ import yaml
 from rlvr.base.errors import ConfigError, did_you_mean
 from rlvr.base.rules import check_rules, coerce, rules_text
 from rlvr.base.trl_names import VERL_NAMES, foreign_hint
-
-# a free-form mapping field's dotted path -> a function giving {owner's name: its option names}
-OptionOwners = Mapping[str, Callable[[], Mapping[str, tuple[str, ...]]]]
-
-
-class Names:
-    """The names of a registry (``module.attribute``, a mapping or a tuple), imported when
-    first asked for: a field's ``choices`` that does not import what it names."""
-
-    def __init__(self, module: str, attribute: str):
-        self.module, self.attribute = module, attribute
-
-    def names(self) -> tuple[str, ...]:
-        return tuple(getattr(importlib.import_module(self.module), self.attribute))
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.names())
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.names()
-
-    def __len__(self) -> int:
-        return len(self.names())
 
 
 def section_type(cls: type, key: str, name: Any) -> type | None:
@@ -74,11 +49,15 @@ def _chosen(cls: type, node: Any) -> Any:
 
 
 def check_fields(section: Any, prefix: str = "") -> None:
-    """The rules each field declares (``setting``), over every section."""
+    """The rules each field declares (``setting``), over every section; a section its
+    ``name`` picks (``setting(sections=...)``) is of the class picked."""
     for f in fields(section):
         value, path, rules = getattr(section, f.name), prefix + f.name, f.metadata
         if value is None:
             continue  # an optional field left null
+        if "sections" in rules and not isinstance(value, picked := rules["sections"][section.name]):
+            raise ConfigError(f"{path}: a {type(value).__name__}, and {prefix}name={section.name!r} takes a "
+                              f"{picked.__name__}")
         if dataclasses.is_dataclass(value):
             check_fields(value, path + ".")
             continue
@@ -121,10 +100,10 @@ def _node(data: dict, path: str) -> Any:
     return data
 
 
-def setting_paths(schema: type, data: dict, owners: OptionOwners) -> dict[str, str]:
+def setting_paths(schema: type, data: dict) -> dict[str, str]:
     """Every setting's dotted path -> "" when it applies to the config mapping ``data``,
-    else the choice it needs ("policy.name=causal_lm"): each section's fields (a section
-    its ``name`` picks names the choice), and the keys ``owners`` gives each free-form mapping field."""
+    else the choice it needs ("policy.name=causal_lm"): each section's fields, a section
+    its ``name`` picks naming the choice."""
     paths: dict[str, str] = {}
 
     def walk(cls: type, node: Any, prefix: str, needs: str) -> None:
@@ -140,23 +119,12 @@ def setting_paths(schema: type, data: dict, owners: OptionOwners) -> dict[str, s
                 paths[prefix + f.name] = needs
 
     walk(schema, data, "", "")
-    for field_path, owners_of in owners.items():
-        section = field_path.rsplit(".", 1)[0]
-        chosen = _chosen(get_type_hints(schema)[section], data.get(section))
-        names_of: dict[str, list[str]] = {}
-        for name, keys in owners_of().items():
-            for key in keys:
-                names_of.setdefault(key, []).append(name)
-        for key, names in names_of.items():
-            either = " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
-            paths[f"{field_path}.{key}"] = "" if chosen in names else f"{section}.name={either}"
     return paths
 
 
-def unknown_keys(schema: type, data: dict, owners: OptionOwners, free: bool = True) -> list[tuple[str, str]]:
-    """(path, hint) of every key of the config mapping ``data`` that names no setting: in
-    every section, and (``free``) in the free-form mappings of ``owners`` for the chosen
-    owner (one that takes none is not read). Keys of option sections come last."""
+def unknown_keys(schema: type, data: dict) -> list[tuple[str, str]]:
+    """(path, hint) of every key of the config mapping ``data`` that names no setting, in
+    every section. Keys of option sections come last."""
     found: list[tuple[str, Any, list[str]]] = []  # (path, value, the names allowed where it stands)
 
     def walk(cls: type, node: dict, prefix: str) -> None:
@@ -168,14 +136,9 @@ def unknown_keys(schema: type, data: dict, owners: OptionOwners, free: bool = Tr
                 walk(section, value, f"{prefix}{key}.")
 
     walk(schema, data, "")
-    if not found and not free:
-        return []  # no hint to look for: the owners' options are not imported
-    paths = setting_paths(schema, data, owners)
-    for field_path in owners if free else ():
-        node = _node(data, field_path)
-        allowed = [p.rsplit(".", 1)[1] for p, when in paths.items() if _section(p) == f"{field_path}." and not when]
-        if isinstance(node, dict) and allowed:
-            found += [(f"{field_path}.{key}", value, allowed) for key, value in node.items() if key not in allowed]
+    if not found:
+        return []
+    paths = setting_paths(schema, data)
     found.sort(key=lambda item: is_option(item[0]))
     return [hint for path, value, allowed in found for hint in _unknown_key(path, value, allowed, paths)]
 
@@ -235,31 +198,15 @@ def to_yaml(config: Any) -> str:
     return yaml.safe_dump(named_callables(dataclasses.asdict(config)), sort_keys=False)
 
 
-# a free-form mapping's own entries, for help: (key, value given or its default, its rules as metadata)
-MappingEntries = Callable[[Any, Any], list[tuple[str, Any, dict[str, Any]]]]
-
-
-def commented_yaml(section: Any, indent: str = "", entries: dict[str, MappingEntries] | None = None,
-                   prefix: str = "") -> list[str]:
-    """The lines of YAML with each field's help and rules as a comment: every setting.
-    ``entries``: for a free-form mapping's dotted path (``task.options``), the keys it
-    takes, each shown with its value (given, else its default) and its own help."""
+def commented_yaml(section: Any, indent: str = "") -> list[str]:
+    """The lines of YAML with each field's help and rules as a comment: every setting."""
     lines = []
     for f in fields(section):
         value = getattr(section, f.name)
         help_text = f.metadata.get("help", "") + rules_text(f.metadata)
         if dataclasses.is_dataclass(value):
             lines.append(f"{indent}{f.name}:" + (f"  # {help_text}" if help_text else ""))
-            lines += commented_yaml(value, indent + "  ", entries, f"{prefix}{f.name}.")
-            continue
-        expand = (entries or {}).get(f"{prefix}{f.name}")
-        listed = expand(section, value) if expand is not None and isinstance(value, dict) else []
-        if listed:
-            lines.append(f"{indent}{f.name}:" + (f"  # {help_text}" if help_text else ""))
-            for key, item, rules in listed:
-                text = yaml.safe_dump({key: named_callables(item)}, default_flow_style=True, width=10**6).strip()
-                note = rules.get("help", "") + rules_text(rules)
-                lines.append(f"{indent}  {text[1:-1]}" + (f"  # {note}" if note else ""))
+            lines += commented_yaml(value, indent + "  ")
             continue
         text = yaml.safe_dump({f.name: named_callables(value)}, default_flow_style=True, width=10**6).strip()[1:-1]
         lines.append(f"{indent}{text}" + (f"  # {help_text}" if help_text else ""))
@@ -351,8 +298,8 @@ def _override_value(raw: str, item: str) -> Any:
 
 def merge_into(cls: type | None, base: dict, update: dict) -> dict:
     """``update`` over ``base``, mappings for the section ``cls``: sections merge key by key;
-    a free-form mapping field (keyword arguments: ``lora``, ``task.options``) merges one
-    level deep, its values replaced whole; anything else is replaced."""
+    a mapping field (keyword arguments: ``lora``) merges one level deep, its values replaced
+    whole; anything else is replaced."""
     hints = get_type_hints(cls) if cls is not None else {}
     chosen = _chosen(cls, {**base, **update}) if cls is not None else None
     out = dict(base)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import warnings
+from dataclasses import fields
 from pathlib import PurePath
 from typing import Any
 
@@ -18,10 +19,9 @@ import torch
 
 from rlvr.base.errors import ConfigError
 from rlvr.base.rules import finite
-from rlvr.base.settings import check_fields, unknown_keys, unknown_message
+from rlvr.base.settings import check_fields
 from rlvr.config.sections import (
     MAX_RESPONSES,
-    POLICY_OPTIONS,
     AlgoConfig,
     CausalLMOptions,
     Config,
@@ -40,17 +40,6 @@ REWARD_FUNCTION_KEYS = ("function", "weight", "timeout", "name", "required", "op
 MAX_POSITIONAL_PARAMETERS = 2**24  # the positional toy model: 2 n D^2 + V D (64 MiB of float32)
 # cluster.address as ray.init takes it: auto, or HOST:PORT (a name, an IPv4 or a bracketed IPv6), optionally ray://
 RAY_ADDRESS = re.compile(r"auto|(ray://)?([A-Za-z0-9][A-Za-z0-9_.-]*|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]{1,5})")
-
-
-def _task_options() -> dict[str, tuple[str, ...]]:
-    """Each task's name -> the names of its options (the tasks imported to read them)."""
-    from rlvr.tasks import TASKS
-
-    return {name: tuple(cls.options) for name, cls in TASKS.items()}
-
-
-# task.options: the chosen task's keyword arguments, declared beside each task
-OPTION_OWNERS = {"task.options": _task_options}
 
 
 def _check_reward_functions(functions: list) -> None:
@@ -90,19 +79,10 @@ def _check_run_name(name: str) -> None:
                           "set out_dir=DIR to write a run elsewhere")
 
 
-def sorting_options(task: TaskConfig) -> dict[str, Any]:
-    """The sorting task's options, ``task.options`` checked (``check_task_options``) over
-    their defaults."""
-    from rlvr.tasks import check_task_options
-    from rlvr.tasks.sorting import config_options
-
-    return {**config_options(), **check_task_options(task.name, task.options)}
-
-
-def _check_sorting(options: dict[str, Any], positional: PositionalOptions) -> None:
+def _check_sorting(options: Any, positional: PositionalOptions) -> None:
     """Fixed sorting prompts: at least one, each ``num_numbers`` integers in [0, vocab_size);
     the positional model's parameter count, 2 n D^2 (encode, decode) + V D (embedding)."""
-    n, v, prompts = options["num_numbers"], options["vocab_size"], options["prompts"]
+    n, v, prompts = options.num_numbers, options.vocab_size, options.prompts
     if prompts is not None and not prompts:
         raise ConfigError("task.options.prompts=[] holds no prompt; give some, or null to sample fresh ones")
     for i, prompt in enumerate(prompts or []):
@@ -119,7 +99,7 @@ def _check_sorting(options: dict[str, Any], positional: PositionalOptions) -> No
 
 def _fixed_prompts(task: TaskConfig) -> list | None:
     """The sorting task's fixed prompts, the whole batch of every epoch (None: sampled)."""
-    return task.options.get("prompts") if task.name == "sorting" else None
+    return task.options.prompts if task.name == "sorting" else None
 
 
 def _batch(task: TaskConfig) -> int:
@@ -151,13 +131,13 @@ def validate(config: Config) -> None:
     task, policy, algo, optim = config.task, config.policy, config.algo, config.optim
     check_fields(config)
     _check_run_name(config.name)
-    if not isinstance(policy.options, POLICY_OPTIONS[policy.name]):
-        raise ConfigError(f"policy.options: a {type(policy.options).__name__}, and policy.name={policy.name!r} "
-                          f"takes a {POLICY_OPTIONS[policy.name].__name__}")
+    for f in fields(task.options):
+        if f.metadata.get("required") and getattr(task.options, f.name) is None:
+            raise ConfigError(f"task.options.{f.name} is required by task.name={task.name!r} ({f.metadata['help']})")
     if task.name == "sorting":
         if policy.name != "positional":
             raise ConfigError("task.name='sorting' needs policy.name='positional' (use sort_text for LMs)")
-        _check_sorting(sorting_options(task), policy.options)
+        _check_sorting(task.options, policy.options)
     elif policy.name == "positional":
         raise ConfigError(f"policy.name='positional' only fits task.name='sorting', not {task.name!r}; a language "
                           "model takes the other tasks: policy.name=causal_lm policy.options.model=MODEL")
@@ -359,17 +339,9 @@ def check_engine(options: CausalLMOptions) -> None:
 
 
 def check_options(config: Config) -> None:
-    """task.options and a chat template without loading a model or data (``rlvr train``
-    refuses the same as it builds): every unknown task option in one error, each with the
-    setting meant, then their types and declared rules (``check_task_options``) and a chat
-    template's limits (``rlvr.policies.template_sandbox.check_chat_template``)."""
+    """A chat template's limits without loading a model (``rlvr train`` refuses the same as
+    it builds): ``rlvr.policies.template_sandbox.check_chat_template``."""
     from rlvr.policies.template_sandbox import check_chat_template
-    from rlvr.tasks import check_task_options
 
-    unknown = [(path, hint) for path, hint in unknown_keys(type(config), config.to_dict(), OPTION_OWNERS)
-               if path.startswith("task.options.")]
-    if unknown:
-        raise ConfigError(unknown_message(unknown))
-    check_task_options(config.task.name, config.task.options)
     if config.policy.name == "causal_lm" and config.policy.options.chat_template is not None:
         check_chat_template(config.policy.options.chat_template)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import inspect
 from collections.abc import Sequence
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
@@ -17,9 +16,9 @@ import torch
 
 from rlvr.base.errors import ConfigError
 from rlvr.base.extras import AGENT_MODULES, LM_MODULES, require
-from rlvr.config.checks import check_engine, sorting_options
+from rlvr.config.checks import check_engine
 from rlvr.policies.positional import PositionalPolicy
-from rlvr.tasks import check_task_options, settings_field, task_class
+from rlvr.tasks import task_class
 from rlvr.tasks.grading import GradedTask, reward_runner
 
 if TYPE_CHECKING:
@@ -49,20 +48,19 @@ def driver_holds_weights(config: Config) -> bool:
 def build_task(config: Config, serve: bool = True) -> GradedTask:
     """The task of ``config`` with the runner of its and the user's reward functions;
     configuration errors name the field. A task takes its constructor's keyword arguments
-    from ``task.options``, and a task
-    that shuffles its data (a ``shuffle_seed`` argument: dataset, reasoning_gym) gets the
-    run's ``seed`` there unless the options set it. Without ``serve``, what a reward would be
-    served by (a judge's reference model) is checked, not loaded: for a check, or a caller
-    that grades nothing."""
+    from ``task.options``, and a task that shuffles its data (a ``shuffle_seed`` argument:
+    dataset, reasoning_gym) gets the run's ``seed`` there unless the options set it. Without
+    ``serve``, what a reward would be served by (a judge's reference model) is checked, not
+    loaded: for a check, or a caller that grades nothing."""
     t, r = config.task, config.rewards
     cls = task_class(t.name)
-    options = check_task_options(t.name, t.options)
-    if "shuffle_seed" in inspect.signature(cls).parameters:
-        options.setdefault("shuffle_seed", config.seed)
+    options = dict(vars(t.options))
+    if options.get("shuffle_seed", 0) is None:
+        options["shuffle_seed"] = config.seed
     try:
         task = cls(**options)
     except (TypeError, ValueError, OSError) as err:
-        raise ConfigError(f"{settings_field(t.name)}: {err}") from err
+        raise ConfigError(f"task.options for {t.name!r}: {err}") from err
     # the task has started no runner of its own
     try:
         functions, reference = serve_reference(r.functions, config.policy, start=serve)
@@ -85,8 +83,8 @@ def build_policy(config: Config, task: Task | None = None, weights: bool = True)
     p = config.policy
     if p.name == "positional":
         with torch.device("meta") if not weights else nullcontext():
-            sizes = sorting_options(config.task)
-            policy: Policy = PositionalPolicy(sizes["vocab_size"], p.options.embedding_dim, sizes["num_numbers"],
+            sizes = config.task.options
+            policy: Policy = PositionalPolicy(sizes.vocab_size, p.options.embedding_dim, sizes.num_numbers,
                                               p.options.embedding_std)
     else:
         try:
@@ -110,14 +108,8 @@ def build_causal_lm_policy(config: PolicyConfig, weights: bool = True) -> Causal
         raise ValueError("policy.options.model is required: a model folder (rlvr init-model) or a hub name")
     if weights:
         check_engine(o)  # before loading anything
-    return CausalLMPolicy.from_pretrained(
-        o.model, dtype=o.dtype, device=o.device if weights else "meta", lora=o.lora,
-        engine=o.engine if weights else "hf", engine_options=o.engine_options,
-        temperature=config.temperature, chat_template=o.chat_template, max_new_tokens=o.max_new_tokens,
-        min_new_tokens=o.min_new_tokens, top_k=o.top_k, top_p=o.top_p, stop_strings=o.stop_strings,
-        gradient_checkpointing=o.gradient_checkpointing, add_special_tokens=o.add_special_tokens,
-        autocast=o.autocast, chunk_elements=o.chunk_elements, share_prompts=o.share_prompts, compile=o.compile,
-        disable_dropout=o.disable_dropout)
+    settings = {**vars(o), "device": o.device if weights else "meta", "engine": o.engine if weights else "hf"}
+    return CausalLMPolicy.from_pretrained(settings.pop("model"), temperature=config.temperature, **settings)
 
 
 # the tasks that need an optional install -> its modules

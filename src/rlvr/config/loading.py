@@ -16,7 +16,7 @@ from rlvr.base.settings import (
     unknown_keys,
     unknown_message,
 )
-from rlvr.config.checks import OPTION_OWNERS, validate
+from rlvr.config.checks import validate
 from rlvr.config.presets import resolve_defaults
 from rlvr.config.sections import Config
 
@@ -56,8 +56,8 @@ def moved_into_options(data: dict) -> dict:
 
 
 def merge(base: dict, update: dict) -> dict:
-    """Config mappings merged, ``update`` winning: sections key by key, free-form mappings
-    (``task.options``, ``policy.options.lora``) one level deep (``rlvr.base.settings.merge_into``);
+    """Config mappings merged, ``update`` winning: sections key by key, mappings
+    (``policy.options.lora``) one level deep (``rlvr.base.settings.merge_into``);
     a key of MOVED_INTO_OPTIONS in ``update`` wins over ``base``'s in the section's options, and
     the reverse."""
     merged = merge_into(Config, base, update)
@@ -76,11 +76,10 @@ def merge(base: dict, update: dict) -> dict:
 
 def config_from_dict(data: dict) -> Config:
     """A validated Config from a nested mapping (missing keys take the defaults, after
-    ``algo.preset`` and the causal-LM defaults: ``rlvr.config.presets.resolve_defaults``).
-    Unknown keys of ``task.options`` alone are left to ``check_options``."""
+    ``algo.preset`` and the causal-LM defaults: ``rlvr.config.presets.resolve_defaults``)."""
     data = resolve_defaults(moved_into_options(data) if isinstance(data, dict) else data or {})
-    if isinstance(data, dict) and unknown_keys(Config, data, OPTION_OWNERS, free=False):
-        raise ConfigError(unknown_message(unknown_keys(Config, data, OPTION_OWNERS)))
+    if isinstance(data, dict) and (unknown := unknown_keys(Config, data)):
+        raise ConfigError(unknown_message(unknown))
     config = build(Config, data)
     validate(config)
     return config

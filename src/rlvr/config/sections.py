@@ -11,17 +11,19 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from rlvr.base.modeling import DTYPES
 from rlvr.base.rules import setting
-from rlvr.base.settings import Names, commented_yaml, to_yaml
+from rlvr.base.settings import commented_yaml, to_yaml
 from rlvr.config.presets import ALGO_PRESETS
 from rlvr.core import AGGREGATIONS, DELTA_MODES, IS_CORRECTIONS, KL_ESTIMATORS, LOSS_MODES
 from rlvr.core.logprobs import DEFAULT_CHUNK_ELEMENTS
 from rlvr.engines import ENGINES
 from rlvr.engines.vllm import VLLMOptions
+from rlvr.tasks import TASK_OPTIONS, TASKS
 
 POLICIES = ("positional", "causal_lm")
 OPTIMIZERS = ("adam", "adamw")
@@ -85,17 +87,24 @@ class CausalLMOptions:
 POLICY_OPTIONS = {"positional": PositionalOptions, "causal_lm": CausalLMOptions}  # policy.name -> its options
 
 
+def named_default(options: Any, sections: dict[str, type], name: str) -> Any:
+    """``options`` for the section ``name`` picks: the defaults of another name's section
+    become that section's defaults (a section built in Python with only its ``name`` set)."""
+    picked = sections.get(name)
+    if picked is not None and not isinstance(options, picked) and options == type(options)():
+        return picked()
+    return options
+
+
 @dataclass
 class TaskConfig:
-    name: str = setting("sorting", "task", choices=Names("rlvr.tasks", "TASKS"))
+    name: str = setting("sorting", "task", choices=TASKS)
     prompts_per_epoch: int = setting(3, "B: prompts sampled per epoch (random or text-task prompts)", above=0)
-    options: dict = setting({}, "the task's options: its class's keyword arguments (rlvr config lists them)")
+    options: Any = setting(TASK_OPTIONS["sorting"](), "the task's options: its class's keyword arguments",
+                           sections=TASK_OPTIONS)  # one of TASK_OPTIONS' sections
 
     def __post_init__(self) -> None:
-        if self.name == "sorting":  # its options in full, as for the lecture where not given
-            from rlvr.tasks.sorting import config_options  # imported when a config is made, not here
-
-            self.options = {**config_options(), **self.options}
+        self.options = named_default(self.options, TASK_OPTIONS, self.name)
 
 
 @dataclass
@@ -124,10 +133,7 @@ class PolicyConfig:
         "model's sizes", sections=POLICY_OPTIONS)
 
     def __post_init__(self) -> None:
-        # options left as the default name's: the named policy's defaults
-        picked = POLICY_OPTIONS.get(self.name)
-        if picked is not None and not isinstance(self.options, picked) and self.options == type(self.options)():
-            self.options = picked()
+        self.options = named_default(self.options, POLICY_OPTIONS, self.name)
 
 
 @dataclass
@@ -360,6 +366,4 @@ class Config:
 
     def to_commented_yaml(self) -> str:
         """YAML with each field's help and rules as a comment: every setting that applies, documented."""
-        from rlvr.tasks import task_option_entries
-
-        return "\n".join(commented_yaml(self, entries={"task.options": task_option_entries})) + "\n"
+        return "\n".join(commented_yaml(self)) + "\n"

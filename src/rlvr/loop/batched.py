@@ -111,7 +111,7 @@ def batching_refusal(configs: Sequence[Config]) -> str | None:
     c = configs[0]
     needs = {
         "task.name=sorting": c.task.name == "sorting",
-        "fixed task.options.prompts (not null)": c.task.options.get("prompts") is not None,
+        "fixed task.options.prompts (not null)": c.task.options.prompts is not None,
         "rewards.functions=[]": not c.rewards.functions,
         "cluster.rollout_workers=0": c.cluster.rollout_workers == 0,
     }

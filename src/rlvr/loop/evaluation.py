@@ -43,7 +43,7 @@ def eval_prompts_label(config: Config) -> str:
     task evaluates the prompts it trains on (the sorting task with fixed ``task.options.prompts``,
     the lecture's setting: its solve rate says nothing about prompts it has not seen),
     else "held-out prompts"."""
-    if config.task.name == "sorting" and config.task.options.get("prompts") is not None:
+    if config.task.name == "sorting" and config.task.options.prompts is not None:
         return "training prompts"
     return "held-out prompts"
 

@@ -1,18 +1,20 @@
 """Verifiable tasks: prompts, reward specs and a gold check, one task per file.
 
-``TASKS`` names every task; ``check_task_options`` checks a text task's keyword
-arguments (``task.options``) against its constructor and declared rules. A config
+``TASKS`` names every task and ``TASK_OPTIONS`` the section of ``task.options`` each
+takes, made from its constructor's keyword arguments and declared rules. A config
 becomes a task with its one RewardRunner (``rlvr.tasks.grading``) in ``rlvr.config.compose``.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import functools
 import inspect
-from typing import Any, get_type_hints
+from typing import get_type_hints
 
 from rlvr.base.errors import ConfigError, PromptError, did_you_mean
 from rlvr.base.interfaces import Policy, Task
-from rlvr.base.rules import check_rules, coerce
 from rlvr.tasks.agent import AgentTask
 from rlvr.tasks.arithmetic import ArithmeticTask
 from rlvr.tasks.dataset import DatasetTask
@@ -29,47 +31,30 @@ TASKS: dict[str, type[GradedTask]] = {
                               EnvironmentTask, AgentTask, VerifiersTask)
 }
 
-__all__ = ["TASKS", "GradedTask", "SortingTask", "check_prompts_fit", "check_task_options", "reward_runner",
-           "settings_field", "task_class", "task_option_entries"]
+__all__ = ["TASKS", "TASK_OPTIONS", "GradedTask", "SortingTask", "check_prompts_fit", "options_section",
+           "reward_runner", "task_class"]
 
 
-def check_task_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
-    """``task.options`` checked as the config's own fields are, without building the task
-    (no data read): each a keyword argument of the task (an unknown key is a ConfigError
-    naming the nearest), of the argument's type and within the rules its task declares
-    (``GradedTask.options``), the required ones given. Returns them, numbers as their
-    types take them."""
-    cls = task_class(name)
-    parameters = {name: p for name, p in inspect.signature(cls).parameters.items() if name not in ("args", "kwargs")}
-    unknown = [key for key in options if key not in parameters]
-    if unknown:
-        raise ConfigError(f"{settings_field(name)}: " + "; ".join(
-            f"unknown option {key!r}; {did_you_mean(key, parameters)}" for key in unknown))
-    missing = [key for key, p in parameters.items() if p.default is p.empty and key not in options]
-    if missing:
-        raise ConfigError(f"task.options.{missing[0]} is required by task.name={name!r} "
-                          f"({cls.options[missing[0]]['help']})")
-    hints = get_type_hints(cls.__init__)
-    checked = {}
-    for key, value in options.items():
-        path = f"task.options.{key}"
-        checked[key] = coerce(path, value, hints[key])
-        if checked[key] is not None:
-            check_rules(path, checked[key], cls.options[key])
-    return checked
+def options_section(cls: type[GradedTask]) -> type:
+    """The dataclass of ``task.options`` for the task ``cls``: a field per keyword argument of
+    its constructor, with the argument's type and default and the help and rules the task
+    declares (``GradedTask.options``). A required argument's field is null until given
+    (marked ``required``), as is ``shuffle_seed``, which the run's seed fills
+    (``rlvr.config.compose.build_task``)."""
+    hints, fields = get_type_hints(cls.__init__), []
+    for name, p in inspect.signature(cls).parameters.items():
+        metadata, default = dict(cls.options[name]), cls.config_defaults.get(name, p.default)
+        if p.default is p.empty:
+            metadata["required"] = True
+        if p.default is p.empty or name == "shuffle_seed":
+            default, hints[name] = None, hints[name] | None
+        made = functools.partial(copy.deepcopy, default)
+        fields.append((name, hints[name], dataclasses.field(default_factory=made, metadata=metadata)))
+    return dataclasses.make_dataclass(f"{cls.__name__}Options", fields, namespace={"__module__": __name__})
 
 
-def task_option_entries(task: Any, options: dict[str, Any]) -> list[tuple[str, Any, dict[str, Any]]]:
-    """Each option the task (``task.name``'s class) takes, with its value in ``options``
-    or else its default ("required" for one without), and its help and rules: what
-    ``rlvr config`` lists under ``task.options``."""
-    try:
-        cls = task_class(task.name)
-    except ConfigError:
-        return []
-    parameters = {name: p for name, p in inspect.signature(cls).parameters.items() if name not in ("args", "kwargs")}
-    return [(key, options[key] if key in options else "required" if p.default is p.empty else p.default,
-             cls.options.get(key, {})) for key, p in parameters.items()]
+TASK_OPTIONS = {name: options_section(cls) for name, cls in TASKS.items()}  # task.name -> its options
+globals().update({section.__name__: section for section in TASK_OPTIONS.values()})  # found by pickle, by name
 
 
 def check_prompts_fit(task: Task, policy: Policy) -> None:
@@ -91,8 +76,3 @@ def task_class(name: str) -> type[GradedTask]:
     if name not in TASKS:
         raise ConfigError(f"task.name={name!r} is not allowed; {did_you_mean(name, TASKS)}")
     return TASKS[name]
-
-
-def settings_field(name: str) -> str:
-    """Where a task's settings are in a config, for messages."""
-    return f"task.options for {name!r}"

@@ -87,8 +87,9 @@ class GradedTask(Task):
     gold_reward: str | None
     no_reward_hint: ClassVar[str] = ""
     # task.options: each keyword argument's help and rules (rlvr.base.rules.option); its type and
-    # default are the argument's (rlvr.tasks.check_task_options)
+    # default are the argument's (rlvr.tasks.options_section), but where a config's default differs
     options: ClassVar[dict[str, dict[str, Any]]] = {}
+    config_defaults: ClassVar[dict[str, Any]] = {}
     user_rewards_first: ClassVar[bool] = False
     reports_builtin_rewards: ClassVar[bool] = True
     reward_workers: int | None = None

@@ -9,7 +9,6 @@ repeated numbers (docs/explanation/tasks.md)."""
 from __future__ import annotations
 
 import functools
-import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -130,6 +129,7 @@ class SortingTask(GradedTask):
         "eval_size": option("held-out prompts (random prompts)", above=0, max=2**14),
         "eval_seed": option("seed of the held-out prompts (random prompts)", min=0, max=SEED_MAX),
     }
+    config_defaults = {"prompts": LECTURE_PROMPTS}  # a config runs the lecture's prompts unless told otherwise
 
     num_numbers: int = 3
     vocab_size: int = 5
@@ -196,9 +196,3 @@ class SortingTask(GradedTask):
                              trainer_state=trainer_state)
         return result.reshape(b, g)
 
-
-def config_options() -> dict[str, Any]:
-    """The task's keyword arguments as a config's ``task.options`` holds them by default:
-    their defaults, the prompts the lecture's (null: fresh ones)."""
-    defaults = {name: p.default for name, p in inspect.signature(SortingTask).parameters.items()}
-    return {**defaults, "prompts": [list(p) for p in LECTURE_PROMPTS]}
