@@ -287,7 +287,8 @@ def side_by_side(configs: list[Config]) -> list[tuple[list[Record], Path, str]]:
     another here for others (a model, Ray, a GPU are not for sharing). A stop signal here
     reaches every run, once: each stops with a checkpoint, and runs not begun do not begin.
     A run that fails is named on stderr when the others have ended; then its error is raised."""
-    workers = min(len(configs), os.cpu_count() or 1) if configs[0].policy.name == "positional" else 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # taskset's
+    workers = min(len(configs), cores) if configs[0].policy.name == "positional" else 1
     if workers == 1:
         return [start_or_continue(config) for config in configs]
     with ProcessPoolExecutor(workers, multiprocessing.get_context("spawn"), initializer=_worker_start,
