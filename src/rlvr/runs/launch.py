@@ -13,6 +13,7 @@ import signal
 import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import ExitStack, contextmanager, suppress
 from functools import partial
 from pathlib import Path
@@ -282,12 +283,13 @@ def start_or_continue(config: Config) -> tuple[list[Record], Path, str]:
 
 
 def side_by_side(configs: list[Config]) -> list[tuple[list[Record], Path, str]]:
-    """``start_or_continue`` of each run, as many at once as there are cores for the
-    positional toy (a process each; the toy trains on one torch thread, ``threads``), one after
-    another here for others (a model, Ray, a GPU are not for sharing). A stop signal here
-    reaches every run, once: each stops with a checkpoint, and runs not begun do not begin.
-    A run that fails is named on stderr when the others have ended; then its error is raised."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # taskset's
+    """``start_or_continue`` of each run: for the positional toy as many at once as there are
+    cores (a process each, each on one torch thread, ``threads``), for others one after
+    another here (a model, Ray, a GPU are not for sharing). A stop signal here reaches every
+    run, once: each stops with a checkpoint, and runs not begun do not begin. A run that
+    fails is named on stderr when the others have ended; then its error is raised."""
+    # the cores this process may use (taskset, a cpuset), not the machine's
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     workers = min(len(configs), cores) if configs[0].policy.name == "positional" else 1
     if workers == 1:
         return [start_or_continue(config) for config in configs]
@@ -311,8 +313,13 @@ def side_by_side(configs: list[Config]) -> list[tuple[list[Record], Path, str]]:
     if stopped:
         raise stopped
     errors = [(config, f.exception()) for config, f in zip(configs, futures) if f.exception() is not None]
+    cut = [config.name for config, err in errors if isinstance(err, BrokenProcessPool)]
+    errors = [(config, err) for config, err in errors if not isinstance(err, BrokenProcessPool)]
     for config, err in errors:
         print(f"rlvr: run {config.name} failed: {type(err).__name__}: {err}", file=sys.stderr)
+    if cut:  # a worker killed (out of memory, SIGKILL) ends the pool's others too
+        raise RunError(f"a run's process ended without an error (killed?): {', '.join(cut)} did not finish; the same "
+                       "rlvr compare again goes on from their checkpoints")
     if errors:
         raise errors[0][1]
     return [f.result() for f in futures]
