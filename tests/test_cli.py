@@ -95,6 +95,17 @@ def test_compare_run_again_reuses_finished_runs_and_resumes_shorter_ones(tmp_pat
     assert "optim.lr" in capsys.readouterr().err
 
 
+def test_compare_names_a_failing_run_and_keeps_the_others(tmp_path, capsys):
+    # the runs train side by side: one refused (its directory holds other settings) fails alone
+    out, args = tmp_path / "cmp", ["--modes", "raw", "algo.epochs=1", *QUIET]
+    assert main(["compare", *args, "--seeds", "1", f"out_dir={out}", "optim.lr=0.01"]) == 0
+    capsys.readouterr()
+    assert main(["compare", *args, "--seeds", "0,1", f"out_dir={out}"]) == 2
+    err = capsys.readouterr().err
+    assert "run raw-seed1 failed" in err and "optim.lr" in err
+    assert [r["kind"] for r in read_records(out / "raw-seed0")].count("train") == 10
+
+
 def test_compare_takes_overrides_before_and_after_its_options(tmp_path):
     # argparse alone refuses the items after an option ("unrecognized arguments: algo.epochs=1")
     out = tmp_path / "cmp"
