@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 
-from conftest import QUIET, cli, rlvr_cli
+from helpers import QUIET, cli, rlvr_cli
 from rlvr.cli import main
 from rlvr.runs.metrics import read_records, summary, without_timings
 
