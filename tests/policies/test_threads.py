@@ -39,7 +39,7 @@ def test_setup_sets_the_resolved_thread_count(llama_dir, restore_threads):
     run_setup([])
     assert torch.get_num_threads() == 1
     lm = [*LM, f"policy.options={{model: '{llama_dir}', max_new_tokens: 8}}"]
-    torch.set_num_threads(1)
+    torch.set_num_threads(DEFAULT_TORCH_THREADS + 1)  # not the default already (one thread a pytest-xdist worker)
     run_setup(lm)
     assert torch.get_num_threads() == DEFAULT_TORCH_THREADS
     torch.set_num_threads(1)
