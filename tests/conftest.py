@@ -15,7 +15,7 @@ import pytest
 from helpers import CHAT_TEMPLATE, GSM8K_DATA, QUIET, ROOT, TINY, private_ray, shell
 
 # What the suite makes once and reuses from run to run (SmolLM2 converted from its GGUF file,
-# torch inductor's compiled kernels), kept outside the checkout so that a fresh clone finds it.
+# torch inductor's compiled kernels), kept outside the checkout: later runs of any checkout find it.
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlvr-tests"
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(CACHE / "inductor"))
 
