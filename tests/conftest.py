@@ -20,10 +20,12 @@ CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlvr
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(CACHE / "inductor"))
 
 # pytest-xdist's workers share the cores: each worker (and what it starts) gets its share of
-# torch threads, so that workers x threads <= cores (more only spin against each other).
+# torch threads and of inductor's compile processes, so that workers x threads <= cores (more
+# only spin against each other; a pool of compile processes costs more than it saves here).
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if WORKERS > 1:
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // WORKERS)))
+    for name in ("OMP_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS"):
+        os.environ.setdefault(name, str(max(1, (os.cpu_count() or 1) // WORKERS)))
 
 # Tests that share what is costly to start or build run on one xdist worker (--dist loadgroup):
 # a private Ray (one at a time on the machine), the SmolLM2 conversion, the LoRA run.
