@@ -2,7 +2,7 @@
 
 import torch
 
-from conftest import QUIET
+from helpers import QUIET
 from rlvr.cli import main
 from rlvr.config import load_config
 from rlvr.loop.trainer import setup, train
