@@ -9,7 +9,7 @@ configuration).
 
     python benchmarks/lecture_toy.py                 # lecture config, every delta mode
     python benchmarks/lecture_toy.py --large         # also 256 prompts of 8 numbers, G=16
-    python benchmarks/lecture_toy.py --floor         # also the least 1000 steps cost (autograd; fused)
+    python benchmarks/lecture_toy.py --floor         # also the least 1000 steps cost
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ from torch import nn
 import rlvr
 from rlvr.loop.optim import optimizer_update
 from rlvr.loop.trainer import setup, train
-from rlvr.policies.positional import Workspace
-from rlvr.policies.positional_step import naive_batch, naive_gradients
 
 LECTURE_PROMPTS = [[1, 0, 2], [3, 2, 4], [1, 2, 3]]
 
@@ -88,33 +86,22 @@ def baseline_run(mode: str, prompts_list: list[list[int]], group: int, vocab: in
             optimizer.step()
 
 
-def floor_run(with_optimizer: bool, fused: bool = False, steps: int = 1000) -> None:
+def floor_run(with_optimizer: bool, steps: int = 1000) -> None:
     """The least a 100 x 10 run can cost: rlvr's positional log-probs and a naive loss,
-    backward with autograd (or ``fused``: the gradient as ``ToyLearner`` takes it,
-    ``naive_gradients`` with its workspace, entropy included), and a fused Adam step when
-    ``with_optimizer`` (``optimizer_update``, as the trainer steps), 1000 times on one
-    fixed batch; no sampling, no statistics, no records."""
+    backward with autograd, and a fused Adam step when ``with_optimizer``
+    (``optimizer_update``, as the trainer steps), 1000 times on one fixed batch; no
+    sampling, no statistics, no records."""
     torch.manual_seed(0)
     config = rlvr.load_config(None, ["log.progress=false"])
     _, st = setup(config)
     samples = st.policy.sample(torch.tensor(LECTURE_PROMPTS), 10, 1.0, st.generator)
     deltas = torch.randn(30, 1)
-    module = st.policy.module
-    params = list(module.parameters())
-    weights = torch.full((30, 3), 1 / 90)
-    batch = naive_batch(samples.prompt_ids, samples.response_ids, deltas[:, 0], weights, samples.policy_mask, 5)
-    grads, work = {name: torch.empty_like(p) for name, p in zip(("encode", "decode", "embedding"), params)}, Workspace()
+    params = list(st.policy.module.parameters())
     for _ in range(steps):
         for p in params:
             p.grad = None
-        if fused:
-            g, _ = naive_gradients(module.embedding.weight, module.encode, module.decode, batch, 1.0, True,
-                                   grads=grads, buffers=work)
-            module.encode.grad, module.decode.grad, module.embedding.weight.grad = g["encode"], g["decode"], \
-                g["embedding"]
-        else:
-            log_probs, _ = st.policy.log_probs(samples, 1.0)
-            (-(deltas * log_probs)).mean().backward()
+        log_probs, _ = st.policy.log_probs(samples, 1.0)
+        (-(deltas * log_probs)).mean().backward()
         if with_optimizer:
             optimizer_update(st.optimizer)
 
@@ -162,11 +149,9 @@ def main() -> None:
         compare(f"lecture 3 prompts x G=10, 100x10, {mode}", config,
                 lambda m=mode: baseline_run(m, LECTURE_PROMPTS, 10, 5, 100, 10), args.repeats)
     if args.floor:
-        rows = (("floor: forward + backward only", False, False), ("floor: + fused Adam step", True, False),
-                ("floor: fused gradient only", False, True), ("floor: fused gradient + Adam step", True, True))
-        for label, with_optimizer, fused in rows:
-            floor_run(with_optimizer, fused)
-            seconds = time_it(lambda w=with_optimizer, f=fused: floor_run(w, f), args.repeats)
+        for label, with_optimizer in (("floor: forward + backward only", False), ("floor: + fused Adam step", True)):
+            floor_run(with_optimizer)
+            seconds = time_it(lambda w=with_optimizer: floor_run(w), args.repeats)
             print(f"{label:<40} {seconds:7.3f} s per 1000 steps")
     if args.large:
         gen = torch.Generator().manual_seed(0)

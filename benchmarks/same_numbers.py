@@ -2,12 +2,13 @@
 tree, records compared field by field (wall-clock fields aside).
 
     python benchmarks/same_numbers.py [--base REV]   # default base: HEAD
+    python benchmarks/same_numbers.py --only lecture,sorting_best,compare   # some jobs
 
 The jobs: ``rlvr train`` (the lecture's defaults), ``rlvr train examples/sorting_best.yaml``,
 a 4-epoch GRPO run of a tiny ``rlvr init-model`` Llama on ``sort_text`` (clipped loss,
 normalized deltas, G = 4, two inner steps), the same run with one Ray rollout worker and
 two data-parallel learners (skipped, and said so, without ray), a dynamic-sampling run of
-the toy on fresh prompts, and ``rlvr compare`` of the toy (batched; every run it writes).
+the toy on fresh prompts, and ``rlvr compare`` of the toy (every run it writes).
 The base revision is checked out with
 ``git worktree`` into a temporary folder and run with its own sources, in a separate
 process, on the same machine, one after the other; the tiny model is built once by the
@@ -47,7 +48,7 @@ def jobs(model: Path) -> dict[str, list[str]]:
         "tiny_lm_cluster": ["train", *tiny_lm, "cluster.rollout_workers=1", "cluster.learners=2"],
         "dynamic_sampling": ["train", "task.prompts=null", "algo.dynamic_sampling=true", "algo.max_sampling_tries=8",
                              "algo.epochs=20", "log.eval_every=10", *quiet],
-        "compare_batched": ["compare", "algo.epochs=20", "log.eval_every=10", *quiet],
+        "compare": ["compare", "algo.epochs=20", "log.eval_every=10", *quiet],
     }
     if importlib.util.find_spec("ray") is None:
         print("tiny_lm_cluster: skipped (no ray: pip install 'rlvr[ray]')")
@@ -88,6 +89,7 @@ def differences(base: list[dict], new: list[dict]) -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", default="HEAD", help="git revision to compare against (default HEAD)")
+    parser.add_argument("--only", help="comma-separated job names (default: every job)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="same-numbers-") as tmp:
         tmp = Path(tmp)
@@ -99,7 +101,10 @@ def main() -> int:
             rlvr(ROOT / "src", ["init-model", "--out", str(model), "--hidden-size", "32",
                                 "--intermediate-size", "64", "--num-layers", "2", "--num-heads", "2"], tmp)
             failed = 0
-            for name, job_args in jobs(model).items():
+            chosen = jobs(model)
+            for name in set(chosen) - set(args.only.split(",")) if args.only else ():
+                del chosen[name]
+            for name, job_args in chosen.items():
                 got = {}
                 for side, tree in (("base", base_tree), ("now", ROOT)):
                     out = tmp / side / name

@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 
-from conftest import QUIET, cli, rlvr_cli
+from helpers import QUIET, cli, rlvr_cli
 from rlvr.cli import main
 from rlvr.runs.metrics import read_records, summary, without_timings
 
@@ -95,6 +95,17 @@ def test_compare_run_again_reuses_finished_runs_and_resumes_shorter_ones(tmp_pat
     assert "optim.lr" in capsys.readouterr().err
 
 
+def test_compare_names_a_failing_run_and_keeps_the_others(tmp_path, capsys):
+    # the runs train side by side: one refused (its directory holds other settings) fails alone
+    out, args = tmp_path / "cmp", ["--modes", "raw", "algo.epochs=1", *QUIET]
+    assert main(["compare", *args, "--seeds", "1", f"out_dir={out}", "optim.lr=0.01"]) == 0
+    capsys.readouterr()
+    assert main(["compare", *args, "--seeds", "0,1", f"out_dir={out}"]) == 2
+    err = capsys.readouterr().err
+    assert "run raw-seed1 failed" in err and "optim.lr" in err
+    assert [r["kind"] for r in read_records(out / "raw-seed0")].count("train") == 10
+
+
 def test_compare_takes_overrides_before_and_after_its_options(tmp_path):
     # argparse alone refuses the items after an option ("unrecognized arguments: algo.epochs=1")
     out = tmp_path / "cmp"
@@ -113,11 +124,11 @@ def test_compare_help_says_what_a_second_run_does(capsys):
 # ---------------------------------------------------------------- the console
 
 
-def test_progress_without_a_terminal_is_plain_lines(tmp_path):
-    proc = cli("train", f"out_dir={tmp_path / 'run'}", "algo.epochs=20", "algo.inner_steps=1", "log.plot=false")
-    assert proc.returncode == 0, proc.stderr
-    assert "\r" not in proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if "epoch" in line]
+def test_progress_without_a_terminal_is_plain_lines(tmp_path, capsys):
+    assert main(["train", f"out_dir={tmp_path / 'run'}", "algo.epochs=20", "algo.inner_steps=1", "log.plot=false"]) == 0
+    err = capsys.readouterr().err  # capsys's stderr, like a pipe, is not a terminal
+    assert "\r" not in err
+    lines = [line for line in err.splitlines() if "epoch" in line]
     # every 2nd epoch of 20 (a tenth of the run), the reward and solve rate of that epoch
     assert [line.split()[2] for line in lines] == [f"{e}/20" for e in range(2, 21, 2)]
     assert "reward" in lines[0] and "solve rate" in lines[0]

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from conftest import QUIET, train_record
+from helpers import QUIET, train_record
 from rlvr import core
 from rlvr.base.rollout import Rollout
 from rlvr.config import ConfigError, load_config

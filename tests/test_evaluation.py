@@ -1,6 +1,6 @@
 """What the evaluation is on: the lecture's training prompts or held-out ones, and the summary saying which."""
 
-from conftest import QUIET
+from helpers import QUIET
 from rlvr.cli import main
 
 

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 import rlvr
-from conftest import rlvr_cli
+from helpers import rlvr_cli
 
 OPTIONAL = ("transformers", "tokenizers", "huggingface_hub", "safetensors", "peft", "datasets", "pyarrow",
             "reasoning_gym", "ray", "math_verify")

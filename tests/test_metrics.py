@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from conftest import train_record
+from helpers import train_record
 from rlvr.cli import main
 from rlvr.runs.metrics import JsonlSink, read_records, summary
 

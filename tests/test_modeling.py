@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from helpers import TINY
 from rlvr.base.modeling import (
     DEFAULT_CHARS,
     add_init_model_arguments,
@@ -18,8 +19,6 @@ from rlvr.base.modeling import (
     run_init_model,
 )
 from rlvr.cli import main
-
-TINY = dict(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, max_positions=64)
 
 
 def test_char_tokenizer_round_trips():

@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 
-from conftest import QUIET
+from helpers import QUIET
 from rlvr.config import ConfigError, load_config
 from rlvr.core import kl_penalty, top_entropy_mask
 from rlvr.loop.step import accumulate_gradients, optimizer_step

@@ -2,40 +2,26 @@
 
 import torch
 
-from conftest import QUIET
+from helpers import QUIET
 from rlvr.cli import main
 from rlvr.config import load_config
-from rlvr.loop import seams
 from rlvr.loop.trainer import setup, train
 from rlvr.policies.positional import PositionalPolicy
 from rlvr.runs.checkpoint import load_latest
 
 
 def poison(monkeypatch, bad_calls):
-    """Make the training steps' log-probs NaN on the given call numbers (0-based): those of
-    PositionalPolicy.log_probs (autograd's path) and of the toy learner's fused step, whichever
-    the run takes (the naive loss scores nothing else)."""
-    original, fused = PositionalPolicy.log_probs, seams.naive_gradients
+    """Make the training steps' log-probs NaN on the given call numbers (0-based) of
+    PositionalPolicy.log_probs (the naive loss scores nothing else)."""
+    original = PositionalPolicy.log_probs
     calls = {"n": 0}
-
-    def bad() -> bool:
-        calls["n"] += 1
-        return calls["n"] - 1 in bad_calls
 
     def log_probs(self, samples, temperature=1.0, with_entropy=False):
         lp, ent = original(self, samples, temperature, with_entropy)
-        return (lp * float("nan") if bad() else lp), ent
-
-    def naive_gradients(*args, **kwargs):
-        grads, sums = fused(*args, **kwargs)
-        if bad():  # what NaN log-probs make of the loss and the gradient
-            sums["loss"] = sums["pg_loss"] = sums["loss"] * float("nan")
-            for g in grads.values():
-                g.mul_(float("nan"))
-        return grads, sums
+        calls["n"] += 1
+        return (lp * float("nan") if calls["n"] - 1 in bad_calls else lp), ent
 
     monkeypatch.setattr(PositionalPolicy, "log_probs", log_probs)
-    monkeypatch.setattr(seams, "naive_gradients", naive_gradients)
 
 
 def test_nan_step_is_skipped_and_weights_stay_finite(monkeypatch, caplog):

@@ -3,7 +3,7 @@ names drawn literally, no run's own figure overwritten."""
 
 import json
 
-from conftest import QUIET, train_record
+from helpers import QUIET, train_record
 from rlvr.cli import main
 from rlvr.runs.metrics import draw_runs, plot_runs
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import shell
+from helpers import shell
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import QUIET
+from helpers import QUIET
 from rlvr.base.errors import RunError
 from rlvr.cli import main
 from rlvr.config import load_config

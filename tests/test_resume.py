@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from conftest import QUIET, sigkill_mid_run
+from helpers import QUIET, sigkill_mid_run
 from rlvr.base.errors import ConfigError
 from rlvr.cli import main
 from rlvr.runs.checkpoint import list_checkpoints, load_latest

@@ -9,7 +9,7 @@ import logging
 
 import pytest
 
-from conftest import QUIET
+from helpers import QUIET
 from rlvr.cli import main
 from rlvr.rewards import (
     RewardRunner,

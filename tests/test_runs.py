@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import rlvr.runs.checkpoint
-from conftest import QUIET
+from helpers import QUIET
 from rlvr.cli import main
 from rlvr.config import ConfigError, load_config
 from rlvr.runs.checkpoint import list_checkpoints

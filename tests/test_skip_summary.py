@@ -12,7 +12,8 @@ import conftest
 def test_pytest_summary_says_when_gsm8k_data_is_missing(tmp_path):
     checkout = tmp_path / "checkout"
     (checkout / "tests").mkdir(parents=True)
-    shutil.copy(Path(__file__).with_name("conftest.py"), checkout / "tests" / "conftest.py")
+    for name in ("conftest.py", "helpers.py"):
+        shutil.copy(Path(__file__).with_name(name), checkout / "tests" / name)
     (checkout / "tests" / "test_gsm8k.py").write_text(
         "import pytest\n\n@pytest.mark.skip(reason='GSM8K data not found')\ndef test_gsm8k():\n    pass\n")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], cwd=checkout,

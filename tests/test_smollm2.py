@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import rlvr
-from conftest import QUIET, ROOT
+from helpers import QUIET, ROOT
 from rlvr.cli import main
 from rlvr.runs.metrics import read_records
 

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from conftest import QUIET
+from helpers import QUIET
 from rlvr import core
 from rlvr.base.interfaces import Policy, Task
 from rlvr.base.rollout import Grades, Samples

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import QUIET
+from helpers import QUIET
 from rlvr.config import load_config
 from rlvr.loop.seams import LocalLearner
 from rlvr.loop.step import accumulate_gradients, optimizer_step

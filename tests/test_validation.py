@@ -79,15 +79,6 @@ def test_unreadable_config_file_is_one_line(tmp_path, capsys, content, message):
     assert not out.exists()
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    pytest.importorskip("transformers")
-    from rlvr.base.modeling import init_model
-
-    return init_model(tmp_path_factory.mktemp("tiny"), hidden_size=32, intermediate_size=64, num_layers=2,
-                      num_heads=2, max_positions=64)
-
-
 def lm_args(model, options="", task="{num_digits: 3, num_eval: 8}"):
     return ["task.name=sort_text", f"task.options={task}", "task.prompts_per_epoch=2", "algo.group_size=2",
             "policy.name=causal_lm", f"policy.options={{model: '{model}', max_new_tokens: 7{options}}}",
@@ -103,27 +94,27 @@ LM_CASES = [
 
 
 @pytest.mark.parametrize("options, message", LM_CASES, ids=[o for o, _ in LM_CASES])
-def test_bad_policy_option_is_one_line_before_any_work(tmp_path, capsys, monkeypatch, tiny_model, options, message):
+def test_bad_policy_option_is_one_line_before_any_work(tmp_path, capsys, monkeypatch, llama_dir, options, message):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     out = tmp_path / "run"
-    code, lines = run(capsys, [f"out_dir={out}", *FAST, *lm_args(tiny_model, options)])
+    code, lines = run(capsys, [f"out_dir={out}", *FAST, *lm_args(llama_dir, options)])
     assert code == 2
     assert len(lines) == 1 and lines[0].startswith("rlvr: error: ") and message in lines[0]
     assert not out.exists()
 
 
-def test_eval_prompt_longer_than_the_model_is_one_line_before_any_work(tmp_path, capsys, tiny_model):
+def test_eval_prompt_longer_than_the_model_is_one_line_before_any_work(tmp_path, capsys, llama_dir):
     """Prompts of 2 * 30 characters + 7 new tokens > 64 positions: the first eval prompt
     fails the check, before the run directory is created."""
     out = tmp_path / "run"
-    code, lines = run(capsys, [f"out_dir={out}", *FAST, *lm_args(tiny_model, task="{num_digits: 30, num_eval: 8}")])
+    code, lines = run(capsys, [f"out_dir={out}", *FAST, *lm_args(llama_dir, task="{num_digits: 30, num_eval: 8}")])
     assert code == 2
     assert len(lines) == 1 and lines[0].startswith("rlvr: error: eval prompt 0 (")
     assert "60 tokens + max_new_tokens 7 = 67 > 64" in lines[0]
     assert not out.exists()
 
 
-def test_fixed_prompts_are_checked_before_any_work(tmp_path, tiny_model):
+def test_fixed_prompts_are_checked_before_any_work(tmp_path, llama_dir):
     """check_prompts_fit: GSM8K's training and eval files are known up front, so a long
     question anywhere in them is found before training; so is a character the char
     tokenizer lacks in a generated task's eval set."""
@@ -155,6 +146,6 @@ def test_fixed_prompts_are_checked_before_any_work(tmp_path, tiny_model):
     no_arrow = init_model(tmp_path / "no_arrow", hidden_size=16, intermediate_size=16, num_layers=1, num_heads=1,
                           chars="0123456789 ", max_positions=64)
     with SortTextTask(num_digits=3, num_eval=4) as task:
-        check_prompts_fit(task, CausalLMPolicy.from_pretrained(str(tiny_model), max_new_tokens=8))
+        check_prompts_fit(task, CausalLMPolicy.from_pretrained(str(llama_dir), max_new_tokens=8))
         with pytest.raises(PromptError, match=r"eval prompt 0 \('\d \d \d>'\): character '>' at index 5"):
             check_prompts_fit(task, CausalLMPolicy.from_pretrained(str(no_arrow), max_new_tokens=8))

@@ -19,13 +19,12 @@ from rlvr.base.modeling import quiet_libraries
 from rlvr.config import ConfigError, load_config
 from rlvr.config.compose import check_extras
 from rlvr.config.presets import markdown_table as presets_table
-from rlvr.loop.batched import batching_refusal
 from rlvr.loop.evaluation import eval_prompts_label
 from rlvr.loop.state import TrainingError
 from rlvr.rewards import RewardError
 from rlvr.runs.checkpoint import CheckpointError
 from rlvr.runs.directory import new_run_dir, write_atomically
-from rlvr.runs.launch import run_batched, run_training, start_or_continue
+from rlvr.runs.launch import run_training, side_by_side
 from rlvr.runs.metrics import plot_runs, read_records
 from rlvr.runs.report import cmd_report
 from rlvr.runs.resume import resume_config, take_accept_data_change
@@ -89,20 +88,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     configs = {(mode, seed): load_config(path, overrides + [
         f"algo.deltas={mode}", f"seed={seed}", f"name={mode}-seed{seed}", f"out_dir={root / f'{mode}-seed{seed}'}"])
         for mode in modes for seed in args.seeds}
-    fresh = not any((c.run_dir / "config.yaml").exists() for c in configs.values())
-    batched = {}
-    if fresh and not args.one_by_one and batching_refusal(list(configs.values())) is None:
-        # the runs as one batched computation: the same records, several times faster
-        batched = dict(zip(configs, (records for records, _ in run_batched(list(configs.values())))))
     runs: dict[str, list] = {}
     by_mode: dict[str, list] = {m: [] for m in modes}
-    for (mode, _), config in configs.items():
-        if (mode, config.seed) in batched:
-            records = batched[(mode, config.seed)]
-        else:
-            records, _, done = start_or_continue(config)
-            if done != "started":
-                print(f"{config.name}: {done}", flush=True)
+    for ((mode, _), config), (records, _, done) in zip(configs.items(), side_by_side(list(configs.values()))):
+        if done != "started":
+            print(f"{config.name}: {done}", flush=True)
         runs[config.name] = records
         by_mode[mode].append(records)
     seeds = ", ".join(map(str, args.seeds))
@@ -238,9 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("items", nargs="*", metavar="[CONFIG] [key=value]", help=ITEMS_HELP)
     p.add_argument("--modes", default=",".join(DELTA_COMPARE), help="comma-separated delta modes")
     p.add_argument("--seeds", type=_int_list, default=[0, 1, 2], help="comma-separated seeds, the same for every mode")
-    p.add_argument("--one-by-one", action="store_true",
-                   help="train the runs one after another (default: as one batched computation where rlvr.loop.batched "
-                        "can: the positional toy with the naive loss; the same records)")
+    p.add_argument("--one-by-one", action="store_true", help=argparse.SUPPRESS)  # old command lines; each run is alone
     p.set_defaults(func=cmd_compare)
     p = _command(sub, "sft", "supervised warm start of a causal LM on (prompt, completion) pairs")
     p.add_argument("items", nargs="*", metavar="[CONFIG] [key=value]", help=ITEMS_HELP)

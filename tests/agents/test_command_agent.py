@@ -12,7 +12,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
-from conftest import FORK_BOMB, processes_capped, tagged  # noqa: E402
+from helpers import FORK_BOMB, processes_capped, tagged  # noqa: E402
 from rlvr.agents.command import command_agent  # noqa: E402
 from rlvr.base.processes import jail  # noqa: E402
 

@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from conftest import QUIET, comparable, sigkill_mid_run
+from helpers import QUIET, comparable, sigkill_mid_run
 from rlvr.api import run_loop
 from rlvr.base.errors import ConfigError
 from rlvr.cli import main

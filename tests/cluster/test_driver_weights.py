@@ -28,7 +28,7 @@ def ray_local():
     before = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).parent), before) if p)
     try:
-        from conftest import private_ray  # here: the workers import this module, and have no conftest
+        from helpers import private_ray  # here: the workers import this module, and have no helpers
 
         with private_ray(ray):
             yield ray

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 from ray_actors import record_actors
 
-from conftest import QUIET, comparable, rlvr_stderr, sigkill_mid_run
+from helpers import QUIET, comparable, rlvr_stderr, sigkill_mid_run
 from rlvr.api import run_loop as train
 from rlvr.base.errors import RunError
 from rlvr.cli import main

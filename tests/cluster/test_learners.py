@@ -138,7 +138,7 @@ def test_a_two_learner_run_checkpoints_and_resumes_in_one_process(ray_local, tmp
 
 
 def lm_config(tiny_model, *extra):
-    from conftest import QUIET
+    from helpers import QUIET
 
     return load_config(None, QUIET + [
         "task.name=sort_text", "task.options={num_digits: 3, num_eval: 4}", "task.prompts_per_epoch=2",

@@ -9,7 +9,7 @@ import pytest
 import torch
 from ray_actors import record_actors
 
-from conftest import QUIET, comparable
+from helpers import QUIET, comparable
 from rlvr.api import run_loop as train
 from rlvr.base.errors import ConfigError
 from rlvr.config import load_config

@@ -87,7 +87,7 @@ def test_ddp_learners_checkpoint_sharded_resume_in_one_process_export_and_report
 
 
 def lm(tiny_model):
-    from conftest import QUIET
+    from helpers import QUIET
 
     return [*QUIET, "task.name=sort_text", "task.options={num_digits: 3, num_eval: 4}", "task.prompts_per_epoch=2",
             "policy.name=causal_lm", f"policy.options={{model: '{tiny_model}', max_new_tokens: 7}}",

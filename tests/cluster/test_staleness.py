@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import QUIET
+from helpers import QUIET
 from rlvr.api import run_loop
 from rlvr.base.errors import ConfigError
 from rlvr.base.rollout import Samples

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from ray_actors import record_actors
 
-from conftest import QUIET, comparable
+from helpers import QUIET, comparable
 from rlvr.api import run_loop as train
 from rlvr.cluster.session import remove_session
 from rlvr.config import load_config

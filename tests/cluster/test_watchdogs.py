@@ -11,7 +11,7 @@ import time
 import pytest
 from ray_actors import record_actors
 
-from conftest import QUIET, rlvr_stderr
+from helpers import QUIET, rlvr_stderr
 from rlvr.api import run_loop as train
 from rlvr.cli import main
 from rlvr.config import load_config

@@ -4,7 +4,7 @@ batch carries the version it sampled with, and the staleness bound holds."""
 
 import pytest
 
-from conftest import QUIET
+from helpers import QUIET
 from rlvr.base.errors import ConfigError
 from rlvr.cluster import ClusterError
 from rlvr.config import load_config

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from conftest import QUIET
+from helpers import QUIET
 from rlvr import core
 from rlvr.base.errors import ConfigError
 from rlvr.config import load_config

@@ -14,7 +14,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from conftest import QUIET  # noqa: E402
+from helpers import QUIET  # noqa: E402
 from rlvr.base.errors import ConfigError  # noqa: E402
 from rlvr.base.modeling import load_model_and_tokenizer  # noqa: E402
 from rlvr.config import load_config  # noqa: E402

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.vllm
 if not vllm_installed():
     pytest.skip("needs the vllm package (pip install 'rlvr[vllm]')", allow_module_level=True)
 
-from conftest import QUIET  # noqa: E402
+from helpers import QUIET  # noqa: E402
 from rlvr.base.modeling import init_model  # noqa: E402
 from rlvr.config import load_config  # noqa: E402
 from rlvr.engines import SamplingParams, WeightSyncError  # noqa: E402

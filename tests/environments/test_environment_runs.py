@@ -11,7 +11,7 @@ import time
 import pytest
 
 import rlvr
-from conftest import sigkill_mid_run
+from helpers import sigkill_mid_run
 from rlvr.base.errors import ConfigError
 from rlvr.cli import main
 from rlvr.environments import Step

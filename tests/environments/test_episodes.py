@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from conftest import CHAT_TEMPLATE
+from helpers import CHAT_TEMPLATE
 from rlvr.config import config_from_dict
 from rlvr.environments.base import Step
 from rlvr.environments.episodes import EpisodeLimits, episodes_samples, run_episodes

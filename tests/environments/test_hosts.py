@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import tagged
+from helpers import tagged
 from rlvr.base.errors import STOPPING, CutShort
 from rlvr.environments.base import Step
 from rlvr.environments.hosts import HARD_GRACE, EnvironmentFailed, EnvironmentHosts

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FORK_BOMB, processes_capped, tagged
+from helpers import FORK_BOMB, processes_capped, tagged
 from rlvr.base.errors import ConfigError
 from rlvr.base.processes import jail
 from rlvr.environments.base import ToolCall, ToolError, ToolResult

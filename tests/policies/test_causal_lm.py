@@ -11,9 +11,9 @@ import re
 
 import pytest
 import torch
-from tiny_lm import TINY, make_policy
+from tiny_lm import make_policy
 
-from rlvr.base.modeling import init_model, load_model_and_tokenizer
+from rlvr.base.modeling import load_model_and_tokenizer
 from rlvr.config import CausalLMOptions, ConfigError, PolicyConfig, config_from_dict
 from rlvr.config.compose import build_causal_lm_policy
 from rlvr.engines.base import cut_at_stop_string
@@ -22,16 +22,6 @@ from rlvr.policies import engine_sync
 from rlvr.policies.causal_lm import CausalLMPolicy
 
 PROMPTS = ["123456>", "98>", {"prompt": "5"}]  # different lengths: left padding
-
-
-@pytest.fixture(scope="module", params=["llama", "gpt2"])
-def model_dir(request, tmp_path_factory):
-    return init_model(tmp_path_factory.mktemp(request.param), arch=request.param, **TINY)
-
-
-@pytest.fixture(scope="module")
-def llama_dir(tmp_path_factory):
-    return init_model(tmp_path_factory.mktemp("llama"), arch="llama", **TINY)
 
 
 def sample(policy, seed=0, group_size=4, temperature=1.0, prompts=PROMPTS):

@@ -9,17 +9,12 @@ import dataclasses
 
 import pytest
 import torch
-from tiny_lm import PROMPTS, TINY, make_policy
+from tiny_lm import PROMPTS, make_policy
 
-from rlvr.base.modeling import init_model, load_model_and_tokenizer
+from rlvr.base.modeling import load_model_and_tokenizer
 from rlvr.engines import SamplingParams
 from rlvr.engines.hf import HFEngine
 from rlvr.policies.causal_lm import CausalLMPolicy
-
-
-@pytest.fixture(scope="module")
-def llama_dir(tmp_path_factory):
-    return init_model(tmp_path_factory.mktemp("llama"), arch="llama", **TINY)
 
 
 def perturbed(module: torch.nn.Module, seed: int) -> torch.nn.Module:

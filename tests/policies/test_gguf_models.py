@@ -3,6 +3,7 @@ folder holding one) converted once into a safetensors folder in the cache, which
 transformers loads; a missing package or an ambiguous folder is one line."""
 
 import importlib.metadata
+from pathlib import Path
 
 import pytest
 
@@ -62,8 +63,8 @@ def test_which_sources_are_gguf(tmp_path):
 def test_the_packaged_model_converts_once_and_plain_transformers_loads_it(smollm2, monkeypatch, capsys):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    cache, folder, said = smollm2  # the session's conversion, into a cache of its own
-    assert f"converted model in {folder}" in said and folder.parent == cache / "gguf"
+    cache, folder, said = smollm2  # converted by this run or an earlier one (then nothing was said)
+    assert folder.parent == cache / "gguf" and (not said or f"converted model in {folder}" in said)
     monkeypatch.setenv("RLVR_CACHE", str(cache))
     assert locate_model("smollm2-135m-instruct") == str(folder)  # once: the cache answers
     assert "converting" not in capsys.readouterr().err
@@ -75,6 +76,33 @@ def test_the_packaged_model_converts_once_and_plain_transformers_loads_it(smollm
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 17 + 25?"}], tokenize=False,
                                            add_generation_prompt=True)
     assert prompt.endswith("<|im_start|>assistant\n")
+
+
+def test_a_gguf_file_converts_once_and_says_where(tmp_path, monkeypatch, capsys):
+    """The conversion (transformers' part stood in for: the file holds no whole model) says
+    that it converts and where the model went; the next call finds it and says nothing."""
+    import transformers
+
+    from rlvr.policies.gguf_models import cache_root, converted_folder
+
+    pytest.importorskip("gguf")
+    monkeypatch.setenv("RLVR_CACHE", str(tmp_path / "cache"))
+    file = write_gguf(tmp_path / "m.gguf")
+
+    class Saved:
+        config = type("Config", (), {})()
+
+        def save_pretrained(self, folder):
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "config.json").write_text("{}")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: Saved())
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: Saved())
+    folder = converted_folder(file)
+    err = capsys.readouterr().err
+    assert f"converting {file} to safetensors, once" in err and f"converted model in {folder}" in err
+    assert [p.name for p in cache_root().iterdir()] == [Path(folder).name]
+    assert converted_folder(file) == folder and capsys.readouterr().err == ""
 
 
 def test_a_conversion_that_fails_leaves_no_folder_behind(tmp_path, monkeypatch):

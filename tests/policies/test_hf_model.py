@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import QUIET, cli
+from helpers import QUIET, cli
 
 
 def _offline_env(tmp_path: Path) -> dict:

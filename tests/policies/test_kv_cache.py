@@ -9,9 +9,7 @@ import dataclasses
 
 import pytest
 import torch
-from tiny_lm import TINY, make_policy
-
-from rlvr.base.modeling import init_model
+from tiny_lm import make_policy
 
 pytest.importorskip("transformers")
 from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer  # noqa: E402
@@ -20,11 +18,6 @@ from rlvr.engines import kv_cache  # noqa: E402
 
 PROMPTS = ["123456>", "98>", "5", "3 1 4>"]  # different lengths: left padding
 SETTINGS = [{}, {"top_k": 5, "top_p": 0.9, "min_new_tokens": 2, "stop_strings": ["3"]}]
-
-
-@pytest.fixture(scope="module", params=["llama", "gpt2"])
-def model_dir(request, tmp_path_factory):
-    return init_model(tmp_path_factory.mktemp(request.param), arch=request.param, **TINY)
 
 
 def generate(policy, seed: int, group_size: int = 6, temperature: float = 0.9):

@@ -12,18 +12,11 @@ import copy
 
 import pytest
 import torch
-from tiny_lm import PROMPTS, TINY, make_policy
-
-from rlvr.base.modeling import init_model
+from tiny_lm import PROMPTS, make_policy
 
 pytest.importorskip("transformers")
 
 G = 3
-
-
-@pytest.fixture(scope="module")
-def llama_dir(tmp_path_factory):
-    return init_model(tmp_path_factory.mktemp("llama"), arch="llama", **TINY)
 
 
 def moved(module: torch.nn.Module, seed: int) -> dict[str, torch.Tensor]:

@@ -1,4 +1,3 @@
-import pytest
 import torch
 
 from rlvr.policies.positional import PositionalModel, PositionalPolicy
@@ -105,69 +104,4 @@ def test_log_probs_of_another_module_are_that_modules_and_leave_the_policy_alone
     assert torch.equal(got, want) and torch.equal(got_entropy, want_entropy)
     assert policy.module is own
     assert not torch.equal(policy.log_probs(samples, 0.7)[0], want)  # the two modules differ
-
-
-def test_runs_through_the_run_axis_get_the_bits_of_each_run_alone():
-    # forward_pass and backward_pass with R = 3 runs (aligned weights, matmul_way's way)
-    # against each run alone (no run axis, as PositionalModel and the log-probs' backward call them)
-    from rlvr.policies.positional import backward_pass, forward_pass
-    from rlvr.policies.run_matmul import aligned_copy
-
-    gen = torch.Generator().manual_seed(0)
-    runs, v, d, n = 3, 7, 6, 4
-    weights = [torch.randn(runs, v, d, generator=gen), torch.randn(runs, n, d, d, generator=gen),
-               torch.randn(runs, n, d, d, generator=gen)]
-    prompts = torch.randint(0, v, (5, n), generator=gen)
-    grad_logits = torch.randn(runs, 5 * n, v, generator=gen)
-    batched = forward_pass(*(aligned_copy(w) for w in weights), prompts)
-    grads = backward_pass(batched, aligned_copy(weights[0]), prompts, aligned_copy(grad_logits))
-    for r in range(runs):
-        alone = forward_pass(*(w[r].clone() for w in weights), prompts)
-        assert torch.equal(alone.logits, batched.logits[r])
-        alone_grads = backward_pass(alone, weights[0][r].clone(), prompts, grad_logits[r].clone())
-        for name, g in alone_grads.items():
-            assert torch.equal(g, grads[name][r]), name
-
-
-@pytest.mark.parametrize("runs", [0, 3])
-def test_a_reused_workspace_gives_the_bits_of_new_tensors(runs):
-    # naive_gradients' passes in a Workspace kept from step to step (its buffers reused,
-    # each matmul's way found once) against the same passes on new tensors, for one run and
-    # for R runs, with the batch's shape changing between passes
-    from rlvr.policies.positional import Workspace, backward_pass, forward_pass, log_softmax_backward
-    from rlvr.policies.run_matmul import aligned_copy
-
-    gen = torch.Generator().manual_seed(1)
-    lead, v, d, n = ((runs,) if runs else ()), 7, 6, 4
-    weights = [aligned_copy(torch.randn(max(runs, 1), *shape, generator=gen))
-               for shape in ((v, d), (n, d, d), (n, d, d))]
-    weights = weights if runs else [w[0].clone() for w in weights]
-    work = Workspace()
-    pointers = None
-    for step, m in enumerate([5, 2, 5, 5]):
-        prompts = torch.randint(0, v, (m, n), generator=gen)
-        grad_lp = torch.randn(*lead, m * n, v, generator=gen)
-        probs = torch.softmax(torch.randn(*lead, m * n, v, generator=gen), dim=-1)
-        outputs = []
-        for buffers in (None, work):
-            acts = forward_pass(*weights, prompts, buffers)
-            grad_logits = log_softmax_backward(grad_lp, probs, 0.7, buffers=buffers)
-            outputs.append((acts.logits.clone(), grad_logits.clone(),
-                            {k: g.clone() for k, g in backward_pass(acts, weights[0], prompts, grad_logits,
-                                                                    buffers=buffers).items()}))
-        (logits, grad_logits, grads), (w_logits, w_grad_logits, w_grads) = outputs
-        assert torch.equal(logits, w_logits) and torch.equal(grad_logits, w_grad_logits)
-        for name in grads:
-            assert torch.equal(grads[name], w_grads[name]), (step, name)
-        if runs and step == 3:  # the third pass of this shape wrote where the first did
-            assert acts.logits.data_ptr() == pointers
-        if runs and step == 0:
-            pointers = acts.logits.data_ptr()
-    # the same shapes in float64 get buffers of their own
-    doubled = [w.double() if not runs else aligned_copy(w.double()) for w in weights]
-    grad_lp = torch.randn(*lead, 5 * n, v, dtype=torch.float64, generator=gen)
-    fresh = backward_pass(forward_pass(*doubled, prompts), doubled[0], prompts, grad_lp)
-    reused = backward_pass(forward_pass(*doubled, prompts, work), doubled[0], prompts, grad_lp, buffers=work)
-    for name in fresh:
-        assert reused[name].dtype == torch.float64 and torch.equal(fresh[name], reused[name]), name
 

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_lm import TINY
 
-from rlvr.base.modeling import init_model
 from rlvr.config import DEFAULT_TORCH_THREADS, load_config
 from rlvr.loop.trainer import setup
 
@@ -36,12 +34,12 @@ def run_setup(overrides: list[str]) -> None:
         close()
 
 
-def test_setup_sets_the_resolved_thread_count(tmp_path, restore_threads):
+def test_setup_sets_the_resolved_thread_count(llama_dir, restore_threads):
     torch.set_num_threads(2)
     run_setup([])
     assert torch.get_num_threads() == 1
-    lm = [*LM, f"policy.options={{model: '{init_model(tmp_path / 'lm', **TINY)}', max_new_tokens: 8}}"]
-    torch.set_num_threads(1)
+    lm = [*LM, f"policy.options={{model: '{llama_dir}', max_new_tokens: 8}}"]
+    torch.set_num_threads(DEFAULT_TORCH_THREADS + 1)  # not the default already (one thread a pytest-xdist worker)
     run_setup(lm)
     assert torch.get_num_threads() == DEFAULT_TORCH_THREADS
     torch.set_num_threads(1)

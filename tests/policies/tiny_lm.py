@@ -1,4 +1,4 @@
-"""What the causal-LM policy tests share: tiny model sizes, prompts, a policy maker."""
+"""What the causal-LM policy tests share: prompts, a policy maker."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ from rlvr.base.modeling import load_model_and_tokenizer
 from rlvr.policies.causal_lm import CausalLMPolicy
 
 PROMPTS = ["123456>", "98>", "5"]
-TINY = dict(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, max_positions=64)
 
 
 def make_policy(path, **settings) -> CausalLMPolicy:

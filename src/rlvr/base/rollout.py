@@ -43,6 +43,10 @@ class CompletionIds(Sequence):
         return repr(list(self))
 
 
+# the fields of a row's response positions, [R, T] each (or None)
+_TOKENS = ("response_ids", "response_mask", "sample_log_probs", "policy_mask", "token_versions")
+
+
 @dataclass
 class Samples:
     """What a policy returns from sampling G responses for each of B prompts.
@@ -124,27 +128,12 @@ class Samples:
 
     def rows(self, index: torch.Tensor | slice) -> Samples:
         """The responses at ``index`` ([n] or a slice; token tensors only, ``responses`` dropped)."""
-        lp = None if self.sample_log_probs is None else self.sample_log_probs[index]
-        return Samples(
-            responses=None,
-            response_ids=self.response_ids[index],
-            response_mask=self.response_mask[index],
-            prompt_ids=self.prompt_ids[index],
-            prompt_mask=self.prompt_mask[index],
-            sample_log_probs=lp,
-            policy_mask=self.policy_mask[index],
-            truncated=None if self.truncated is None else self.truncated[index],
-            episodes=None if self.episodes is None else self.episodes[index],
-            token_versions=None if self.token_versions is None else self.token_versions[index],
-        )
-
+        tensors = [f.name for f in fields(self) if f.name != "responses"]
+        return Samples(None, **{name: _index(getattr(self, name), index) for name in tensors})
 
     def narrow(self, width: int) -> Samples:
         """The first ``width`` response positions of every row (the rest must be padding)."""
-        lp = None if self.sample_log_probs is None else self.sample_log_probs[:, :width]
-        versions = None if self.token_versions is None else self.token_versions[:, :width]
-        return replace(self, response_ids=self.response_ids[:, :width], response_mask=self.response_mask[:, :width],
-                       sample_log_probs=lp, policy_mask=self.policy_mask[:, :width], token_versions=versions)
+        return replace(self, **{name: _index(getattr(self, name), (slice(None), slice(width))) for name in _TOKENS})
 
     def groups(self, index: torch.Tensor, group_size: int) -> Samples:
         """The groups (prompts) at ``index`` [k]: their G responses each (all their rows,
@@ -178,8 +167,6 @@ class Samples:
         an LM's are; the masks say which positions are real)."""
         if len(parts) == 1:
             return parts[0]
-        lps, cuts = [s.sample_log_probs for s in parts], [s.truncated for s in parts]
-        versions = [s.token_versions for s in parts]
         episodes, offset = None, 0
         if any(s.episodes is not None for s in parts):
             episodes = []
@@ -187,18 +174,14 @@ class Samples:
                 episodes.append((torch.arange(s.num_responses) if s.episodes is None else s.episodes) + offset)
                 offset += s.num_episodes
             episodes = torch.cat(episodes)
-        return Samples(
-            responses=_join([s.responses for s in parts]),
-            response_ids=_pad_cat([s.response_ids for s in parts]),
-            response_mask=_pad_cat([s.response_mask for s in parts]),
-            prompt_ids=_pad_cat([s.prompt_ids for s in parts], left=True),
-            prompt_mask=_pad_cat([s.prompt_mask for s in parts], left=True),
-            sample_log_probs=None if any(lp is None for lp in lps) else _pad_cat(lps),
-            policy_mask=_pad_cat([s.policy_mask for s in parts]),
-            truncated=None if any(t is None for t in cuts) else torch.cat(cuts),
-            episodes=episodes,
-            token_versions=None if any(v is None for v in versions) else _pad_cat(versions),
-        )
+
+        def joined(name: str, join: Any = _pad_cat) -> torch.Tensor | None:  # None when some part has none
+            values = [getattr(s, name) for s in parts]
+            return None if any(v is None for v in values) else join(values)
+
+        return Samples(responses=_join([s.responses for s in parts]), **{name: joined(name) for name in _TOKENS},
+                       prompt_ids=joined("prompt_ids", _pad_cat_left), prompt_mask=joined("prompt_mask", _pad_cat_left),
+                       truncated=joined("truncated", torch.cat), episodes=episodes)
 
 
 @dataclass
@@ -277,6 +260,10 @@ def checkpoint_data(value: Any) -> Any:
     return str(value)
 
 
+def _index(x: torch.Tensor | None, index: Any) -> torch.Tensor | None:
+    return None if x is None else x[index]
+
+
 def _join(parts: list[Any]) -> Any:
     """Tensors concatenated along dim 0, lists joined."""
     return torch.cat(parts) if isinstance(parts[0], torch.Tensor) else [x for part in parts for x in part]
@@ -290,6 +277,10 @@ def _pad_cat(parts: list[torch.Tensor], left: bool = False) -> torch.Tensor:
         pad = (width - t.shape[1], 0) if left else (0, width - t.shape[1])
         padded.append(torch.nn.functional.pad(t, pad))
     return torch.cat(padded)
+
+
+def _pad_cat_left(parts: list[torch.Tensor]) -> torch.Tensor:
+    return _pad_cat(parts, left=True)
 
 
 @dataclass
@@ -327,12 +318,11 @@ class Rollout:
         with them; the aggregation weights stay the whole batch's, so the losses of the
         parts add up to the loss of the whole (micro-batches, data-parallel shares)."""
 
-        def part(x: torch.Tensor | None) -> torch.Tensor | None:
-            return None if x is None else x[index]
+        def part(name: str) -> Any:
+            return _index(getattr(self, name), index)
 
-        return Rollout(self.samples.rows(index), self.deltas[index], part(self.old_log_probs),
-                       part(self.ref_log_probs), self.weights[index], self.stats, part(self.importance_weights),
-                       self.prompt_solved, part(self.pg_token_mask))
+        return replace(self, samples=self.samples.rows(index), **{name: part(name) for name in (
+            "deltas", "old_log_probs", "ref_log_probs", "weights", "importance_weights", "pg_token_mask")})
 
     def to_dict(self) -> dict[str, Any]:
         """Nested dicts of tensors and plain data (responses: a tensor, or lists of

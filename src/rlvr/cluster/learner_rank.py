@@ -110,24 +110,17 @@ class LearnerRank(Activity):
     def refresh_reference(self, epoch: int) -> None:
         """The reference a frozen copy of the weights now, when due at ``epoch`` (``reference_due``)."""
         if reference_due(self.config, epoch, self.ref is not None):
-            self._doing("copying the reference", waiting=self.fsdp)
-            try:
+            with self._busy("copying the reference", waiting=self.fsdp):
                 self.ref = self._reference()
-            finally:
-                self._doing(IDLE)
 
     def log_probs(self, samples: Samples, temperature: float, reference: bool, with_entropy: bool
                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``Policy.log_probs`` of this learner's share of ``samples`` (no gradient), under the
         weights or the reference (a collective under FSDP: every learner scores its share)."""
         start, stop = share_bounds(samples.num_responses, self.world_size)[self.rank]
-        self._doing("scoring its share of the samples")
-        try:
-            with torch.no_grad():
-                return self.st.policy.log_probs(samples.rows(slice(start, stop)), temperature,
-                                                with_entropy=with_entropy, module=self.ref if reference else None)
-        finally:
-            self._doing(IDLE)
+        with self._busy("scoring its share of the samples"), torch.no_grad():
+            return self.st.policy.log_probs(samples.rows(slice(start, stop)), temperature,
+                                            with_entropy=with_entropy, module=self.ref if reference else None)
 
     def publish_weights(self) -> list[Any] | None:
         """The weights whole, for rollout workers: rank 0 puts them into the object store and
@@ -135,16 +128,13 @@ class LearnerRank(Activity):
         FSDP every learner takes part in gathering them, tensor by tensor."""
         import ray
 
-        self._doing("publishing the weights", waiting=self.fsdp)
-        try:
+        with self._busy("publishing the weights", waiting=self.fsdp):
             gathered = ((key, whole(value)) for key, value in self.st.policy.module.state_dict().items())
             if self.rank != 0:
                 for _ in gathered:  # the other ranks' part of each gather
                     pass
                 return None
             return [ray.put(weights_payload(gathered))]
-        finally:
-            self._doing(IDLE)
 
     def _share(self, rollout: Rollout) -> Rollout:
         start, stop = share_bounds(rollout.samples.num_responses, self.world_size)[self.rank]
@@ -233,15 +223,13 @@ class LearnerRank(Activity):
 
     def save_sharded(self, folder: str) -> None:
         """This learner's part of the weights, optimizer state and reference into ``folder`` (with every learner)."""
-        self._doing("writing its checkpoint shards", waiting=True)
-        save_sharded(self.st.policy.module, self.st.optimizer, Path(folder), self.ref)
-        self._doing(IDLE)
+        with self._busy("writing its checkpoint shards", waiting=True):
+            save_sharded(self.st.policy.module, self.st.optimizer, Path(folder), self.ref)
 
     def load_sharded(self, folder: str) -> None:
         """This learner's part of a sharded checkpoint, however many learners wrote it."""
-        self._doing("reading its checkpoint shards", waiting=True)
-        self.ref = load_sharded(self.st.policy.module, self.st.optimizer, Path(folder), self._reference) or self.ref
-        self._doing(IDLE)
+        with self._busy("reading its checkpoint shards", waiting=True):
+            self.ref = load_sharded(self.st.policy.module, self.st.optimizer, Path(folder), self._reference) or self.ref
 
     def train_state(self, weights: bool = True) -> dict[str, Any]:
         """What the driver takes over at the end of an epoch: the scheduler's state and the

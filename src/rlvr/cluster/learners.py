@@ -93,8 +93,7 @@ class LearnerGroup:
                          for rank in range(num_learners)]
         # init_process_group returns only once all ranks joined: an answer from each proves the group is up
         try:
-            self._get([learner.pid.remote() for learner in self.learners], "starting (building the policy, "
-                      "joining the process group)", READY_TIMEOUT)
+            self._each("pid", "starting (building the policy, joining the process group)", timeout=READY_TIMEOUT)
         except BaseException:
             self.close()
             raise
@@ -130,11 +129,14 @@ class LearnerGroup:
         (every learner computes the same metrics from the same summed numbers)."""
         share_bounds(rollout.samples.num_responses, self.num_learners)  # fail here, not inside the actors
         ref = self._ray.put(rollout)  # serialised once, read by every learner
-        return self._get([learner.step.remote(ref, epoch, step, measure_noise) for learner in self.learners],
-                         "taking its optimizer step")[0]
+        return self._each("step", "taking its optimizer step", ref, epoch, step, measure_noise)[0]
 
     def pids(self) -> list[int]:
-        return self._get([learner.pid.remote() for learner in self.learners], "telling its process id")
+        return self._each("pid", "telling its process id")
+
+    def _each(self, method: str, doing: str, *args: Any, timeout: float | None = None) -> list:
+        """``method(*args)`` on every learner: their answers in rank order (``_get``)."""
+        return self._get([getattr(learner, method).remote(*args) for learner in self.learners], doing, timeout)
 
     def optimizer_step(self, st: TrainState, rollout: Rollout) -> Record:
         """The group's step at the driver's epoch and step count (measuring the gradient's
@@ -177,7 +179,7 @@ class LearnerGroup:
         """``method(*args)`` on every learner: rank 0's answer (``every``: all, in rank order);
         a learner that died, failed or hung stops the run at ``st``'s epoch and step."""
         with self._stops_run(st):
-            answers = self._get([getattr(learner, method).remote(*args) for learner in self.learners], doing)
+            answers = self._each(method, doing, *args)
         return answers if every else answers[0]
 
     @contextmanager
@@ -192,25 +194,23 @@ class LearnerGroup:
 
     def save_sharded(self, folder: Path) -> None:
         """Every learner writes its part of the weights and optimizer state into ``folder`` (DCP)."""
-        self._get([rank.save_sharded.remote(str(folder)) for rank in self.learners], "writing its checkpoint shards")
+        self._each("save_sharded", "writing its checkpoint shards", str(folder))
 
     def load_sharded(self, st: TrainState, folder: Path) -> None:
         """A sharded checkpoint's weights and optimizer state into the learners (resharded), then into ``st``."""
-        self._get([rank.load_sharded.remote(str(folder)) for rank in self.learners], "reading its checkpoint shards")
+        self._each("load_sharded", "reading its checkpoint shards", str(folder))
         self.has_reference = self.has_reference or has_reference(folder)
         self.pull(st)
 
     def gradients(self, rollout: Rollout) -> dict[str, torch.Tensor]:
         """The full batch's gradient as the group computes it (rank 0's copy); no step."""
         share_bounds(rollout.samples.num_responses, self.num_learners)
-        ref = self._ray.put(rollout)
-        return self._get([learner.gradients.remote(ref) for learner in self.learners], "computing the gradient")[0]
+        return self._each("gradients", "computing the gradient", self._ray.put(rollout))[0]
 
     def state_dict(self, rank: int = 0) -> dict[str, torch.Tensor]:
         """The policy's weights from learner ``rank`` (all are equal): for rollout workers and
         checkpoints."""
-        return self._get([learner.state_dict.remote() for learner in self.learners], "handing its weights over"
-                         )[rank]  # a collective
+        return self._each("state_dict", "handing its weights over")[rank]  # a collective
 
     def close(self) -> None:
         """End the actors (their process group ends with them; a survivor of a dead peer may be

@@ -15,6 +15,8 @@ there reads as busy, and the line names every busy learner.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from rlvr.cluster import PROBE_TIMEOUT, first_line
@@ -30,6 +32,15 @@ class Activity:
 
     def _doing(self, what: str, waiting: bool = False) -> None:
         self.doing, self.since, self.waiting = what, time.monotonic(), waiting
+
+    @contextmanager
+    def _busy(self, what: str, waiting: bool = False) -> Iterator[None]:
+        """Doing ``what`` for the block, idle after it however it ends."""
+        self._doing(what, waiting)
+        try:
+            yield
+        finally:
+            self._doing(IDLE)
 
     def activity(self) -> tuple[str, float, bool]:
         """(what it is doing, for how many seconds, whether it waits in a collective)."""

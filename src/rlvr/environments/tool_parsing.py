@@ -20,6 +20,7 @@ import decimal
 import inspect
 import json
 import math
+import operator
 import re
 import typing
 from collections.abc import Callable, Collection, Mapping
@@ -327,14 +328,8 @@ _OPERATORS = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Po
 
 
 def _apply(op: ast.operator, a: int | Decimal, b: int | Decimal) -> int | Decimal:
-    if isinstance(op, ast.Add):
-        return a + b
-    if isinstance(op, ast.Sub):
-        return a - b
-    if isinstance(op, ast.Mult):
-        return a * b
-    if isinstance(op, ast.Pow):
-        return _power(a, b)
+    if type(op) in _EXACT:
+        return _EXACT[type(op)](a, b)
     if b == 0:
         raise ZeroDivisionError("division by zero")
     if isinstance(op, ast.Div):
@@ -361,6 +356,9 @@ def _power(base: int | Decimal, exponent: int | Decimal) -> int | Decimal:
     if base == 0 and exponent < 0:
         raise ZeroDivisionError("zero to a negative power")
     return Decimal(base) ** exponent
+
+
+_EXACT = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Pow: _power}
 
 
 def _digits(value: int | Decimal) -> int:

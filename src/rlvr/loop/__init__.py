@@ -2,6 +2,6 @@
 (the rollout source and learner it calls), ``step.py`` (one optimizer step, the same in
 every learner), ``state.py``, ``optim.py``, ``evaluation.py``, ``shaping.py`` (reward
 shaping before the deltas), ``dynamic_sampling.py``, ``diagnostics.py`` (the measurements
-a step takes), ``batched.py`` (many toy runs as one computation) and ``sft.py`` (the
-supervised warm start). Nothing here writes a run directory or imports the cluster.
+a step takes) and ``sft.py`` (the supervised warm start). Nothing here writes a run
+directory or imports the cluster.
 """

@@ -5,8 +5,7 @@ optimizer steps and holds the trained state. ``rlvr.loop.trainer.train`` receive
 (``rlvr.cluster.session.loop_parts`` builds them from the config) and never asks which
 kind it has: sampling here (``LocalRolloutSource``) or on Ray rollout workers
 (``rlvr.cluster.rollout.RayRolloutSource``); stepping here (``LocalLearner``) or on
-data-parallel learners (``rlvr.cluster.learners.LearnerGroup``); the positional toy's
-steps under the naive loss fused by hand (``ToyLearner``: ``local_learner`` picks it).
+data-parallel learners (``rlvr.cluster.learners.LearnerGroup``).
 """
 
 from __future__ import annotations
@@ -26,8 +25,6 @@ from rlvr.loop.evaluation import evaluate
 from rlvr.loop.state import TrainingError, TrainState
 from rlvr.loop.step import optimizer_step
 from rlvr.policies import frozen_copy
-from rlvr.policies.positional import Workspace
-from rlvr.policies.positional_step import NaiveBatch, naive_batch, naive_gradients
 from rlvr.rewards import TrainerState
 
 
@@ -141,70 +138,9 @@ class LocalLearner:
         pass
 
 
-class ToyLearner(LocalLearner):
-    """``LocalLearner`` for the positional toy under the naive loss (``toy_step_needs``):
-    the same optimizer steps, bit for bit, with each step's gradient from
-    ``naive_gradients`` (one pass by hand, what the epoch's inner steps share computed at
-    its first) in place of autograd's graph: about a third of the calls, and the toy's
-    step time is their overhead."""
-
-    def __init__(self, config: Config) -> None:
-        super().__init__(config)
-        self._batch: tuple[Rollout, NaiveBatch] | None = None  # the rollout whose constants these are
-        # the module's .grad and the passes' tensors, reused from step to step: no allocation
-        self._grads: tuple[torch.nn.Module, dict[str, torch.Tensor], Workspace] | None = None
-
-    def optimizer_step(self, st: TrainState, rollout: Rollout) -> Record:
-        return optimizer_step(self.config, st, rollout, gradients=lambda meter: self._gradients(st, rollout))
-
-    def _gradients(self, st: TrainState, rollout: Rollout) -> dict[str, torch.Tensor]:
-        """The batch's gradient in each parameter's ``.grad``; the step's sums."""
-        m = st.policy.module
-        if self._batch is None or self._batch[0] is not rollout:
-            s = rollout.samples
-            self._batch = rollout, naive_batch(s.prompt_ids, s.response_ids, rollout.deltas, rollout.weights,
-                                               s.policy_mask, m.embedding.weight.shape[0])
-        if self._grads is None or self._grads[0] is not m:
-            self._grads = m, {"embedding": torch.empty_like(m.embedding.weight), "encode": torch.empty_like(m.encode),
-                              "decode": torch.empty_like(m.decode)}, Workspace()
-        grads, sums = naive_gradients(m.embedding.weight, m.encode, m.decode, self._batch[1],
-                                      self.config.policy.temperature, self.config.log.entropy, grads=self._grads[1],
-                                      buffers=self._grads[2])
-        m.embedding.weight.grad, m.encode.grad, m.decode.grad = grads["embedding"], grads["encode"], grads["decode"]
-        return sums
-
-
-# The algo.* values the toy's fused step takes (every other value of these fields needs
-# autograd's path): the naive loss, alone.
-TOY_STEP_ALGO: dict[str, Any] = {"loss": "naive", "kl_coef": 0.0, "entropy_coef": 0.0, "tis_cap": None,
-                                 "is_correction": None, "top_entropy_q": None}
-
-
-def toy_step_needs(config: Config) -> list[str]:
-    """What ``config`` lacks for ``ToyLearner``, as the overrides that would give it (none:
-    the toy learner takes its steps)."""
-    needs = {
-        "policy.name=positional": config.policy.name == "positional",
-        "optim.micro_batches=1": config.optim.micro_batches == 1,
-        "log.grad_noise_every=0": config.log.grad_noise_every == 0,
-    }
-    return [need for need, ok in needs.items() if not ok] + [
-        f"algo.{name}={as_override(value)}" for name, value in TOY_STEP_ALGO.items()
-        if getattr(config.algo, name) != value]
-
-
-def as_override(value: Any) -> str:
-    """A value as a ``key=value`` override writes it."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
 def local_learner(config: Config) -> Learner:
-    """The learner that steps in this process: the toy's fused one where it applies."""
-    return LocalLearner(config) if toy_step_needs(config) else ToyLearner(config)
+    """The learner that steps in this process."""
+    return LocalLearner(config)
 
 
 def reference_due(config: Config, epoch: int, held: bool) -> bool:

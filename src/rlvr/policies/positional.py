@@ -5,13 +5,7 @@ positions into one state vector, decode one vector per response position with it
 D x D matrix, and read logits through the (tied) embedding. Response positions are
 sampled independently given the prompt.
 
-The math is written once, with an optional leading run axis R: one policy's weights have
-none (``PositionalModel``, ``PositionalPolicy``), and ``rlvr.loop.batched`` trains R runs of
-``rlvr compare`` with the same functions (``forward_pass``, ``backward_pass``) on [R, ...]
-weights. R runs give each run the bits it gets alone: every operand the passes lay out is
-laid out by ``aligned_empty`` and each matmul takes the way ``matmul_way`` found exact.
-
-Shapes: R runs, M prompts (U distinct ones when scoring), n numbers per prompt (= response
+Shapes: M prompts (U distinct ones when scoring), n numbers per prompt (= response
 length), D embedding size, V vocab, N responses, G responses per prompt.
 """
 
@@ -25,88 +19,12 @@ from torch import nn
 
 from rlvr.base.interfaces import Policy
 from rlvr.base.rollout import Samples
-from rlvr.policies.run_matmul import InexactMatmul, aligned_empty, laid_out, matmul_way, new_output, run_mm
-
-
-class Buffers:
-    """Where a pass's intermediate tensors live: new ones each pass (this class; autograd can
-    follow them), or ``Workspace``'s. Each is named by its call site."""
-
-    def mm(self, name: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """``run_mm(a, b, out)``."""
-        return run_mm(a, b, out)
-
-    def rows(self, name: str, table: torch.Tensor, index: torch.Tensor, runs: tuple[int, ...], *shape: int
-             ) -> torch.Tensor:
-        """table [*R, V, D]'s rows at index [M, n], laid out as [*R, *shape] for a matmul."""
-        return laid_out(table[:, index] if runs else table[index], runs, *shape)
-
-    def laid_out(self, name: str, x: torch.Tensor, runs: tuple[int, ...], *shape: int) -> torch.Tensor:
-        """``laid_out(x, runs, *shape)``."""
-        return laid_out(x, runs, *shape)
-
-    def like(self, name: str, x: torch.Tensor) -> torch.Tensor | None:
-        """An aligned tensor shaped as x [*R, ...] for a matmul operand; None for one run (the
-        operation allocates its own)."""
-        return aligned_empty(*x.shape, dtype=x.dtype) if x.dim() == 3 else None
-
-
-FRESH = Buffers()
-
-
-class Workspace(Buffers):
-    """Buffers reused from pass to pass by one caller (``naive_gradients``' every inner step):
-    each call site's tensor allocated once per shape, operands aligned as ``aligned_empty``
-    lays them out and matmul outputs as their way says, with each matmul's way
-    (``matmul_way``) found once. One run's matmul outputs stay new tensors (cheaper than
-    finding the buffer). What a pass returns is overwritten by the next pass. CPU tensors
-    (as ``aligned_empty``'s); not for autograd (``out=`` writes)."""
-
-    def __init__(self) -> None:
-        self._buffers: dict[tuple, torch.Tensor] = {}
-        self._ways: dict[tuple, tuple[str, str] | None] = {}
-
-    def _buffer(self, key: tuple, runs: tuple[int, ...], shape: tuple[int, ...], dtype: torch.dtype,
-                output: str = "aligned") -> torch.Tensor:
-        out = self._buffers.get(key)
-        if out is None:
-            out = self._buffers[key] = new_output(output, runs, shape, dtype)
-        return out
-
-    def mm(self, name: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        if a.dim() == 2:  # one run: a new tensor costs less than finding the buffer
-            return torch.mm(a, b, out=out)
-        key = (name, a.shape, a.stride(), b.shape, b.stride(), a.dtype, None if out is None else out.stride())
-        if key not in self._ways:
-            self._ways[key] = matmul_way(a, b, out)
-        way = self._ways[key]
-        if way is None:
-            raise InexactMatmul(a, b)
-        if out is None:
-            out = self._buffer(key, a.shape[:-2], (a.shape[-2], b.shape[-1]), a.dtype, way[1])
-        return run_mm(a, b, out, way)
-
-    def rows(self, name: str, table: torch.Tensor, index: torch.Tensor, runs: tuple[int, ...], *shape: int
-             ) -> torch.Tensor:
-        out = self._buffer((name, runs, shape, table.dtype), runs, shape, table.dtype)
-        torch.index_select(table, -2, index.reshape(-1), out=out.view(*runs, index.numel(), table.shape[-1]))
-        return out
-
-    def laid_out(self, name: str, x: torch.Tensor, runs: tuple[int, ...], *shape: int) -> torch.Tensor:
-        out = self._buffer((name, runs, shape, x.dtype), runs, shape, x.dtype)
-        out.view(x.shape).copy_(x)
-        return out
-
-    def like(self, name: str, x: torch.Tensor) -> torch.Tensor:
-        runs = x.shape[:1] if x.dim() == 3 else ()
-        return self._buffer((name, x.shape, x.dtype), runs, x.shape[len(runs):], x.dtype)
 
 
 @dataclass
 class Activations:
-    """One forward pass, kept for ``backward_pass`` (a leading run axis [R] when the weights
-    have one): x [M, n*D] (embedded prompts), encode_flat [n*D, D], state [M, D],
-    decode_flat [D, n*D], decoded [M*n, D], logits [M*n, V]."""
+    """One forward pass, kept for ``backward_pass``: x [M, n*D] (embedded prompts),
+    encode_flat [n*D, D], state [M, D], decode_flat [D, n*D], decoded [M*n, D], logits [M*n, V]."""
 
     x: torch.Tensor
     encode_flat: torch.Tensor
@@ -116,23 +34,21 @@ class Activations:
     logits: torch.Tensor
 
 
-def forward_pass(embedding: torch.Tensor, encode: torch.Tensor, decode: torch.Tensor, prompts: torch.Tensor,
-                 buffers: Buffers | None = None) -> Activations:
-    """Weights embedding [*R, V, D], encode and decode [*R, n, D, D] (one run, or R runs)
-    on prompts [M, n] (the same for every run) -> Activations with logits [*R, M*n, V].
-    ``buffers``: where its tensors live (default: new ones, which autograd can follow).
+def forward_pass(embedding: torch.Tensor, encode: torch.Tensor, decode: torch.Tensor, prompts: torch.Tensor
+                 ) -> Activations:
+    """Weights embedding [V, D], encode and decode [n, D, D] on prompts [M, n] -> Activations
+    with logits [M*n, V].
 
     Encoding each position with its own matrix and summing over positions is one matmul
     over the flattened (position, dim) axis, the same as einsum("bpd,pde->be"); decoding one
     vector per position, einsum("be,pef->bpf"), is another."""
-    buffers = buffers or FRESH
-    runs, (m, n), d = embedding.shape[:-2], prompts.shape, embedding.shape[-1]
-    x = buffers.rows("x", embedding, prompts, runs, m, n * d)  # [*R, M, n*D]: the embedded prompts
-    encode_flat = encode.reshape(*runs, n * d, d)  # [*R, n*D, D]
-    state = buffers.mm("state", x, encode_flat)  # [*R, M, D]
-    decode_flat = buffers.laid_out("decode_flat", decode.transpose(-3, -2), runs, d, n * d)  # [*R, D, n*D]
-    decoded = buffers.mm("decoded", state, decode_flat).view(*runs, m * n, d)  # [*R, M*n, D]
-    logits = buffers.mm("logits", decoded, embedding.transpose(-1, -2))  # [*R, M*n, V], tied output
+    (m, n), d = prompts.shape, embedding.shape[-1]
+    x = embedding[prompts].reshape(m, n * d)  # [M, n*D]: the embedded prompts
+    encode_flat = encode.reshape(n * d, d)  # [n*D, D]
+    state = torch.mm(x, encode_flat)  # [M, D]
+    decode_flat = decode.transpose(0, 1).reshape(d, n * d)  # [D, n*D]
+    decoded = torch.mm(state, decode_flat).view(m * n, d)  # [M*n, D]
+    logits = torch.mm(decoded, embedding.t())  # [M*n, V], tied output
     return Activations(x, encode_flat, state, decode_flat, decoded, logits)
 
 
@@ -143,57 +59,39 @@ def tempered_log_softmax(logits: torch.Tensor, temperature: float) -> torch.Tens
 
 def log_softmax_backward(grad_log_probs: torch.Tensor, probs: torch.Tensor, temperature: float,
                          grad_entropy: torch.Tensor | None = None, all_log_probs: torch.Tensor | None = None,
-                         entropy: torch.Tensor | None = None, grad_sums: torch.Tensor | None = None,
-                         buffers: Buffers | None = None) -> torch.Tensor:
-    """The gradient on the logits [*R, M*n, V] from the gradient on every log-prob [*R, M*n, V]
-    (and on each position's entropy [*R, M*n, 1]): g - softmax * sum(g), minus
-    dH/dz = -p (log p + H) times the entropy's gradient, then 1 / tau. Aligned for R runs.
-    ``grad_sums``: sum(g) over the vocabulary [*R, M*n, 1], where the caller holds it."""
-    out = (buffers or FRESH).like("grad_logits", probs)
-    if grad_sums is None:
-        grad_sums = grad_log_probs.sum(dim=-1, keepdim=True)
-    grad_logits = torch.sub(grad_log_probs, probs * grad_sums, out=out)
+                         entropy: torch.Tensor | None = None) -> torch.Tensor:
+    """The gradient on the logits [M*n, V] from the gradient on every log-prob [M*n, V]
+    (and on each position's entropy [M*n, 1]): g - softmax * sum(g), minus
+    dH/dz = -p (log p + H) times the entropy's gradient, then 1 / tau."""
+    grad_logits = grad_log_probs - probs * grad_log_probs.sum(dim=-1, keepdim=True)
     if grad_entropy is not None:
         grad_logits = grad_logits - grad_entropy * probs * (all_log_probs + entropy)
     if temperature != 1.0:
-        grad_logits = grad_logits / temperature if out is None else grad_logits.div_(temperature)
+        grad_logits = grad_logits / temperature
     return grad_logits
 
 
-def backward_pass(a: Activations, embedding: torch.Tensor, prompts: torch.Tensor, grad_logits: torch.Tensor,
-                  grads: dict[str, torch.Tensor] | None = None, buffers: Buffers | None = None
+def backward_pass(a: Activations, embedding: torch.Tensor, prompts: torch.Tensor, grad_logits: torch.Tensor
                   ) -> dict[str, torch.Tensor]:
-    """The gradients of embedding [*R, V, D], encode and decode [*R, n, D, D] from the
-    gradient on the logits [*R, U*n, V] of ``forward_pass`` on prompts [U, n], by hand
-    (about ten matmuls). ``grads``: tensors to write them into (aligned); default new ones.
-    ``buffers``: where the intermediate tensors live, as ``forward_pass``."""
-    buffers = buffers or FRESH
-    runs, (u, n), d = embedding.shape[:-2], prompts.shape, embedding.shape[-1]
-    into = grads or {}
-    grad_embedding = buffers.mm("grad_embedding", grad_logits.transpose(-1, -2), a.decoded,
-                                out=into.get("embedding"))  # [*R, V, D], the output side of the tied weights
-    grad_out = buffers.mm("grad_out", grad_logits, embedding).view(*runs, u, n * d)  # [*R, U, n*D]
-    grad_decode = buffers.mm("grad_decode", a.state.transpose(-1, -2), grad_out).view(*runs, d, n, d).transpose(-3, -2)
-    if "decode" in into:
-        grad_decode = into["decode"].copy_(grad_decode)  # [*R, n, D, D]
-    grad_state = buffers.mm("grad_state", grad_out, a.decode_flat.transpose(-1, -2))  # [*R, U, D]
-    encode_out = into["encode"].view(*runs, n * d, d) if "encode" in into else None
-    grad_encode = buffers.mm("grad_encode", a.x.transpose(-1, -2), grad_state, out=encode_out).view(*runs, n, d, d)
-    grad_x = buffers.mm("grad_x", grad_state, a.encode_flat.transpose(-1, -2))  # [*R, U, n*D]
-    grad_embedding.index_add_(-2, prompts.reshape(-1), grad_x.view(*runs, u * n, d))  # the input side
+    """The gradients of embedding [V, D], encode and decode [n, D, D] from the gradient on
+    the logits [U*n, V] of ``forward_pass`` on prompts [U, n], by hand (about ten matmuls)."""
+    (u, n), d = prompts.shape, embedding.shape[-1]
+    grad_embedding = torch.mm(grad_logits.t(), a.decoded)  # [V, D], the output side of the tied weights
+    grad_out = torch.mm(grad_logits, embedding).view(u, n * d)  # [U, n*D]
+    grad_decode = torch.mm(a.state.t(), grad_out).view(d, n, d).transpose(0, 1)  # [n, D, D]
+    grad_state = torch.mm(grad_out, a.decode_flat.t())  # [U, D]
+    grad_encode = torch.mm(a.x.t(), grad_state).view(n, d, d)
+    grad_x = torch.mm(grad_state, a.encode_flat.t())  # [U, n*D]
+    grad_embedding.index_add_(0, prompts.reshape(-1), grad_x.view(u * n, d))  # the input side
     return {"embedding": grad_embedding, "encode": grad_encode, "decode": grad_decode}
 
 
-def chosen_index(row_prompt: torch.Tensor, responses: torch.Tensor, distinct: int, vocab: int) -> torch.Tensor:
-    """The flat index [*R, N, n] of each response token's log-prob in the [*R, U*n, V]
-    log-softmax: row_prompt [N] each response's distinct prompt (of U), responses [*R, N, n]."""
+def chosen_index(row_prompt: torch.Tensor, responses: torch.Tensor, vocab: int) -> torch.Tensor:
+    """The flat index [N, n] of each response token's log-prob in the [U*n, V] log-softmax:
+    row_prompt [N] each response's distinct prompt, responses [N, n]."""
     n = responses.shape[-1]
     positions = torch.arange(n, device=responses.device)
-    index = (row_prompt.unsqueeze(1) * n + positions) * vocab + responses  # [*R, N, n]
-    if responses.dim() == 3:  # run r's block starts at r * U*n*V
-        runs = responses.shape[0]
-        index = index + (torch.arange(runs, device=responses.device) * (distinct * n * vocab)).view(runs, 1, 1)
-    return index
+    return (row_prompt.unsqueeze(1) * n + positions) * vocab + responses
 
 
 def sample_tokens(probs: torch.Tensor, prompts: int, group_size: int, generator: torch.Generator) -> torch.Tensor:
@@ -203,7 +101,7 @@ def sample_tokens(probs: torch.Tensor, prompts: int, group_size: int, generator:
 
 
 class PositionalModel(nn.Module):
-    """prompts [B, n] -> logits [B, n, V]: ``forward_pass`` of one run."""
+    """prompts [B, n] -> logits [B, n, V]: ``forward_pass``."""
 
     def __init__(self, vocab_size: int, embedding_dim: int, num_numbers: int, embedding_std: float = 1.0):
         super().__init__()
@@ -243,7 +141,7 @@ class _PositionalLogProbs(torch.autograd.Function):
         probs = all_log_probs.exp()
         distinct_entropy = -(probs * all_log_probs).sum(dim=-1)  # [U*n]
         entropy = distinct_entropy.reshape(u, n)[row_prompt]  # [N, n]
-        chosen = chosen_index(row_prompt, responses, u, probs.shape[-1])  # [N, n]
+        chosen = chosen_index(row_prompt, responses, probs.shape[-1])  # [N, n]
         log_probs = all_log_probs.take(chosen)  # [N, n]
         ctx.save_for_backward(prompts, chosen, row_prompt, probs, all_log_probs, distinct_entropy, embedding)
         ctx.activations, ctx.temperature = activations, temperature

@@ -6,15 +6,21 @@ from __future__ import annotations
 
 import datetime
 import json
+import multiprocessing
+import os
 import shutil
 import signal
+import sys
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import ExitStack, contextmanager, suppress
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from rlvr.base.errors import ConfigError, RunError, Stopped, os_reason
+from rlvr.base.processes import die_with_parent
 from rlvr.base.record import Record
 from rlvr.cluster.learners import LearnerGroup
 from rlvr.cluster.session import loop_parts, trained_policy
@@ -47,11 +53,10 @@ from rlvr.runs.metrics import (
     write_samples_markdown,
 )
 from rlvr.runs.resume import data_file_changes, record_data_files, records_at_checkpoint, resume_changes
-from rlvr.runs.stops import Progress, stop_on_signals
+from rlvr.runs.stops import STOP_SIGNALS, Progress, stop_on_signals
 
 
-def _checkpointer(config: Config, run_dir: Path, metrics: JsonlSink, source: RolloutSource | None = None,
-                  learner: Learner | None = None):
+def _checkpointer(config: Config, run_dir: Path, metrics: JsonlSink, source: RolloutSource, learner: Learner):
     """Checkpoint every k epochs, at the end, and where a stop was requested (mid-epoch too);
     with the rollout ``source``'s state (batches it sampled ahead of the trainer). Data-parallel
     learners write the weights and optimizer state themselves, sharded; the driver the rest."""
@@ -65,7 +70,7 @@ def _checkpointer(config: Config, run_dir: Path, metrics: JsonlSink, source: Rol
             return
         try:
             metrics.sync()  # the records the checkpoint counts reach the disk before it
-            payload = state_payload(st, None if source is None else source.state(), sharded=group is not None)
+            payload = state_payload(st, source.state(), sharded=group is not None)
             save_checkpoint(run_dir, f"{PREFIX}{st.step:09d}", payload, None if group else st.policy,
                             config.log.keep_checkpoints, None if group is None else group.save_sharded)
         except OSError as err:
@@ -260,29 +265,6 @@ def train_in_run_dir(
     return records, run_dir, policy
 
 
-def run_batched(configs: list[Config]) -> list[tuple[list[Record], Path]]:
-    """``run_training`` (without figures) of runs ``rlvr.loop.batched`` trains as one batch
-    (``batching_refusal(configs)`` is None): each run's directory, records and checkpoints
-    as if it had run alone. No signal handling: Ctrl-C ends them all, with the checkpoints
-    written so far."""
-    from rlvr.loop.batched import train_batched
-    from rlvr.runs.checkpoint import rng_state, set_rng_state
-
-    with ExitStack() as stack:
-        started, rngs = [], []
-        for config in configs:
-            started.append(_start(config, stack))
-            rngs.append(rng_state())  # the global RNG a run alone would checkpoint (training draws none)
-        writers, ends = [], []
-        for config, (run_dir, _), rng in zip(configs, started, rngs):
-            metrics = JsonlSink(run_dir / "metrics.jsonl")
-            writers.append(stack.enter_context(_writer(config, run_dir, metrics, initial_epoch=0)))
-            checkpoint = _checkpointer(config, run_dir, metrics)
-            ends.append(lambda st, checkpoint=checkpoint, rng=rng: (set_rng_state(rng), checkpoint(st)))
-        records = train_batched(configs, [state for _, state in started], writers, ends)
-    return [(r, run_dir) for r, (run_dir, _) in zip(records, started)]
-
-
 def start_or_continue(config: Config) -> tuple[list[Record], Path, str]:
     """``run_training`` in ``config.run_dir`` without a figure, or, when a run is there
     already (``rlvr compare`` run again), that run continued: (records, run_dir, what
@@ -298,6 +280,87 @@ def start_or_continue(config: Config) -> tuple[list[Record], Path, str]:
         return *run_training(config, plot=False, resume=run_dir), what
     except RunFinished:
         return read_records(run_dir), run_dir, "finished, records reused"
+
+
+def side_by_side(configs: list[Config]) -> list[tuple[list[Record], Path, str]]:
+    """``start_or_continue`` of each run: for the positional toy as many at once as there are
+    cores (a process each, each on one torch thread, ``threads``), for others one after
+    another here (a model, Ray, a GPU are not for sharing). A stop signal here reaches every
+    run, once: each stops with a checkpoint, and runs not begun do not begin. A run that
+    fails is named on stderr when the others have ended; then its error is raised."""
+    # the cores this process may use (taskset, a cpuset), not the machine's
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    workers = min(len(configs), cores) if configs[0].policy.name == "positional" else 1
+    if workers == 1:
+        return [start_or_continue(config) for config in configs]
+    with ProcessPoolExecutor(workers, multiprocessing.get_context("spawn"), initializer=_worker_start,
+                             initargs=(os.getpid(),)) as pool:
+        futures = [pool.submit(_worker_run, config) for config in configs]
+        stopped = None
+        while True:
+            try:
+                wait(futures)
+                break
+            except KeyboardInterrupt as err:  # Ctrl-C, or Stopped (SIGTERM): on to each run, as often as it comes
+                signum = getattr(err, "signum", signal.SIGINT)
+                stopped = Stopped(f"stopped by {signal.Signals(signum).name}: the runs stopped at checkpoints; "
+                                  "the same rlvr compare again goes on from them", signum)
+                for future in futures:
+                    future.cancel()
+                for child in multiprocessing.active_children():
+                    with suppress(OSError):
+                        os.kill(child.pid, signum)
+    if stopped:
+        raise stopped
+    errors = [(config, f.exception()) for config, f in zip(configs, futures) if f.exception() is not None]
+    cut = [config.name for config, err in errors if isinstance(err, BrokenProcessPool)]
+    errors = [(config, err) for config, err in errors if not isinstance(err, BrokenProcessPool)]
+    for config, err in errors:
+        print(f"rlvr: run {config.name} failed: {type(err).__name__}: {err}", file=sys.stderr)
+    if cut:  # a worker killed (out of memory, SIGKILL) ends the pool's others too
+        raise RunError(f"a run's process ended without an error (killed?): {', '.join(cut)} did not finish; the same "
+                       "rlvr compare again goes on from their checkpoints")
+    if errors:
+        raise errors[0][1]
+    return [f.result() for f in futures]
+
+
+class _NotATerminal:
+    """stderr, saying it is no terminal: each run's progress comes as plain lines, since the
+    bars of several processes would draw over each other."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def isatty(self) -> bool:
+        return False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+_stop_signal: list[int] = []  # the stop signal a worker received between runs
+
+
+def _worker_start(parent: int) -> None:
+    """A ``side_by_side`` worker: its stop signals come from its parent alone (a group of its
+    own, out of a terminal's Ctrl-C), and it dies with it."""
+    os.setpgid(0, 0)
+    die_with_parent(parent)
+    sys.stderr = _NotATerminal(sys.stderr)
+    for signum in STOP_SIGNALS:  # a run's own handling takes over while it runs
+        signal.signal(signum, lambda signum, frame: _stop_signal.append(signum))
+
+
+def _worker_run(config: Config) -> tuple[list[Record], Path, str]:
+    if _stop_signal:
+        raise Stopped(f"{config.name}: not started, stopped by {signal.Signals(_stop_signal[0]).name}",
+                      _stop_signal[0])
+    try:
+        return start_or_continue(config)
+    except Stopped as err:  # the next run in this worker does not begin
+        _stop_signal.append(err.signum)
+        raise
 
 
 def run_sft(config: Config, run_dir: Path, on_record: Callable[[Record], None] | None = None) -> Path:

@@ -56,6 +56,15 @@ def write_samples_markdown(path: Path, record: Record) -> None:
         f.write("\n".join(lines) + "\n")
 
 
+def scalars(record: Record) -> dict[str, float]:
+    """A train or eval record's numbers as a tracker logs them, ``kind/key``; {} for other records."""
+    kind = record.get("kind")
+    if kind not in ("train", "eval"):
+        return {}
+    return {f"{kind}/{k}": v for k, v in record.items()
+            if k not in ("kind", "epoch", "step") and isinstance(v, (int, float))}
+
+
 class TensorBoardSink:
     """Scalars of train and eval records to TensorBoard (the ``tensorboard`` extra)."""
 
@@ -67,12 +76,8 @@ class TensorBoardSink:
         self.writer = SummaryWriter(str(log_dir))
 
     def __call__(self, record: Record) -> None:
-        kind = record.get("kind")
-        if kind not in ("train", "eval"):
-            return
-        for key, value in record.items():
-            if key not in ("kind", "epoch", "step") and isinstance(value, (int, float)):
-                self.writer.add_scalar(f"{kind}/{key}", value, record["step"])
+        for key, value in scalars(record).items():
+            self.writer.add_scalar(key, value, record["step"])
 
     def close(self) -> None:
         self.writer.close()
@@ -103,12 +108,8 @@ class ExperimentTrackerSink:
         self.run = self.module.init(project=project, name=name, config=config)
 
     def __call__(self, record: Record) -> None:
-        kind = record.get("kind")
-        if kind not in ("train", "eval"):
-            return
-        scalars = {f"{kind}/{k}": v for k, v in record.items()
-                   if k not in ("kind", "epoch", "step") and isinstance(v, (int, float))}
-        self.module.log(scalars, step=record["step"])
+        if record.get("kind") in ("train", "eval"):
+            self.module.log(scalars(record), step=record["step"])
 
     def close(self) -> None:
         self.module.finish()

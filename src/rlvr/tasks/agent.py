@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-
 from rlvr.agents.chat import MAX_CHOICES
 from rlvr.agents.runner import AgentLimits, AgentRun
 from rlvr.agents.server import MAX_CALLS
@@ -19,19 +17,16 @@ from rlvr.base.errors import ConfigError
 from rlvr.base.interfaces import Policy
 from rlvr.base.rollout import Grades
 from rlvr.base.rules import option
-from rlvr.rewards import RewardSpec
-from rlvr.tasks.environment import check_episodes_ended, episode_metrics, episode_return, prompt_row, solved, start_rows
-from rlvr.tasks.grading import GradedTask
+from rlvr.tasks.environment import EpisodeTask, start_rows
 
 
-class AgentTask(GradedTask):
+class AgentTask(EpisodeTask):
     """Episodes of the user's agent against the run's endpoint; see the module docstring."""
 
     name = "agent"
     agent_command: str | list[str] | None = None  # the agent as a program (its run made per endpoint)
     endpoint = None  # the endpoint serving the policy, made by policy_for
     max_calls, max_sampled_tokens = MAX_CALLS, None  # an episode's budgets (None: MAX_CHOICES x max_tokens)
-    gold_reward = "solved"
     no_gold_hint = "the agent never said whether an episode was solved (return {'reward': r, 'solved': bool})"
     options = {
         "agent": option("your agent, 'module:function': run(client, row) -> reward or {'reward', 'solved', ...}, "
@@ -111,17 +106,6 @@ class AgentTask(GradedTask):
             self.agent = command_agent(self.agent_command, self.endpoint, self.agent_memory_mb)
         return AgentPolicy(policy, self.endpoint, self.agent, self.limits)
 
-    def reward_specs(self) -> list[RewardSpec]:
-        return [RewardSpec(episode_return, name="episode_return", required=True),
-                RewardSpec(solved, weight=0.0, name="solved")]
-
-    def sample_prompts(self, num_prompts: int, generator: torch.Generator) -> list[Any]:
-        picks = torch.randint(len(self.train_rows), (num_prompts,), generator=generator).tolist()
-        return [self.train_rows[i] for i in picks]
-
-    def eval_prompts(self) -> list[Any]:
-        return list(self.eval_rows)
-
     def fixed_prompts(self) -> dict[str, list[Any]]:
         """The held-out rows, for the policy's check before any work (its chat template)."""
         return {"eval row": self.eval_prompts()}
@@ -129,19 +113,13 @@ class AgentTask(GradedTask):
     def grade(self, prompts: Any, responses: Any, *, completion_ids: Any = None, trainer_state: Any = None) -> Grades:
         """The agents' rewards, solved, and episode metrics (model calls, segments, the
         agents' own numbers); the first failed episode's error is kept as ``episode/error``."""
-        runs = [r.episode for group in responses for r in group]
         # the evaluation grades the rows eval_prompts gave it, these very objects; a training batch, train_rows'
         held_out = {id(row) for row in self.eval_rows}
         batch = "the held-out evaluation" if prompts and all(id(p) in held_out for p in prompts) else \
             "a training batch"
-        check_episodes_ended(runs, "an error of its agent's", batch)
-        rows = [prompt_row(start, group[0].episode) for start, group in zip(prompts, responses)]
-        grades = super().grade(rows, responses, completion_ids=completion_ids, trainer_state=trainer_state)
-        grades.metrics.update(episode_metrics(runs))
-        grades.metrics.update(agent_metrics(runs))
-        errors = [r.error for r in runs if r.error is not None]
-        if errors:
-            grades.failures["episode/error"] = errors[0]
+        grades, _ = self._grade_episodes(prompts, responses, completion_ids, trainer_state, "an error of its agent's",
+                                         batch)
+        grades.metrics.update(agent_metrics([r.episode for group in responses for r in group]))
         return grades
 
     def close(self) -> None:

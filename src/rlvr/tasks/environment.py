@@ -48,11 +48,46 @@ def solved(completions: Sequence[Any], **_: Any) -> list[float]:
     return [float(bool(_episode(c).solved)) for c in completions]
 
 
-class EnvironmentTask(GradedTask):
+class EpisodeTask(GradedTask):
+    """What the episode tasks share: an episode's return is its reward and its ``solved`` the
+    gold check; training starts drawn from ``train_rows``, held-out ones ``eval_rows``."""
+
+    gold_reward = "solved"
+    train_rows: list[Any] | None
+    eval_rows: list[Any]
+
+    def reward_specs(self) -> list[RewardSpec]:
+        return [RewardSpec(episode_return, name="episode_return", required=True),
+                RewardSpec(solved, weight=0.0, name="solved")]
+
+    def sample_prompts(self, num_prompts: int, generator: torch.Generator) -> list[Any]:
+        picks = torch.randint(len(self.train_rows), (num_prompts,), generator=generator).tolist()
+        return [self.train_rows[i] for i in picks]
+
+    def eval_prompts(self) -> list[Any]:
+        return list(self.eval_rows)
+
+    def _grade_episodes(self, prompts: Any, responses: Any, completion_ids: Any, trainer_state: Any,
+                        cause: str = "its environment's error", batch: str = "a batch") -> tuple[Grades, list[str]]:
+        """The episodes' grades and episode metrics, the first failed episode's error kept as
+        ``episode/error``; the reward functions get each group's prompt (its first episode's)
+        and the start's columns. Also the episodes' errors. RunError when every episode
+        failed (``check_episodes_ended``)."""
+        episodes = [r.episode for group in responses for r in group]
+        check_episodes_ended(episodes, cause, batch)
+        rows = [prompt_row(start, group[0].episode) for start, group in zip(prompts, responses)]
+        grades = super().grade(rows, responses, completion_ids=completion_ids, trainer_state=trainer_state)
+        grades.metrics.update(episode_metrics(episodes))
+        errors = [e.error for e in episodes if e.error is not None]
+        if errors:
+            grades.failures["episode/error"] = errors[0]
+        return grades, errors
+
+
+class EnvironmentTask(EpisodeTask):
     """Episodes in an environment, graded by their return; see the module docstring."""
 
     name = "environment"
-    gold_reward = "solved"
     no_gold_hint = "the environment's steps never said whether an episode was solved"
     options = {
         "environment": option("a ready environment (rlvr.environments.games.ENVIRONMENTS)"),
@@ -138,38 +173,21 @@ class EnvironmentTask(GradedTask):
             self._toolbox = ToolBox({name: TOOLS[name] for name in self.tool_names}, **self.tool_settings)
         return self._toolbox
 
-    def reward_specs(self) -> list[RewardSpec]:
-        return [RewardSpec(episode_return, name="episode_return", required=True),
-                RewardSpec(solved, weight=0.0, name="solved")]
-
     def sample_prompts(self, num_prompts: int, generator: torch.Generator) -> list[Any]:
         """``num_prompts`` training starts: seeds past the held-out ones, or training rows."""
         if self.train_rows is None:
             return torch.randint(len(self.eval_rows), _TRAIN_SEEDS, (num_prompts,), generator=generator).tolist()
-        picks = torch.randint(len(self.train_rows), (num_prompts,), generator=generator).tolist()
-        return [self.train_rows[i] for i in picks]
-
-    def eval_prompts(self) -> list[Any]:
-        return list(self.eval_rows)
+        return super().sample_prompts(num_prompts, generator)
 
     def fixed_prompts(self) -> dict[str, list[Any]]:
         """The held-out starts, whose prompts the policy checks before any work."""
         return {"eval start": self.eval_prompts()}
 
     def grade(self, prompts: Any, responses: Any, *, completion_ids: Any = None, trainer_state: Any = None) -> Grades:
-        """The episodes' returns, solved, and episode metrics; the reward functions get each
-        group's prompt (its first episode's) and the start's columns. The first environment
-        error is logged (once per kind) and kept as ``episode/error``; RunError when every
-        episode failed (``check_episodes_ended``)."""
-        episodes = [r.episode for group in responses for r in group]
-        check_episodes_ended(episodes)
-        rows = [prompt_row(start, group[0].episode) for start, group in zip(prompts, responses)]
-        grades = super().grade(rows, responses, completion_ids=completion_ids, trainer_state=trainer_state)
-        grades.metrics.update(episode_metrics(episodes))
-        errors = [e.error for e in episodes if e.error is not None]
-        if errors:
-            grades.failures["episode/error"] = errors[0]
-            self._log_errors(errors)
+        """The episodes' returns, solved, and episode metrics (``_grade_episodes``); the first
+        environment error of each kind is logged."""
+        grades, errors = self._grade_episodes(prompts, responses, completion_ids, trainer_state)
+        self._log_errors(errors)
         return grades
 
     def completion_columns(self, responses: Any) -> dict[str, list[Any]]:
