@@ -124,27 +124,12 @@ class Samples:
 
     def rows(self, index: torch.Tensor | slice) -> Samples:
         """The responses at ``index`` ([n] or a slice; token tensors only, ``responses`` dropped)."""
-        lp = None if self.sample_log_probs is None else self.sample_log_probs[index]
-        return Samples(
-            responses=None,
-            response_ids=self.response_ids[index],
-            response_mask=self.response_mask[index],
-            prompt_ids=self.prompt_ids[index],
-            prompt_mask=self.prompt_mask[index],
-            sample_log_probs=lp,
-            policy_mask=self.policy_mask[index],
-            truncated=None if self.truncated is None else self.truncated[index],
-            episodes=None if self.episodes is None else self.episodes[index],
-            token_versions=None if self.token_versions is None else self.token_versions[index],
-        )
-
+        return Samples(None, **{name: _part(getattr(self, name), index) for name in _ROW_FIELDS})
 
     def narrow(self, width: int) -> Samples:
         """The first ``width`` response positions of every row (the rest must be padding)."""
-        lp = None if self.sample_log_probs is None else self.sample_log_probs[:, :width]
-        versions = None if self.token_versions is None else self.token_versions[:, :width]
-        return replace(self, response_ids=self.response_ids[:, :width], response_mask=self.response_mask[:, :width],
-                       sample_log_probs=lp, policy_mask=self.policy_mask[:, :width], token_versions=versions)
+        return replace(self, **{name: _part(getattr(self, name), (slice(None), slice(width)))
+                                for name in _RESPONSE_FIELDS})
 
     def groups(self, index: torch.Tensor, group_size: int) -> Samples:
         """The groups (prompts) at ``index`` [k]: their G responses each (all their rows,
@@ -178,8 +163,6 @@ class Samples:
         an LM's are; the masks say which positions are real)."""
         if len(parts) == 1:
             return parts[0]
-        lps, cuts = [s.sample_log_probs for s in parts], [s.truncated for s in parts]
-        versions = [s.token_versions for s in parts]
         episodes, offset = None, 0
         if any(s.episodes is not None for s in parts):
             episodes = []
@@ -187,18 +170,27 @@ class Samples:
                 episodes.append((torch.arange(s.num_responses) if s.episodes is None else s.episodes) + offset)
                 offset += s.num_episodes
             episodes = torch.cat(episodes)
+        joined = {name: _pad_cat([getattr(s, name) for s in parts]) for name in _RESPONSE_FIELDS}
+        truncated = [s.truncated for s in parts]
         return Samples(
             responses=_join([s.responses for s in parts]),
-            response_ids=_pad_cat([s.response_ids for s in parts]),
-            response_mask=_pad_cat([s.response_mask for s in parts]),
             prompt_ids=_pad_cat([s.prompt_ids for s in parts], left=True),
             prompt_mask=_pad_cat([s.prompt_mask for s in parts], left=True),
-            sample_log_probs=None if any(lp is None for lp in lps) else _pad_cat(lps),
-            policy_mask=_pad_cat([s.policy_mask for s in parts]),
-            truncated=None if any(t is None for t in cuts) else torch.cat(cuts),
+            truncated=None if any(t is None for t in truncated) else torch.cat(truncated),
             episodes=episodes,
-            token_versions=None if any(v is None for v in versions) else _pad_cat(versions),
+            **joined,
         )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Its fields as tensors and plain data (``checkpoint_data`` of the responses): the form
+        a checkpoint holds (``torch.load(weights_only=True)``)."""
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "responses": checkpoint_data(self.responses)}
+
+
+# the fields indexed by row, and those of them with a response position axis [R, T] (None stays None)
+_ROW_FIELDS = ("response_ids", "response_mask", "prompt_ids", "prompt_mask", "sample_log_probs", "policy_mask",
+               "truncated", "episodes", "token_versions")
+_RESPONSE_FIELDS = ("response_ids", "response_mask", "sample_log_probs", "policy_mask", "token_versions")
 
 
 @dataclass
@@ -258,8 +250,13 @@ def contiguous_bounds(count: int, parts: int) -> list[tuple[int, int]]:
 def _pick(items: Any, index: torch.Tensor) -> Any:
     """``items[index]`` for a tensor, a list or None."""
     if items is None or isinstance(items, torch.Tensor):
-        return None if items is None else items[index]
+        return _part(items, index)
     return [items[i] for i in index.tolist()]
+
+
+def _part(x: torch.Tensor | None, index: Any) -> torch.Tensor | None:
+    """``x[index]``, None for None."""
+    return None if x is None else x[index]
 
 
 def checkpoint_data(value: Any) -> Any:
@@ -282,14 +279,14 @@ def _join(parts: list[Any]) -> Any:
     return torch.cat(parts) if isinstance(parts[0], torch.Tensor) else [x for part in parts for x in part]
 
 
-def _pad_cat(parts: list[torch.Tensor], left: bool = False) -> torch.Tensor:
-    """[n_i, T_i] tensors -> [sum n_i, max T_i], zero-padded on the right (or the left)."""
+def _pad_cat(parts: list[torch.Tensor | None], left: bool = False) -> torch.Tensor | None:
+    """[n_i, T_i] tensors -> [sum n_i, max T_i], zero-padded on the right (or the left); None
+    if any part is None."""
+    if any(t is None for t in parts):
+        return None
     width = max(t.shape[1] for t in parts)
-    padded = []
-    for t in parts:
-        pad = (width - t.shape[1], 0) if left else (0, width - t.shape[1])
-        padded.append(torch.nn.functional.pad(t, pad))
-    return torch.cat(padded)
+    return torch.cat([torch.nn.functional.pad(t, (width - t.shape[1], 0) if left else (0, width - t.shape[1]))
+                      for t in parts])
 
 
 @dataclass
@@ -327,20 +324,14 @@ class Rollout:
         with them; the aggregation weights stay the whole batch's, so the losses of the
         parts add up to the loss of the whole (micro-batches, data-parallel shares)."""
 
-        def part(x: torch.Tensor | None) -> torch.Tensor | None:
-            return None if x is None else x[index]
-
-        return Rollout(self.samples.rows(index), self.deltas[index], part(self.old_log_probs),
-                       part(self.ref_log_probs), self.weights[index], self.stats, part(self.importance_weights),
-                       self.prompt_solved, part(self.pg_token_mask))
+        return Rollout(self.samples.rows(index), self.deltas[index], _part(self.old_log_probs, index),
+                       _part(self.ref_log_probs, index), self.weights[index], self.stats,
+                       _part(self.importance_weights, index), self.prompt_solved, _part(self.pg_token_mask, index))
 
     def to_dict(self) -> dict[str, Any]:
         """Nested dicts of tensors and plain data (responses: a tensor, or lists of
         strings): the form a checkpoint holds (``torch.load(weights_only=True)``)."""
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["samples"] = {f.name: getattr(self.samples, f.name) for f in fields(self.samples)}
-        out["samples"]["responses"] = checkpoint_data(self.samples.responses)
-        return out
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "samples": self.samples.to_dict()}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Rollout:
