@@ -69,11 +69,6 @@ def _seq_log_ratio(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return masked_sum(log_ratio, mask, dim=-1).unsqueeze(-1)
 
 
-def _geo_log_ratio(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """log of the geometric mean of the ratios, mean_s log r_s; [N, T] -> [N, 1] (0: no tokens)."""
-    return masked_mean(log_ratio, mask, dim=-1).unsqueeze(-1)
-
-
 def _keep(keep: torch.Tensor, log_ratio: torch.Tensor, mask: torch.Tensor, cap: float | None) -> Correction:
     """A masking method's correction: ``keep`` [N, T] or [N, 1] (a whole response) bool;
     kept tokens weigh 1, or min(r_t, C) with a cap, the others 0."""
@@ -119,7 +114,8 @@ def geo_mask(log_ratio: torch.Tensor, mask: torch.Tensor, cap: float | None, low
     its per-token ratio on average, is outside [low, high]. The mean, unlike the product,
     does not grow with the length, so one pair of bounds fits short and long responses
     (verl's rollout_rs=geometric; "When Speed Kills Stability", Liu, Li et al. 2025)."""
-    return _keep(_within(_geo_log_ratio(log_ratio, mask), low, high), log_ratio, mask, cap)
+    geo_log_ratio = masked_mean(log_ratio, mask, dim=-1).unsqueeze(-1)  # [N, 1], mean_s log r_s (0: no tokens)
+    return _keep(_within(geo_log_ratio, low, high), log_ratio, mask, cap)
 
 
 def icepop(log_ratio: torch.Tensor, mask: torch.Tensor, cap: float | None, low: float | None,
