@@ -142,13 +142,9 @@ def kill_descendants() -> None:
     """Kill every process below this one (a subreaper) and reap them all: call it where this
     process has no child of its own left to keep."""
     kill_tree(os.getpid())
-    while True:
-        try:
+    with contextlib.suppress(ChildProcessError):  # no child left
+        while True:
             os.waitpid(-1, 0)
-        except ChildProcessError:
-            return
-        except InterruptedError:
-            continue
 
 
 class ProcessCap:

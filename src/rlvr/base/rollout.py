@@ -6,6 +6,7 @@ Shapes: B prompts, G responses per prompt (the group), N = B*G responses (row
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -163,13 +164,11 @@ class Samples:
         an LM's are; the masks say which positions are real)."""
         if len(parts) == 1:
             return parts[0]
-        episodes, offset = None, 0
-        if any(s.episodes is not None for s in parts):
-            episodes = []
-            for s in parts:
-                episodes.append((torch.arange(s.num_responses) if s.episodes is None else s.episodes) + offset)
-                offset += s.num_episodes
-            episodes = torch.cat(episodes)
+        episodes = None
+        if any(s.episodes is not None for s in parts):  # each part's responses numbered after the parts before
+            offsets = itertools.accumulate((s.num_episodes for s in parts), initial=0)
+            episodes = torch.cat([(torch.arange(s.num_responses) if s.episodes is None else s.episodes) + offset
+                                  for s, offset in zip(parts, offsets)])
         joined = {name: _pad_cat([getattr(s, name) for s in parts]) for name in _RESPONSE_FIELDS}
         truncated = [s.truncated for s in parts]
         return Samples(
