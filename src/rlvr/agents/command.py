@@ -113,8 +113,7 @@ async def _run_capped(argv: list[str], url: str, key: str, data: bytes, unix_soc
         cwd = os.getcwd()
         # the key and the episode's path reach the jail through a pipe (bwrap's --args), not the
         # command line, which every local user can read
-        secret = [*(part for name in ("OPENAI_API_KEY", "RLVR_EPISODE_PATH")
-                    for part in ("--setenv", name, key if name == "OPENAI_API_KEY" else urlsplit(url).path))]
+        secret = ["--setenv", "OPENAI_API_KEY", key, "--setenv", "RLVR_EPISODE_PATH", urlsplit(url).path]
         reader, writer = os.pipe()
         os.write(writer, "\0".join(secret).encode() + b"\0")
         os.close(writer)

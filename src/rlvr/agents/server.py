@@ -213,15 +213,12 @@ class Endpoint:
             history, template_tools = shown_tools(
                 template, [*plain[:last], {"role": "assistant", "content": follows.call.text}], tools or [], "json")
             room = self._room(episode, len(follows.call.prompt_ids) + len(follows.call.completion_ids))
-            try:
+            # a template that renders the turns differently whole: the conversation rendered whole
+            with contextlib.suppress(ChatTemplateMismatch):
                 _, ids = turns.observation_ids(self.policy, history, plain[last + 1:], room, template_tools)
-            except ChatTemplateMismatch:  # the template renders the turns differently whole: rendered whole
-                ids = None
-                follows = None
-            if follows is not None and ids is None:
-                raise RequestError(400, "the new messages are longer than the episode's token budget or the "
-                                        "model's positions leave room for", code="context_length_exceeded")
-            if follows is not None:
+                if ids is None:
+                    raise RequestError(400, "the new messages are longer than the episode's token budget or the "
+                                            "model's positions leave room for", code="context_length_exceeded")
                 return [*follows.call.prompt_ids, *follows.call.completion_ids,
                         *turns.end_of_turn_ids(self.policy, follows.call.completion_ids), *ids]
         return self._encoded(*shown_tools(template, plain, tools or [], "json"))
@@ -274,11 +271,8 @@ class Endpoint:
         jobs_count = n if episode.temperature > 0 else 1  # greedy: n choices alike, one decoded
         max_new = self._reserve(episode, n, jobs_count, max_new)
         first, episode.draws = episode.draws, episode.draws + n
-        if episode.temperature > 0:
-            seeds = [call_seed(episode.seed, first + k) for k in range(n)]
-            jobs = [Job(episode.id, prompt_ids, seed, episode.temperature, max_new, stop) for seed in seeds]
-        else:
-            jobs = [Job(episode.id, prompt_ids, None, 0.0, max_new, stop)]
+        seeds = [call_seed(episode.seed, first + k) for k in range(n)] if episode.temperature > 0 else [None]
+        jobs = [Job(episode.id, prompt_ids, seed, episode.temperature, max_new, stop) for seed in seeds]
         outcomes: list[Outcome] = []
         try:
             for job in jobs:

@@ -18,9 +18,7 @@ from rlvr.agents.chat import RequestError
 
 def streamed(body: dict[str, Any]) -> tuple[bool, bool]:
     """Whether the request asks for a stream, and for the usage chunk at its end."""
-    stream = body.get("stream", False)
-    if stream is None:
-        stream = False
+    stream = False if body.get("stream") is None else body["stream"]
     if not isinstance(stream, bool):
         raise RequestError(400, f"'stream' must be true or false, got {stream!r:.40}", param="stream")
     options = body.get("stream_options") or {}

@@ -18,6 +18,7 @@ import functools
 import itertools
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -66,7 +67,7 @@ def set_limit(name: str, soft: int, hard: int | None = None) -> None:
     ``hard`` (None: ``soft``), never above the hard limit this process has. ``RLIMIT_NPROC``:
     inside a jail's user namespace (Linux 5.14+) it counts that namespace's processes alone;
     outside one it counts all of the user's, and root is never held to it."""
-    import resource
+    import resource  # POSIX only
 
     kind = getattr(resource, name)
     ceiling = resource.getrlimit(kind)[1]
@@ -141,13 +142,9 @@ def kill_descendants() -> None:
     """Kill every process below this one (a subreaper) and reap them all: call it where this
     process has no child of its own left to keep."""
     kill_tree(os.getpid())
-    while True:
-        try:
+    with contextlib.suppress(ChildProcessError):  # no child left
+        while True:
             os.waitpid(-1, 0)
-        except ChildProcessError:
-            return
-        except InterruptedError:
-            continue
 
 
 class ProcessCap:
@@ -287,7 +284,6 @@ def jail() -> tuple[str, ...] | None:
     only writable place. None where ``bwrap`` is not installed or cannot make namespaces
     here (said once, as a warning)."""
     import shutil
-    import subprocess
     import warnings
 
     found = shutil.which("bwrap")
@@ -359,8 +355,6 @@ def supervise(memory: int, processes: int, cpu_seconds: int, file_bytes: int, ar
             set_limit("RLIMIT_CPU", cpu_seconds, cpu_seconds + 1)
         if file_bytes > 0:
             set_limit("RLIMIT_FSIZE", file_bytes)
-
-    import subprocess
 
     try:
         child = subprocess.Popen(argv, preexec_fn=limits)

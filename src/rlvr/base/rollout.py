@@ -6,6 +6,7 @@ Shapes: B prompts, G responses per prompt (the group), N = B*G responses (row
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -41,10 +42,6 @@ class CompletionIds(Sequence):
 
     def __repr__(self) -> str:
         return repr(list(self))
-
-
-# the fields of a row's response positions, [R, T] each (or None)
-_TOKENS = ("response_ids", "response_mask", "sample_log_probs", "policy_mask", "token_versions")
 
 
 @dataclass
@@ -128,12 +125,12 @@ class Samples:
 
     def rows(self, index: torch.Tensor | slice) -> Samples:
         """The responses at ``index`` ([n] or a slice; token tensors only, ``responses`` dropped)."""
-        tensors = [f.name for f in fields(self) if f.name != "responses"]
-        return Samples(None, **{name: _index(getattr(self, name), index) for name in tensors})
+        return Samples(None, **{name: _part(getattr(self, name), index) for name in _ROW_FIELDS})
 
     def narrow(self, width: int) -> Samples:
         """The first ``width`` response positions of every row (the rest must be padding)."""
-        return replace(self, **{name: _index(getattr(self, name), (slice(None), slice(width))) for name in _TOKENS})
+        return replace(self, **{name: _part(getattr(self, name), (slice(None), slice(width)))
+                                for name in _RESPONSE_FIELDS})
 
     def groups(self, index: torch.Tensor, group_size: int) -> Samples:
         """The groups (prompts) at ``index`` [k]: their G responses each (all their rows,
@@ -167,21 +164,32 @@ class Samples:
         an LM's are; the masks say which positions are real)."""
         if len(parts) == 1:
             return parts[0]
-        episodes, offset = None, 0
-        if any(s.episodes is not None for s in parts):
-            episodes = []
-            for s in parts:
-                episodes.append((torch.arange(s.num_responses) if s.episodes is None else s.episodes) + offset)
-                offset += s.num_episodes
-            episodes = torch.cat(episodes)
+        episodes = None
+        if any(s.episodes is not None for s in parts):  # each part's responses numbered after the parts before
+            offsets = itertools.accumulate((s.num_episodes for s in parts), initial=0)
+            episodes = torch.cat([(torch.arange(s.num_responses) if s.episodes is None else s.episodes) + offset
+                                  for s, offset in zip(parts, offsets)])
+        joined = {name: _pad_cat([getattr(s, name) for s in parts]) for name in _RESPONSE_FIELDS}
+        truncated = [s.truncated for s in parts]
+        return Samples(
+            responses=_join([s.responses for s in parts]),
+            prompt_ids=_pad_cat([s.prompt_ids for s in parts], left=True),
+            prompt_mask=_pad_cat([s.prompt_mask for s in parts], left=True),
+            truncated=None if any(t is None for t in truncated) else torch.cat(truncated),
+            episodes=episodes,
+            **joined,
+        )
 
-        def joined(name: str, join: Any = _pad_cat) -> torch.Tensor | None:  # None when some part has none
-            values = [getattr(s, name) for s in parts]
-            return None if any(v is None for v in values) else join(values)
+    def to_dict(self) -> dict[str, Any]:
+        """Its fields as tensors and plain data (``checkpoint_data`` of the responses): the form
+        a checkpoint holds (``torch.load(weights_only=True)``)."""
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "responses": checkpoint_data(self.responses)}
 
-        return Samples(responses=_join([s.responses for s in parts]), **{name: joined(name) for name in _TOKENS},
-                       prompt_ids=joined("prompt_ids", _pad_cat_left), prompt_mask=joined("prompt_mask", _pad_cat_left),
-                       truncated=joined("truncated", torch.cat), episodes=episodes)
+
+# the fields indexed by row, and those of them with a response position axis [R, T] (None stays None)
+_ROW_FIELDS = ("response_ids", "response_mask", "prompt_ids", "prompt_mask", "sample_log_probs", "policy_mask",
+               "truncated", "episodes", "token_versions")
+_RESPONSE_FIELDS = ("response_ids", "response_mask", "sample_log_probs", "policy_mask", "token_versions")
 
 
 @dataclass
@@ -241,8 +249,13 @@ def contiguous_bounds(count: int, parts: int) -> list[tuple[int, int]]:
 def _pick(items: Any, index: torch.Tensor) -> Any:
     """``items[index]`` for a tensor, a list or None."""
     if items is None or isinstance(items, torch.Tensor):
-        return None if items is None else items[index]
+        return _part(items, index)
     return [items[i] for i in index.tolist()]
+
+
+def _part(x: torch.Tensor | None, index: Any) -> torch.Tensor | None:
+    """``x[index]``, None for None."""
+    return None if x is None else x[index]
 
 
 def checkpoint_data(value: Any) -> Any:
@@ -260,27 +273,19 @@ def checkpoint_data(value: Any) -> Any:
     return str(value)
 
 
-def _index(x: torch.Tensor | None, index: Any) -> torch.Tensor | None:
-    return None if x is None else x[index]
-
-
 def _join(parts: list[Any]) -> Any:
     """Tensors concatenated along dim 0, lists joined."""
     return torch.cat(parts) if isinstance(parts[0], torch.Tensor) else [x for part in parts for x in part]
 
 
-def _pad_cat(parts: list[torch.Tensor], left: bool = False) -> torch.Tensor:
-    """[n_i, T_i] tensors -> [sum n_i, max T_i], zero-padded on the right (or the left)."""
+def _pad_cat(parts: list[torch.Tensor | None], left: bool = False) -> torch.Tensor | None:
+    """[n_i, T_i] tensors -> [sum n_i, max T_i], zero-padded on the right (or the left); None
+    if any part is None."""
+    if any(t is None for t in parts):
+        return None
     width = max(t.shape[1] for t in parts)
-    padded = []
-    for t in parts:
-        pad = (width - t.shape[1], 0) if left else (0, width - t.shape[1])
-        padded.append(torch.nn.functional.pad(t, pad))
-    return torch.cat(padded)
-
-
-def _pad_cat_left(parts: list[torch.Tensor]) -> torch.Tensor:
-    return _pad_cat(parts, left=True)
+    return torch.cat([torch.nn.functional.pad(t, (width - t.shape[1], 0) if left else (0, width - t.shape[1]))
+                      for t in parts])
 
 
 @dataclass
@@ -318,19 +323,13 @@ class Rollout:
         with them; the aggregation weights stay the whole batch's, so the losses of the
         parts add up to the loss of the whole (micro-batches, data-parallel shares)."""
 
-        def part(name: str) -> Any:
-            return _index(getattr(self, name), index)
-
-        return replace(self, samples=self.samples.rows(index), **{name: part(name) for name in (
+        return replace(self, samples=self.samples.rows(index), **{name: _part(getattr(self, name), index) for name in (
             "deltas", "old_log_probs", "ref_log_probs", "weights", "importance_weights", "pg_token_mask")})
 
     def to_dict(self) -> dict[str, Any]:
         """Nested dicts of tensors and plain data (responses: a tensor, or lists of
         strings): the form a checkpoint holds (``torch.load(weights_only=True)``)."""
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["samples"] = {f.name: getattr(self.samples, f.name) for f in fields(self.samples)}
-        out["samples"]["responses"] = checkpoint_data(self.samples.responses)
-        return out
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "samples": self.samples.to_dict()}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Rollout:

@@ -12,6 +12,7 @@ Nothing a pool starts outlives the trainer: docs/explanation/isolation.md says h
 from __future__ import annotations
 
 import collections
+import contextlib
 import io
 import math
 import multiprocessing
@@ -119,10 +120,8 @@ class Reaper:
         self._pipe.close()
 
     def _tell(self, line: str) -> None:
-        try:
+        with contextlib.suppress(BrokenPipeError):  # it was killed; PR_SET_PDEATHSIG and EOF still stop the workers
             self._pipe.write(line.encode())
-        except BrokenPipeError:  # it was killed; PR_SET_PDEATHSIG and EOF still stop the workers
-            pass
 
 
 class _Worker:
@@ -303,10 +302,9 @@ class WorkerPool:
 
 def lead_group(pid: int) -> None:
     """Make process ``pid`` (0: this one) the leader of a new process group."""
-    try:
+    # from the trainer, OSError where the worker already did it and exec'd (spawn), or is not its child
+    with contextlib.suppress(OSError):
         os.setpgid(pid, pid)
-    except OSError:  # from the trainer: the worker already did it and exec'd (spawn), or is not its child
-        pass
 
 
 def _worker_main(conn: Connection, serve: Callable[[Any], Any], parent: int | None, memory_mb: int | None,

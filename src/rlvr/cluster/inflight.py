@@ -28,12 +28,10 @@ JOB_FIELDS = ("epoch", "worker", "version", "weights_epoch")  # a batch's place,
 def batch_to_dict(job: Any) -> dict[str, Any]:
     """A graded batch (a ``rollout.Job`` with its result) as checkpoint data."""
     samples, grades, stats = job.result
-    out_samples = {f.name: getattr(samples, f.name) for f in dataclasses.fields(samples)}
-    out_samples["responses"] = checkpoint_data(samples.responses)
     out_grades = {f.name: getattr(grades, f.name) for f in dataclasses.fields(grades)}
     out_grades["prompts"] = None if grades.prompts is None else [prompt_key(p) for p in grades.prompts]
     out_grades["metrics"], out_grades["failures"] = checkpoint_data(grades.metrics), checkpoint_data(grades.failures)
-    return {**{key: getattr(job, key) for key in JOB_FIELDS}, "samples": out_samples, "grades": out_grades,
+    return {**{key: getattr(job, key) for key in JOB_FIELDS}, "samples": samples.to_dict(), "grades": out_grades,
             "stats": checkpoint_data(stats)}
 
 

@@ -15,8 +15,9 @@ The design: ``docs/explanation/cluster.md`` (``rlvr.cluster.rollout``).
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -67,7 +68,9 @@ class RayRolloutSource:
         self.workers: list[Any] = []
         self.jobs: dict[int, list[Job]] = {}  # submitted batches (or their parts) by epoch
         self._weights: tuple[int, Any] | None = None  # (version, ObjectRef): put once per version
-        self._board = self._group = None  # set before any start, which may fail and close what there is
+        # set before any start, which may fail and close what there is
+        self._board: Any = None  # a WeightsBoard (cluster.weights_in_flight): workers take the newest weights
+        self._group: Any = None  # the CollectiveWeights of weight_sync=collective, formed at the first batch
         if c.address is None:
             self.workers = [actor.remote(config) for _ in range(c.rollout_workers)]
         else:  # one bundle per worker, spread over the nodes where they fit
@@ -89,12 +92,10 @@ class RayRolloutSource:
         self.restarts = 0
         self.collective = c.weight_sync == "collective"  # broadcast instead of the object store
         self.inner_steps = config.algo.inner_steps
-        self._board = None  # a WeightsBoard: workers take the newest weights between batches
         if c.weights_in_flight:
             from rlvr.cluster.weight_sync import WeightsBoard
 
             self._board = ray.remote(num_cpus=0)(WeightsBoard).remote()
-        self._group: Any = None  # its CollectiveWeights, formed at the first batch
 
     def sample_and_grade(self, st: TrainState, task: Task) -> tuple[Samples, Grades, dict[str, float]]:
         """The batch of epoch ``st.epoch``; first submits the batches of the next
@@ -102,50 +103,34 @@ class RayRolloutSource:
         driver's generator moves on as if it had sampled the batch itself. Any failure is
         a ClusterError of one line naming the epoch and step (Ray's own errors included:
         a node or raylet that died)."""
-        from ray.exceptions import RayError
-
-        try:
+        with _stops(f"epoch {st.epoch}, step {st.step}"):
             return self._sample_and_grade(st, task)
-        except (ClusterError, RayError) as err:
-            raise stopped(f"epoch {st.epoch}, step {st.step}", err) from err
 
     def evaluate(self, st: TrainState, task: Task) -> list[Record]:
         """``rlvr.loop.evaluation.evaluate`` on worker 0 with the weights of ``st.step``; a worker
         that dies meanwhile is waited for (restarted by Ray) and asked again; a failure stops
         the run with one line, as a batch's does."""
-        from ray.exceptions import RayError
-
-        try:
+        with _stops(f"epoch {st.epoch}, step {st.step}: evaluating"):
             weights = self._send_weights(st)
             ask = lambda: self.workers[0].evaluate.remote([weights], st.step, st.epoch)  # noqa: E731
             return self._answer(0, ask(), ask, f"evaluating the weights of step {st.step}")
-        except (ClusterError, RayError) as err:
-            raise stopped(f"epoch {st.epoch}, step {st.step}: evaluating", err) from err
 
     def offer_weights(self, st: TrainState) -> None:
         """With ``cluster.weights_in_flight``: the weights of ``st.step`` published and posted
         on the board, where each worker looks before its next batch."""
         if self._board is not None:
-            from ray.exceptions import RayError
-
-            try:
+            with _stops(f"epoch {st.epoch}, step {st.step}: publishing the weights"):
                 self._board.post.remote(st.step, [self._send_weights(st)])
-            except (ClusterError, RayError) as err:
-                raise stopped(f"epoch {st.epoch}, step {st.step}: publishing the weights", err) from err
 
     def state(self) -> dict[str, Any] | None:
         """The batches submitted ahead of the trainer, waited for, as checkpoint data
         (``rlvr.cluster.inflight``), the count of batches dropped as too old and what was
         sampled against what was trained (``Shift``); None for a synchronous run
         (``max_staleness`` 0)."""
-        from ray.exceptions import RayError
-
         held = [job for epoch in sorted(self.jobs) for job in self.jobs[epoch]]
-        try:
+        with _stops("checkpoint: waiting for the batches in flight"):
             for job in held:
                 self._wait(job)
-        except (ClusterError, RayError) as err:
-            raise stopped("checkpoint: waiting for the batches in flight", err) from err
         if self.max_staleness == 0:
             return None
         return {"batches": [batch_to_dict(job) for job in held], "dropped_stale": self.dropped_total,
@@ -355,3 +340,14 @@ class RayRolloutSource:
             remove_placement_group(self.placement_group)
             self.placement_group = None
 
+
+@contextlib.contextmanager
+def _stops(where: str) -> Iterator[None]:
+    """Any failure inside as the ClusterError of one line that stops the run, naming ``where``
+    (Ray's own errors included: a node or raylet that died)."""
+    from ray.exceptions import RayError
+
+    try:
+        yield
+    except (ClusterError, RayError) as err:
+        raise stopped(where, err) from err

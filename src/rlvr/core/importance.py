@@ -15,6 +15,8 @@ from rlvr.core.kl import k3
 from rlvr.core.masked import masked_mean, masked_sum
 from rlvr.core.registry import lookup
 
+Bound = float | None  # a correction's cap C, or a bound low / high of its ratios; None: not set
+
 
 class Correction(NamedTuple):
     """An off-policy correction of one batch, all [N, T] and detached.
@@ -69,11 +71,6 @@ def _seq_log_ratio(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return masked_sum(log_ratio, mask, dim=-1).unsqueeze(-1)
 
 
-def _geo_log_ratio(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """log of the geometric mean of the ratios, mean_s log r_s; [N, T] -> [N, 1] (0: no tokens)."""
-    return masked_mean(log_ratio, mask, dim=-1).unsqueeze(-1)
-
-
 def _keep(keep: torch.Tensor, log_ratio: torch.Tensor, mask: torch.Tensor, cap: float | None) -> Correction:
     """A masking method's correction: ``keep`` [N, T] or [N, 1] (a whole response) bool;
     kept tokens weigh 1, or min(r_t, C) with a cap, the others 0."""
@@ -85,45 +82,40 @@ def _keep(keep: torch.Tensor, log_ratio: torch.Tensor, mask: torch.Tensor, cap: 
     return _finish(torch.where(keep, weights, 0.0), over & keep, ~keep, mask)
 
 
-def token_tis(log_ratio: torch.Tensor, mask: torch.Tensor, cap: float | None, low: float | None,
-              high: float | None) -> Correction:
+def token_tis(log_ratio: torch.Tensor, mask: torch.Tensor, cap: Bound, low: Bound, high: Bound) -> Correction:
     """w_t = min(r_t, C) (``tis_weights``): each token's ratio, truncated at C."""
     weights, over = _capped(log_ratio, cap)
     return _finish(weights, over, torch.zeros_like(over), mask)
 
 
-def seq_tis(log_ratio: torch.Tensor, mask: torch.Tensor, cap: float | None, low: float | None,
-            high: float | None) -> Correction:
+def seq_tis(log_ratio: torch.Tensor, mask: torch.Tensor, cap: Bound, low: Bound, high: Bound) -> Correction:
     """w_t = min(prod_s r_s, C) = exp(min(sum_s log r_s, log C)), one weight for all of
     a response's tokens: the sequence's own importance weight, truncated at C."""
     weights, over = _capped(_seq_log_ratio(log_ratio, mask), cap)  # [N, 1]
     return _finish(weights.expand_as(log_ratio), over.expand_as(mask), torch.zeros_like(mask), mask)
 
 
-def token_mis(log_ratio: torch.Tensor, mask: torch.Tensor, cap: float | None, low: float | None,
-              high: float | None) -> Correction:
+def token_mis(log_ratio: torch.Tensor, mask: torch.Tensor, cap: Bound, low: Bound, high: Bound) -> Correction:
     """Masked importance sampling per token: w_t = 1[low <= r_t <= high] (times min(r_t, C) with a cap)."""
     return _keep(_within(log_ratio, low, high), log_ratio, mask, cap)
 
 
-def seq_mis(log_ratio: torch.Tensor, mask: torch.Tensor, cap: float | None, low: float | None,
-            high: float | None) -> Correction:
+def seq_mis(log_ratio: torch.Tensor, mask: torch.Tensor, cap: Bound, low: Bound, high: Bound) -> Correction:
     """Masked importance sampling per response: all its tokens dropped when its ratio
     prod_s r_s is outside [low, high]; w_t = 1 (or min(r_t, C)) otherwise."""
     return _keep(_within(_seq_log_ratio(log_ratio, mask), low, high), log_ratio, mask, cap)
 
 
-def geo_mask(log_ratio: torch.Tensor, mask: torch.Tensor, cap: float | None, low: float | None,
-             high: float | None) -> Correction:
+def geo_mask(log_ratio: torch.Tensor, mask: torch.Tensor, cap: Bound, low: Bound, high: Bound) -> Correction:
     """Geometric-mean sequence masking: a response is dropped when exp(mean_s log r_s),
     its per-token ratio on average, is outside [low, high]. The mean, unlike the product,
     does not grow with the length, so one pair of bounds fits short and long responses
     (verl's rollout_rs=geometric; "When Speed Kills Stability", Liu, Li et al. 2025)."""
-    return _keep(_within(_geo_log_ratio(log_ratio, mask), low, high), log_ratio, mask, cap)
+    geo_log_ratio = masked_mean(log_ratio, mask, dim=-1).unsqueeze(-1)  # [N, 1], mean_s log r_s (0: no tokens)
+    return _keep(_within(geo_log_ratio, low, high), log_ratio, mask, cap)
 
 
-def icepop(log_ratio: torch.Tensor, mask: torch.Tensor, cap: float | None, low: float | None,
-           high: float | None) -> Correction:
+def icepop(log_ratio: torch.Tensor, mask: torch.Tensor, cap: Bound, low: Bound, high: Bound) -> Correction:
     """IcePop (Ring team 2025, "Every Step Evolves: Scaling Reinforcement Learning for
     Trillion-Scale Thinking Model"): double-sided masking with calibration,
     w_t = M(r_t) with M(k) = k for k in [alpha, beta] = [low, high], 0 otherwise. The kept
@@ -132,8 +124,7 @@ def icepop(log_ratio: torch.Tensor, mask: torch.Tensor, cap: float | None, low: 
     return _keep(_within(log_ratio, low, high), log_ratio, mask, high)  # min(r_t, high) = r_t where kept
 
 
-def seq_mask_is(log_ratio: torch.Tensor, mask: torch.Tensor, cap: float | None, low: float | None,
-                high: float | None) -> Correction:
+def seq_mask_is(log_ratio: torch.Tensor, mask: torch.Tensor, cap: Bound, low: Bound, high: Bound) -> Correction:
     """Sequence-level masked importance sampling: w_t = prod_s r_s for all of a response's
     tokens when that ratio is at most C, 0 when it is above (TRL's sequence_mask, its
     default with C = 3): the response's own importance weight, dropped where seq_tis
@@ -144,7 +135,7 @@ def seq_mask_is(log_ratio: torch.Tensor, mask: torch.Tensor, cap: float | None, 
 
 
 # name -> fn(log_ratio [N, T], mask [N, T] bool, cap, low, high) -> Correction
-IS_CORRECTIONS: dict[str, Callable[..., Correction]] = {
+IS_CORRECTIONS: dict[str, Callable[[torch.Tensor, torch.Tensor, Bound, Bound, Bound], Correction]] = {
     "token_tis": token_tis,
     "seq_tis": seq_tis,
     "token_mis": token_mis,

@@ -45,15 +45,6 @@ class LossInputs:
 LossFn = Callable[[LossInputs], tuple[torch.Tensor, LossStats]]
 
 
-def _per_response(deltas: torch.Tensor, num_responses: int) -> torch.Tensor:
-    """deltas [N] or [N, 1] -> [N, 1], N = ``num_responses``."""
-    if deltas.dim() == 1:
-        deltas = deltas.unsqueeze(-1)
-    if deltas.dim() != 2 or deltas.shape != (num_responses, 1):
-        raise ValueError(f"deltas must be [N] or [N, 1] with N={num_responses}, got {tuple(deltas.shape)}")
-    return deltas
-
-
 def _log_ratio(x: LossInputs, mode: str) -> torch.Tensor:
     """log(pi / pi_old) = log_prob - old_log_prob; [N, T] each -> [N, T].
 
@@ -233,7 +224,11 @@ def policy_loss(
     where stats holds ``ratio`` [N, T] and ``clipped`` [N, T] bool.
     """
     loss_fn = lookup(LOSS_MODES, mode, "loss mode")
-    deltas = _per_response(deltas, log_probs.shape[0]).to(log_probs.dtype).detach()  # [N, 1]
+    if deltas.dim() == 1:
+        deltas = deltas.unsqueeze(-1)  # [N] -> [N, 1]
+    if deltas.shape != (log_probs.shape[0], 1):
+        raise ValueError(f"deltas must be [N] or [N, 1] with N={log_probs.shape[0]}, got {tuple(deltas.shape)}")
+    deltas = deltas.to(log_probs.dtype).detach()  # [N, 1]
     if response_mask is not None and response_mask.shape != log_probs.shape:
         raise ValueError(
             f"response_mask shape {tuple(response_mask.shape)} != log_probs shape {tuple(log_probs.shape)}"
