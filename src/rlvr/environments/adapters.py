@@ -1,14 +1,11 @@
 """Environments users already have, as rlvr's ``Environment``.
 
-TRL's ``GRPOTrainer(environment_factory=...)`` takes a class made once per episode:
-``reset(**row)`` gets the dataset row's columns as keyword arguments ("prompt" included)
-and returns None or text that TRL appends to the prompt's last message; its public methods
-(names not starting with "_"), ``reset`` and ``get_reward`` excepted, are the tools the
-model calls; the episode ends at the first turn that calls no tool. Its reward comes from
-the environment: an optional ``get_reward()`` (no argument, a float, sync or async), or, in
-TRL's examples, a ``reward`` attribute that a reward function reads from
-``environments``. ``TRLEnvironment`` wraps one instance so that rlvr's episode runner
-drives it; ``environment_from_factory`` takes either kind of class, and
+TRL's ``GRPOTrainer(environment_factory=...)`` takes a class made once per episode: ``reset(**row)`` gets the
+dataset row's columns as keyword arguments ("prompt" included) and returns None or text that TRL appends to the
+prompt's last message; its public methods, ``reset`` and ``get_reward`` excepted, are the tools the model calls;
+the episode ends at the first turn that calls no tool. Its reward comes from an optional ``get_reward()`` (sync or
+async), or, in TRL's examples, a ``reward`` attribute that a reward function reads from ``environments``.
+``TRLEnvironment`` wraps one instance; ``environment_from_factory`` takes either kind of class, and
 ``load_environment_factory`` imports one named ``"module:Class"``.
 """
 
@@ -34,22 +31,15 @@ RESERVED_METHODS = ("reset", "get_reward")  # TRL's lifecycle methods: never too
 class TRLEnvironment:
     """One instance of a TRL ``environment_factory`` class as an rlvr Environment.
 
-    reset(start): ``instance.reset(**start)`` for a dataset row (a dict); for an int seed,
-    ``instance.reset(seed=start)`` when reset takes a ``seed`` (or ``**kwargs``), else
-    ``instance.reset()``. The prompt is the row's "prompt" with reset's text appended as TRL
-    appends it (to the last message's content, no separator; to text prompts likewise), or
-    that text as one user message when the row has no prompt.
+    reset(start): ``instance.reset(**start)`` for a dataset row; for an int seed, ``instance.reset(seed=start)``
+    when reset takes a ``seed`` (or ``**kwargs``), else ``instance.reset()``. The prompt is the row's "prompt" with
+    reset's text appended as TRL appends it (to the last message's content, no separator), or that text as one
+    user message when the row has no prompt. tools(): the public bound methods (an async one run to completion).
 
-    tools(): the instance's public bound methods, ``reset`` and ``get_reward`` excepted (an
-    async one is run to completion when called).
-
-    tool_schemas(): the tools' schemas (``tool_schema``), shown to the policy.
-
-    step(text): a turn that calls no tool ends the episode, as in TRL. Its reward is
-    ``get_reward()`` when the instance defines it, else its numeric ``reward`` attribute,
-    else 0.0; its ``solved`` is the instance's bool ``solved`` attribute, else None (the
-    gold check unknown). An episode the runner ends at its turn or token limit reads the
-    same (``final_reward``), as TRL reads every finished episode's.
+    step(text): a turn that calls no tool ends the episode, as in TRL. Its reward is ``get_reward()`` where
+    defined, else the numeric ``reward`` attribute, else 0.0; its ``solved`` is the bool ``solved`` attribute,
+    else None. An episode ended at its turn or token limit reads the same (``final_reward``), as TRL reads every
+    finished episode's.
     """
 
     def __init__(self, instance: Any) -> None:
@@ -77,8 +67,7 @@ class TRLEnvironment:
         return Step(observation=None, reward=self.reward(), done=True, solved=self.solved())
 
     def tool_schemas(self) -> list[dict[str, Any]]:
-        """The tools' function schemas, shown to the policy as TRL shows them (``tools=`` to
-        the chat template; rlvr.environments.tool_parsing.shown_tools)."""
+        """The tools' function schemas, shown to the policy as TRL shows them (``shown_tools``)."""
         return [tool_schema(tool) for tool in self.tools().values()]
 
     def snapshot(self) -> Any:
@@ -86,8 +75,8 @@ class TRLEnvironment:
         return public_attributes(self.instance)
 
     def final_reward(self) -> tuple[float, bool | None]:
-        """(reward, solved) of an episode the runner ended (its turn or token limit) before a
-        turn without a tool call: TRL reads ``get_reward()`` for every finished episode."""
+        """(reward, solved) of an episode ended at its turn or token limit: TRL reads ``get_reward()`` for every
+        finished episode."""
         return self.reward(), self.solved()
 
     def reward(self) -> float:
@@ -109,13 +98,9 @@ class TRLEnvironment:
 
 
 def environment_from_factory(factory: Callable[[], Any], where: str = "environment_factory") -> EnvironmentFactory:
-    """A factory of rlvr Environments from ``factory``: a class with ``step`` (rlvr's
-    Environment) is used as it is; a class with ``reset`` and no ``step`` (TRL's) makes
-    instances wrapped in TRLEnvironment. Any other callable is called per episode and its
-    result taken by the same rule. (A TRL class with a tool named ``step`` reads as rlvr's.)
-
-    Raises ConfigError naming ``where`` for a class with neither method or a non-callable.
-    """
+    """A factory of rlvr Environments: a class with ``step`` is used as it is; one with ``reset`` and no ``step``
+    (TRL's) makes instances wrapped in TRLEnvironment; any other callable is called per episode and its result
+    taken by the same rule. ConfigError naming ``where`` for a class with neither method or a non-callable."""
     kind = _kind(factory, where)
     if kind == "rlvr":
         return factory
@@ -125,14 +110,9 @@ def environment_from_factory(factory: Callable[[], Any], where: str = "environme
 
 
 def load_environment_factory(spec: str, where: str) -> Callable[[], Any]:
-    """The class (or factory function) named ``"module:Class"``, imported as reward
-    functions are (``rlvr.rewards.loading``: ``sys.path``, then the working directory).
-
-    Raises ConfigError naming ``where`` ("task.options.environment_factory: ...") for a
-    malformed spec, a missing module or one whose import fails, a missing attribute, or
-    something that is neither an rlvr Environment class, a TRL environment class nor a
-    callable.
-    """
+    """The class (or factory function) named ``"module:Class"``, imported as reward functions are (``sys.path``,
+    then the working directory). ConfigError naming ``where`` for a malformed spec, a module that is missing or
+    fails to import, a missing attribute, or something neither environment class nor callable."""
     module_name, _, attr = spec.partition(":")
     if not attr or not all(part.isidentifier() for part in module_name.split(".")) or not attr.isidentifier():
         raise ConfigError(f"{where}: {spec!r}: expected 'module:Class', e.g. 'my_envs:GuessingGame'")
@@ -152,8 +132,7 @@ def load_environment_factory(spec: str, where: str) -> Callable[[], Any]:
 
 
 def _kind(factory: Any, where: str) -> str:
-    """"rlvr" (a class with step), "trl" (a class with reset, no step), "callable" (a
-    factory function: known only once called); ConfigError for anything else."""
+    """"rlvr" (a class with step), "trl" (reset, no step), "callable" (known only once called); else ConfigError."""
     if isinstance(factory, type):
         if callable(getattr(factory, "step", None)):
             return "rlvr"
@@ -208,8 +187,7 @@ def _resolved(value: Any) -> Any:
 
 
 def _synchronous(method: Callable[..., Any]) -> Callable[..., Any]:
-    """``method`` as a plain call: an async tool is run to completion (its name, docstring and
-    signature kept, for the tool's schema)."""
+    """``method`` as a plain call: an async tool is run to completion (its name, docstring and signature kept)."""
     if not inspect.iscoroutinefunction(method):
         return method
 

@@ -1,16 +1,13 @@
-"""Episodes in the project's own words: an environment, its steps, tool calls and the turns
-of an episode.
+"""Episodes in the project's own words: an environment, its steps, tool calls and the turns of an episode.
 
-An episode starts from a dataset row (a dict) or a seed (an int): ``Environment.reset``
-returns the first observation, the prompt. Then, turn by turn, the policy writes text; a
-turn that calls tools gets the tools' results back, any other turn goes to
-``Environment.step``, which answers with the next observation, a reward and whether the
-episode is done. An episode also ends at a turn limit or a total-token limit (truncated,
-like a response cut at its length limit). Its return is the sum of its step rewards; its
-``solved`` is the gold check, the last value a step gave.
+An episode starts from a dataset row (a dict) or a seed (an int): ``Environment.reset`` returns the first
+observation, the prompt. Then, turn by turn, the policy writes text; a turn that calls tools gets the tools' results
+back, any other turn goes to ``Environment.step``, which answers with the next observation, a reward and whether
+the episode is done. An episode also ends at a turn limit or a total-token limit (truncated). Its return is the sum
+of its step rewards; its ``solved`` is the gold check, the last value a step gave.
 
-The policy's turns are the token ids it sampled; an observation is appended as token ids
-of its own (``rlvr.environments.episodes``); decoded text is never tokenized again.
+The policy's turns are the token ids it sampled; an observation is appended as token ids of its own
+(``rlvr.environments.episodes``); decoded text is never tokenized again.
 """
 
 from __future__ import annotations
@@ -34,9 +31,8 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class ToolResult:
-    """What a tool call gave: its output as text (what the policy reads), and whether it
-    failed (raised, timed out, ran out of memory, printed too much, no such tool, bad
-    arguments); a failure's ``content`` is the error message the policy sees."""
+    """What a tool call gave: its output as text (what the policy reads), and whether it failed (raised, timed
+    out, ran out of memory, printed too much, no such tool, bad arguments); then ``content`` is the error."""
 
     name: str
     content: str
@@ -44,8 +40,8 @@ class ToolResult:
 
 
 def describe_error(exc: BaseException, limit: int | None = None) -> str:
-    """"<ExcType>: <message>" of environment or tool code's exception (its own ``__str__``
-    may fail), cut to ``limit`` characters with "..." (None: whole)."""
+    """"<ExcType>: <message>" of environment or tool code's exception (whose ``__str__`` may fail), cut to
+    ``limit`` characters with "..." (None: whole)."""
     try:
         text = f"{type(exc).__name__}: {exc}".removesuffix(": ")
     except BaseException:  # noqa: BLE001 - the exception's own __str__ failed
@@ -54,39 +50,30 @@ def describe_error(exc: BaseException, limit: int | None = None) -> str:
 
 
 class ToolError(Exception):
-    """Raised by a tool to fail with a message the policy reads whole (up to the box's
-    ``max_output_chars``), not cut to a line as another exception's is."""
+    """Raised by a tool to fail with a message the policy reads whole (up to ``max_output_chars``), not cut to a
+    line as another exception's is."""
 
 
 @dataclass(frozen=True)
 class Step:
-    """The environment's answer to one policy turn.
+    """The environment's answer to one policy turn."""
 
-    observation: what the policy sees next (None: nothing more; meant with ``done``)
-    reward:      this step's reward (an episode's return is the sum over its steps)
-    done:        the episode is over
-    solved:      the gold check, when this step knows it (None: unchanged)
-    """
-
-    observation: Observation | None = None
-    reward: float = 0.0
+    observation: Observation | None = None  # what the policy sees next (None: nothing more; meant with ``done``)
+    reward: float = 0.0  # an episode's return is the sum over its steps
     done: bool = False
-    solved: bool | None = None
+    solved: bool | None = None  # the gold check, when this step knows it (None: unchanged)
 
 
 class Environment(Protocol):
     """One episode's world (a new instance per episode: it may keep state).
 
-    ``reset(start)`` begins the episode from ``start`` (a dataset row or an int seed) and
-    returns the first observation. ``step(text)`` takes the policy's text of one turn that
-    called no tool. ``tools()`` names the callables bound to this episode (TRL's
-    environment methods): called where the environment lives (``rlvr.environments.hosts``).
+    ``reset(start)`` begins the episode from ``start`` (a dataset row or an int seed) and returns the first
+    observation. ``step(text)`` takes the policy's text of one turn that called no tool. ``tools()`` names the
+    callables bound to this episode (TRL's environment methods), called where the environment lives.
 
-    Optional, read where defined: ``tool_schemas()``, the function schemas the policy is
-    shown (none: the environment's own prompt describes its tools);
-    ``final_reward()``, the (reward, solved) of an episode the runner ended at its turn or
-    token limit; ``snapshot()``, what reward functions get as this episode's entry of
-    ``environments`` (default: the instance's public attributes).
+    Optional, read where defined: ``tool_schemas()``, the function schemas the policy is shown (none: the prompt
+    describes its tools); ``final_reward()``, the (reward, solved) of an episode ended at its turn or token limit;
+    ``snapshot()``, this episode's entry of reward functions' ``environments`` (default: its public attributes).
     """
 
     def reset(self, start: Any) -> Observation:
@@ -104,25 +91,16 @@ EnvironmentFactory = Callable[[], Environment]
 
 @dataclass
 class Turn:
-    """One stretch of an episode's tokens after the prompt.
+    """One stretch of an episode's tokens after the prompt."""
 
-    role:       "policy" (sampled, trained), or "environment" / "tool" (appended, never trained)
-    text:       the policy's decoded text, or the observation as rendered
-    ids:        its token ids: exactly those sampled (policy) or appended (the others)
-    log_probs:  the sampler's log-prob of each policy token (empty for the others)
-    tool_calls: the calls parsed from a policy turn; tool_results: what they gave (tool turns)
-    reward:     the step reward this turn earned (the environment's turn after a policy turn)
-    note:       what happened to it, for a person (an observation too long to encode)
-    """
-
-    role: str
-    text: str
-    ids: list[int]
-    log_probs: list[float] = field(default_factory=list)
-    tool_calls: list[ToolCall] = field(default_factory=list)
-    tool_results: list[ToolResult] = field(default_factory=list)
-    reward: float = 0.0
-    note: str = ""
+    role: str  # "policy" (sampled, trained), or "environment" / "tool" (appended, never trained)
+    text: str  # the policy's decoded text, or the observation as rendered
+    ids: list[int]  # exactly those sampled (policy) or appended (the others)
+    log_probs: list[float] = field(default_factory=list)  # the sampler's, of each policy token
+    tool_calls: list[ToolCall] = field(default_factory=list)  # parsed from a policy turn
+    tool_results: list[ToolResult] = field(default_factory=list)  # what they gave (tool turns)
+    reward: float = 0.0  # the step reward this turn earned (the environment's turn after a policy turn)
+    note: str = ""  # what happened to it, for a person (an observation too long to encode)
 
     @property
     def trained(self) -> bool:
@@ -131,12 +109,7 @@ class Turn:
 
 @dataclass
 class Episode:
-    """A whole episode: its start, the prompt's token ids, the turns after it, and how it ended.
-
-    truncated: ended by the turn limit or the token limit, not by the environment
-    error:     ended by its environment failing (a step that raised, hung or answered with
-               the wrong type): what failed, one line; its reward then abstains
-    """
+    """A whole episode: its start, the prompt's token ids, the turns after it, and how it ended."""
 
     start: Any
     prompt: Observation
@@ -144,8 +117,8 @@ class Episode:
     turns: list[Turn] = field(default_factory=list)
     solved: bool | None = None  # None: its environment never said (no gold check)
     done: bool = False
-    truncated: bool = False
-    error: str | None = None
+    truncated: bool = False  # ended by the turn limit or the token limit, not by the environment
+    error: str | None = None  # its environment failed (raised, hung, wrong type), one line; its reward abstains
     environment: Any = None  # its environment's snapshot when it ended (reward functions' ``environments``)
     # further sequences that train with its delta, each (prompt ids, turns): an agent's calls
     # after it rewrote its history (``rlvr.agents.calls``); the prompt and turns above are the first
@@ -178,8 +151,8 @@ class Episode:
 
 
 class EpisodeText(str):
-    """An episode as reward functions see it: the text of every turn after the prompt, in
-    order, with the episode itself as ``episode`` (its return, ``solved``, turns)."""
+    """An episode as reward functions see it: the text of every turn after the prompt, with the episode itself
+    as ``episode`` (its return, ``solved``, turns)."""
 
     episode: Episode
 
@@ -193,9 +166,8 @@ class EpisodeText(str):
         return EpisodeText, (self.episode,)
 
     def as_record(self) -> list[dict[str, Any]]:
-        """The turns as a samples table shows them: role, text, trained, tool calls and results, reward;
-        each later segment's after a line that says it starts; then the environment's error, where
-        one ended the episode."""
+        """The turns as a samples table shows them, each later segment's after a line that says it starts; then
+        the environment's error, where one ended the episode."""
         rows = []
         numbered = [(0, turn) for turn in self.episode.turns]
         numbered += [(k, turn) for k, (_, turns) in enumerate(self.episode.more_segments, 1) for turn in turns]

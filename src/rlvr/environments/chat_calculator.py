@@ -1,8 +1,7 @@
 """Arithmetic for a chat model with a calculator it is told of in its system prompt.
 
-``ChatCalculator`` is for instruct models whose chat template has no tools slot (SmolLM2's
-ChatML): the system prompt says how to call the calculator, in the runner's "plain" style
-(``rlvr.environments.tool_parsing``), and one demonstrated exchange can go before the
+``ChatCalculator`` is for instruct models whose chat template has no tools slot (SmolLM2's ChatML): the system
+prompt says how to call the calculator, in the "plain" style, and one demonstrated exchange can go before the
 question. An episode with the tool::
 
     system     You have a calculator. To use it, write calculator(expression) and nothing
@@ -12,10 +11,9 @@ question. An episode with the tool::
     tool       14946                           (the runner's: the task's sandboxed calculator)
     assistant  318 * 47 = 14946                (trained; step: the last number is the answer)
 
-Without the tool (``use_tools=False``, the baseline) the system prompt asks for the answer
-alone and the example answers in one turn. A model may write its working before the
-answer, so the answer is the turn's last number (``extract_answer``'s ``last_number``),
-compared as ``same_number`` does: "318 * 47 = 14946" and "14,946.0" answer 14946.
+Without the tool (``use_tools=False``, the baseline) the system prompt asks for the answer alone and the example
+answers in one turn. A model may write its working first, so the answer is the turn's last number, compared as
+``same_number`` does: "318 * 47 = 14946" and "14,946.0" answer 14946.
 """
 
 from __future__ import annotations
@@ -35,20 +33,12 @@ EXAMPLE = (318, 47)  # the demonstrated exchange's operands
 
 
 class ChatCalculator:
-    """``a <operator> b`` asked as a chat question, with a ``calculator`` tool described in the
-    system prompt (see the module docstring). The gold check: the last number of the answer
-    turn is the result.
+    """``a <operator> b`` asked as a chat question. The gold check: the last number of the answer turn is the result.
 
-    digits:   (digits of a, digits of b)
-    operator: "+", "-" or "*"
-    use_tools: the calculator is described (the task's ``tools: [calculator]`` runs it); False
-              is the baseline, with ``tools: []``
-    example:  one demonstrated exchange (with the tool: call, result, answer) before the question
-
-    reset(start): an int seed (both numbers drawn from ``random.Random(seed)``) or a row
-    ``{"a": .., "b": ..}`` of integers. step(text): the answer turn (a turn that calls a
-    tool never reaches ``step``): done; solved and reward 1.0 when its last number is the
-    result, else 0.
+    digits: (digits of a, digits of b). use_tools: the calculator is described (the task's ``tools: [calculator]``
+    runs it); False is the baseline, with ``tools: []``. example: one demonstrated exchange before the question.
+    reset(start): an int seed or a row ``{"a": .., "b": ..}`` of integers. step(text): the answer turn: done;
+    reward 1.0 when solved, else 0.
     """
 
     def __init__(self, digits: tuple[int, int] | list[int] = (3, 2), operator: str = "*", use_tools: bool = True,
@@ -84,8 +74,7 @@ class ChatCalculator:
         return f"What is {a} {self.operator} {b}?"
 
     def exchange(self, a: int, b: int) -> list[Message]:
-        """A demonstrated exchange: the question, then (with the tool) the call and its result,
-        then the answer."""
+        """A demonstrated exchange: the question, (with the tool) the call and its result, the answer."""
         result = OPERATORS[self.operator](a, b)
         answer = {"role": "assistant", "content": f"{a} {self.operator} {b} = {result}"}
         if not self.use_tools:

@@ -40,30 +40,19 @@ SEED_RANGE = 2**62
 
 @dataclass(frozen=True)
 class EpisodeLimits:
-    """When an episode ends if its environment has not ended it (truncated).
+    """When an episode ends if its environment has not ended it (truncated), and its calls' limits."""
 
-    max_turns:    policy turns
-    max_tokens:   tokens after the prompt, the policy's and the environment's together
-    tool_style:   how tool calls are written (``rlvr.environments.tool_parsing``)
-    step_timeout: seconds one call into environment code may take (making it, reset, step,
-                  tools(); None: no limit)
-    tool_timeout: seconds one call of an environment's own tool may take (None: no limit)
-    max_tool_calls: tool calls run per policy turn; those past it are not run, and the
-                  policy reads one failed result saying so
-    """
-
-    max_turns: int = 4
-    max_tokens: int = 256
-    tool_style: str = "plain"
-    step_timeout: float | None = 30.0
-    tool_timeout: float | None = None
-    max_tool_calls: int = 8
+    max_turns: int = 4  # policy turns
+    max_tokens: int = 256  # tokens after the prompt, the policy's and the environment's together
+    tool_style: str = "plain"  # how tool calls are written (``rlvr.environments.tool_parsing``)
+    step_timeout: float | None = 30.0  # seconds one call into environment code may take (make, reset, step, tools())
+    tool_timeout: float | None = None  # seconds one call of an environment's own tool may take
+    max_tool_calls: int = 8  # per policy turn; the policy reads one failed result for those past it
 
 
 class _Running:
-    """One episode while it runs: the episode, its row in the environment hosts, its
-    environment's class name, for a chat its messages so far (``shown``: the prompt as
-    rendered, its tools described) and the tools its chat template gets."""
+    """One episode while it runs: its row in the hosts, its environment's class name, for a chat its messages
+    so far (``shown``: the prompt as rendered, its tools described) and the tools its chat template gets."""
 
     def __init__(self, episode: Episode, row: int, name: str = "environment", shown: Observation | None = None,
                  tools: list[dict] | None = None) -> None:
@@ -83,12 +72,8 @@ class _Running:
 def run_episodes(policy: CausalLMPolicy, hosts: EnvironmentHosts, starts: Sequence[Any], group_size: int,
                  temperature: float, generator: torch.Generator | None, limits: EpisodeLimits,
                  toolbox: ToolBox | None = None, seeds: torch.Tensor | None = None) -> list[Episode]:
-    """G episodes from each of B ``starts`` (rows or seeds), N in all (row ``b*G + g``), their
-    environments in ``hosts``.
-
-    ``temperature`` 0: greedy. Else each episode draws from its own seed: ``seeds`` [N] long,
-    or N drawn from ``generator``.
-    """
+    """G episodes from each of B ``starts`` (rows or seeds), N in all (row ``b*G + g``). ``temperature`` 0:
+    greedy; else each episode draws from its own seed: ``seeds`` [N] long, or N drawn from ``generator``."""
     running = start_episodes(policy, hosts, [start for start in starts for _ in range(group_size)],
                              [b for b in range(len(starts)) for _ in range(group_size)], limits)
     episodes = [r.episode for r in running]
@@ -113,17 +98,15 @@ def run_episodes(policy: CausalLMPolicy, hosts: EnvironmentHosts, starts: Sequen
 
 
 def _snapshots(hosts: EnvironmentHosts, ended: list[_Running], limits: EpisodeLimits) -> None:
-    """Each ended episode's ``environment``: its environment's snapshot (``hosts``' snapshot),
-    what reward functions get as ``environments``; None where taking it failed."""
+    """Each ended episode's ``environment`` (reward functions' ``environments``); None where it failed."""
     if ended:
         for r, outcome in zip(ended, hosts.call([(r.row, "snapshot", ()) for r in ended], limits.step_timeout)):
             r.episode.environment = None if isinstance(outcome, EnvironmentFailed) else outcome
 
 
 def _final_rewards(hosts: EnvironmentHosts, ended: list[_Running], limits: EpisodeLimits) -> None:
-    """The reward of episodes the runner ended (truncated) from their environments' state,
-    where they have one to read (``final_reward``: a TRL-style class's ``get_reward``), as
-    an environment turn of no tokens."""
+    """The reward of truncated episodes from their environments' state where they have one (``final_reward``:
+    a TRL-style class's ``get_reward``), as an environment turn of no tokens."""
     if not ended:
         return
     for r, outcome in zip(ended, hosts.call([(r.row, "final", ()) for r in ended], limits.step_timeout)):
@@ -138,11 +121,9 @@ def _final_rewards(hosts: EnvironmentHosts, ended: list[_Running], limits: Episo
 
 def start_episodes(policy: CausalLMPolicy, hosts: EnvironmentHosts, starts: Sequence[Any], indices: Sequence[int],
                    limits: EpisodeLimits) -> list[_Running]:
-    """Episode ``i``'s environment made and reset from ``starts[i]`` in ``hosts`` (row ``i``),
-    all at once; one that fails there ends its episode with the error. The tools it shows
-    (``tool_schemas()``) reach the policy by ``shown_tools``. ``indices`` name the starts in
-    a prompt error. What crosses from the environments from here on is cut past what an
-    episode could hold (``episode_chars``)."""
+    """Episode ``i``'s environment made and reset from ``starts[i]`` in ``hosts`` (row ``i``), all at once; one
+    that fails ends its episode with the error. ``indices`` name the starts in a prompt error. What crosses
+    from the environments from here on is cut past what an episode could hold (``episode_chars``)."""
     from rlvr.environments.tool_parsing import shown_tools
 
     hosts.max_chars = episode_chars(limits.max_tokens, policy.max_positions, policy.tokenizer)
@@ -172,8 +153,7 @@ def _turn_seeds(seeds: torch.Tensor, turn: int) -> torch.Tensor:
 
 def _policy_turns(policy: CausalLMPolicy, active: list[_Running], temperature: float, limits: EpisodeLimits,
                   seeds: torch.Tensor | None) -> None:
-    """The next policy turn of every active episode, batched as the model's positions allow
-    (``turn_calls``); an episode out of tokens ends truncated."""
+    """The next policy turn of every active episode (batched by ``turn_calls``); one out of tokens ends truncated."""
     room = [limits.max_tokens - r.episode.length for r in active]
     prefixes = [r.episode.prompt_ids + r.episode.response_ids for r in active]
     calls = turn_calls([len(p) for p in prefixes], room, policy.sampling.max_new_tokens, policy.max_positions)
@@ -196,11 +176,10 @@ def _policy_turns(policy: CausalLMPolicy, active: list[_Running], temperature: f
 
 def turn_calls(prefix_lengths: list[int], room: list[int], max_new_tokens: int, max_positions: int | None
                ) -> list[tuple[list[int], int]]:
-    """One turn's engine calls: (the rows of the active episodes, the tokens drawn at most).
-    A call draws as many tokens as the roomiest of its rows may take (each row is cut to its
-    own room after); a row whose prefix would run past the model's ``max_positions`` with
-    that many waits for a later call that draws fewer. An episode's prompt leaves room for
-    its ``max_tokens`` (``first_prompt_ids``), so the roomiest row left always fits."""
+    """One turn's engine calls: (rows, tokens drawn at most). A call draws as many tokens as the roomiest of its
+    rows may take (each row is cut to its own room after); a row whose prefix would then pass ``max_positions``
+    waits for a later call that draws fewer. A prompt leaves room for its ``max_tokens`` (``first_prompt_ids``),
+    so the roomiest row left always fits."""
     calls, left = [], list(range(len(room)))
     while left:
         max_new = max(1, min(max_new_tokens, max(room[i] for i in left)))
@@ -213,9 +192,8 @@ def turn_calls(prefix_lengths: list[int], room: list[int], max_new_tokens: int, 
 
 def _run_tools_or_step(policy: CausalLMPolicy, hosts: EnvironmentHosts, active: list[_Running], limits: EpisodeLimits,
             toolbox: ToolBox | None) -> None:
-    """Each episode's reply to its policy turn: tool results for a turn that calls tools, else
-    its environment's step; appended as token ids when the budget has room. Each kind of
-    call goes to every episode's environment at once (``hosts``)."""
+    """Each episode's reply to its policy turn: tool results for a turn that calls tools, else its environment's
+    step; appended as token ids when the budget has room."""
     from rlvr.environments.tool_parsing import call_arguments, format_tool_results, parse_tool_calls
 
     listed = hosts.call([(r.row, "tools", ()) for r in active], limits.step_timeout)
@@ -273,10 +251,8 @@ def _not_run(skipped: list[ToolCall], cap: int) -> ToolResult:
 
 
 def _step(policy: CausalLMPolicy, r: _Running, stepped: Any, limits: EpisodeLimits) -> None:
-    """The environment's answer to a turn without tool calls (``hosts``' step: reward, done,
-    solved, observation). A step that raised, ran past ``limits.step_timeout`` or returned
-    something other than a Step ends the episode with its ``error`` (counted; its reward
-    abstains): one broken episode does not stop a run."""
+    """The environment's answer to a turn without tool calls. A step that failed ends the episode with its
+    ``error`` (counted; its reward abstains): one broken episode does not stop a run."""
     if isinstance(stepped, EnvironmentFailed):
         r.fail(stepped)
         return
@@ -293,8 +269,8 @@ def _step(policy: CausalLMPolicy, r: _Running, stepped: Any, limits: EpisodeLimi
 
 def _append(policy: CausalLMPolicy, r: _Running, turn: Turn, observation: Observation, limits: EpisodeLimits
             ) -> None:
-    """Add the reply ``turn`` with ``observation``'s token ids; one past the token budget ends the
-    episode truncated (there would be no room for the policy to answer it)."""
+    """Add the reply ``turn`` with ``observation``'s token ids; one past the token budget ends the episode
+    truncated (no room left for the policy to answer it)."""
     room = limits.max_tokens - r.episode.length
     closing = []  # a chat turn cut at max_new_tokens gets its end-of-turn token first, as the template writes it
     if r.chat and r.episode.turns and r.episode.turns[-1].trained:
@@ -315,11 +291,10 @@ def _append(policy: CausalLMPolicy, r: _Running, turn: Turn, observation: Observ
 
 
 def episodes_samples(episodes: Sequence[Episode], group_size: int, pad_id: int) -> Samples:
-    """The episodes as ``Samples``: prompts left-padded [R, P], every token after the prompt
-    right-padded [R, T], ``policy_mask`` on the policy's tokens (with their sampler
-    log-probs), ``truncated`` [R], and ``responses`` B lists of G ``EpisodeText``. An
-    episode is one row, or one row per segment where it has more (``more_segments``: then
-    ``episodes`` says which episode each row is of)."""
+    """The episodes as ``Samples``: prompts left-padded [R, P], every token after the prompt right-padded [R, T],
+    ``policy_mask`` on the policy's tokens (with their sampler log-probs), ``truncated`` [R], ``responses`` B lists
+    of G ``EpisodeText``. An episode is one row, or one per segment (``more_segments``: then ``episodes`` [R]
+    says which episode each row is of)."""
     sequences = [(i, prompt, segment) for i, e in enumerate(episodes)
                  for prompt, segment in ((e.prompt_ids, e.turns), *e.more_segments)]
     n = len(sequences)

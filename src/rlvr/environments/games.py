@@ -1,44 +1,24 @@
-"""Ready multi-turn environments for character-level models, each with its gold check and
-an SFT warm start (``ENVIRONMENTS`` also names ``chat_calculator``, for chat models:
-``rlvr.environments.chat_calculator``).
+"""Ready multi-turn environments for tiny character-level models (``rlvr init-model``), each with its gold check
+and an SFT warm start; each environment's ``chars`` names every character its texts use. Episodes are plain text:
+the prompt, the policy's turn (up to its EOS), the observation appended as it is, the next turn, and so on.
 
-Episodes are plain text: the prompt, then the policy's turn (its characters up to its EOS),
-then the observation appended as it is, then the next turn, and so on. The texts are short
-and regular, written for tiny character-level models (``rlvr init-model``), and each
-environment's ``chars`` names every character its prompts, observations and
-demonstrations use:
-
-  * ``GuessingGame``: a number in a range, "+"/"-" (higher / lower) after each guess::
-
-        1-32>16 +>24 ->20 +>22        (the target is 22)
-
-    Only the characters of ``rlvr init-model``'s default set: digits, space, "-", "+", ">".
-  * ``CalculatorArithmetic``: the sum of two long numbers, with a ``calculator`` tool::
+  * ``GuessingGame``: a number in a range, "+"/"-" (higher / lower) after each guess: ``1-32>16 +>24 ->20 +>22``.
+  * ``CalculatorArithmetic``: the sum of two long numbers, with a ``calculator`` tool (the "plain" style)::
 
         12345+67890=calculator(12345+67890)= 80235
         80235
 
-    The tool's turn and its result ("= 80235" and a newline) are the episode runner's
-    (``rlvr.environments.tool_parsing``, the "plain" style); ``step`` sees only the final answer.
-    Without tools (the baseline) only the default set's digits, "+" and "=" appear; with
-    them, "calculator", "(", ")", "=", space and newline too (``init-model --chars`` or
-    ``--printable``).
-
-An SFT warm start is demonstrations: each policy turn of a demonstrated episode is one
-(prompt, completion) pair, the prompt the whole transcript before that turn, written to
-JSONL by ``write_sft_jsonl`` for ``rlvr sft`` (``sft.data``). In an episode each policy
-turn's tokens end with its EOS, which stays in the context of the turns after it; SFT adds
-the EOS to a completion but sees a prompt only as text, so ``turn_end`` (the tokenizer's
-EOS text, ``"<eos>"`` for ``rlvr init-model``'s tokenizers, which encode it as the EOS id)
-is written after each earlier policy turn inside a prompt, for prompts whose ids are the
-ones an episode's context holds. The default "" gives the plain transcript.
+An SFT warm start is demonstrations: each policy turn of a demonstrated episode is one (prompt, completion) pair,
+the prompt the whole transcript before it (``write_sft_jsonl`` for ``rlvr sft``). SFT adds the EOS to a completion
+but sees a prompt only as text, so ``turn_end`` (the tokenizer's EOS text, ``"<eos>"`` for ``rlvr init-model``'s)
+is written after each earlier policy turn in a prompt, for the ids an episode's context holds; "" gives the plain
+transcript. ``ENVIRONMENTS`` also names ``chat_calculator``, for chat models.
 """
 
 from __future__ import annotations
 
 import json
 import random
-import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -46,22 +26,12 @@ from typing import Any
 from rlvr.environments.base import Step, ToolResult
 from rlvr.environments.chat_calculator import ChatCalculator
 from rlvr.environments.tool_parsing import format_tool_results
+from rlvr.rewards.verifiers import parse_integer
 
 Pair = tuple[str, str]  # (prompt: the transcript before a policy turn, completion: that turn)
 
-# ASCII digits only (int() would take other scripts' digits too), and few of them: int()
-# of a string past 4300 digits raises instead of answering
-_INTEGER = re.compile(r"\s*(-?[0-9]{1,100})\s*")
-
 CALCULATOR = "calculator"
 TOOL_STYLE = "plain"  # how the calculator is called, calculator(12345+67890), and answers, "= 80235\n"
-
-
-def parse_integer(text: str) -> int | None:
-    """The integer ``text`` states (surrounding whitespace allowed), else None: "12x", "",
-    "1 2" and anything past 100 digits are not integers."""
-    match = _INTEGER.fullmatch(text)
-    return None if match is None else int(match.group(1))
 
 
 def _seed_or_row(start: Any, keys: tuple[str, ...]) -> tuple[int | None, dict[str, int]]:
@@ -82,24 +52,16 @@ def _chars(*texts: str) -> str:
 
 
 class GuessingGame:
-    """Guess a whole number in ``low``..``high``; after each wrong guess the environment
-    says higher or lower. The gold check: the number was guessed.
+    """Guess a whole number in ``low``..``high`` (the gold check); the prompt states the range, ``"1-32>"``.
 
-    reset(start): ``start`` is an int seed (the target is ``random.Random(seed)``'s
-    ``randint(low, high)``) or a row ``{"target": n}``. The prompt states the range,
-    ``"1-32>"``.
-    step(text): ``text`` is read as an integer guess (``parse_integer``):
-      * the target: done, solved, reward ``max(0.1, 1 - 0.1 * (turns - 1))``: 1.0 on the
-        first turn, 0.1 less for each turn before it, never under 0.1 for a solve. The
-        episode's return (the sum of step rewards) is this one reward, so fewer turns score
-        higher and binary search (at most 6 turns over 32 numbers) scores at least 0.5;
-      * too low or too high: reward 0, observation ``" +>"`` (higher) or ``" ->"`` (lower);
-        with ``feedback="interval"``, the range still open instead, ``" 17-32>"`` (an easier
-        game: the policy need not remember its earlier guesses);
-      * not an integer: reward 0, the range asked again, ``" 1-32>"`` (the open range with
-        ``feedback="interval"``).
-    Every step is a turn. With ``max_turns``, the episode ends unsolved, reward 0, after
-    that many turns; without it, only the episode runner's turn limit ends it.
+    reset(start): an int seed (the target ``random.Random(seed).randint(low, high)``) or a row ``{"target": n}``.
+    step(text): ``text`` read as an integer guess:
+      * the target: done, solved, reward ``max(0.1, 1 - 0.1 * (turns - 1))``, the episode's whole return, so
+        fewer turns score higher and binary search (at most 6 turns over 32 numbers) scores at least 0.5;
+      * too low or too high: reward 0, observation ``" +>"`` (higher) or ``" ->"`` (lower); with
+        ``feedback="interval"`` the range still open instead, ``" 17-32>"`` (the policy need not remember);
+      * not an integer: reward 0, the range asked again (the open range with ``feedback="interval"``).
+    With ``max_turns``, the episode ends unsolved, reward 0, after that many turns.
     """
 
     FEEDBACK = ("direction", "interval")
@@ -163,11 +125,9 @@ class GuessingGame:
         return f" {self.open_low}-{self.open_high}>"
 
     def demonstration(self, start: Any, rng: random.Random, turn_end: str = "") -> list[Pair]:
-        """One demonstrated episode from ``start``: each guess drawn uniformly from the range
-        still open, until it hits. Reasonable, not optimal (about 2 ln n guesses against
-        binary search's log2 n), so RL has turns to save. Under ``max_turns`` it halves the
-        open range once only enough turns for binary search are left, so it solves whenever
-        ``max_turns`` allows binary search."""
+        """One demonstrated episode: each guess drawn uniformly from the range still open, until it hits (about
+        2 ln n guesses against binary search's log2 n, so RL has turns to save). Under ``max_turns`` it halves
+        the open range once only enough turns for binary search are left, so it solves whenever it can."""
         game = GuessingGame(**self.settings())
         transcript = game.reset(start)
         pairs = []
@@ -185,23 +145,18 @@ class GuessingGame:
             transcript += guess + turn_end + step.observation
 
     def sft_examples(self, n: int, rng: random.Random, turn_end: str = "") -> list[Pair]:
-        """``n`` (prompt, completion) pairs: every turn of demonstrated episodes in order,
-        from seeds drawn from ``rng`` (the last episode cut at ``n``)."""
+        """``n`` pairs: every turn of demonstrated episodes from seeds drawn from ``rng`` (the last cut at ``n``)."""
         return _collect(lambda: self.demonstration(rng.getrandbits(62), rng, turn_end), n)
 
 
 class CalculatorArithmetic:
-    """The sum of two ``digits``-digit numbers, too long for a tiny model to add in its
-    head, with a ``calculator`` tool to call. The gold check: the answer is the sum.
+    """The sum of two ``digits``-digit numbers, too long for a tiny model to add in its head, with a
+    ``calculator`` tool to call. The gold check: the answer is the sum.
 
-    reset(start): an int seed (both numbers drawn from ``random.Random(seed)``) or a row
-    ``{"a": .., "b": ..}`` of non-negative integers. The prompt is ``"12345+67890="``.
-    step(text): the final answer (a turn that calls a tool never reaches ``step``): done;
-    solved and reward 1.0 when ``text`` is the sum's integer (``parse_integer``), else 0.
-    use_tools: the calculator is offered (``tool_names``); False is the baseline, the same
-    task answered without tools. The episode runner (task wiring) runs the tool from the
-    names in ``tool_names``: the environment binds no callable of its own (``tools()`` is
-    empty).
+    reset(start): an int seed or a row ``{"a": .., "b": ..}`` of non-negative integers; the prompt ``"12345+67890="``.
+    step(text): the final answer (a tool call never reaches ``step``): done; reward 1.0 when it is the sum, else 0.
+    use_tools: the calculator is offered (``tool_names``, run by the episode runner: ``tools()`` is empty);
+    False is the baseline, the same task answered without tools.
     """
 
     def __init__(self, digits: int = 5, use_tools: bool = True) -> None:
@@ -246,10 +201,8 @@ class CalculatorArithmetic:
         return Step(None, 1.0 if solved else 0.0, done=True, solved=solved)
 
     def demonstration(self, start: Any, turn_end: str = "") -> list[Pair]:
-        """One demonstrated episode from ``start``. With tools: call the calculator on the
-        prompt's sum, then answer with its result (two pairs; the result's text is the
-        runner's, ``tool_result``). Without: the true sum at once (one pair), which the
-        baseline model has to learn to compute."""
+        """One demonstrated episode. With tools: call the calculator on the sum, then answer with its result (two
+        pairs). Without: the true sum at once (one pair), which the baseline model has to learn to compute."""
         task = CalculatorArithmetic(**self.settings())
         prompt = task.reset(start)
         answer = str(task.a + task.b)
@@ -259,8 +212,7 @@ class CalculatorArithmetic:
         return [(prompt, call), (prompt + call + turn_end + tool_result(answer), answer)]
 
     def sft_examples(self, n: int, rng: random.Random, turn_end: str = "") -> list[Pair]:
-        """``n`` (prompt, completion) pairs from demonstrated episodes, from seeds drawn from
-        ``rng`` (the last episode cut at ``n``)."""
+        """``n`` pairs from demonstrated episodes from seeds drawn from ``rng`` (the last cut at ``n``)."""
         return _collect(lambda: self.demonstration(rng.getrandbits(62), turn_end), n)
 
 
@@ -280,8 +232,7 @@ def _collect(episode: Callable[[], list[Pair]], n: int) -> list[Pair]:
 
 
 def write_sft_jsonl(pairs: Iterable[Pair], path: str | Path) -> Path:
-    """Write ``pairs`` as JSON Lines with "prompt" and "completion" columns, the file
-    ``rlvr sft`` reads from ``sft.data``. Returns the path."""
+    """Write ``pairs`` as JSON Lines with "prompt" and "completion" columns (``rlvr sft``'s ``sft.data``)."""
     path = Path(path)
     with path.open("w", encoding="utf-8") as file:
         for prompt, completion in pairs:

@@ -1,9 +1,8 @@
-"""Where environment code runs (``EnvironmentHosts``), and the contract every call into it has:
-a value or an ``EnvironmentFailed`` (one line naming the call); whatever the code does (an
-exception of any kind, a wrong type, a call past its time), it ends that episode alone.
-Environments live in worker processes (a ``rlvr.base.workers.WorkerPool``, episode row ``i``
-in worker ``i % workers``) or, with no workers, in the trainer's process; how each is
-bounded and stopped: docs/explanation/isolation.md.
+"""Where environment code runs (``EnvironmentHosts``), and the contract every call into it has: a value or an
+``EnvironmentFailed`` (one line naming the call); whatever the code does (an exception of any kind, a wrong type, a
+call past its time), it ends that episode alone. Environments live in worker processes (a ``WorkerPool``, episode
+row ``i`` in worker ``i % workers``) or, with no workers, in the trainer's process; how each is bounded and
+stopped: docs/explanation/isolation.md.
 """
 
 from __future__ import annotations
@@ -33,12 +32,10 @@ class EnvironmentFailed(Exception):
 
 
 class EnvironmentHosts:
-    """The environments of a batch's episodes, by row, made by ``make_env`` in ``workers``
-    worker processes (0: in this process), each with ``memory_mb`` of address space to grow
-    by (None: no cap). All requests of a batch are in flight at once, one at a time per
-    worker; a call has ``seconds`` (``StepTimeout``), and a worker silent ``HARD_GRACE``
-    seconds past that is killed, every episode it hosts ending with the error. The run's
-    stop signal ends the waits at once (``CutShort``)."""
+    """The environments of a batch's episodes, by row, in ``workers`` worker processes (0: in this process), each
+    with ``memory_mb`` of address space to grow by. All requests of a batch are in flight at once, one at a time
+    per worker; a call has ``seconds`` (``StepTimeout``), and a worker silent ``HARD_GRACE`` seconds past that is
+    killed, every episode it hosts ending with the error. The run's stop signal ends the waits (``CutShort``)."""
 
     def __init__(self, make_env: Callable[[], Environment], workers: int = WORKERS, memory_mb: int | None = None
                  ) -> None:
@@ -128,8 +125,8 @@ class EnvironmentHosts:
 
     def _answered(self, slot: int, request: tuple, answer: Any, outcomes: list, index: int, seconds: float | None
                   ) -> None:
-        """A worker's answer as the request's outcome; a worker lost (killed here or dead) fails
-        every later call to an environment it hosted, the worker named."""
+        """A worker's answer as the request's outcome; a lost worker fails every later call to the environments
+        it hosted."""
         if isinstance(answer, WorkerFailed):
             why = f"StepTimeout: no answer within {seconds:g} s (its worker was killed)" if answer.timed_out \
                 else answer.message

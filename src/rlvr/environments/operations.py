@@ -1,12 +1,10 @@
-"""What a host does with an environment (``rlvr.environments.hosts``): the operations a
-request names (make, reset, tools, tool, step, final, schemas, snapshot), each run under its
-time limit (``time_limit``, ``StepTimeout``), with the checks of what the environment
-answered (``step_reward``, ``as_observation``); ``EnvironmentHost`` runs them.
+"""What a host does with an environment (``rlvr.environments.hosts``): the operations a request names (make,
+reset, tools, tool, step, final, schemas, snapshot), each run under its time limit (``time_limit``), with the checks
+of what the environment answered (``step_reward``, ``as_observation``); ``EnvironmentHost`` runs them.
 
-A prompt, an observation or an environment tool's text longer than its episode could hold
-(``episode_chars``) is cut where it is made (``cut_observation``), before it crosses to the
-trainer, and never encoded there; a worker's
-answer past ``reply_limit`` bytes (pickled) fails its call, named."""
+A prompt, an observation or a tool's text longer than its episode could hold (``episode_chars``) is cut where it is
+made (``cut_observation``), before it crosses to the trainer; a worker's answer past ``reply_limit`` bytes (pickled)
+fails its call, named."""
 
 from __future__ import annotations
 
@@ -29,12 +27,10 @@ MAX_REPLY_BYTES = 16 << 20  # a worker's pickled answer, beyond the 4 bytes a ch
 
 
 class StepTimeout(BaseException):
-    """Environment code ran past its time limit (a BaseException, as KeyboardInterrupt is:
-    an ``except Exception`` in the environment does not swallow it)."""
+    """Environment code ran past its time limit (a BaseException: an ``except Exception`` there does not swallow it)."""
 
 
-# A request: (episode row, operation, arguments). The operations, each run where the
-# row's environment lives; ``what`` names the call in its error.
+# A request: (episode row, operation, arguments). The operations, each run where the row's environment lives.
 
 def _make(envs: dict[int, Any], row: int, make_env: Callable[[], Environment]) -> str:
     envs[row] = make_env()
@@ -72,8 +68,7 @@ def _tool(envs: dict[int, Any], row: int, name: str, args: tuple, kwargs: dict) 
 
 def _step(envs: dict[int, Any], row: int, text: str, chat: bool
           ) -> tuple[float, bool, bool | None, Observation | None]:
-    """The environment's step on ``text``, read: its reward, done, solved and observation
-    (a Step's fields may run its own code, so they are read inside the contract)."""
+    """(reward, done, solved, observation) of the step on ``text``, read here: a Step's fields may run its code."""
     env = envs[row]
     step = env.step(text)
     if not isinstance(step, Step):
@@ -86,8 +81,7 @@ def _step(envs: dict[int, Any], row: int, text: str, chat: bool
 
 
 def _final(envs: dict[int, Any], row: int) -> tuple[float, bool | None] | None:
-    """A truncated episode's reward from its environment's state, where it has one to read
-    (``final_reward()``: a TRL-style class's get_reward); None where it has not."""
+    """A truncated episode's (reward, solved) from ``final_reward()`` (a TRL-style get_reward); None without one."""
     final = getattr(envs[row], "final_reward", None)
     if not callable(final):
         return None
@@ -96,8 +90,7 @@ def _final(envs: dict[int, Any], row: int) -> tuple[float, bool | None] | None:
 
 
 def _schemas(envs: dict[int, Any], row: int) -> list[dict[str, Any]]:
-    """The function schemas of the tools the environment shows the policy (``tool_schemas()``:
-    a list of dicts, JSON text at most MAX_SCHEMA_CHARS in all); none where it defines none."""
+    """``tool_schemas()`` (dicts, at most MAX_SCHEMA_CHARS of JSON in all); none where it defines none."""
     schemas = getattr(envs[row], "tool_schemas", None)
     if not callable(schemas):
         return []
@@ -111,17 +104,15 @@ def _schemas(envs: dict[int, Any], row: int) -> list[dict[str, Any]]:
 
 
 def _snapshot(envs: dict[int, Any], row: int) -> Any:
-    """What reward functions get of the environment as its episode ends: ``snapshot()`` where
-    it defines one, else a copy of its public attributes (``public_attributes``)."""
+    """What reward functions get of the environment: ``snapshot()`` where defined, else its public attributes."""
     env = envs[row]
     snapshot = getattr(env, "snapshot", None)
     return snapshot() if callable(snapshot) else public_attributes(env)
 
 
 def public_attributes(instance: Any) -> types.SimpleNamespace:
-    """A copy of ``instance``'s public attributes (names not starting with "_") as a
-    namespace: those that pickle (open files and locks do not), in order while they fit
-    in MAX_SNAPSHOT_BYTES in all; the rest are left out."""
+    """A copy of ``instance``'s public attributes as a namespace: those that pickle (open files and locks do not),
+    in order while they fit in MAX_SNAPSHOT_BYTES in all; the rest are left out."""
     kept, size = {}, 0
     for name, value in getattr(instance, "__dict__", {}).items():
         if name.startswith("_"):
@@ -179,17 +170,15 @@ class CutText(str):
 
 
 class CutChat(list):
-    """Messages cut where they were made (``cut_observation``); ``chars``: their contents'
-    characters before."""
+    """Messages cut where they were made (``cut_observation``); ``chars``: their contents' characters before."""
 
     chars: int
 
 
 def cut_observation(observation: Observation, max_chars: int) -> Observation:
-    """``observation`` with ``max_chars + 1`` characters of content at most (text, or the
-    contents of its messages in order, those past it left out): one past the most its
-    episode can hold, so that it still reads as too long there, and is never encoded. One
-    that was cut says how long it was (``CutText``, ``CutChat``)."""
+    """``observation`` with ``max_chars + 1`` characters of content at most (messages past it left out): one past
+    the most its episode can hold, so that it still reads as too long there and is never encoded. One that was
+    cut says how long it was (``CutText``, ``CutChat``)."""
     from rlvr.policies.prompts import content_chars
 
     chars = content_chars(observation)
@@ -213,24 +202,20 @@ def cut_observation(observation: Observation, max_chars: int) -> Observation:
 
 
 def episode_chars(max_tokens: int, max_positions: int | None, tokenizer: Any) -> int:
-    """The characters of a prompt, an observation or a tool's text that cross from an
-    environment whole (``max_chars``; past them, cut): what an episode could hold, its prompt
-    in the model's ``max_positions`` or its replies in ``max_tokens``, at the most characters
-    a token of ``tokenizer`` stands for."""
+    """The characters of a prompt, an observation or a tool's text that cross whole (``max_chars``): what an
+    episode could hold (``max_positions`` or ``max_tokens``) at the most characters a token stands for."""
     from rlvr.policies.prompts import max_token_chars
 
     return max(max_tokens, max_positions or 0) * max_token_chars(tokenizer)
 
 
 def reply_limit(max_chars: int | None) -> int:
-    """The bytes a worker's pickled answer may take: MAX_REPLY_BYTES, and 4 a character of
-    the observation budget (``max_chars``) beyond it."""
+    """The bytes a worker's pickled answer may take: MAX_REPLY_BYTES, and 4 a character of ``max_chars``."""
     return MAX_REPLY_BYTES + 4 * (max_chars or 0)
 
 
 def step_reward(reward: object) -> float:
-    """A Step's reward as a float: a real number (bool, int, float, a numpy scalar), never
-    text or None, which ``float`` would read as 1.0 or refuse with a crash."""
+    """A Step's reward as a float: a real number, never text or None (``float`` would read "1" or crash)."""
     if not isinstance(reward, numbers.Real):
         raise TypeError(f"Step(reward={reward!r:.60}): a reward is a real number, not {type(reward).__name__}")
     return float(reward)
@@ -263,8 +248,7 @@ def is_chat(value: Any) -> bool:
 
 @contextlib.contextmanager
 def time_limit(seconds: float | None) -> Iterator[None]:
-    """Raise StepTimeout in the code within after ``seconds`` (SIGALRM: in the main thread of
-    a POSIX process; elsewhere, or with None, no limit)."""
+    """Raise StepTimeout in the code within after ``seconds`` (SIGALRM: a POSIX main thread; elsewhere no limit)."""
     usable = (seconds is not None and hasattr(signal, "setitimer")
               and threading.current_thread() is threading.main_thread())
     if not usable:
@@ -284,9 +268,8 @@ def time_limit(seconds: float | None) -> Iterator[None]:
 
 
 class EnvironmentHost:
-    """Where a row's environments live: ``host((request, seconds, max_chars))`` runs a request
-    on them (``run_request``). A worker process of ``EnvironmentHosts`` serves with one, and
-    so does the trainer's process when there are no workers."""
+    """Where a row's environments live: ``host((request, seconds, max_chars))`` runs a request on them. A worker
+    of ``EnvironmentHosts`` serves with one, and so does the trainer's process when there are no workers."""
 
     def __init__(self, make_env: Callable[[], Environment]) -> None:
         self.make_env = make_env

@@ -1,10 +1,7 @@
 """A causal LM acting in an environment: the ``Policy`` whose samples are episodes.
 
-``sample`` runs G episodes from each of B starts (``rlvr.environments.episodes``) and lays
-them out as ``Samples`` whose response is every token after the prompt, with
-``policy_mask`` on the policy's; ``greedy`` runs one greedy episode per start. Scoring,
-the engine and its weights are the LM policy's: an episode is scored as one sequence, the
-environment's tokens as context, and only the policy's train.
+Scoring, the engine and its weights are the LM policy's: an episode is scored as one sequence, the environment's
+tokens as context, and only the policy's train (``policy_mask``).
 """
 
 from __future__ import annotations
@@ -29,9 +26,8 @@ if TYPE_CHECKING:
 
 
 class EpisodePolicy(Policy):
-    """``lm`` acting in the environments of ``hosts`` (``EnvironmentHosts``: where they are
-    made and run), within ``limits``, with the sandboxed ``toolbox`` (None: only the
-    environment's own tools). Its tokenizer, positions and base model are the LM policy's."""
+    """``lm`` acting in the environments of ``hosts`` within ``limits``, with the sandboxed ``toolbox`` (None: only
+    the environment's own tools). Its tokenizer, positions and base model are the LM policy's."""
 
     def __init__(self, lm: CausalLMPolicy, hosts: EnvironmentHosts, limits: EpisodeLimits,
                  toolbox: ToolBox | None = None) -> None:
@@ -79,10 +75,9 @@ class EpisodePolicy(Policy):
         return self.lm.sync_engine(version)
 
     def check_prompts(self, prompts: Sequence[Any], what: str = "start") -> None:
-        """Before any work: the first prompts of these starts encode and leave room for
-        ``max_tokens`` in the model's positions (a PromptError names the start), and with a
-        chat template, conversations of those prompts render the same turn by turn, as
-        episodes are built, as whole (a ValueError shows the first difference)."""
+        """Before any work: the first prompts of these starts encode and leave room for ``max_tokens`` (a
+        PromptError names the start), and with a chat template, conversations of those prompts render the same
+        turn by turn, as episodes are built, as whole."""
         chats = []
         starts = list(prompts)[:CHECKED_STARTS]
         for index, running in enumerate(start_episodes(self.lm, self.hosts, starts, range(len(starts)), self.limits)):

@@ -1,16 +1,14 @@
-"""Any single-turn task as a multi-turn episode: a wrong answer is told so and may be tried
-again, up to a number of attempts.
+"""Any single-turn task as a multi-turn episode: a wrong answer is told so and may be tried again, up to a number
+of attempts.
 
-The task's gold check grades each attempt. A check is ``check(row, text) -> bool`` on the
-dataset row (its "prompt" and gold columns) and one answer; ``GoldCheck`` makes one from a
-task's gold reward spec (a TRL-form reward function whose 1.0 means right, as
-``rlvr.tasks.grading`` declares it), so e.g. the arithmetic task wraps as::
+The task's gold check grades each attempt: ``check(row, text) -> bool`` on the dataset row and one answer;
+``GoldCheck`` makes one from a task's gold reward spec (whose 1.0 means right), so the arithmetic task wraps as::
 
     RetryEnvironment(gold_check(ArithmeticTask()), max_attempts=3)
 
-A text prompt ``"12+7*3="`` and two attempts read ``"12+7*3=35 12+7*3=33"``: a wrong answer
-is followed by the prompt again (a space before it), so the episode uses no character the
-task's own prompts do not; ``retry_text`` replaces that with any text.
+A text prompt ``"12+7*3="`` and two attempts read ``"12+7*3=35 12+7*3=33"``: a wrong answer is followed by the
+prompt again (a space before it), so the episode uses no character the task's own prompts do not; ``retry_text``
+replaces that with any text.
 """
 
 from __future__ import annotations
@@ -29,13 +27,10 @@ RETRY_MESSAGE = "That is not right. Try again."  # the retry turn of a chat prom
 
 @dataclass(frozen=True)
 class GoldCheck:
-    """``check(row, text)`` from a reward spec: the spec's function called as a reward runner
-    calls it on one completion (``prompts=[row["prompt"]]``, ``completions=[text]``, and each
-    other column of the row as a one-item list), right when it scores exactly 1.0. A chat
-    row (its prompt a message list) gets the completion as one assistant message. An
-    abstention or an invalid value is not right; an exception propagates (a broken check is
-    a setup error, not a wrong answer). Called in this process, without the spec's time
-    limit. A dataclass of module-level parts, so it pickles to rollout workers."""
+    """``check(row, text)`` from a reward spec: its function called as a reward runner calls it on one completion
+    (a chat row's as one assistant message), right when it scores exactly 1.0. An abstention or an invalid value
+    is not right; an exception propagates (a broken check is a setup error, not a wrong answer). Called in this
+    process, without the spec's time limit; a dataclass of module-level parts, so it pickles to rollout workers."""
 
     spec: RewardSpec
 
@@ -49,8 +44,7 @@ class GoldCheck:
 
 
 def gold_check(task: Any) -> GoldCheck:
-    """The gold check of a graded task (anything with ``reward_specs()`` and ``gold_reward``,
-    as ``rlvr.tasks.grading.GradedTask``). ValueError when the task has none."""
+    """The gold check of a graded task (``reward_specs()`` and ``gold_reward``); ValueError when it has none."""
     name = getattr(task, "gold_reward", None)
     specs = [spec for spec in task.reward_specs() if spec.name == name] if name is not None else []
     if not specs:
@@ -59,17 +53,12 @@ def gold_check(task: Any) -> GoldCheck:
 
 
 class RetryEnvironment:
-    """A single-turn task with up to ``max_attempts`` answers. The gold check: an attempt
-    was right.
+    """A single-turn task with up to ``max_attempts`` answers. The gold check: an attempt was right.
 
-    reset(row): ``row`` is the task's prompt dict; the first observation is its "prompt".
-    step(text): ``check(row, text)``:
-      * right: done, solved, reward ``max(0, 1 - penalty * (attempt - 1))``: 1.0 on any
-        attempt with the default ``penalty=0`` (the task's own reward, now with second
-        chances); a penalty makes a first-time answer worth more;
-      * wrong, attempts left: reward 0, not done; the observation is ``retry_text``, or by
-        default the prompt again after a space (a text prompt) or a user message
-        ``RETRY_MESSAGE`` (a chat prompt);
+    reset(row): the task's prompt dict; the first observation is its "prompt". step(text): ``check(row, text)``:
+      * right: done, solved, reward ``max(0, 1 - penalty * (attempt - 1))`` (1.0 with the default ``penalty=0``);
+      * wrong, attempts left: reward 0; the observation is ``retry_text``, or by default the prompt again after
+        a space (a text prompt) or a user message ``RETRY_MESSAGE`` (a chat prompt);
       * wrong at the last attempt: done, unsolved, reward 0.
     """
 
@@ -112,11 +101,9 @@ class RetryEnvironment:
         return " " + prompt if self.retry_text is None else self.retry_text
 
     def demonstration(self, row: dict[str, Any], attempts: list[str], turn_end: str = "") -> list[tuple[str, str]]:
-        """The (prompt, completion) pairs of an episode of text ``row`` answered with
-        ``attempts`` in turn (say a plausible wrong answer, then the gold one), to warm-start
-        the retry format, ``turn_end`` after each earlier attempt inside a prompt (the EOS
-        text, as ``rlvr.environments.games`` explains); ValueError when the attempts do not
-        end the episode exactly."""
+        """The (prompt, completion) pairs of an episode of text ``row`` answered with ``attempts`` in turn (a
+        plausible wrong answer, then the gold one), ``turn_end`` after each earlier attempt inside a prompt (as
+        in ``rlvr.environments.games``); ValueError when the attempts do not end the episode exactly."""
         env = RetryEnvironment(self.check, self.max_attempts, self.penalty, self.retry_text)
         transcript = env.reset(row)
         if not isinstance(transcript, str):

@@ -1,9 +1,7 @@
-"""``run_python`` (the ``python`` tool's, ``rlvr.environments.tools``): a program's source
-run in a fresh interpreter, in a jail of its own (``rlvr.base.processes.jail``) where
-bubblewrap runs, under time, CPU, memory, file-size and output limits. Where bwrap is
-missing or cannot make namespaces, that is said once and the program runs under the guard
-alone (its own process group, resource limits, blocked ``socket``), which a program can
-escape. Its failures raise ``ToolError``.
+"""``run_python`` (the ``python`` tool's): a program's source run in a fresh interpreter, in a jail of its own
+(``rlvr.base.processes.jail``) where bubblewrap runs, under time, CPU, memory, file-size and output limits. Where
+bwrap is missing or cannot make namespaces, that is said once and the program runs under the guard alone (its own
+process group, resource limits, blocked ``socket``), which a program can escape. Its failures raise ``ToolError``.
 """
 
 from __future__ import annotations
@@ -47,13 +45,11 @@ def run_python(
     code: str, *, timeout: float = 10.0, cpu_seconds: int | None = None, memory_mb: int = 512,
     max_output_chars: int = 4000,
 ) -> str:
-    """Run ``code`` as a program in a fresh ``python -I -S`` (no site packages, an empty
-    environment), its source on stdin, in ``jail()`` where bwrap runs (else in a
-    temp folder removed afterwards, its own process group), under a CPU-time (default: the
-    timeout, rounded up), address-space and file-size limit, killed after ``timeout``
-    seconds or once it prints past the output limit. Returns its stdout; raises ToolError
-    with the head of its stdout, the tail of its stderr and why it ended when it failed
-    (an exception, a non-zero exit, a limit) or printed more than ``max_output_chars``."""
+    """Run ``code`` in a fresh ``python -I -S`` (no site packages, an empty environment), in ``jail()`` where bwrap
+    runs (else in a temp folder, its own process group), under a CPU-time (default: the timeout, rounded up),
+    address-space and file-size limit, killed after ``timeout`` seconds or once it prints past the output limit.
+    Returns its stdout; ToolError with the head of its stdout, the tail of its stderr and why it ended when it
+    failed or printed more than ``max_output_chars``."""
     cpu_seconds = math.ceil(timeout) if cpu_seconds is None else cpu_seconds
     keep = 4 * max_output_chars  # bytes: a character is at most 4
     output_limit = max(8 * max_output_chars, 2**16)  # bytes a stream (or a file it writes) may reach
@@ -117,10 +113,9 @@ class _Stream:
 
 def _communicate(process: subprocess.Popen, data: bytes, timeout: float, keep: int, limit: int, settle: float = 0.0
                  ) -> tuple[int | str | None, _Stream, _Stream]:
-    """Feed ``data`` to the process's stdin, then read its stdout (the first ``keep`` bytes
-    kept) and stderr (the last ``keep`` kept) until it exits: its exit code, None at the
-    timeout, or "flooded" once either stream passed ``limit`` bytes. What it left running
-    and holding the pipes keeps the call waiting ``settle`` seconds at most (a jail's
+    """Feed ``data`` to stdin and read stdout (its first ``keep`` bytes kept) and stderr (its last) until the
+    process exits: its exit code, None at the timeout, or "flooded" once either stream passed ``limit`` bytes.
+    What it left running and holding the pipes keeps the call waiting ``settle`` seconds at most (a jail's
     processes are being killed then: the pipes close when the last is gone)."""
     import selectors
 
@@ -166,8 +161,7 @@ def _communicate(process: subprocess.Popen, data: bytes, timeout: float, keep: i
 
 
 def _drain(pipe: Any, stream: _Stream, selector: Any, keep: int, limit: int) -> int:
-    """Read what ``pipe`` holds now into ``stream`` (unregistered at its end), stopping past
-    ``limit`` bytes in all; its total."""
+    """Read what ``pipe`` holds now into ``stream`` (unregistered at its end), stopping past ``limit``; its total."""
     while pipe in selector.get_map() and stream.total <= limit:
         try:
             chunk = os.read(pipe.fileno(), 2**16)

@@ -1,11 +1,7 @@
 """Single-player TextArena games (``pip install 'rlvr[textarena]'``) as rlvr Environments.
 
-TextArena (``textarena``) registers text games by id ("GuessTheNumber-v0",
-"Mastermind-v0", "TowerOfHanoi-v0", ...): ``ta.make(env_id)`` builds one with the
-id's wrappers, ``reset(num_players=1, seed=...)`` starts it, ``get_observation()`` hands
-over the messages the player has not read yet, ``step(action)`` answers ``(done, info)``
-and ``close()`` the rewards and how the game ended. ``TextArenaGame`` drives one episode
-of such a game, so that a config names it::
+TextArena registers text games by id ("GuessTheNumber-v0", "Mastermind-v0", ...); ``TextArenaGame`` drives one
+episode of such a game, so that a config names it::
 
     task:
       name: environment
@@ -15,9 +11,8 @@ of such a game, so that a config names it::
 
 and Python code builds the same with ``text_game("GuessTheNumber-v0")``.
 
-Some games fetch word lists at import or reset (Wordle, Hangman: NLTK downloads); without
-a network those fail, and the episode with them. The number, code and board games
-(GuessTheNumber, Mastermind, TowerOfHanoi, FrozenLake, Minesweeper, LightsOut, ...) need
+Some games fetch word lists at import or reset (Wordle, Hangman: NLTK downloads); without a network those fail,
+and the episode with them. The number, code and board games (GuessTheNumber, Mastermind, TowerOfHanoi, ...) need
 no data.
 """
 
@@ -37,33 +32,20 @@ WIN_REWARD = 1.0  # a single-player game's reward for a win; a loss scores its p
 
 
 class TextArenaGame:
-    """One episode of a single-player TextArena game as an rlvr Environment.
+    """One episode of a single-player TextArena game; ``game_options`` go to its constructor, over the id's own.
 
-    env_id:       the game's registered id ("GuessTheNumber-v0")
-    game_options: its constructor's keyword arguments, over the id's own
-                  (``max_turns=5``, ``max_number=100`` for GuessTheNumber)
+    reset(start): an int seed or a row ``{"seed": n}``; the game's first messages (the rules, the board) are the
+    prompt, one message a line.
 
-    reset(start): an int seed or a row ``{"seed": n}``; the game is reset with that seed and
-    its first messages (the rules, and the board where it has one) are the prompt, one
-    message a line.
+    step(text): the player's action, through the id's action wrappers (``7`` -> ``[7]``). The observation is the
+    game's new messages, one a line, the player's own move left out. TextArena's observation wrappers, which
+    repeat the whole history every turn, are passed by: an episode appends each observation to what came before.
+    Reward 0 until the game ends; then the game's reward: 1 for a win, else the fraction of the puzzle done
+    (TextArena's single-player convention), and ``solved`` is whether it won without an invalid move.
 
-    step(text): the policy's text is the player's action, through the id's action
-    wrappers (most put an action without brackets in brackets: ``7`` -> ``[7]``). The
-    observation is the game's new messages, one a line (the rules' reply to the move, an
-    invalid move's warning, the board); the player's own move, which the episode already
-    holds, is left out. TextArena's observation wrappers, which repeat the whole history
-    on every turn for one-shot prompting, are passed by: an episode appends each
-    observation to what came before. Reward 0 until the game ends; then the game's
-    reward: 1 for a win, else the fraction of the puzzle done (TextArena's convention for
-    single-player games, invalid moves after the allowed one included), and ``solved``
-    is whether it won (reward 1 without an invalid move).
-
-    The games draw from Python's ``random`` module and seed it at reset. Each episode
-    keeps a generator state of its own, swapped in around every call into the game, so
-    that a seed gives the same game however episodes interleave, and the process's
-    ``random`` is left as it was. (Not for episodes stepped from several threads at once;
-    the episode runner steps them in turn. A game that draws from numpy, such as Sokoban,
-    is not made reproducible by this.)
+    The games draw from Python's ``random``, seeded at reset. Each episode keeps a generator state of its own,
+    swapped in around every call into the game, so that a seed gives the same game however episodes interleave
+    and the process's ``random`` is left as it was (not across threads; numpy draws, as Sokoban's, are not kept).
     """
 
     def __init__(self, env_id: str, **game_options: Any) -> None:
@@ -115,8 +97,7 @@ class TextArenaGame:
         return Step(observation, reward, done=True, solved=won)
 
     def _new_messages(self) -> str | None:
-        """The messages the game has for the player since the last call, one a line, the
-        player's own moves left out; None when there are none."""
+        """The game's messages for the player since the last call, one a line, its own moves left out; or None."""
         from textarena import ObservationType
 
         _, messages = self.game.get_observation()
@@ -125,8 +106,7 @@ class TextArenaGame:
 
     @contextmanager
     def _own_random(self) -> Iterator[None]:
-        """Python's ``random`` in this episode's state for the code within; the process's
-        state is put back after."""
+        """Python's ``random`` in this episode's state for the code within; the process's put back after."""
         outer = random.getstate()
         random.setstate(self._random_state)
         try:
@@ -137,11 +117,8 @@ class TextArenaGame:
 
 
 def text_game(env_id: str, **game_options: Any) -> EnvironmentFactory:
-    """A factory of ``TextArenaGame`` episodes of ``env_id`` (``game_options``: the game's
-    constructor arguments), for ``rlvr.train(..., environment_factory=...)``. The library
-    and the id are checked now, by building one game: a missing install or an unknown id
-    fails here, not in the first episode. A partial, so that it pickles for rollout
-    workers."""
+    """A factory of ``TextArenaGame`` episodes of ``env_id`` for ``rlvr.train(..., environment_factory=...)``;
+    one game is built now, so a missing install or an unknown id fails here, not in the first episode."""
     TextArenaGame(env_id, **game_options)
     return functools.partial(TextArenaGame, env_id, **game_options)
 

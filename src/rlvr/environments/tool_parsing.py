@@ -38,8 +38,7 @@ _CALL_TAGS = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)  # a las
 
 @dataclass(frozen=True)
 class ToolStyle:
-    """How calls are found in a turn's text (``parse``: text, known names -> calls, errors)
-    and how results are written back (``format``: one result -> text)."""
+    """How calls are found in a turn's text (``parse``) and how results are written back (``format``)."""
 
     help: str
     parse: Callable[[str, Collection[str]], tuple[list[ToolCall], list[ToolResult]]]
@@ -48,21 +47,18 @@ class ToolStyle:
 
 
 def parse_tool_calls(text: str, style: str, known: Collection[str]) -> tuple[list[ToolCall], list[ToolResult]]:
-    """The tool calls in a policy turn's ``text``, in order, and a failed ``ToolResult`` for
-    each malformed call or call of a tool not in ``known``, for the policy to read with the
-    calls' results (a turn with neither called no tool)."""
+    """The tool calls in a policy turn's ``text``, in order, and a failed ``ToolResult`` for each malformed
+    call or call of a tool not in ``known``, for the policy to read with the calls' results."""
     return _style(style).parse(text, known)
 
 
 def format_tool_results(results: list[ToolResult], style: str) -> str:
-    """What the policy reads back after a turn's calls: each result in ``style``'s form,
-    an error as ``error: <message>``."""
+    """What the policy reads back after a turn's calls; an error as ``error: <message>``."""
     return "".join(_style(style).format(result) for result in results)
 
 
 def call_arguments(arguments: Mapping[str, Any]) -> tuple[tuple, dict[str, Any]]:
-    """How a tool is called with a call's arguments: (positional, keywords); a "plain"
-    call's one argument is the first positional one."""
+    """(positional, keywords) for a tool; a "plain" call's one argument is the first positional one."""
     args = (arguments[PLAIN_ARGUMENT],) if PLAIN_ARGUMENT in arguments else ()
     return args, {key: value for key, value in arguments.items() if key != PLAIN_ARGUMENT}
 
@@ -184,12 +180,9 @@ _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", 
 
 
 def tool_schema(fn: Callable[..., Any]) -> dict[str, Any]:
-    """The OpenAI / Hugging Face function schema of a tool, what a chat template shows the
-    policy: ``transformers.utils.get_json_schema`` when transformers is installed and the
-    docstring documents every argument (Google style, an ``Args:`` section), else a
-    schema from the signature: the docstring's first paragraph, each parameter's type
-    from its annotation (a plain type; anything else is left untyped), and those
-    without a default required."""
+    """The OpenAI / Hugging Face function schema of a tool: ``transformers.utils.get_json_schema`` when the
+    docstring documents every argument (an ``Args:`` section), else one from the signature: the docstring's
+    first paragraph, plain-type annotations (anything else untyped), parameters without a default required."""
     try:
         from transformers.utils import get_json_schema
     except ImportError:
@@ -216,12 +209,10 @@ def tool_schema(fn: Callable[..., Any]) -> dict[str, Any]:
 
 def shown_tools(template: str | None, prompt: Any, schemas: list[dict[str, Any]], style: str
                 ) -> tuple[Any, list[dict[str, Any]] | None]:
-    """How a prompt's tools reach the policy: (the prompt to render, the ``tools`` to give
-    its chat template). A chat template with a ``tools`` slot that teaches ``<tool_call>``
-    (Qwen's, Hermes') gets the schemas there when calls are written in that "json" style;
-    otherwise (no slot, a slot that teaches another syntax, as Llama 3's and Mistral's do, or
-    the "plain" style) the chat's system message describes them (``describe_tools``). A text prompt
-    is left as it is (as TRL shows tools through the chat template alone)."""
+    """(the prompt to render, the ``tools`` for its chat template). A template whose ``tools`` slot teaches
+    ``<tool_call>`` (Qwen's, Hermes') gets the schemas there in the "json" style; otherwise (no slot, a slot
+    teaching another syntax as Llama 3's and Mistral's do, or "plain") the system message describes them.
+    A text prompt is left as it is (as TRL shows tools through the chat template alone)."""
     from rlvr.policies.template_sandbox import template_takes_tools
 
     if not schemas or isinstance(prompt, str):  # a text prompt describes its tools itself
@@ -232,9 +223,8 @@ def shown_tools(template: str | None, prompt: Any, schemas: list[dict[str, Any]]
 
 
 def describe_tools(chat: list[dict[str, Any]], schemas: list[dict[str, Any]], style: str) -> list[dict[str, Any]]:
-    """``chat`` with its tools described at the end of its system message (one added first
-    when it has none): their function schemas as JSON, one a line, and how to call them in
-    ``style``."""
+    """``chat`` with its tools' schemas (JSON, one a line) and how to call them in ``style`` at the end of
+    its system message (one added first when it has none)."""
     lines = "\n".join(json.dumps(schema.get("function", schema), sort_keys=True) for schema in schemas)
     text = f"You can call these tools. Their schemas, one a line:\n{lines}\n{_style(style).how_to_call}"
     if not chat or chat[0].get("role") != "system":
@@ -251,10 +241,8 @@ _FROM_TEXT = {int: int, float: float, bool: lambda text: {"true": True, "false":
 
 
 def typed_arguments(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
-    """``args`` and ``kwargs`` for ``fn`` with text given for a parameter annotated ``int``,
-    ``float`` or ``bool`` converted to it (a "plain" call's argument is text: ``increment(3)``
-    gives "3" to ``increment(step: int)``). ValueError naming the parameter when the text is
-    not of that type; anything else is passed as it is."""
+    """``args`` and ``kwargs`` with text for a parameter annotated ``int``, ``float`` or ``bool`` converted
+    (``increment(3)`` in "plain" gives "3"); ValueError naming the parameter when it does not convert."""
     hints = _type_hints(fn)
     try:
         bound = inspect.signature(fn).bind_partial(*args, **kwargs)

@@ -1,14 +1,10 @@
 """Tools a policy calls during an episode, and ``ToolBox``, which runs a turn's calls under limits.
 
-A tool (``TOOLS``: a calculator, a Python runner) is a function that returns text. It sees
-model output, so it may raise, hang, fork, allocate without end or print a gigabyte;
-``ToolBox`` makes each a failed ``ToolResult`` whose message the policy reads. The calls of
-one turn of all running episodes run in parallel in a ``rlvr.base.workers.WorkerPool``,
-each in a child process its worker forks for it, under a time limit, an address-space cap,
-an output cap, a scratch folder, the network guard, and the end of all it started; the
-limits are listed in docs/explanation/isolation.md. The ``python`` tool runs the policy's
-program with ``rlvr.environments.sandbox.run_python``: in a jail of its own where
-bubblewrap runs, under the box's limits; its failures raise ``ToolError``.
+A tool (``TOOLS``: a calculator, a Python runner) is a function that returns text. It sees model output, so it may
+raise, hang, fork, allocate without end or print a gigabyte; ``ToolBox`` makes each a failed ``ToolResult`` whose
+message the policy reads. The calls of one turn of all running episodes run in parallel in a ``WorkerPool``, each in
+a child process its worker forks for it, under the limits listed in docs/explanation/isolation.md. The ``python``
+tool runs the policy's program with ``rlvr.environments.sandbox.run_python``, under the box's limits.
 """
 
 from __future__ import annotations
@@ -46,16 +42,10 @@ class _Limits:
 
 
 class ToolBox:
-    """Runs tool calls in worker processes, each under limits (see the module docstring).
-
-    tools:            name -> function, called with ``call_arguments`` of a call
-    timeout:          seconds a call may run
-    memory_mb:        megabytes a call may add to its worker's address space
-    max_output_chars: characters of output (printed, then returned) a call may give
-    num_workers:      worker processes, started on first use; a batch's calls run in parallel
-    start_method:     how workers start: "fork" (default), "spawn" or "forkserver" (then the
-                      tools must be picklable; see ``rlvr.rewards.runner``)
-    A box owns its workers and a temp folder: ``close()`` it (or use ``with``). Not thread-safe.
+    """Runs tool calls in ``num_workers`` worker processes (started on first use), each call under ``timeout``
+    seconds, ``memory_mb`` added to its worker's address space and ``max_output_chars`` of output (printed, then
+    returned). With a ``start_method`` other than "fork" the tools must be picklable. A box owns its workers and a
+    temp folder: ``close()`` it (or use ``with``). Not thread-safe.
     """
 
     def __init__(self, tools: Mapping[str, Callable[..., Any]], *, timeout: float = 10.0, memory_mb: int = 1024,
@@ -74,8 +64,7 @@ class ToolBox:
                                                    folder=self._folder)  # workers start on first use
 
     def run(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
-        """The result of each call, in order; calls of unknown tools or with arguments the
-        tool does not take fail without running."""
+        """The result of each call, in order; calls of unknown tools or with bad arguments fail without running."""
         results: list[ToolResult | None] = [self._refusal(call) for call in calls]
         todo = [index for index, result in enumerate(results) if result is None]
         answers = self._pool.map([calls[i] for i in todo], self.limits.timeout + _GRACE) if todo else []
@@ -113,8 +102,8 @@ class ToolBox:
 
 def _run_call(call: ToolCall, *, tools: Mapping[str, Callable[..., Any]], limits: _Limits, folder: str
               ) -> ToolResult:
-    """One tool call, run in a worker (the subreaper of what the call starts, all killed
-    when it ends): in a child process forked for it, in a scratch folder under ``folder``."""
+    """One tool call, run in a worker (the subreaper of what the call starts, all killed when it ends): in a child
+    process forked for it, in a scratch folder under ``folder``."""
     if getattr(tools[call.name], "runs_programs", False):
         jail()  # probed once in this worker, not in each call's process
     scratch = tempfile.mkdtemp(dir=folder)

@@ -1,9 +1,8 @@
 """Reward functions in the TRL form, how several combine, and how they run safely.
 
-``fn(prompts: list[str], completions: list[str], **columns) -> list[float | None]``
-scores N = B*G completions at once, every argument by keyword; ``None`` abstains. The
-contract, and one line on each module (combine, runner, calls, workers, loading,
-faults, verifiers, judge): docs/explanation/rewards.md."""
+``fn(prompts: list[str], completions: list[str], **columns) -> list[float | None]`` scores N = B*G completions at
+once, every argument by keyword; ``None`` abstains. The contract, and one line on each module:
+docs/explanation/rewards.md."""
 
 from rlvr.rewards.calls import RewardError, RewardFn, TrainerState
 from rlvr.rewards.combine import RewardResult, RewardSpec, RewardStats, combine_rewards

@@ -1,9 +1,8 @@
 """One call of a reward function: how it is called, and how what it returns is judged.
 
-The TRL form, ``fn(prompts, completions, **columns) -> list[float | None]``, with
-``completion_ids`` and ``trainer_state`` beside the data's columns. A call's outcome is
-plain data ("ok", "scored", "error", "timeout"), judged where it is produced;
-``judge_outcome`` turns it into what each completion gets. Which exceptions a call
+The TRL form, ``fn(prompts, completions, **columns) -> list[float | None]``, with ``completion_ids`` and
+``trainer_state`` beside the data's columns. A call's outcome is plain data ("ok", "scored", "error", "timeout"),
+judged where it is produced; ``judge_outcome`` turns it into what each completion gets. Which exceptions a call
 catches, and why: docs/explanation/rewards.md."""
 
 from __future__ import annotations
@@ -22,8 +21,7 @@ import torch
 
 RewardFn = Callable[..., Sequence[Any]]
 
-# A reward beyond this in absolute value is invalid, as NaN is: sums and squares of such
-# values overflow (1e308 + 1e308 is inf) in the group statistics and the tallies.
+# A reward beyond this in absolute value is invalid, as NaN is: its sums and squares overflow in the group statistics
 MAX_ABS_REWARD = 1e9
 MAX_NOTE_CHARS = 500  # of a value's note kept for samples.md (a judge's reply)
 _CAUGHT = (BaseException,)  # what user code may raise without ending its caller (but see call_reward)
@@ -35,24 +33,18 @@ class RewardError(RuntimeError):
 
 @dataclass(frozen=True)
 class TrainerState:
-    """Where the run is, passed to reward functions as ``trainer_state`` (TRL passes its
-    ``TrainerState``; these are the attributes reward functions read from it).
+    """Where the run is, passed to reward functions as ``trainer_state`` (the attributes of TRL's that they read)."""
 
-    global_step: optimizer steps taken before the graded batch was sampled.
-    epoch:       the RL epoch (one batch of B prompts x G responses) being graded, from 0.
-    max_steps:   optimizer steps the whole run takes (``algo.epochs * algo.inner_steps``).
-    """
-
-    global_step: int
-    epoch: int
-    max_steps: int
+    global_step: int  # optimizer steps taken before the graded batch was sampled
+    epoch: int  # the RL epoch (one batch of B prompts x G responses) being graded, from 0
+    max_steps: int  # optimizer steps the whole run takes (``algo.epochs * algo.inner_steps``)
 
 
 def call_reward(
     fn: RewardFn, prompts: Sequence, completions: Sequence, columns: dict[str, Sequence], in_process: bool = False
 ) -> tuple:
-    """The outcome of one call run in this process: ("ok", judged), ("error", what, detail),
-    or, ``in_process`` (the outcome is not sent anywhere), ("scored", values, mean)."""
+    """The outcome of one call run in this process: ("ok", judged), ("error", what, detail), or, ``in_process``
+    (the outcome is not sent anywhere), ("scored", values, mean)."""
     cwd = _getcwd()
     try:
         returned = fn(prompts=prompts, completions=completions, **columns)  # keywords, as TRL calls
@@ -103,8 +95,8 @@ def judge_outcome(outcome: tuple, size: int) -> list[tuple[str, float, str, str]
 
 
 def _finite_mean(returned: Any, size: int) -> float | None:
-    """The mean of ``returned`` if it is a 1-d floating CPU tensor of ``size`` > 0 finite
-    values (all of them scored), else None (judge it value by value)."""
+    """The mean of ``returned`` if it is a 1-d floating CPU tensor of ``size`` > 0 finite values, else None (judge
+    it value by value)."""
     if not (
         isinstance(returned, torch.Tensor) and returned.dim() == 1 and returned.shape[0] == size > 0
         and returned.dtype.is_floating_point and returned.is_cpu and not returned.requires_grad
@@ -121,11 +113,9 @@ def _finite_mean(returned: Any, size: int) -> float | None:
 
 
 def judge_values(returned: Any, size: int) -> list[tuple[str, float, str, str]]:
-    """(kind, value, what, detail) of each of ``size`` completions from what a call returned.
-
-    kind is "scored" (value a finite float; detail its ``note``, if any), "abstained"
-    (None) or "invalid" (what says why). Accepted, as TRL accepts them: a list or tuple, or a 1-d numpy array or
-    tensor, of numbers, None, 0-d arrays or 0-d tensors.
+    """(kind, value, what, detail) of each of ``size`` completions from what a call returned: "scored" (a finite
+    float; detail its ``note``, if any), "abstained" (None) or "invalid" (what says why). Accepted, as TRL accepts
+    them: a list or tuple, or a 1-d numpy array or tensor, of numbers, None, 0-d arrays or 0-d tensors.
     """
     try:
         if getattr(returned, "ndim", None) == 1:  # a numpy array or a tensor
@@ -163,8 +153,7 @@ def _judge_value(value: Any) -> tuple[str, float, str, str]:
 
 
 def _note(value: Any) -> str:
-    """A scored value's ``note`` (a judge's reply: ``rlvr.rewards.judge``), cut to
-    MAX_NOTE_CHARS; "" for a plain number."""
+    """A scored value's ``note`` (a judge's reply), cut to MAX_NOTE_CHARS; "" for a plain number."""
     note = getattr(value, "note", None)
     return note[:MAX_NOTE_CHARS] if isinstance(note, str) else ""
 

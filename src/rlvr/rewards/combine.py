@@ -1,9 +1,8 @@
 """How the rewards of several functions combine into one, and what a batch's result holds.
 
-The combined reward is ``sum_f w_f * r_f`` in spec order over the functions that scored
-(NaN when none did, or when a ``required`` function did not); weight 0 reports a
-function without adding it. Why, and how this differs from TRL:
-docs/explanation/rewards.md."""
+The combined reward is ``sum_f w_f * r_f`` in spec order over the functions that scored (NaN when none did, or when
+a ``required`` function did not); weight 0 reports a function without adding it. Why, and how this differs from
+TRL: docs/explanation/rewards.md."""
 
 from __future__ import annotations
 
@@ -19,23 +18,13 @@ from rlvr.rewards.calls import RewardFn
 
 @dataclass(frozen=True)
 class RewardSpec:
-    """One reward function and how to run it.
-
-    fn:      the function, in the TRL form (``rlvr.rewards.calls``).
-    weight:  its weight in the combined reward; 0 reports it without combining it.
-    name:    its name in metrics and errors; defaults to the function's ``__name__``.
-    timeout: seconds one call may take, enforced by running the function in a worker
-             process that is killed past it; None runs it in-process, unlimited.
-    required: when this function does not score a completion (error, timeout, invalid
-             value or None), the completion's combined reward abstains (NaN) instead
-             of combining the others.
-    """
+    """One reward function (the TRL form) and how to run it."""
 
     fn: RewardFn
-    weight: float = 1.0
-    name: str = ""
-    timeout: float | None = None
-    required: bool = False
+    weight: float = 1.0  # 0 reports it without combining it
+    name: str = ""  # in metrics and errors; defaults to the function's ``__name__``
+    timeout: float | None = None  # seconds a call may take, in a worker killed past it; None: in-process, unlimited
+    required: bool = False  # a completion it does not score abstains (NaN) instead of combining the others
 
     def __post_init__(self) -> None:
         if not callable(self.fn):
@@ -51,42 +40,25 @@ class RewardSpec:
 
 @dataclass(frozen=True)
 class RewardStats:
-    """What one reward function did on one batch; the five counts add up to N.
+    """What one reward function did on one batch; the five counts (completions) add up to N."""
 
-    mean:      mean of its scored values (NaN when none scored).
-    scored:    completions it gave a finite number.
-    abstained: completions it returned None for.
-    errors:    completions lost to an exception (or to its worker dying).
-    timeouts:  completions lost to a call past the time limit.
-    invalid:   completions lost to a bad return value (NaN, inf, not a number, wrong count).
-    """
-
-    mean: float
-    scored: int
-    abstained: int
-    errors: int
+    mean: float  # of its scored values (NaN when none scored)
+    scored: int  # given a finite number
+    abstained: int  # given None
+    errors: int  # lost to an exception (or to its worker dying)
     timeouts: int
-    invalid: int
+    invalid: int  # lost to a bad return value (NaN, inf, not a number, wrong count)
 
 
 @dataclass
 class RewardResult:
-    """Rewards of a batch, combined and per function.
+    """Rewards of a batch, combined and per function; NaN = abstain."""
 
-    rewards:      [N] float32 (or [B, G] from ``score_groups``), NaN = abstain (no function
-                  left to combine, or a required one did not score).
-    per_function: [N, F] float32 (or [B, G, F]), column f from the f-th spec, NaN = abstain.
-    stats:        function name -> its RewardStats, in spec order.
-    failures:     function name -> its first failure on the batch, one line ("raised
-                  KeyError: 0"), for the functions that failed on any completion.
-    notes:        [N] (flat, row b*G + g) what the scores said of each completion ("judge:
-                  <its reply>"; "" for none), from values with a ``note`` (rlvr.rewards.judge).
-    """
-
-    rewards: torch.Tensor
-    per_function: torch.Tensor
-    stats: dict[str, RewardStats]
-    failures: dict[str, str] = field(default_factory=dict)
+    rewards: torch.Tensor  # [N] float32 (or [B, G] from ``score_groups``)
+    per_function: torch.Tensor  # [N, F] float32 (or [B, G, F]), column f from the f-th spec
+    stats: dict[str, RewardStats]  # in spec order
+    failures: dict[str, str] = field(default_factory=dict)  # name -> its first failure, one line ("raised KeyError: 0")
+    # [N] (flat, row b*G + g): what the scores said of each completion ("judge: <its reply>"; "" for none)
     notes: list[str] = field(default_factory=list)
 
     def column(self, name: str) -> torch.Tensor:
@@ -99,10 +71,8 @@ class RewardResult:
                             self.failures, self.notes)
 
     def metrics(self, names: Sequence[str] | None = None) -> dict[str, float]:
-        """Flat metrics: per function its stats, overall abstentions (and all-abstain groups).
-
-        names: the functions to report (default all); none at all gives no metrics.
-        """
+        """Flat metrics: per function in ``names`` (default all) its stats, overall abstentions and all-abstain
+        groups; an empty ``names`` gives none."""
         if names is not None and not names:
             return {}
         out: dict[str, float] = {}
@@ -121,13 +91,8 @@ class RewardResult:
 def combine_rewards(
     per_function: torch.Tensor, weights: torch.Tensor, required: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """Weighted sum over the functions that scored each completion.
-
-    per_function: [..., F] rewards, NaN = abstain. weights: [F]. required: [F] bool,
-    default none. combined = sum_f w_f * r_f over f with r_f not NaN and w_f != 0; NaN
-    where no f is left (everything abstained) or where a required f is NaN.
-    Returns [...], the dtype of ``per_function``.
-    """
+    """per_function [..., F] (NaN = abstain), weights [F], required [F] bool -> [...]: sum_f w_f * r_f over f with
+    r_f not NaN and w_f != 0; NaN where no f is left or where a required f is NaN."""
     abstained = torch.isnan(per_function)  # [..., F]
     counted = ~abstained & (weights != 0)  # [..., F]
     total = torch.where(counted, per_function * weights, 0.0).sum(dim=-1)
@@ -144,10 +109,8 @@ def most_failed_message(name: str, failed: int, total: int, first: str) -> str:
 
 
 def failure_warnings(records: Iterable[dict[str, Any]], most: float = 0.5) -> list[str]:
-    """Warnings for a run's summary: each reward function that failed (raised, timed out,
-    or returned an invalid value) on more than ``most`` of the completions it was given
-    over the run, from the train records' ``reward/<name>/*`` counts (each epoch's batch
-    counted once) and the first ``reward/<name>/failure`` line."""
+    """Warnings for a run's summary: each reward function that failed on more than ``most`` of its completions over
+    the run, from the train records' ``reward/<name>/*`` counts (each epoch once) and first failure line."""
     counted: dict[str, list[float]] = {}  # name -> [failed, total]
     first: dict[str, str] = {}
     seen_epochs = set()

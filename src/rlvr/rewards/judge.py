@@ -1,10 +1,9 @@
 """A judge reward: a model behind any OpenAI-compatible endpoint grades each completion.
 
-Each completion is one chat request (``template`` filled with its prompt, its text and data
-columns), whose reply is read in a declared format (``score``: a score over ``scale``, or
-``verdicts``); that completion abstains where the reply follows none, fails, is late or is
-too large. Replies are cached by the whole request. The options, the formats and the limits:
-docs/how-to/python-api.md. Needs the ``openai`` client (the ``agents`` extra).
+Each completion is one chat request (``template`` filled with its prompt, its text and data columns), whose reply is
+read in a declared format (``score``: a score over ``scale``, or ``verdicts``); that completion abstains where the
+reply follows none, fails, is late or is too large. Replies are cached by the whole request. The options, the
+formats and the limits: docs/how-to/python-api.md. Needs the ``openai`` client (the ``agents`` extra).
 """
 
 from __future__ import annotations
@@ -86,10 +85,9 @@ def judge(prompts: Sequence[Any], completions: Sequence[Any], *, base_url: str, 
 
 
 def score(reply: str, scale: float = 10.0, verdicts: dict[str, float] | None = None) -> Judged | None:
-    """The score in a judge's ``reply`` read in its declared format, None where the reply
-    follows none: with ``verdicts``, a JSON object's "verdict", the last ``Verdict: WORD``
-    ending its line, or the verdict alone; else the last ``Score: N`` (``N/scale``), a JSON
-    object's "score", or a number alone, over ``scale`` (within ``[0, scale]``)."""
+    """The score in a judge's ``reply`` read in its declared format, None where the reply follows none: with
+    ``verdicts``, a JSON object's "verdict", the last ``Verdict: WORD`` ending its line, or the verdict alone; else
+    the last ``Score: N`` (``N/scale``), a JSON object's "score", or a number alone, over ``scale``."""
     found = _json_object(reply)
     if verdicts:
         table = {name.casefold(): float(value) for name, value in verdicts.items()}
@@ -138,8 +136,8 @@ def _template_fields(template: str) -> set[str]:
 
 
 def _text(value: Any, max_chars: int) -> str:
-    """A prompt, completion or column as the judge reads it, at most ``max_chars`` characters:
-    a chat (messages) as "role: content" lines, a one-message completion as its content."""
+    """A prompt, completion or column as the judge reads it, at most ``max_chars`` characters: a chat as
+    "role: content" lines, a one-message completion as its content."""
     if isinstance(value, list) and all(isinstance(m, dict) for m in value):
         if len(value) == 1 and value[0].get("role") == "assistant":
             value = value[0].get("content", "")
@@ -150,8 +148,7 @@ def _text(value: Any, max_chars: int) -> str:
 
 
 class _ReplyCache:
-    """Replies by request, least recently used dropped past CACHE_SIZE replies or CACHE_CHARS
-    characters; shared by the threads of a process."""
+    """Replies by request, least recently used dropped past CACHE_SIZE or CACHE_CHARS; shared by a process's threads."""
 
     def __init__(self) -> None:
         self._replies: collections.OrderedDict[tuple, str] = collections.OrderedDict()
@@ -256,8 +253,7 @@ async def _body(create: Any) -> bytes:
 
 
 async def _refuse_errors(response: Any) -> None:
-    """JudgeReplyError for a reply with an error status, its message read from the first
-    ERROR_BYTES of its body (no further)."""
+    """JudgeReplyError for a reply with an error status, its message read from the first ERROR_BYTES of its body."""
     if 200 <= response.status_code < 300:
         return
     head = bytearray()
@@ -276,8 +272,7 @@ async def _refuse_errors(response: Any) -> None:
 
 
 def _content(body: bytes) -> str:
-    """The text of a chat completion's first choice, from its HTTP body; ValueError naming
-    what is wrong when the body is no such completion (its content a number, a list...)."""
+    """The text of a chat completion's first choice; ValueError naming what is wrong when the body is none."""
     try:
         reply = json.loads(body)
         content = reply["choices"][0]["message"]["content"]

@@ -34,14 +34,10 @@ class _Failure(NamedTuple):
 
 
 class RewardRunner:
-    """Runs reward specs on batches of completions, safely (see the module docstring).
-
-    strict:       raise RewardError on the first exception or invalid value.
-    num_workers:  worker processes for specs with a timeout, started on first use.
-    chunk_size:   completions per worker call; 1 isolates each completion, so a hang
-                  or an error costs only the completion that caused it.
-    start_method: how workers start: "fork" (default), "spawn" or "forkserver".
-    A runner owns its workers: ``close()`` it (or use ``with``) when done. Not thread-safe.
+    """Runs reward specs on batches of completions, safely; ``strict`` raises RewardError on the first exception or
+    invalid value. Specs with a timeout run in ``num_workers`` processes (started on first use), ``chunk_size``
+    completions a call: 1 isolates each, so a hang or an error costs only the completion that caused it. A runner
+    owns its workers: ``close()`` it (or use ``with``) when done. Not thread-safe.
     """
 
     def __init__(
@@ -90,13 +86,10 @@ class RewardRunner:
         completion_ids: Sequence[Sequence[int]] | None = None,
         trainer_state: TrainerState | None = None,
     ) -> RewardResult:
-        """Score N completions: prompts [N], completions [N], columns name -> [N] values.
-
-        Any sequences of length N (lists, or a task's texts written on first read): each
-        call of a function gets a slice of them. only: names of the specs to run (default
-        all), e.g. just the gold check. completion_ids ([N] lists of token ids) and
-        trainer_state reach every function under those names when given, as TRL passes
-        them. Returns rewards [N] and per_function [N, F] (F = the specs run).
+        """Score N completions: prompts [N], completions [N], columns name -> [N] values (any sequences: each call
+        gets a slice). only: the specs to run (default all). completion_ids ([N] lists of token ids) and
+        trainer_state reach every function when given, as TRL passes them. Returns rewards [N] and per_function
+        [N, F] (F = the specs run).
         """
         columns = dict(columns or {})
         chosen = self._check_call(prompts, completions, columns, only)
@@ -133,16 +126,10 @@ class RewardRunner:
         trainer_state: TrainerState | None = None,
         completion_columns: dict[str, Sequence[Any]] | None = None,
     ) -> RewardResult:
-        """Score G responses to each of B prompts.
-
-        prompts: B dicts, each with "prompt" (text, or a chat: a list of messages) and gold
-        columns, the same keys in all; responses: B lists of G completion texts. Every key
-        but "prompt" becomes a column, repeated for each response. A chat prompt's
-        completions reach the functions as one assistant message each, as TRL gives them.
-        completion_ids: [B*G] lists of token ids, row b*G + g; trainer_state: see
-        ``__call__``; completion_columns: name -> [B*G] values, one for each response
-        (an environment task's ``environments``). Returns rewards [B, G] and
-        per_function [B, G, F].
+        """Score G responses to each of B prompts: B dicts with "prompt" (text or a chat) and gold columns, the same
+        keys in all, each key but "prompt" a column repeated for each response; a chat prompt's completions reach
+        the functions as one assistant message each, as TRL gives them. completion_ids and completion_columns
+        (name -> values) have B*G entries, row b*G + g. Returns rewards [B, G] and per_function [B, G, F].
         """
         if len(prompts) != len(responses):
             raise ValueError(f"{len(prompts)} prompts but {len(responses)} groups of responses")
@@ -202,8 +189,8 @@ class RewardRunner:
         self, index: int, spec: RewardSpec, prompts: Sequence, completions: Sequence, columns: dict[str, Sequence],
         constants: dict[str, Any],
     ) -> tuple[list[float] | torch.Tensor, RewardStats, str, dict[int, str]]:
-        """One function on the batch: its values [N] (NaN unless scored), stats, first
-        failure ("" when none) and the notes of its scored values (completion -> note)."""
+        """One function on the batch: its values [N] (NaN unless scored), stats, first failure ("" when none) and
+        the notes of its scored values (completion -> note)."""
         n = len(completions)
         size = max(n, 1) if spec.timeout is None else self.chunk_size
         calls = [range(start, min(start + size, n)) for start in range(0, n, size)]
@@ -212,8 +199,7 @@ class RewardRunner:
             return outcomes[0][1], RewardStats(outcomes[0][2], n, 0, 0, 0, 0), "", {}
         done, retry = [], []
         for call, outcome in zip(calls, outcomes):
-            # a batched call that raised is retried one completion at a time, so that only
-            # the completions that raise abstain
+            # a batched call that raised is retried one completion at a time, so only the ones that raise abstain
             if outcome[0] == "error" and len(call) > 1:
                 retry += [range(i, i + 1) for i in call]
             else:
@@ -224,9 +210,7 @@ class RewardRunner:
 
     def _tally(self, spec: RewardSpec, n: int, done: list[tuple[range, tuple]]
                ) -> tuple[list[float], RewardStats, str, dict[int, str]]:
-        """Each completion's value (NaN unless scored), the counts, the first failure
-        ("" when none) and the scored values' notes, from the outcomes of calls that cover
-        the batch; failures are reported (logged, or raised if strict)."""
+        """``_run_spec``'s answer from the outcomes of calls that cover the batch; failures are reported."""
         values, kinds, failures, notes = [math.nan] * n, ["scored"] * n, [], {}
         for call, outcome in done:
             for sample, (kind, value, what, detail) in zip(call, judge_outcome(outcome, len(call))):
@@ -252,8 +236,7 @@ class RewardRunner:
         self, index: int, spec: RewardSpec, calls: list[range], prompts: Sequence, completions: Sequence,
         columns: dict[str, Sequence], constants: dict[str, Any],
     ) -> list[tuple]:
-        """The outcome of each call (a slice of the batch; ``constants`` go to every call
-        whole), in-process or in the workers."""
+        """The outcome of each call (a slice of the batch; ``constants`` go to every call whole)."""
         requests = [
             (_part(prompts, c), _part(completions, c),
              {**{name: _part(values, c) for name, values in columns.items()}, **constants})
@@ -297,8 +280,7 @@ def _part(values: Sequence, call: range) -> Sequence:
 
 
 def as_completion(text: Any, prompt: Any) -> Any:
-    """A completion as reward functions get it: for a chat prompt (a list of messages) one
-    assistant message in a list, as TRL gives it; else as it is."""
+    """A completion as reward functions get it: for a chat prompt one assistant message in a list, as TRL gives it."""
     return [{"role": "assistant", "content": text}] if isinstance(prompt, list) else text
 
 

@@ -1,10 +1,9 @@
 """Verifiers ready to use as reward functions: math, exact and numeric answers, a format check.
 
-Each is a reward function in the TRL form, usable from YAML as
-``rlvr.rewards.verifiers:<name>``; ``regex_reward(pattern)`` makes a format reward. The
-gold column is ``answer``; values: 1.0 right, 0.0 wrong or no answer, None when the gold
-cannot be read. ``extract`` (``EXTRACTORS``) says where the answer is: the choices and
-an example config in docs/explanation/rewards.md."""
+Each is a reward function in the TRL form, usable from YAML as ``rlvr.rewards.verifiers:<name>``;
+``regex_reward(pattern)`` makes a format reward. The gold column is ``answer``; values: 1.0 right, 0.0 wrong or no
+answer, None when the gold cannot be read. ``extract`` (``EXTRACTORS``) says where the answer is: the choices and an
+example config in docs/explanation/rewards.md."""
 
 from __future__ import annotations
 
@@ -27,14 +26,16 @@ _NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
 _NUMBER_IN_TEXT = re.compile(r"(?:(?<![\w.])-)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
 # what lm-eval's GSM8K exact match ignores on both sides: thousands commas, "$", a final "."
 _NUMBER_NOISE = re.compile(r",|\\?\$|\.\s*\Z")
+# ASCII digits only (int() takes other scripts' digits too), and few: int() past 4300 digits raises
+_INTEGER = re.compile(r"\s*(-?[0-9]{1,100})\s*")
 _DECIMAL = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)")  # no exponent: Decimal("1e99999999999999999999") raises
 # <think> reasoning </think> <answer> answer </answer>, nothing around them but white space
 R1_FORMAT = r"\s*<think>.*?</think>\s*<answer>.*?</answer>\s*"
 
 
 class _DropTimeoutWarning(logging.Filter):
-    """math-verify warns once per process that its timeouts are off; they are off on
-    purpose (every call runs under a RewardRunner timeout instead), so in every reward worker that is noise."""
+    """math-verify warns once per process that its timeouts are off: on purpose (calls run under a RewardRunner
+    timeout instead), so in every reward worker that is noise."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not record.getMessage().startswith("Timeout is disabled")
@@ -45,8 +46,7 @@ for _name in ("math_verify.parser", "math_verify.grader"):
 
 
 def math_verify() -> ModuleType:
-    """The math-verify module, imported on first use: it is an optional dependency (the
-    ``lm`` extra), and its import (sympy) takes about half a second."""
+    """The math-verify module, imported on first use: optional (the ``lm`` extra), and its import takes ~0.5 s."""
     return importlib.import_module("math_verify")
 
 
@@ -56,12 +56,11 @@ _MATH_DELIMITERS = ("$", "\\[", "\\(")
 
 
 def is_equivalent(answer: str, gold: str) -> bool | None:
-    """math-verify: does ``answer`` (LaTeX or plain) equal the number ``gold``? None when
-    the gold does not parse. No time limit here: run it under a RewardRunner timeout.
+    """math-verify: does ``answer`` (LaTeX or plain) equal the number ``gold``? None when the gold does not parse.
+    No time limit here: run it under a RewardRunner timeout.
 
-    The model's answer is read only as LaTeX (a grammar parser): math-verify's plain
-    expression path goes through sympy's ``parse_expr``, which evaluates Python, so model
-    output never reaches it. The gold (trusted data) may use it.
+    The model's answer is read only as LaTeX (a grammar parser): math-verify's plain expression path goes through
+    sympy's ``parse_expr``, which evaluates Python, so model output never reaches it. The gold (trusted) may.
     """
     mv = math_verify()
     gold_parsed = mv.parse(gold, extraction_config=[mv.ExprExtractionConfig()], parsing_timeout=None)
@@ -82,16 +81,14 @@ def is_equivalent(answer: str, gold: str) -> bool | None:
 
 
 def completion_text(completion: str | list[dict[str, Any]]) -> str:
-    """The text of a completion: itself, or the content of the last message of a chat
-    completion (a list of ``{"role", "content"}`` messages; "" for an empty list)."""
+    """The text of a completion: itself, or a chat completion's last message's content ("" for an empty list)."""
     if isinstance(completion, str):
         return completion
     return str(completion[-1]["content"]) if completion else ""
 
 
 def extract_answer(completion: str | list[dict[str, Any]], extract: str = "auto") -> str | None:
-    """The answer in ``completion`` (text or a chat completion, ``completion_text``) by the
-    rule ``extract`` (see the module docstring), stripped; None when there is none (or it is empty)."""
+    """The answer in ``completion`` (text or a chat) by the rule ``extract``, stripped; None when none or empty."""
     completion = completion_text(completion)
     if extract == "whole":
         answer: str | None = completion
@@ -116,8 +113,7 @@ def _last_answer_tag(text: str) -> str | None:
 
 
 def last_boxed(text: str) -> str | None:
-    """The content of the last ``\\boxed{...}`` (nested braces balanced), or None when
-    there is none or its braces do not close."""
+    """The content of the last ``\\boxed{...}`` (nested braces balanced), or None when none closes."""
     start = text.rfind("\\boxed{")
     if start < 0:
         return None
@@ -130,15 +126,12 @@ def last_boxed(text: str) -> str | None:
 
 
 def math_equal(answer: str, gold: str) -> bool | None:
-    """Does ``answer`` equal ``gold`` as mathematics (math-verify)? None when the gold
-    cannot be parsed. No time limit here: run it under a reward timeout.
+    """Does ``answer`` equal ``gold`` as mathematics (math-verify)? None when the gold cannot be parsed. No time limit
+    here: run it under a reward timeout.
 
-    A gold without "\\", "^", "{" or "}" that parses as a plain number or expression
-    ("0.5", "1/2", "3,000") is read as GSM8K's grader reads it
-    (``is_equivalent``: units and currency dropped from the answer); any
-    other gold ("\\frac{1}{2}", "x^2+1", "\\sqrt{2}") is read as LaTeX, like the answer
-    (the plain reader would take "^" for Python's xor). Model output is only ever parsed
-    as LaTeX (a grammar, never eval).
+    A gold without "\\", "^", "{" or "}" that parses as a plain number or expression ("0.5", "1/2", "3,000") is read
+    as GSM8K's grader reads it (``is_equivalent``); any other gold ("\\frac{1}{2}", "x^2+1") is read as LaTeX, like
+    the answer (the plain reader would take "^" for Python's xor). Model output is only ever parsed as LaTeX.
     """
     if not _LATEX_SIGNS.search(gold):
         same = is_equivalent(answer, gold)
@@ -159,10 +152,15 @@ def _in_math_mode(text: str) -> str:
 
 
 def parse_number(text: str) -> float | None:
-    """The number ``text`` is ("1,234.5", "$12", "-3e2", "50%" -> 50.0), or None when it
-    is not exactly one number."""
+    """The number ``text`` is ("1,234.5", "$12", "-3e2", "50%" -> 50.0), or None when it is not exactly one."""
     cleaned = text.strip().replace(",", "").replace("\\$", "").lstrip("$").rstrip("%").strip()
     return float(cleaned) if _NUMBER.fullmatch(cleaned) else None
+
+
+def parse_integer(text: str) -> int | None:
+    """The integer ``text`` states (whitespace around allowed), else None ("12x", "1 2", over 100 digits)."""
+    match = _INTEGER.fullmatch(text)
+    return None if match is None else int(match.group(1))
 
 
 def _per_completion(score: Callable[[str, Any], float | None], completions: list[str], answer: list[Any],
@@ -179,8 +177,8 @@ def _per_completion(score: Callable[[str, Any], float | None], completions: list
 
 def math_answer(completions: list[str], answer: list[Any], extract: str = "auto", **kwargs: Any
                 ) -> list[float | None]:
-    """1.0 when the completion's answer equals the gold ``answer`` under math-verify
-    (``math_equal``), 0.0 when it differs or none is found, None when the gold does not parse. [N]"""
+    """1.0 when the completion's answer equals the gold ``answer`` (``math_equal``), 0.0 when it differs or none is
+    found, None when the gold does not parse. [N]"""
 
     def score(extracted: str, gold: Any) -> float | None:
         same = math_equal(extracted, str(gold))
@@ -190,17 +188,15 @@ def math_answer(completions: list[str], answer: list[Any], extract: str = "auto"
 
 
 def exact_match(completions: list[str], answer: list[Any], extract: str = "auto", **kwargs: Any) -> list[float]:
-    """1.0 when the completion's answer is the gold ``answer`` exactly (both stripped;
-    a non-string gold compared as ``str(gold)``), else 0.0. With ``extract="last_number"``
-    both are read as lm-eval's flexible extract reads them (``same_number``). [N]"""
+    """1.0 when the completion's answer is ``str(gold)`` exactly (both stripped), else 0.0; with
+    ``extract="last_number"`` both are read as lm-eval's flexible extract reads them (``same_number``). [N]"""
     same = same_number if extract == "last_number" else lambda extracted, gold: extracted == gold.strip()
     return _per_completion(lambda extracted, gold: float(same(extracted, str(gold))), completions, answer, extract)
 
 
 def same_number(answer: str, gold: str) -> bool:
-    """Are ``answer`` and ``gold`` the same once thousands commas, "$" and a final "." are
-    dropped from both (lm-eval's GSM8K exact match), compared as numbers where both are
-    plain decimals ("1,234" is "1234", "79.0" is "79", "$5." is "5"), else as text?"""
+    """Are ``answer`` and ``gold`` the same once thousands commas, "$" and a final "." are dropped (lm-eval's GSM8K
+    exact match), compared as numbers where both are plain decimals ("79.0" is "79"), else as text?"""
     answer, gold = (_NUMBER_NOISE.sub("", text).strip() for text in (answer, gold))
     if _DECIMAL.fullmatch(answer) and _DECIMAL.fullmatch(gold):
         return Decimal(answer) == Decimal(gold)  # exact: floats would merge integers past 2**53
@@ -209,9 +205,8 @@ def same_number(answer: str, gold: str) -> bool:
 
 def numeric_match(completions: list[str], answer: list[Any], extract: str = "auto", rel_tol: float = 1e-6,
                   abs_tol: float = 1e-9, **kwargs: Any) -> list[float | None]:
-    """1.0 when the completion's answer is a number within ``math.isclose(rel_tol, abs_tol)``
-    of the gold ``answer`` (``parse_number``: commas, "$" and "%" dropped), 0.0 when it
-    is not or is no number, None when the gold is no number. [N]"""
+    """1.0 when the completion's answer is a number ``math.isclose`` to the gold ``answer`` (``parse_number``), 0.0
+    when it is not or is no number, None when the gold is no number. [N]"""
 
     def score(extracted: str, gold: Any) -> float | None:
         gold_number = float(gold) if isinstance(gold, (int, float)) else parse_number(str(gold))
@@ -224,8 +219,7 @@ def numeric_match(completions: list[str], answer: list[Any], extract: str = "aut
 
 
 def regex_match(completions: list[str], pattern: str = R1_FORMAT, **kwargs: Any) -> list[float]:
-    """1.0 when the whole completion matches the regular expression ``pattern``
-    (``re.fullmatch``, "." matching newlines), else 0.0. [N]"""
+    """1.0 when the whole completion matches ``pattern`` (``re.fullmatch``, "." matching newlines), else 0.0. [N]"""
     compiled = re.compile(pattern, re.DOTALL)
     return [float(compiled.fullmatch(completion_text(c)) is not None) for c in completions]
 

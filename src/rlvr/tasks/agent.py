@@ -1,9 +1,8 @@
 """Agents over HTTP as a task: ``task.name: agent``.
 
-The agent is the user's ``run(client, row)`` (``task.options.agent: "module:function"``),
-its client pointed at the episode's own URL on the run's endpoint, where every token
-sampled is recorded (``rlvr.agents``). An episode's reward is what its agent returned;
-the gold check is its ``solved`` (docs/explanation/tasks.md)."""
+The agent is the user's ``run(client, row)`` (``task.options.agent: "module:function"``), its client pointed at the
+episode's own URL on the run's endpoint, where every token sampled is recorded (``rlvr.agents``). An episode's
+reward is what its agent returned; the gold check is its ``solved`` (docs/explanation/tasks.md)."""
 
 from __future__ import annotations
 
@@ -111,8 +110,7 @@ class AgentTask(EpisodeTask):
         return {"eval row": self.eval_prompts()}
 
     def grade(self, prompts: Any, responses: Any, *, completion_ids: Any = None, trainer_state: Any = None) -> Grades:
-        """The agents' rewards, solved, and episode metrics (model calls, segments, the
-        agents' own numbers); the first failed episode's error is kept as ``episode/error``."""
+        """The agents' grades, with episode metrics (model calls, segments, the agents' own numbers)."""
         # the evaluation grades the rows eval_prompts gave it, these very objects; a training batch, train_rows'
         held_out = {id(row) for row in self.eval_rows}
         batch = "the held-out evaluation" if prompts and all(id(p) in held_out for p in prompts) else \
@@ -129,8 +127,8 @@ class AgentTask(EpisodeTask):
 
 
 def agent_metrics(runs: Sequence[AgentRun]) -> dict[str, float]:
-    """Per-episode means: model calls, segments, the share whose calls split (a rewritten
-    history), and each number the agents returned (``agent/<name>``, over the episodes that gave it)."""
+    """Per-episode means: model calls, segments, the share whose calls split (a rewritten history), and each
+    number the agents returned (``agent/<name>``, over the episodes that gave it)."""
     n = max(len(runs), 1)
     metrics = {
         "episode/calls": sum(r.calls for r in runs) / n,

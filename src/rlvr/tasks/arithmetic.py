@@ -1,10 +1,9 @@
 """Small integer arithmetic, as text: prompt ``"12+7*3="``, gold answer ``"33"``.
 
-Expressions are random binary trees over + - * and operands 0..max_operand, printed
-with the usual precedence and only the parentheses it needs. The gold answer is
-computed on the tree with Python integers; model output is only ever matched against
-an integer pattern and compared, never evaluated. The held-out set holds questions, not texts: ``3+5=`` held
-out holds out ``5+3=`` too (``same_question``).
+Expressions are random binary trees over + - * and operands 0..max_operand, printed with the usual precedence and
+only the parentheses it needs. The gold answer is computed on the tree with Python integers; model output is only
+matched against an integer pattern, never evaluated. The held-out set holds questions, not texts: ``3+5=`` held out
+holds out ``5+3=`` too (``same_question``).
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ from __future__ import annotations
 import ast
 import operator
 import random
-import re
 from collections.abc import Hashable
 from typing import Any
 
@@ -20,6 +18,7 @@ import torch
 
 from rlvr.base.rules import SEED_MAX, option
 from rlvr.rewards import RewardSpec
+from rlvr.rewards.verifiers import parse_integer
 from rlvr.tasks.grading import Prompt
 from rlvr.tasks.text import MAX_EVAL_PROMPTS, GeneratedPrompts, TextTask, resolve_weights
 
@@ -28,10 +27,6 @@ Expression = int | tuple[str, "Expression", "Expression"]
 
 OPERATORS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 PRECEDENCE = {"+": 1, "-": 1, "*": 2}
-
-# ASCII digits only (int() would take other scripts' digits too), and few of them:
-# int() of a string past 4300 digits raises instead of answering
-_INTEGER = re.compile(r"\s*(-?[0-9]{1,100})\s*")
 
 
 def random_expression(rng: random.Random, num_ops: int, max_operand: int) -> Expression:
@@ -55,8 +50,8 @@ def evaluate(expression: Expression) -> int:
 
 
 def render(expression: Expression, parent: str = "", is_right: bool = False) -> str:
-    """The tree as text. A subtree gets parentheses when it binds looser than its parent,
-    or is the right operand of "-" at the same precedence: a-(b-c) and a-(b+c)."""
+    """The tree as text. A subtree gets parentheses when it binds looser than its parent, or is the right operand
+    of "-" at the same precedence: a-(b-c) and a-(b+c)."""
     if isinstance(expression, int):
         return str(expression)
     op, left, right = expression
@@ -70,11 +65,9 @@ def render(expression: Expression, parent: str = "", is_right: bool = False) -> 
 
 
 def same_question(prompt: Prompt) -> Hashable:
-    """What a prompt asks, up to the order of the operands of + and *: ``3+5=`` and ``5+3=``
-    give one key, as do ``2*3*4=`` and ``4*3*2=``; ``5-3=`` and ``3-5=`` give two.
-
-    Computed from the text (Python's own parser reads the task's rendering, which it shares
-    the grammar of), so prompts of the same text always share a key."""
+    """What a prompt asks, up to the order of the operands of + and *: ``3+5=`` and ``5+3=`` give one key, as do
+    ``2*3*4=`` and ``4*3*2=``; ``5-3=`` and ``3-5=`` give two. Read from the text with Python's parser (the same
+    grammar), so prompts of the same text always share a key."""
 
     def canonical(node: ast.expr) -> Hashable:
         if isinstance(node, ast.Constant) and type(node.value) is int:
@@ -96,12 +89,6 @@ def same_question(prompt: Prompt) -> Hashable:
     return canonical(ast.parse(prompt["prompt"].removesuffix("="), mode="eval").body)
 
 
-def parse_integer(completion: str) -> int | None:
-    """The integer a completion states (surrounding whitespace allowed), else None."""
-    match = _INTEGER.fullmatch(completion)
-    return None if match is None else int(match.group(1))
-
-
 def exact_answer_reward(
     prompts: list[str], completions: list[str], answer: list[str], **kwargs: Any
 ) -> list[float]:
@@ -118,13 +105,8 @@ DEFAULT_WEIGHTS = {"exact_answer": 1.0, "integer_format": 0.0}
 
 
 class ArithmeticTask(TextTask):
-    """Expressions with ``min_ops``..``max_ops`` operators over operands 0..``max_operand``.
-
-    num_eval:  size of the fixed held-out set, drawn with ``eval_seed``; training prompts
-               never ask one of its questions, in any order of the operands of + and *
-               (``same_question``).
-    weights:   overrides of DEFAULT_WEIGHTS; "integer_format" is reported but weighs 0
-               unless set.
+    """Expressions with ``min_ops``..``max_ops`` operators over operands 0..``max_operand``. Training prompts never
+    ask a question of the ``num_eval`` held-out ones, in any order of the operands of + and * (``same_question``).
     """
 
     name = "arithmetic"
@@ -163,8 +145,7 @@ class ArithmeticTask(TextTask):
         ]
 
     def _draw(self, num: int, generator: torch.Generator) -> list[Prompt]:
-        """``num`` random prompts. One draw from ``generator`` seeds a Python RNG, so the
-        torch generator alone fixes the prompts."""
+        """``num`` random prompts; one draw from ``generator`` seeds a Python RNG, so the generator fixes them."""
         rng = random.Random(int(torch.randint(0, 2**62, (1,), generator=generator)))
         prompts = []
         for _ in range(num):

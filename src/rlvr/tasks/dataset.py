@@ -31,20 +31,15 @@ _POSITION_BITS = 32  # the generator's seed keeps the data position above these 
 
 
 class PassOrder:
-    """Training rows in a fresh random order each pass over the data, resumable from the
-    run's generator alone.
+    """Training rows in a fresh random order each pass over the data, resumable from the run's generator alone.
 
-    The rows drawn form one stream: pass p is a permutation of the n rows seeded by
-    (seed, p), and a call takes the next ``num`` positions of the stream (a batch may
-    span two passes). Where the stream is lives in the generator itself, the only state
-    a checkpoint restores and a Ray rollout worker receives: its seed's bits above 32
-    hold the position. After a call the generator is reseeded with (position << 32) | u,
-    u a 32-bit number drawn from it (torch's Mersenne Twister is seeded by the low 32
-    bits, so the stream that follows is u's); ``initial_seed()`` is restored with the
-    generator's state, so a resumed run draws what an uninterrupted one draws. A run's
-    first generator, seeded with ``seed`` < 2**32, is at position 0. A generator seeded
-    afresh for each batch (Ray rollout with max_staleness > 0: from (seed, epoch)) starts
-    at a position its seed picks: its batches are windows at random places of the stream.
+    The rows drawn form one stream: pass p is a permutation of the n rows seeded by (seed, p), and a call takes the
+    next ``num`` positions (a batch may span two passes). The position lives in the generator, the only state a
+    checkpoint restores and a Ray rollout worker receives: its seed's bits above 32. After a call the generator is
+    reseeded with (position << 32) | u, u a 32-bit number drawn from it (torch's Mersenne Twister is seeded by the
+    low 32 bits); ``initial_seed()`` is restored with the generator's state, so a resumed run draws what an
+    uninterrupted one draws. A generator seeded afresh for each batch (Ray rollout with max_staleness > 0) starts
+    where its seed picks: its batches are windows at random places of the stream.
     """
 
     def __init__(self, num_rows: int, seed: int) -> None:
@@ -74,8 +69,7 @@ class PassOrder:
 
 
 class RowsTask(TextTask):
-    """A text task whose prompts are two fixed lists of rows, ``_train`` and ``_eval``,
-    drawn in the run's pass order (``order``: a ``PassOrder`` over ``_train``)."""
+    """A text task whose prompts are two fixed lists of rows, ``_train`` (drawn in ``order``) and ``_eval``."""
 
     _train: list[Prompt]
     _eval: list[Prompt]
@@ -94,10 +88,7 @@ class RowsTask(TextTask):
 
 
 class DatasetTask(RowsTask):
-    """Rows of your own file as prompts (see the module docstring for every option).
-
-    Prompt dicts: "prompt" (text or chat) and every other column by its name.
-    """
+    """Rows of your own file as prompts: "prompt" (text or chat) and every other column by its name."""
 
     name = "dataset"
     no_reward_hint = "task.options.answer_column is not set"
@@ -174,15 +165,12 @@ class DatasetTask(RowsTask):
         self.order = PassOrder(len(train), shuffle_seed)
 
     def prompt_origin(self, what: str, index: int) -> str | None:
-        """Where prompt ``index`` of ``fixed_prompts()[what]`` is in its file (``file:line``
-        or ``file: row i``)."""
+        """Where prompt ``index`` of ``fixed_prompts()[what]`` is (``file:line`` or ``file: row i``)."""
         return self._origins[what][index]
 
     def policy_for(self, policy: Policy) -> Policy:
-        """``policy`` as it is. Where its tokenizer has a chat template and ``raw_text`` is
-        off, every text prompt becomes one user message from here on: the template renders it
-        (with its generation prompt), reward functions see it as that chat and each
-        completion as one assistant message (TRL's conversational form)."""
+        """``policy`` as it is. Where it has a chat template and ``raw_text`` is off, every text prompt becomes one
+        user message from here on, and reward functions see chats (TRL's conversational form)."""
         if not self.raw_text and getattr(getattr(policy, "tokenizer", None), "chat_template", None):
             self._train, self._eval = _as_chats(self._train), _as_chats(self._eval)
         return policy
@@ -198,8 +186,7 @@ class DatasetTask(RowsTask):
         return str(prompt[self.answer_column])
 
     def _load(self, path: str | Path) -> list[tuple[str, Prompt]]:
-        """(where, prompt dict) of every row of one file, every row with the same keys
-        (missing columns None)."""
+        """(where, prompt dict) of every row of one file, every row with the same keys (missing columns None)."""
         rows = read_rows(path, check=self._check_row)
         columns = list(dict.fromkeys(key for _, row in rows for key in row))
         clash = [c for c in columns if c in RESERVED or (c == "prompt" and self.prompt_column != "prompt")]
@@ -236,8 +223,8 @@ def _as_chats(rows: list[Prompt]) -> list[Prompt]:
 
 
 def check_prompt_value(value: Any, column: str, adds_system: bool) -> None:
-    """ValueError unless ``value`` is non-empty text or a non-empty list of {"role": str,
-    "content": str} messages (no system message of its own when ``adds_system``)."""
+    """ValueError unless ``value`` is non-empty text or a non-empty list of {"role": str, "content": str} messages
+    (no system message of its own when ``adds_system``)."""
     if isinstance(value, str):
         if not value:
             raise ValueError(f"column {column!r} is empty")
@@ -256,8 +243,8 @@ def check_prompt_value(value: Any, column: str, adds_system: bool) -> None:
 
 
 def check_gold_value(value: Any, column: str, gold: str) -> None:
-    """ValueError unless ``value`` is a gold answer the check ``gold`` can read: text that
-    is not blank, or a finite number (for ``numeric``, text must be one number too)."""
+    """ValueError unless ``value`` is a gold answer ``gold`` can read: text not blank (for "numeric", a number),
+    or a finite number."""
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise ValueError(f"column {column!r} should hold a gold answer (text or a number), "
                          f"got {type(value).__name__} {value!r:.60}")
@@ -271,12 +258,8 @@ def check_gold_value(value: Any, column: str, gold: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class GoldCheck:
-    """The dataset task's gold reward: ``check`` (a verifier) of the completions against
-    the gold column ``column``, found by ``extract``. [N]
-
-    Its settings are fields, not keywords of the call: a data column named ``check`` or
-    ``column`` reaches it among ``columns`` and cannot replace them.
-    """
+    """The dataset task's gold reward [N]: ``check`` of the completions against the gold ``column``. Its settings
+    are fields, not keywords of the call: a data column named ``check`` or ``column`` cannot replace them."""
 
     check: Callable[..., list[float | None]]
     column: str | None

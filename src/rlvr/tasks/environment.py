@@ -1,9 +1,8 @@
 """Multi-turn episodes as a task: ``task.name: environment``.
 
-The environment is a ready one by name (``rlvr.environments.games``) or the user's class
-(``environment_factory``: an rlvr ``Environment`` or a TRL-style class). Episodes start
-from seeds or from the rows of ``data``; an episode's reward is its return, the gold
-check whether the environment said it was solved. How failed episodes are counted:
+The environment is a ready one by name (``rlvr.environments.games``) or the user's class (``environment_factory``:
+an rlvr ``Environment`` or a TRL-style class). Episodes start from seeds or from the rows of ``data``; an episode's
+reward is its return, the gold check whether the environment said it was solved. How failed episodes are counted:
 docs/explanation/tasks.md."""
 
 from __future__ import annotations
@@ -38,8 +37,7 @@ def _episode(completion: Any) -> Episode:
 
 
 def episode_return(completions: Sequence[Any], **_: Any) -> list[float | None]:
-    """The episode's return: the sum of its step rewards; None (abstain) for an episode its
-    environment's failure ended (``Episode.error``)."""
+    """The episode's return; None (abstain) for an episode its environment's failure ended (``Episode.error``)."""
     return [None if _episode(c).error else _episode(c).episode_return for c in completions]
 
 
@@ -49,8 +47,8 @@ def solved(completions: Sequence[Any], **_: Any) -> list[float]:
 
 
 class EpisodeTask(GradedTask):
-    """What the episode tasks share: an episode's return is its reward and its ``solved`` the
-    gold check; training starts drawn from ``train_rows``, held-out ones ``eval_rows``."""
+    """What the episode tasks share: an episode's return is its reward and its ``solved`` the gold check; training
+    starts drawn from ``train_rows``, held-out ones ``eval_rows``."""
 
     gold_reward = "solved"
     train_rows: list[Any] | None
@@ -69,10 +67,9 @@ class EpisodeTask(GradedTask):
 
     def _grade_episodes(self, prompts: Any, responses: Any, completion_ids: Any, trainer_state: Any,
                         cause: str = "its environment's error", batch: str = "a batch") -> tuple[Grades, list[str]]:
-        """The episodes' grades and episode metrics, the first failed episode's error kept as
-        ``episode/error``; the reward functions get each group's prompt (its first episode's)
-        and the start's columns. Also the episodes' errors. RunError when every episode
-        failed (``check_episodes_ended``)."""
+        """The episodes' grades (the first failed episode's error as ``episode/error``) and errors; the reward
+        functions get each group's prompt (its first episode's) and the start's columns. RunError when every
+        episode failed."""
         episodes = [r.episode for group in responses for r in group]
         check_episodes_ended(episodes, cause, batch)
         rows = [prompt_row(start, group[0].episode) for start, group in zip(prompts, responses)]
@@ -127,8 +124,7 @@ class EnvironmentTask(EpisodeTask):
                  tool_style: str = "plain", tool_timeout: float = 5.0, tool_memory_mb: int = 512,
                  step_timeout: float = 30.0, max_tool_calls: int = 8, environment_workers: int = WORKERS,
                  environment_memory_mb: int = 4096) -> None:
-        # the options' names are checked against the class here; it is first built (run) by the policy's
-        # start check (check_prompts), before any work
+        # the options' names are checked against the class here; it is first built by the policy's check_prompts
         self.make_env = environment_factory_of(environment, environment_factory, environment_options or {})
         self.limits = EpisodeLimits(max_turns=max_turns, max_tokens=max_tokens, tool_style=tool_style,
                                     step_timeout=step_timeout, tool_timeout=tool_timeout,
@@ -150,10 +146,9 @@ class EnvironmentTask(EpisodeTask):
             self.data_files = tuple(p for p in (data, eval_data) if p is not None)
 
     def policy_for(self, policy: Policy) -> Policy:
-        """``policy`` acting in this task's environment: its samples are episodes. Its end of
-        turn (the LM's EOS text) goes between the turns of SFT demonstrations, as an episode
-        holds the EOS id there. Refused before any work: ``max_tokens`` that leave no room for
-        a prompt in the model's positions."""
+        """``policy`` acting in this task's environment. Its end of turn (the LM's EOS text) goes between the turns
+        of SFT demonstrations, as an episode holds the EOS id there. ConfigError for ``max_tokens`` that leave no
+        room for a prompt in the model's positions."""
         from rlvr.environments.policy import EpisodePolicy
 
         positions = getattr(policy, "max_positions", None)
@@ -184,16 +179,14 @@ class EnvironmentTask(EpisodeTask):
         return {"eval start": self.eval_prompts()}
 
     def grade(self, prompts: Any, responses: Any, *, completion_ids: Any = None, trainer_state: Any = None) -> Grades:
-        """The episodes' returns, solved, and episode metrics (``_grade_episodes``); the first
-        environment error of each kind is logged."""
+        """The episodes' grades (``_grade_episodes``); the first environment error of each kind is logged."""
         grades, errors = self._grade_episodes(prompts, responses, completion_ids, trainer_state)
         self._log_errors(errors)
         return grades
 
     def completion_columns(self, responses: Any) -> dict[str, list[Any]]:
-        """``environments``, as TRL passes them to reward functions: each episode's
-        environment as it ended (its snapshot: a copy of its public attributes, or what its
-        ``snapshot()`` gives; None for an episode whose environment failed)."""
+        """``environments``, as TRL passes them to reward functions: each episode's environment's snapshot as it
+        ended (None for an episode whose environment failed)."""
         return {"environments": [r.episode.environment for group in responses for r in group]}
 
     def _log_errors(self, errors: list[str]) -> None:
@@ -206,8 +199,7 @@ class EnvironmentTask(EpisodeTask):
                                "alike are counted in episode/env_errors, not logged): %s", error)
 
     def sft_examples(self, num: int, generator: torch.Generator) -> list[tuple[str, str]]:
-        """Demonstrations of the ready environment (its ``sft_examples``): each policy turn of
-        demonstrated episodes a (transcript so far, turn) pair, turns ended by ``turn_end``."""
+        """The ready environment's ``sft_examples``, turns ended by ``turn_end``."""
         import random
 
         env = self.make_env()
@@ -225,8 +217,7 @@ class EnvironmentTask(EpisodeTask):
 
 
 def start_rows(data: str, eval_data: str | None, eval_size: int) -> tuple[list[Any], list[Any]]:
-    """(training rows, held-out rows) of the JSON Lines file ``data``: the held-out ones are
-    ``eval_data``'s rows, or else the last ``eval_size`` rows of ``data``."""
+    """(training rows, held-out rows): ``eval_data``'s rows, or else the last ``eval_size`` rows of ``data``."""
     rows = read_jsonl(data, {})
     held_out = read_jsonl(eval_data, {}) if eval_data is not None else rows[-eval_size:]
     train = rows if eval_data is not None else rows[:-eval_size]
@@ -243,8 +234,7 @@ def prompt_row(start: Any, episode: Episode) -> dict[str, Any]:
 
 
 def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
-    """Per-episode means: policy turns, tool calls, tool errors, tokens after the prompt (the
-    policy's alone too), and the share truncated."""
+    """Per-episode means: policy turns, tool calls and errors, tokens after the prompt, the share truncated..."""
     n = max(len(episodes), 1)
     return {
         "episode/turns": sum(e.policy_turns for e in episodes) / n,
@@ -261,18 +251,16 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
 
 def check_episodes_ended(episodes: Sequence[Episode], cause: str = "its environment's error",
                          batch: str = "a batch") -> None:
-    """RunError when every one of a batch's episodes ended with an error (``cause``): every
-    reward abstains, so the run would go on learning nothing (an environment whose step
-    always raises is a broken setup, not bad luck). ``batch`` names the batch."""
+    """RunError when every one of a batch's episodes ended with an error (``cause``): every reward abstains, so the
+    run would learn nothing (an environment whose step always raises is a broken setup, not bad luck)."""
     if episodes and all(e.error is not None for e in episodes):
         raise RunError(f"every one of the {len(episodes)} episodes of {batch} ended with {cause}, "
                        f"so nothing can be learned; first error: {episodes[0].error}")
 
 
 def error_warnings(records: Iterable[dict[str, Any]]) -> list[str]:
-    """The summary's warning when training episodes ended with their environment's error:
-    their share (the mean of the epochs' ``episode/env_errors``, each epoch counted once)
-    and the first ``episode/error``."""
+    """The summary's warning when training episodes ended with their environment's error: their share (the mean
+    of the epochs' ``episode/env_errors``, each epoch once) and the first ``episode/error``."""
     shares: dict[int, float] = {}
     first = None
     for record in records:
@@ -288,8 +276,7 @@ def error_warnings(records: Iterable[dict[str, Any]]) -> list[str]:
 
 
 def environment_factory_of(environment: str, factory: Any, options: dict[str, Any]) -> Callable[[], Environment]:
-    """What makes one episode's environment: the user's class (a spec or a class, adapted) or
-    the ready environment named ``environment``, built with ``options``."""
+    """What makes one episode's environment: the user's class (adapted) or the ready one named ``environment``."""
     from rlvr.environments.adapters import environment_from_factory, load_environment_factory
 
     if factory is not None:
@@ -307,8 +294,7 @@ def environment_factory_of(environment: str, factory: Any, options: dict[str, An
 
 
 def _takes(factory: Callable[..., Any], options: dict[str, Any]) -> None:
-    """TypeError naming the option when ``factory``'s signature does not take ``options``
-    (checked without calling it: a check runs no environment code)."""
+    """TypeError when ``factory``'s signature does not take ``options`` (read, not called: no environment code)."""
     import inspect
 
     try:

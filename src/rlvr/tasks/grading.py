@@ -1,13 +1,9 @@
 """How every task grades: its built-in reward specs and the user's, in one RewardRunner.
 
-A task declares its rewards and does not run them itself:
-  * ``reward_specs()``: its built-in RewardSpecs;
-  * ``gold_reward``: the name of the spec whose value 1.0 means "the response is right"
-    (the gold check; weight 0 makes it a reported metric that is not rewarded);
-and scores a batch with ``score``: by default its prompts are dicts ("prompt" and gold
-columns) and its responses B lists of G strings, as the reward functions see them.
-``reward_runner`` is the one place a runner is built: the task's specs plus the user's
-``rewards.functions``. ``grade`` scores a batch with it, in one pass.
+A task declares its rewards and does not run them itself: ``reward_specs()``, its built-in RewardSpecs, and
+``gold_reward``, the name of the spec whose 1.0 means "the response is right" (the gold check; weight 0 makes it a
+reported metric that is not rewarded). ``reward_runner`` is the one place a runner is built: the task's specs plus
+the user's ``rewards.functions``. ``grade`` scores a batch (prompt dicts, B lists of G responses) with it.
 """
 
 from __future__ import annotations
@@ -30,16 +26,13 @@ Prompt = dict[str, Any]
 def reward_runner(task: GradedTask, functions: Sequence[Any] = (), timeout: float | None = None, *,
                   strict: bool = False, num_workers: int | None = None, replace_task_rewards: bool = False
                   ) -> RewardRunner:
-    """The RewardRunner of ``task``: its built-in specs and the user's reward ``functions``
-    (``rewards.functions``; timeout ``timeout`` unless one sets its own), run ``strict`` with
-    ``num_workers`` (or the task's ``reward_workers``; None: 2). With the defaults: the
-    built-in specs alone, lenient, as a task constructed directly grades.
+    """The RewardRunner of ``task``: its built-in specs and the user's ``functions`` (``timeout`` unless one sets
+    its own), with ``num_workers`` (or the task's ``reward_workers``; None: 2). With the defaults: the built-in
+    specs alone, lenient, as a task constructed directly grades.
 
-    The specs are summed in order, the task's first, or the user's first where the task
-    says so (``user_rewards_first``). With ``replace_task_rewards`` the task's specs are
-    left out but for its gold check, kept with weight 0 and not required: the solve rate
-    is still measured, and only the user's functions make the reward. Raises ConfigError
-    naming the field, also when no function would make a reward.
+    The specs are summed in order, the task's first unless ``user_rewards_first``. With ``replace_task_rewards``
+    only the task's gold check is kept, with weight 0 and not required: the solve rate is still measured, and only
+    the user's functions make the reward. ConfigError naming the field, also when no function would make a reward.
     """
     user: list[RewardSpec] = []
     if functions:
@@ -66,35 +59,23 @@ def reward_runner(task: GradedTask, functions: Sequence[Any] = (), timeout: floa
 
 
 class GradedTask(Task):
-    """The grading every task shares (see the module docstring).
-
-    name:               the task's name in a config (``task.name``).
-    gold_reward:        the spec whose 1.0 is the gold check (None: the task has none, and
-                        no response counts as solved).
-    no_reward_hint:     what gives the task a reward when it has none of its own (for the error).
-    user_rewards_first: the user's functions come before the task's in the sum.
-    reports_builtin_rewards: per-function metrics of the task's own specs too (else only
-                        of the user's: the toy's built-in reward is its reward_mean).
-    reward_workers:     worker processes the task asks for (None: ``rewards.num_workers``).
-    no_gold_hint:       what to check when the gold check grades none of a batch (for the error).
-    data_files:         the files (or folders) the task read its prompts from; a resume
-                        refuses to go on when one has changed (``rlvr.runs.resume``).
-    ``runner`` is built from the task's specs alone on first use, unless ``build_task``
-    gave it the config's; ``close()`` it (or use ``with``) to stop its workers.
+    """The grading every task shares (see the module docstring). ``runner`` is built from the task's specs alone on
+    first use, unless ``build_task`` gave it the config's; ``close()`` it (or use ``with``) to stop its workers.
     """
 
-    name: ClassVar[str]
-    gold_reward: str | None
-    no_reward_hint: ClassVar[str] = ""
+    name: ClassVar[str]  # ``task.name`` in a config
+    gold_reward: str | None  # None: no gold check, and no response counts as solved
+    no_reward_hint: ClassVar[str] = ""  # for the error: what gives the task a reward when it has none of its own
     # task.options: each keyword argument's help and rules (rlvr.base.rules.option); its type and
     # default are the argument's (rlvr.tasks.options_section), but where a config's default differs
     options: ClassVar[dict[str, dict[str, Any]]] = {}
     config_defaults: ClassVar[dict[str, Any]] = {}
     user_rewards_first: ClassVar[bool] = False
+    # per-function metrics of the task's own specs too (else the user's only: the toy's reward is its reward_mean)
     reports_builtin_rewards: ClassVar[bool] = True
-    reward_workers: int | None = None
-    no_gold_hint: str = ""
-    data_files: tuple[Path, ...] = ()
+    reward_workers: int | None = None  # None: ``rewards.num_workers``
+    no_gold_hint: str = ""  # for the error: what to check when the gold check grades none of a batch
+    data_files: tuple[Path, ...] = ()  # where the prompts came from; a resume refuses to go on when one changed
     _runner: RewardRunner | None = None
     _user_reward_names: list[str]  # the runner's functions that are not the task's own
 
@@ -118,29 +99,25 @@ class GradedTask(Task):
 
     @property
     def reward_is_gold(self) -> bool:
-        """Is the reward the gold check alone (its spec the only one with a weight)? The
-        hacking monitor then has nothing to compare: a top reward is a right answer."""
+        """Is the gold check the only weighted spec? The hacking monitor then has nothing to compare."""
         weighted = [spec.name for spec in self.runner.specs if spec.weight != 0]
         return self.gold_reward is not None and weighted == [self.gold_reward]
 
     def score(self, prompts: list[Prompt], responses: list[list[str]], *, completion_ids: Any = None,
               trainer_state: TrainerState | None = None) -> RewardResult:
-        """Every reward of B prompt dicts x G response strings: rewards [B, G], per
-        function [B, G, F] and per-function stats. completion_ids ([B*G] lists of token
-        ids) and trainer_state reach the reward functions when given, with the task's
-        ``completion_columns``."""
+        """Every reward of B prompt dicts x G responses: rewards [B, G], per function [B, G, F] and per-function
+        stats; completion_ids ([B*G] lists) and trainer_state reach the reward functions when given."""
         return self.runner.score_groups(prompts, responses, completion_ids=completion_ids, trainer_state=trainer_state,
                                         completion_columns=self.completion_columns(responses))
 
     def completion_columns(self, responses: list[list[Any]]) -> dict[str, list[Any]]:
-        """Columns the reward functions get with one value for each response (name -> [B*G]),
-        beside the data's: none by default."""
+        """Columns the reward functions get with one value a response (name -> [B*G]), beside the data's."""
         return {}
 
     def grade(self, prompts: Any, responses: Any, *, completion_ids: Any = None,
               trainer_state: TrainerState | None = None) -> Grades:
-        """Rewards [B, G] (NaN = abstain), gold check [B, G] and reward metrics, in one pass.
-        RunError when the gold check grades none of the responses (``check_gold_graded``)."""
+        """Rewards [B, G] (NaN = abstain), gold check [B, G] and reward metrics, in one pass; RunError when the
+        gold check grades none of the responses."""
         result = self.score(prompts, responses, completion_ids=completion_ids, trainer_state=trainer_state)
         if self.gold_reward is None:
             correct = torch.zeros(result.rewards.shape, dtype=torch.bool)
@@ -178,11 +155,9 @@ class GradedTask(Task):
 
 
 def check_gold_graded(result: RewardResult, gold: str, hint: str = "") -> None:
-    """RunError when the gold check ``gold`` graded none of a batch's responses (every one
-    abstained, failed, timed out or was invalid): no response can count as right, and a
-    required gold check leaves every reward abstaining, so the run would go on learning
-    nothing. A gold check that cannot read a whole batch's answers is a broken setup
-    (answers it cannot parse, a function that always raises), not bad luck."""
+    """RunError when the gold check graded none of a batch's responses (every one abstained, failed, timed out or
+    was invalid): nothing could count as right, and a required one leaves every reward abstaining. A gold check
+    that cannot read a whole batch's answers is a broken setup, not bad luck."""
     stats = result.stats[gold]
     total = stats.scored + stats.abstained + stats.errors + stats.timeouts + stats.invalid
     if total == 0 or stats.scored > 0:

@@ -1,9 +1,8 @@
 """GSM8K grade-school math word problems, graded with math-verify.
 
-Data: JSON Lines with ``question`` and ``answer`` (a worked solution ending
-``#### <number>``); prompt templates ``r1_zero`` and ``plain``. Rewards (TRL form): the
-required ``answer_reward``, under the ``RewardRunner`` timeout instead of math-verify's
-SIGALRM ones, and ``format_reward`` (docs/explanation/tasks.md)."""
+Data: JSON Lines with ``question`` and ``answer`` (a worked solution ending ``#### <number>``); prompt templates
+``r1_zero`` and ``plain``. Rewards (TRL form): the required ``answer_reward``, under the ``RewardRunner`` timeout
+instead of math-verify's SIGALRM ones, and ``format_reward`` (docs/explanation/tasks.md)."""
 
 from __future__ import annotations
 
@@ -39,11 +38,8 @@ _R1_ZERO = re.compile(r".*</think>\s*<answer>(.*)</answer>\s*", re.DOTALL)
 
 
 def extract_answer(completion: str, template: str = "r1_zero") -> str | None:
-    """The final answer X of a completion, or None when it is not in the template's form.
-
-    r1_zero: "reasoning </think> <answer> X </answer>": one answer block, at the end.
-    plain:   "reasoning #### X": the rest of the line after the last "####".
-    """
+    """The final answer X of a completion, or None when it is not in the template's form: r1_zero's
+    "reasoning </think> <answer> X </answer>" (one answer block, at the end), plain's "reasoning #### X"."""
     if template == "r1_zero":
         once = all(completion.count(tag) == 1 for tag in ("</think>", "<answer>", "</answer>"))
         match = _R1_ZERO.fullmatch(completion) if once else None
@@ -60,8 +56,8 @@ def answer_reward(
     prompts: list[str], completions: list[str], answer: list[str], template: str = "r1_zero",
     **kwargs: Any,
 ) -> list[float | None]:
-    """1.0 when the completion's final answer equals the gold ``answer`` under
-    math-verify, 0.0 when it differs or is missing, None when the gold does not parse. [N]"""
+    """1.0 when the final answer equals the gold ``answer`` under math-verify, 0.0 when it differs or is missing,
+    None when the gold does not parse. [N]"""
     rewards: list[float | None] = []
     for completion, gold in zip(completions, answer):
         extracted = extract_answer(completion, template)
@@ -78,9 +74,8 @@ def format_reward(
 
 
 def load_gsm8k(path: str | Path) -> list[dict[str, str]]:
-    """GSM8K records: ``question``, ``solution`` (the worked solution without the final
-    line and calculator annotations) and ``answer`` (the final number, commas removed).
-    Raises DataError naming file:line for a row without a final ``#### <number>``."""
+    """GSM8K records: ``question``, ``solution`` (without the final line and calculator annotations) and
+    ``answer`` (the final number, commas removed); DataError for a row without a final ``#### <number>``."""
     rows = read_jsonl(path, {"question": str, "answer": str}, check=_check_final_answer)
     records = []
     for row in rows:
@@ -101,15 +96,8 @@ DEFAULT_WEIGHTS = {"answer": 1.0, "format": 0.1}
 
 
 class Gsm8kTask(TextTask):
-    """GSM8K: training prompts from ``train_path``, the fixed eval set from ``eval_path``.
-
-    template:       "r1_zero" or "plain" (TEMPLATES).
-    num_eval:       use the first ``num_eval`` eval problems (default all).
-    grader_timeout: seconds math-verify may spend on one completion.
-    weights:        overrides of DEFAULT_WEIGHTS ("answer", "format").
-    num_workers:    grader processes (default: ``rewards.num_workers``, or 2). Call
-                    ``close()`` (or use ``with``) to stop them.
-    Prompt dicts: "prompt", "answer" (gold number), "solution" (for SFT).
+    """GSM8K: training prompts from ``train_path``, the fixed eval set from ``eval_path``. Prompt dicts: "prompt",
+    "answer" (gold number), "solution" (for SFT). ``close()`` it (or use ``with``) to stop its graders.
     """
 
     name = "gsm8k"
@@ -136,9 +124,8 @@ class Gsm8kTask(TextTask):
     ) -> None:
         if template not in TEMPLATES:
             raise ValueError(f"unknown template {template!r}; allowed: {', '.join(TEMPLATES)}")
-        # here, not in the graders' first call: a missing math-verify fails before any
-        # work, and forked grader processes inherit the module instead of importing it
-        # within their time limit
+        # here, not in the graders' first call: a missing math-verify fails before any work, and forked
+        # graders inherit the module instead of importing it within their time limit
         math_verify()
         self.template = template
         self._train = [self._prompt(record) for record in load_gsm8k(train_path)]

@@ -1,9 +1,8 @@
 """The rows of a data file, each with where it is, every problem a DataError naming that place.
 
-JSON Lines (.jsonl), a JSON list of objects (.json), CSV (.csv, every value a string),
-Parquet (.parquet), or a folder written by Hugging Face ``datasets``' ``save_to_disk``.
-A row's place is ``file:line`` (JSON Lines, CSV, a JSON syntax error) or ``file: row i``
-(1-based). A UTF-8 byte-order mark is skipped.
+JSON Lines (.jsonl), a JSON list of objects (.json), CSV (.csv, every value a string), Parquet (.parquet), or a
+folder written by ``datasets``' ``save_to_disk``. A row's place is ``file:line`` (JSON Lines, CSV, a JSON syntax
+error) or ``file: row i`` (1-based). A UTF-8 byte-order mark is skipped.
 """
 
 from __future__ import annotations
@@ -19,9 +18,8 @@ SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
 
 
 def read_rows(path: str | Path, check: Any = None) -> list[tuple[str, dict[str, Any]]]:
-    """(where, row) of every row of a data file or ``save_to_disk`` folder, in order;
-    ``check(row)`` raising ValueError becomes a DataError at ``where``. DataError for a
-    missing path, an unknown suffix, bad syntax, a row that is not an object, no rows."""
+    """(where, row) of every row, in order; ``check(row)`` raising ValueError becomes a DataError at ``where``.
+    DataError for a missing path, an unknown suffix, bad syntax, a row that is not an object, no rows."""
     path = Path(path)
     if path.is_dir():
         rows = [(f"{path}: row {i + 1}", row) for i, row in enumerate(_read_saved_dataset(path))]
@@ -50,8 +48,7 @@ def read_rows(path: str | Path, check: Any = None) -> list[tuple[str, dict[str, 
     return rows
 
 
-# What reading a damaged file or folder raises in pyarrow and datasets (pyarrow's
-# ArrowInvalid and a broken state.json's JSONDecodeError are ValueErrors).
+# what reading a damaged file or folder raises in pyarrow and datasets (ArrowInvalid, JSONDecodeError: ValueErrors)
 _READ_ERRORS = (OSError, ValueError, KeyError, TypeError)
 
 
@@ -84,8 +81,7 @@ def _read_parquet(path: Path) -> list[dict[str, Any]]:
 
 
 def _decode(path: Path) -> str:
-    """The text of ``path``, a UTF-8 byte-order mark dropped; DataError naming the line
-    of the first byte that is not UTF-8."""
+    """The text of ``path``, a UTF-8 byte-order mark dropped; DataError naming the line of a byte not UTF-8."""
     raw = path.read_bytes()
     try:
         return raw.decode("utf-8-sig")

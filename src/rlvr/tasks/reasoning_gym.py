@@ -1,9 +1,8 @@
 """Procedurally generated reasoning problems from the ``reasoning-gym`` package, offline.
 
-``task.name: reasoning_gym`` with ``task.options.dataset`` a generator name, ``size``
-training and ``eval_size`` held-out problems (seeds ``data_seed`` and ``data_seed + 1``).
-Reward: each problem's own scorer, in a reward worker under ``grader_timeout``, on the
-answer ``extract`` finds (docs/explanation/tasks.md)."""
+``task.name: reasoning_gym`` with ``task.options.dataset`` a generator name, ``size`` training and ``eval_size``
+held-out problems (seeds ``data_seed`` and ``data_seed + 1``). Reward: each problem's own scorer, in a reward worker
+under ``grader_timeout``, on the answer ``extract`` finds (docs/explanation/tasks.md)."""
 
 from __future__ import annotations
 
@@ -21,8 +20,7 @@ from rlvr.tasks.text import MAX_EVAL_PROMPTS
 
 def score_reasoning_gym(completions: list[str], answer: list[str], question: list[str], metadata: list[dict],
                         generator: Any, extract: str = "answer_tag", **kwargs: Any) -> list[float]:
-    """The generator's ``score_answer`` of each completion's extracted answer against its
-    problem (question, answer, metadata); 0.0 where no answer is found. [N]"""
+    """The generator's ``score_answer`` of each completion's extracted answer; 0.0 where none is found. [N]"""
     rewards = []
     for completion, gold, text, meta in zip(completions, answer, question, metadata):
         found = extract_answer(completion, extract)

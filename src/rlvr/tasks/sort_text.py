@@ -1,8 +1,7 @@
 """Sort digits, as text: the lecture's sorting task for language-model policies.
 
-Prompt ``"3 1 4 1 5 9>"`` (n digits separated by spaces, then ``>``); the gold answer is
-``"1 1 3 4 5 9"``. A response is read as whitespace-separated tokens, so spacing does not
-matter but every token does.
+Prompt ``"3 1 4 1 5 9>"`` (n digits separated by spaces, then ``>``); the gold answer is ``"1 1 3 4 5 9"``. A
+response is read as whitespace-separated tokens, so spacing does not matter but every token does.
 """
 
 from __future__ import annotations
@@ -20,11 +19,8 @@ from rlvr.tasks.text import MAX_EVAL_PROMPTS, GeneratedPrompts, TextTask, resolv
 def position_reward(
     prompts: list[str], completions: list[str], answer: list[str], **kwargs: Any
 ) -> list[float]:
-    """Partial credit: the fraction of positions holding the gold token.
-
-    matches / max(len(gold tokens), len(response tokens)), so a missing token and an
-    extra token both count as a wrong position. One value per completion [N].
-    """
+    """Partial credit [N]: matches / max(len(gold tokens), len(response tokens)), so a missing token and an extra
+    token both count as a wrong position."""
     rewards = []
     for completion, gold in zip(completions, answer):
         response, target = completion.split(), gold.split()
@@ -44,15 +40,8 @@ DEFAULT_WEIGHTS = {"position": 1.0, "exact_match": 1.0}
 
 
 class SortTextTask(TextTask):
-    """Sort ``num_digits`` digits 0-9.
-
-    min_digits: with it, each prompt's length is drawn uniformly from min_digits ..
-               num_digits (prompts of several difficulties, answers of several lengths);
-               None: every prompt has num_digits.
-    num_eval:  size of the fixed held-out set, drawn with ``eval_seed``; training prompts
-               never repeat one of them.
-    weights:   overrides of DEFAULT_WEIGHTS ("position", "exact_match").
-    Rewards run in-process (cheap pure functions); the gold check is exact match.
+    """Sort ``num_digits`` digits 0-9 (with ``min_digits``, each prompt's length drawn from min_digits ..
+    num_digits); training prompts never repeat a held-out one. The gold check is exact match.
     """
 
     name = "sort_text"

@@ -1,10 +1,9 @@
 """The lecture's toy task: sort n numbers.
 
-Prompts are n tokens from a vocabulary of V numbers; a response is n tokens. The reward
-functions are vectorised over ``prompts [B, n]`` and ``responses [B, G, n]`` and equal
-the lecture's scalar definitions (``*_scalar``, the tests' reference); they see numbers
-written as text (``"3 1 2"``). ``inclusion_ordering`` has a loophole on prompts with
-repeated numbers (docs/explanation/tasks.md)."""
+Prompts are n tokens from a vocabulary of V numbers; a response is n tokens. The reward functions are vectorised
+over ``prompts [B, n]`` and ``responses [B, G, n]`` and equal the lecture's scalar definitions (``*_scalar``, the
+tests' reference); they see numbers written as text (``"3 1 2"``). ``inclusion_ordering`` has a loophole on prompts
+with repeated numbers (docs/explanation/tasks.md)."""
 
 from __future__ import annotations
 
@@ -66,10 +65,9 @@ REWARDS = tuple(REWARD_FUNCTIONS)
 
 
 class NumberTexts(Sequence[str]):
-    """Rows of numbers [N, n] as the texts reward functions see (``"3 1 2"``), written
-    when first read; a slice is a NumberTexts too. ``numbers`` keeps the tensor, so the
-    task's own reward reads it instead of parsing text, and a run without user
-    functions writes no text at all."""
+    """Rows of numbers [N, n] as the texts reward functions see (``"3 1 2"``), written when first read. ``numbers``
+    keeps the tensor, so the task's own reward reads it without parsing, and a run without user functions writes
+    no text at all."""
 
     def __init__(self, numbers: torch.Tensor) -> None:
         self.numbers = numbers
@@ -89,8 +87,8 @@ class NumberTexts(Sequence[str]):
 def sorting_reward(
     prompts: Sequence[str], completions: Sequence[str], reward: str = "inclusion_ordering", **kwargs: object
 ) -> torch.Tensor:
-    """``REWARD_FUNCTIONS[reward]`` in the TRL form: prompts [N] and completions [N] of n
-    numbers each, as text ("1 0 2"; NumberTexts are read without parsing) -> rewards [N]."""
+    """``REWARD_FUNCTIONS[reward]`` in the TRL form: prompts [N] and completions [N] of n numbers each, as text
+    ("1 0 2") -> rewards [N]."""
     responses = _numbers(completions).unsqueeze(1)  # [N, 1, n]: one response per prompt
     return REWARD_FUNCTIONS[reward](_numbers(prompts), responses).squeeze(1)
 
@@ -104,15 +102,9 @@ def _numbers(texts: Sequence[str]) -> torch.Tensor:
 
 @dataclass
 class SortingTask(GradedTask):
-    """Sort n numbers from ``range(vocab_size)``.
-
-    prompts:       a list of prompts used every epoch (the lecture's setting) and as
-    the held-out set; otherwise ``sample_prompts`` draws fresh prompts (with or without
-    repeated numbers) and ``eval_prompts`` is a fixed set drawn from ``eval_seed``.
-    reward:        the rewarded function (REWARD_FUNCTIONS); the gold check is "exact",
-                   reported with weight 0 when it is not the reward.
-    The user's reward functions are summed first and the task's reward added to their
-    sum: the float32 number the toy has always computed, builtin + (u1 + u2 + ...).
+    """Sort n numbers from ``range(vocab_size)``; the gold check is "exact", reported with weight 0 when it is not
+    the ``reward``. The user's reward functions are summed first and the task's reward added to their sum: the
+    float32 number the toy has always computed, builtin + (u1 + u2 + ...).
     """
 
     name = "sorting"
@@ -155,8 +147,7 @@ class SortingTask(GradedTask):
 
     @property
     def max_reward(self) -> float | None:
-        """The most a response can score (the hacking monitor's top): exact 1, position_match
-        n, inclusion_ordering 2n - 1; None when user reward functions add to it."""
+        """The most a response can score (the hacking monitor's top); None when user reward functions add to it."""
         if self._user_reward_names:
             return None
         n = self.num_numbers
@@ -188,11 +179,9 @@ class SortingTask(GradedTask):
 
     def score(self, prompts: torch.Tensor, responses: torch.Tensor, *, completion_ids: Any = None,
               trainer_state: TrainerState | None = None) -> RewardResult:
-        """Every reward of prompts [B, n] and responses [B, G, n]: rewards [B, G], per
-        function [B, G, F] and per-function stats (``GradedTask.score``)."""
+        """``GradedTask.score`` of prompts [B, n] and responses [B, G, n] as tensors."""
         b, g, n = responses.shape
         prompt_texts = NumberTexts(prompts.repeat_interleave(g, dim=0))  # [N, n]: each prompt G times
         result = self.runner(prompt_texts, NumberTexts(responses.reshape(b * g, n)), completion_ids=completion_ids,
                              trainer_state=trainer_state)
         return result.reshape(b, g)
-

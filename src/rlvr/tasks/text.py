@@ -1,8 +1,7 @@
 """What the text tasks share: prompt dicts, string responses, generated prompts.
 
-A text task's prompts are dicts with ``"prompt"`` (the text the LM continues) and gold
-columns such as ``"answer"``; responses are B lists of G completion strings, which its
-reward functions (TRL form, see ``rlvr.rewards``) see as they are.
+A text task's prompts are dicts with ``"prompt"`` (the text the LM continues) and gold columns such as ``"answer"``;
+responses are B lists of G completion strings, which its reward functions (TRL form) see as they are.
 """
 
 from __future__ import annotations
@@ -18,20 +17,15 @@ MAX_EVAL_PROMPTS = 2**16
 
 
 class TextTask(GradedTask):
-    """The ``Task`` methods every text task has in common.
-
-    A subclass declares its rewards (``reward_specs``, ``gold_reward``: see
-    ``rlvr.tasks.grading``; the gold spec is ``required``, so a response it does not grade
-    gets no reward) and sets ``prompts`` (generated prompts), or overrides
-    ``sample_prompts`` and ``eval_prompts``. Its constructor's keyword arguments are the
-    config's ``task.options``.
+    """The ``Task`` methods every text task has in common. A subclass declares its rewards (``reward_specs``,
+    ``gold_reward``) and sets ``prompts``, or overrides ``sample_prompts`` and ``eval_prompts``. Its constructor's
+    keyword arguments are the config's ``task.options``.
     """
 
     prompts: GeneratedPrompts
 
     def sample_prompts(self, num_prompts: int, generator: torch.Generator) -> list[Prompt]:
-        """``num_prompts`` training prompts, none from the eval set (same generator state,
-        same prompts)."""
+        """``num_prompts`` training prompts, none from the eval set (same generator state, same prompts)."""
         return self.prompts.sample(num_prompts, generator)
 
     def eval_prompts(self) -> list[Prompt]:
@@ -39,8 +33,7 @@ class TextTask(GradedTask):
         return list(self.prompts.eval)
 
     def fixed_prompts(self) -> dict[str, list[Prompt]]:
-        """The prompts known before training, by what they are ("eval prompt"), to check
-        up front (``rlvr.tasks.check_prompts_fit``); drawn ones are checked as drawn."""
+        """The prompts known before training, by what they are, to check up front; drawn ones are checked as drawn."""
         return {"eval prompt": self.eval_prompts()}
 
     def sft_completion(self, prompt: Prompt) -> str:
@@ -68,10 +61,9 @@ def prompt_text(prompt: Prompt) -> str:
 class GeneratedPrompts:
     """Prompts from a seeded generator, with a fixed held-out set that training never repeats.
 
-    draw(k, generator) -> k fresh random prompts. key(prompt) says which prompts ask the
-    same question (by default: the same text). The eval set is ``num_eval`` prompts drawn
-    with ``eval_seed``, no two the same question; ``sample`` skips any prompt whose question
-    is in it, so a reworded held-out question is held out too.
+    draw(k, generator) -> k fresh random prompts; key(prompt) says which prompts ask the same question (by default:
+    the same text). The eval set is ``num_eval`` prompts drawn with ``eval_seed``, no two the same question;
+    ``sample`` skips any prompt whose question is in it, so a reworded held-out question is held out too.
     """
 
     def __init__(
@@ -92,8 +84,8 @@ class GeneratedPrompts:
     def _take(
         self, num: int, generator: torch.Generator, exclude: Container[Hashable] = frozenset(), unique: bool = False
     ) -> list[Prompt]:
-        """``num`` prompts in draw order, skipping excluded questions and, if ``unique``, repeats.
-        Raises ValueError when 100 * num + 1000 draws do not give enough: the space is too small."""
+        """``num`` prompts in draw order, skipping excluded questions and, if ``unique``, repeats; ValueError when
+        100 * num + 1000 draws do not give enough (the space is too small)."""
         chosen: list[Prompt] = []
         seen: set[Hashable] = set()
         budget = 100 * num + 1000
