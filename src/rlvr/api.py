@@ -1,11 +1,9 @@
 """The Python API: ``rlvr.train(config, reward_funcs=[...], out_dir=...)`` and ``rlvr.check``.
 
-``train`` takes a config in any form the command line does (a ``Config``, a mapping, a
-YAML path, plus ``key=value`` overrides) and reward functions as plain callables in the
-form ``rlvr.rewards`` describes (``fn(prompts, completions, **columns) -> list[float |
-None]``). With a run directory (``out_dir=`` or ``config.out_dir``) it writes exactly
-what ``rlvr train`` writes (``rlvr.runs.launch.run_training``); without one it trains in
-memory and writes nothing.
+``train`` takes a config in any form the command line does (a ``Config``, a mapping, a YAML path, plus
+``key=value`` overrides) and reward functions as plain callables (``fn(prompts, completions, **columns) ->
+list[float | None]``, see ``rlvr.rewards``). With a run directory (``out_dir=`` or ``config.out_dir``) it writes
+exactly what ``rlvr train`` writes; without one it trains in memory and writes nothing.
 """
 
 from __future__ import annotations
@@ -27,12 +25,10 @@ from rlvr.config.compose import check_extras
 class TrainResult:
     """What ``train`` returns.
 
-    records: every record of the run (one per optimizer step, plus evaluations and
-             samples tables), as ``metrics.jsonl`` holds them.
+    records: every record of the run, as ``metrics.jsonl`` holds them.
     run_dir: the run directory, or None for a run in memory.
-    policy:  the trained policy (``rlvr.base.interfaces.Policy``: ``sample``, ``greedy``; for a
-             causal LM ``policy.module`` is the transformers model and ``policy.tokenizer``
-             its tokenizer).
+    policy:  the trained policy (``rlvr.base.interfaces.Policy``; for a causal LM ``policy.module`` is the
+             transformers model and ``policy.tokenizer`` its tokenizer).
     config:  the resolved config the run used.
     """
 
@@ -45,10 +41,7 @@ class TrainResult:
 def resolve_config(config: Config | dict | str | Path | None = None, overrides: Sequence[str] = (),
                    reward_funcs: Sequence[Callable] = (), out_dir: str | Path | None = None,
                    environment_factory: Callable | None = None) -> Config:
-    """One validated Config from any of the forms ``train`` takes; ``reward_funcs`` are
-    appended to ``rewards.functions``, ``out_dir`` replaces ``config.out_dir`` and
-    ``environment_factory`` makes the task ``environment`` with that class. A ``Config``
-    passed in is never changed."""
+    """One validated Config from the arguments ``train`` takes; a ``Config`` passed in is never changed."""
     if isinstance(config, (str, Path)):
         data = read_mapping(config)
     elif isinstance(config, Config):
@@ -82,11 +75,9 @@ def resolve_config(config: Config | dict | str | Path | None = None, overrides: 
 
 
 def check(config: Config | dict | str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
-    """Everything ``train`` checks before any work, without loading a model: the config's
-    fields (the policy's options among them), the task's options and a chat template, the
-    optional packages its back ends need (``rlvr.base.extras``), the task built (its data read,
-    the reward functions imported; no worker started) and closed. Returns the resolved
-    Config; raises ConfigError naming what is wrong. ``rlvr config`` runs this."""
+    """Everything ``train`` checks before any work, without loading a model: the config's fields and options, the
+    optional packages its back ends need, the task built (its data read, the reward functions imported; no worker
+    started) and closed. Returns the resolved Config; raises ConfigError naming what is wrong (``rlvr config``)."""
     from rlvr.config.compose import build_task
 
     resolved = config if isinstance(config, Config) and not overrides else resolve_config(config, overrides)
@@ -108,21 +99,15 @@ def train(config: Config | dict | str | Path | None = None, overrides: Sequence[
           ) -> TrainResult:
     """Train a policy; returns a ``TrainResult`` (records, run_dir, policy, config).
 
-    config:       a ``Config``, a mapping of the YAML file's shape (``{"policy": {"name":
-                  "causal_lm", "options": {"model": "..."}}, ...}``), a YAML path, or None
-                  (the lecture's run); ``overrides`` (``["algo.group_size=16"]``) apply on top.
-    reward_funcs: callables appended to ``rewards.functions`` (see ``rlvr.rewards`` for
-                  their form); each is named by its ``__name__`` in the records.
-    out_dir:      the run directory (else ``config.out_dir``). When either is set the run
-                  writes config.yaml, metrics.jsonl, samples.md, checkpoints and plot.png
-                  there, as ``rlvr train`` does (then ``on_record`` is not called: read
-                  ``metrics.jsonl`` or the result). None: the run stays in memory.
+    config:       a ``Config``, a mapping of the YAML file's shape, a YAML path, or None (the lecture's run);
+                  ``overrides`` (``["algo.group_size=16"]``) apply on top.
+    reward_funcs: callables appended to ``rewards.functions``, each named by its ``__name__`` in the records.
+    out_dir:      the run directory (else ``config.out_dir``), written as ``rlvr train`` writes it (then
+                  ``on_record`` is not called). None: the run stays in memory.
     on_record:    called with each record as it is made (in-memory runs).
-    environment_factory: a class whose instances are episodes' environments (an rlvr
-                  ``Environment`` or a TRL-style environment class): the task becomes
-                  ``environment`` with it (``rlvr.tasks.environment``).
-    transformers' progress bars and its and peft's deprecation warnings are off while it
-    runs, as in the CLI (``rlvr.base.modeling.quiet_libraries``).
+    environment_factory: a class whose instances are episodes' environments (an rlvr ``Environment`` or a
+                  TRL-style class): the task becomes ``environment`` with it.
+    transformers' progress bars and deprecation warnings are off while it runs, as in the CLI.
     """
     from rlvr.base.modeling import quiet_libraries
 
@@ -152,9 +137,8 @@ def _train_in_memory(config: Config, on_record: Callable[[Record], None] | None)
 
 def run_loop(config: Config, on_record: Callable[[Record], None] | None = None,
              state: tuple[Any, Any] | None = None, on_epoch_end: Callable[[Any], None] | None = None) -> list[Record]:
-    """``rlvr.loop.trainer.train`` with the seams ``config`` asks for (``loop_parts``: this
-    process's, or Ray actors that end with the loop); ``state`` as ``setup`` builds it (default:
-    built here). The records, as ``train`` returns them."""
+    """``rlvr.loop.trainer.train`` with the seams ``config`` asks for (this process's, or Ray actors that end with
+    the loop); ``state`` as ``setup`` builds it (default: built here)."""
     from rlvr.cluster.session import loop_parts
     from rlvr.loop.trainer import setup
     from rlvr.loop.trainer import train as train_loop

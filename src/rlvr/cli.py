@@ -265,9 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
-    """The command line, a command's CONFIG and key=value items anywhere among its options
-    (``rlvr compare --seeds 0,1 algo.epochs=10``): argparse takes positionals in one run,
-    so the items after an option come back unrecognized and join the others here."""
+    """The command line, a command's items anywhere among its options (``rlvr compare --seeds 0,1 algo.epochs=10``):
+    argparse takes positionals in one run, so the items after an option come back unrecognized and join here."""
     args, extra = parser.parse_known_args(argv)
     if extra and hasattr(args, "items") and not any(item.startswith("-") for item in extra):
         args.items += extra
@@ -283,10 +282,9 @@ def _stop(signum: int, frame: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The ``rlvr`` command. Without ``argv`` it is the process's own (``rlvr``, ``python -m
-    rlvr``): a SIGTERM outside a run's own handling stops it as Ctrl-C does, and once a stop
-    is on its way out, further SIGINT or SIGTERM are ignored (it exits in a moment; a
-    signal then would kill it midway, its final line unprinted)."""
+    """The ``rlvr`` command. Without ``argv`` it is the process's own: a SIGTERM outside a run's own handling stops
+    it as Ctrl-C does, and once a stop is on its way out, further signals are ignored (one would kill it midway,
+    its final line unprinted)."""
     own_process = argv is None and threading.current_thread() is threading.main_thread()
     if own_process:
         signal.signal(signal.SIGTERM, _stop)

@@ -1,6 +1,5 @@
-"""The engine's side of the endpoint: one thread that samples the requests of every live
-episode in batches (``Batcher``), each completion a ``Job`` with its own seed
-(``call_seed``), so that an episode's draws do not depend on what it was batched with."""
+"""The engine's side of the endpoint: one thread that samples the requests of every live episode in batches, each
+completion with its own seed, so that an episode's draws do not depend on what it was batched with."""
 
 from __future__ import annotations
 
@@ -24,8 +23,7 @@ GAP = 0.2  # seconds without a new request after which the batcher stops waiting
 
 @dataclass
 class Job:
-    """One completion to sample: its prompt ids, its seed (None: greedy), the tokens it
-    may draw, its stop strings; ``future`` gets (ids, log-probs, text, finish)."""
+    """One completion to sample (``seed`` None: greedy); ``future`` gets its ``Outcome``."""
 
     episode: str
     prompt_ids: list[int]
@@ -37,12 +35,10 @@ class Job:
 
 
 class Batcher:
-    """The thread that samples pending requests in batches: from the first request it
-    waits until every live episode (``live()``) has one pending, while requests keep
-    arriving (being read, ``arriving()``, or one queued within ``GAP`` seconds of the
-    last), ``wait`` seconds at most (an agent
-    may be running its tools), then sends them all to the engine, one call per
-    (temperature, stop strings), each row cut to its own ``max_new``."""
+    """The thread that samples pending requests in batches: from the first request it waits until every live
+    episode has one pending, while requests keep arriving (being read, or queued within ``GAP`` seconds of the
+    last), ``wait`` seconds at most (an agent may be running its tools), then sends them all to the engine, one
+    call per (temperature, stop strings), each row cut to its own ``max_new``."""
 
     def __init__(self, policy: CausalLMPolicy, wait: float, live: Callable[[], int], arriving: Callable[[], int]
                  ) -> None:
@@ -97,8 +93,8 @@ class Batcher:
     calls = 0  # engine calls made so far
 
     def _take(self, jobs: list[Job], timeout: float | None) -> bool | None:
-        """Move one queued job into ``jobs`` (waiting ``timeout`` seconds; None: not at all):
-        True when one was there, False when none, None at the stop mark (left queued)."""
+        """Move one queued job into ``jobs`` (waiting ``timeout`` seconds; None: not at all): whether one was there,
+        None at the stop mark (left queued)."""
         try:
             job = self._queue.get(timeout=timeout) if timeout is not None else self._queue.get_nowait()
         except queue.Empty:
@@ -136,8 +132,7 @@ class Batcher:
 
 
 def call_seed(episode_seed: int, index: int) -> int:
-    """The seed completion ``index`` of an episode draws from (its calls' choices counted in
-    order): its draws depend on the episode's seed and its place alone, not on the batch."""
+    """The seed of an episode's completion ``index``: its draws depend on the episode's seed and its place alone."""
     from rlvr.engines.hf import keyed_uniforms
 
     return int(keyed_uniforms(torch.tensor([episode_seed]), index).item() * 2**62)

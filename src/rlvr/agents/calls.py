@@ -1,11 +1,8 @@
-"""An agent episode's model calls, as the endpoint recorded them, and how they become
-training sequences.
+"""An agent episode's model calls, as the endpoint recorded them, and how they become training sequences.
 
-Every call is recorded token in, token out (ids, sampler log-probs, weights version);
-nothing is tokenised again. ``join_calls`` joins a call to the segment its prompt extends
-most (the ids between become an untrained context turn) or starts a new segment where
-the agent rewrote its history; a trie of the segments' ids makes joining linear. The
-joining rule in full: docs/explanation/agents.md."""
+Every call is recorded token in, token out; nothing is tokenised again. ``join_calls`` joins a call to the segment
+its prompt extends most (the ids between become an untrained context turn) or starts a new segment where the agent
+rewrote its history; a trie of the segments' ids makes joining linear (docs/explanation/agents.md)."""
 
 from __future__ import annotations
 
@@ -19,15 +16,8 @@ from rlvr.environments.base import Turn
 
 @dataclass
 class Call:
-    """One completion the endpoint served in an episode.
-
-    prompt_ids:      the prompt as the engine read it
-    completion_ids:  the tokens it sampled (the end-of-turn token included where it stopped)
-    log_probs:       the sampler's log-prob of each completion token
-    text:            the completion decoded (what the agent read, tool calls included)
-    finish_reason:   "stop" (an end token or a stop string) or "length" (cut at max_tokens)
-    version:         the weights version that sampled it (``Engine.weights_version``)
-    """
+    """One completion the endpoint served in an episode (``completion_ids``: the end-of-turn token included where
+    it stopped; ``text``: what the agent read; ``version``: the weights version that sampled it)."""
 
     prompt_ids: list[int]
     completion_ids: list[int]
@@ -39,8 +29,8 @@ class Call:
 
 @dataclass
 class Segment:
-    """A training sequence joined from calls: the first call's prompt, then turns (context
-    untrained, completions trained), and the indices of the calls it holds."""
+    """A training sequence joined from calls: the first call's prompt, then turns (context untrained, completions
+    trained), and the indices of the calls it holds."""
 
     prompt_ids: list[int]
     turns: list[Turn] = field(default_factory=list)
@@ -48,7 +38,6 @@ class Segment:
 
     @property
     def ids(self) -> list[int]:
-        """Every id of the sequence so far: the prompt's, then each turn's."""
         return self.prompt_ids + [i for turn in self.turns for i in turn.ids]
 
 
@@ -76,8 +65,7 @@ def join_calls(calls: Sequence[Call], decode: Callable[[list[int]], str] | None 
 
 
 class _Node:
-    """A trie node: the ids that may follow it, and the segments whose ids end here (a heap
-    of their numbers, the first made on top)."""
+    """A trie node: the ids that may follow it, and a heap of the segments whose ids end here (first made on top)."""
 
     __slots__ = ("next", "ends")
 
@@ -87,9 +75,8 @@ class _Node:
 
 
 def _walk(root: _Node, ids: Sequence[int]) -> tuple[_Node | None, int, _Node, int]:
-    """``ids`` walked down the trie: the node where the segments whose ids are their longest
-    prefix end and its depth ((None, 0) where no segment's are a prefix), then the deepest
-    node the walk reached and its depth."""
+    """``ids`` walked down the trie: the node where the segments that are its longest prefix end, and its depth
+    ((None, 0) where none is), then the deepest node reached and its depth."""
     best, best_length = (root, 0) if root.ends else (None, 0)
     node, depth = root, 0
     for token in ids:
@@ -114,8 +101,7 @@ def _grown(node: _Node, ids: Sequence[int]) -> _Node:
 
 @dataclass
 class Served:
-    """A call with what the agent sent and got back: the request's messages (normalised,
-    before the tools' description), its tools, and the key of the reply it got."""
+    """A call with the request's messages (normalised, before the tools' description), tools and reply key."""
 
     call: Call
     messages: list[dict[str, str]] | None  # None: a /completions call
@@ -126,8 +112,8 @@ class Served:
 
 @dataclass
 class AgentEpisode:
-    """One episode's record: its calls in order, the first request's messages or text,
-    whether a request ran past its token budget, and the seed its draws come from."""
+    """One episode's record: its calls in order, the first request's prompt, whether a request ran past its token
+    budget, and the seed its draws come from."""
 
     id: str
     seed: int

@@ -1,8 +1,5 @@
-"""OpenAI-style chat requests as the policy reads them, and its completions as the agent
-reads them back.
-
-The design: ``docs/explanation/agents.md`` (``rlvr.agents.chat``).
-"""
+"""OpenAI-style chat requests as the policy reads them, and its completions as the agent reads them back
+(docs/explanation/agents.md)."""
 
 from __future__ import annotations
 
@@ -23,8 +20,7 @@ MAX_STOPS = 4
 
 
 class RequestError(Exception):
-    """A request the endpoint refuses: the HTTP status, the message, and OpenAI's error
-    ``type`` and ``code``."""
+    """A request the endpoint refuses: the HTTP status, the message, and OpenAI's error ``type`` and ``code``."""
 
     def __init__(self, status: int, message: str, code: str | None = None, kind: str = "invalid_request_error",
                  param: str | None = None) -> None:
@@ -36,9 +32,8 @@ class RequestError(Exception):
 
 
 def messages(value: Any) -> list[dict[str, str]]:
-    """The request's ``messages`` as {"role", "content"} dicts with string content (tool
-    calls written into an assistant's text, a tool message's name kept); RequestError
-    naming the first bad message."""
+    """The request's ``messages`` as {"role", "content"} dicts with string content (tool calls written into an
+    assistant's text, a tool message's name kept); RequestError naming the first bad message."""
     if not isinstance(value, list) or not value:
         raise RequestError(400, "'messages' must be a non-empty list of messages", param="messages")
     out = []
@@ -61,8 +56,7 @@ def messages(value: Any) -> list[dict[str, str]]:
 
 
 def tool_names(tools: Any) -> list[str]:
-    """The function names of a request's ``tools`` (OpenAI's {"type": "function",
-    "function": {"name", "description", "parameters"}}); RequestError on a malformed one."""
+    """The function names of a request's ``tools``; RequestError on a malformed one."""
     names = []
     for k, tool in enumerate(_list(tools, "tools") if tools is not None else []):
         function = tool.get("function") if isinstance(tool, dict) else None
@@ -74,9 +68,8 @@ def tool_names(tools: Any) -> list[str]:
 
 
 def reply(text: str, names: list[str], call_id: str) -> tuple[dict[str, Any], str | None]:
-    """The assistant message a completion's ``text`` becomes (OpenAI's form) and
-    "tool_calls" when it calls any of the request's tools (``names``; ids ``call_id`` + k),
-    else None. The content is the text outside the blocks that call a tool (None where blank)."""
+    """The assistant message a completion's ``text`` becomes and "tool_calls" when it calls any of the request's
+    tools (ids ``call_id`` + k), else None. The content is the text outside the calls (None where blank)."""
     calls, outside, start = [], [], 0
     for block in _CALL_BLOCK.finditer(text) if names else ():
         found, _ = parse_tool_calls(block.group(), "json", names)
@@ -94,10 +87,8 @@ def reply(text: str, names: list[str], call_id: str) -> tuple[dict[str, Any], st
 
 
 def reply_key(message: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
-    """What identifies an assistant message the endpoint served when the agent sends it
-    back: the whole message normalised (``messages``: its content, then each tool call's name
-    and arguments as JSON values), and its tool calls' ids. A call whose arguments the agent
-    edited is another message, whatever its id."""
+    """What identifies a served assistant message the agent sends back: the whole message normalised and its tool
+    calls' ids. A call whose arguments the agent edited is another message, whatever its id."""
     calls = message.get("tool_calls") or []
     ids = tuple(str(call.get("id")) for call in calls if isinstance(call, dict))
     return messages([message])[0]["content"], ids

@@ -1,9 +1,8 @@
 """The endpoint's listening side: uvicorn bounded and quiet.
 
-Agents may open as many connections as they like, each a descriptor of the trainer's: the
-endpoint accepts them itself (``serve``) and holds at most ``max_connections`` (``Guard``:
-at the cap the least recently active idle one is closed), each request read whole within
-``read_timeout`` seconds. Nothing reaches uvicorn's log as a traceback (``one_line_errors``).
+Agents may open as many connections as they like, each a descriptor of the trainer's: the endpoint accepts them
+itself and holds at most ``max_connections`` (at the cap the least recently active idle one is closed), each
+request read whole within ``read_timeout`` seconds. Nothing reaches uvicorn's log as a traceback.
 """
 
 from __future__ import annotations
@@ -31,8 +30,8 @@ SHORT_OF = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 def connection_cap() -> int:
-    """Connections the endpoint holds at once by default: a quarter of the process's
-    descriptor limit (the rest is the trainer's: its files, its agents' pipes and clients)."""
+    """Connections the endpoint holds at once by default: a quarter of the process's descriptor limit (the rest is
+    the trainer's)."""
     import resource
 
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -42,8 +41,8 @@ def connection_cap() -> int:
 
 
 def sockets(host: str, port: int) -> tuple[socket.socket, socket.socket, tempfile.TemporaryDirectory]:
-    """A TCP socket listening on ``host``:``port`` and a Unix socket in a private folder (0700:
-    this user's alone; under /tmp, as a socket's path has room for about 100 characters)."""
+    """A TCP socket listening on ``host``:``port`` and a Unix socket in a private folder (under /tmp: a socket's
+    path has room for about 100 characters)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     tcp = socket.create_server((host, port), family=family, backlog=BACKLOG)
     folder = tempfile.TemporaryDirectory(prefix="rlvr-endpoint-", dir="/tmp" if os.path.isdir("/tmp") else None)
@@ -60,8 +59,7 @@ def sockets(host: str, port: int) -> tuple[socket.socket, socket.socket, tempfil
 
 
 class Guard:
-    """The connections of one server (over TCP and the Unix socket together), least recently
-    active first, each with its deadline to read its request whole."""
+    """The connections of one server, least recently active first, each with its deadline to read its request."""
 
     def __init__(self, max_connections: int, read_timeout: float) -> None:
         self.max_connections, self.read_timeout = max_connections, read_timeout
@@ -69,8 +67,8 @@ class Guard:
         self._closed: asyncio.Event | None = None  # set when one closes (the server's loop)
 
     async def room(self) -> None:
-        """Returns once fewer than ``max_connections`` are held: at the cap, the least recently
-        active of those waiting for a request is closed (else one that ends is waited for)."""
+        """Returns once fewer than ``max_connections`` are held: at the cap, the least recently active of those
+        waiting for a request is closed (else one that ends is waited for)."""
         while len(self.held) >= self.max_connections:
             idle = next((c for c in self.held if waiting(c) and not c.transport.is_closing()), None)
             if idle is not None:
@@ -155,11 +153,9 @@ def guarded_protocol(guard: Guard) -> type:
 
 
 def one_line_errors(app: Any) -> Any:
-    """``app`` (ASGI) with every exception it raises answered as a 500 whose message is the
-    exception's one line, and raised no further (where nothing has been sent yet; else the
-    reply is cut short). A Starlette middleware: inside its outermost layer, which would
-    send a page of its own and raise the exception again for the server to log with its
-    traceback."""
+    """``app`` (ASGI) with every exception answered as a 500 of the exception's one line (where nothing has been
+    sent yet; else the reply is cut short), and raised no further: not a Starlette middleware, whose outermost
+    layer would raise it again for the server to log with its traceback."""
     from starlette.requests import ClientDisconnect
     from starlette.responses import JSONResponse
 
@@ -185,9 +181,8 @@ def one_line_errors(app: Any) -> Any:
 
 
 def serve(server: Any, listening: list[socket.socket], guard: Guard) -> None:
-    """Run the uvicorn ``server`` in an event loop of its own (the calling thread's), whose
-    errors are logged as one line each, on the connections accepted from ``listening``
-    within ``guard``'s cap."""
+    """Run the uvicorn ``server`` in the calling thread's own event loop (errors logged as one line each) on the
+    connections accepted from ``listening`` within ``guard``'s cap."""
 
     def one_line(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         exc = context.get("exception")

@@ -1,10 +1,8 @@
 """Running agents against the endpoint: G episodes per row, each its own agent run.
 
-An agent is the user's ``run(client, row)`` (async or plain), its client pointed at the
-episode's own URL and key; it returns a reward, or a dict with ``reward``, ``solved``
-and more numbers. At most ``concurrency`` episodes run at once, each within
-``timeout``; a failed episode abstains, and a stop signal cancels them all
-(``CutShort``). In full: docs/explanation/agents.md."""
+An agent is the user's ``run(client, row)`` (async or plain), its client pointed at the episode's own URL and key;
+it returns a reward, or a dict with ``reward``, ``solved`` and more numbers. A failed episode abstains, and a stop
+signal cancels them all (``CutShort``). In full: docs/explanation/agents.md."""
 
 from __future__ import annotations
 
@@ -32,8 +30,7 @@ MAX_SEGMENTS = 8  # sequences one episode may train as; past it the episode abst
 
 @dataclass
 class AgentLimits:
-    """concurrency: episodes run at once; timeout: seconds one episode may take;
-    max_tokens: an episode's tokens after its first prompt, sampled and appended."""
+    """timeout: seconds one episode may take; max_tokens: an episode's tokens after its first prompt."""
 
     concurrency: int = 32
     timeout: float = 120.0
@@ -42,8 +39,7 @@ class AgentLimits:
 
 @dataclass
 class AgentRun(Episode):
-    """An agent's episode: the Episode its one segment makes, with the number of model calls,
-    the segments they joined into, and the agent's own metrics."""
+    """An agent's episode: its first segment's Episode, the number of calls and segments, the agent's metrics."""
 
     calls: int = 0
     segments: int = 0
@@ -118,9 +114,8 @@ async def _call_agent(agent: Callable[..., Any], endpoint: Endpoint, episode_id:
 
 def episode_of(row: Any, record: AgentEpisode, outcome: Any, error: str | None,
                decode: Callable[[list[int]], str] | None = None) -> AgentRun:
-    """The agent's episode from the endpoint's record of its calls and what the agent
-    returned (or why it failed); ``decode`` gives the text of the context between its calls
-    (the tokens the model read there, as samples.md shows them)."""
+    """The agent's episode from the endpoint's record and what the agent returned (or why it failed); ``decode``
+    gives the text of the context between its calls."""
     reward, solved, metrics = None, None, {}
     if error is None:
         reward, solved, metrics, error = _outcome(outcome)
@@ -140,8 +135,8 @@ def episode_of(row: Any, record: AgentEpisode, outcome: Any, error: str | None,
 
 
 def raised(exc: BaseException, agent: Any) -> str:
-    """"the agent raised <type>: <message>", and where: the innermost frame of the user's code
-    the exception passed through, as "(at <file>:<line> in <function>: <code>)"."""
+    """"the agent raised <type>: <message> (at <file>:<line> in <function>: <code>)", the innermost frame of the
+    user's code the exception passed through."""
     text = f"the agent raised {describe_error(exc, 300)}"
     try:
         own = inspect.getsourcefile(inspect.unwrap(agent))

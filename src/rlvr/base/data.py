@@ -1,7 +1,6 @@
 """JSON Lines loading that says exactly what is wrong and where.
 
-Every error names ``file:line`` and what was expected there, so a bad row in a
-7,000-line data set is found without a debugger.
+Every error names ``file:line`` and what was expected there, so a bad row is found without a debugger.
 """
 
 from __future__ import annotations
@@ -21,19 +20,15 @@ class DataError(ValueError):
     """A data file that cannot be used as it is; the message names file, line and problem."""
 
 
-# The longest line read, in bytes without its newline: a GSM8K row is under 2 KB, and a
-# line is read whole into memory (several times over, as JSON), so a runaway line stops here.
+# The longest line read, in bytes without its newline: a GSM8K row is under 2 KB, and a line is read whole into
+# memory (several times over, as JSON), so a runaway line stops here.
 MAX_LINE_BYTES = 8 * 2**20
 BOM = "\ufeff".encode()  # UTF-8's byte-order mark
-
-
 HASH_BLOCK = 2**20  # bytes hashed at a time
 
 
 def hash_file(path: Path, digest: Any = None) -> Any:
-    """``digest`` (default: a new SHA-256) updated with the bytes of ``path``, read
-    ``HASH_BLOCK`` at a time, so a file of any size (a dataset, a model's weights) costs
-    that much memory."""
+    """``digest`` (default: a new SHA-256) updated with the bytes of ``path``, read ``HASH_BLOCK`` at a time."""
     digest = hashlib.sha256() if digest is None else digest
     with Path(path).open("rb") as file:
         for block in iter(lambda: file.read(HASH_BLOCK), b""):
@@ -55,19 +50,12 @@ def read_jsonl_lines(
     required: dict[str, type],
     check: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[tuple[int, dict[str, Any]]]:
-    """Read a JSON Lines file: one JSON object per line, (line number, record) each.
+    """(1-based line number, record) of each JSON object of a JSON Lines file; blank lines and a BOM are skipped.
 
-    required: column name -> type each record must have (``str``, ``int``, ``float``,
-        ``bool``, ``list``, ``dict``). ``float`` also accepts JSON integers (JSON has one
-        number type); ``int`` and ``float`` reject ``true``/``false``.
-    check: optional per-record validation; a ``ValueError`` it raises becomes a
-        ``DataError`` at that record's line.
-    Returns the records (every column, not only the required ones), in file order, with
-    their 1-based line numbers. Blank lines and a UTF-8 byte-order mark are skipped.
-    Raises ``DataError`` on a missing or empty file, a line longer than
-    ``MAX_LINE_BYTES``, a line that is not valid UTF-8 or JSON (nesting too deep for the
-    parser included), a line that is not an object, a missing column or a value of the
-    wrong type.
+    required: column name -> type each record must have; ``float`` also accepts JSON integers, ``int`` and
+        ``float`` reject ``true``/``false``. check: per-record validation; its ValueError becomes a DataError.
+    DataError on a missing or empty file, a line longer than ``MAX_LINE_BYTES``, not UTF-8 or JSON, or not an
+    object, a missing column or a value of the wrong type.
     """
     path = Path(path)
     if not path.is_file():
@@ -98,15 +86,13 @@ def read_jsonl_lines(
 
 
 def _lines(file: BinaryIO, limit: int) -> Iterator[bytes | None]:
-    """The lines of ``file``; None for a line over ``limit`` bytes (newline not counted),
-    of which at most ``limit + 1`` bytes are read."""
+    """The lines of ``file``; None for a line over ``limit`` bytes (of which at most ``limit + 1`` are read)."""
     while raw := file.readline(limit + 1):
         yield None if len(raw) > limit and not raw.endswith(b"\n") else raw
 
 
 def parse_json(text: str, where: str, whole_file: bool = False) -> Any:
-    """``text`` as JSON; DataError naming ``where`` (and, for a ``whole_file``, the line)
-    when it is not, or is nested past what the parser can take."""
+    """``text`` as JSON; DataError naming ``where`` (and, for a ``whole_file``, the line) when it is not."""
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
@@ -162,10 +148,8 @@ DEPENDENCIES = ("yaml", "numpy", "torch", "tqdm", "matplotlib", "transformers", 
 
 
 def check_not_shadowed(names: Iterable[str] = DEPENDENCIES) -> None:
-    """ConfigError when one of the modules ``names`` is (or would be) imported from a file
-    in the working directory: a ``yaml.py`` or ``datasets.py`` there hides the installed
-    package whenever the working directory is on Python's path (``python -m``,
-    ``PYTHONPATH=.``), and the failures it causes later do not say why."""
+    """ConfigError when one of the modules ``names`` is (or would be) imported from a file in the working directory:
+    a ``yaml.py`` there hides the installed package (``python -m``), and the later failures do not say why."""
     cwd = Path.cwd().resolve()
     for name in names:
         file = _module_file(name)

@@ -13,9 +13,8 @@ class ConfigError(ValueError):
 
 
 class PromptError(ConfigError):
-    """A prompt the model cannot take: with the response it is longer than the model's
-    positions, or it holds a character the tokenizer cannot encode. Names the prompt;
-    ``index`` is its position in the prompts checked (None: not one prompt's fault)."""
+    """A prompt the model cannot take (too long, or a character the tokenizer cannot encode); ``index``: its
+    position in the prompts checked (None: not one prompt's fault)."""
 
     def __init__(self, message: str, index: int | None = None) -> None:
         super().__init__(message)
@@ -31,8 +30,7 @@ class CheckpointError(RuntimeError):
 
 
 class Stopped(KeyboardInterrupt):
-    """The run stopped on a signal; the CLI exits with 128 + ``signum``, as a shell
-    reports a process the signal ended."""
+    """The run stopped on a signal; the CLI exits with 128 + ``signum``, as a shell reports it."""
 
     def __init__(self, message: str, signum: int = signal.SIGINT):
         super().__init__(message)
@@ -40,29 +38,23 @@ class Stopped(KeyboardInterrupt):
 
 
 class CutShort(Stopped):
-    """The run's first stop signal (``STOPPING``) ended a wait on other processes' work
-    (episodes waiting on their environments): that work is dropped, and the trainer drops
-    the batch or evaluation it was for (``rlvr.loop.trainer``)."""
+    """The run's first stop signal ended a wait on other processes' work: the trainer drops the batch or
+    evaluation it was for."""
 
 
-# The run's first stop signal, as the parts that wait on other processes see it: set by the
-# run's signal handler (``rlvr.runs.stops.stop_on_signals``), it ends waits on environment code at
+# The run's first stop signal, set by ``rlvr.runs.stops.stop_on_signals``: it ends waits on other processes' work at
 # once (CutShort). The second signal raises Stopped.
 STOPPING = threading.Event()
 
 
 def did_you_mean(name: str, allowed: Iterable[str], elsewhere: Mapping[str, str] | None = None,
                  known: str | None = None, prefix: str = "") -> str:
-    """"did you mean 'x'?" for ``name``, a key that is not one of ``allowed`` (the names
-    where it stands).
+    """"did you mean 'x'?" for ``name``, a key that is not one of ``allowed``.
 
-    ``elsewhere``: the dotted paths of the settings in other places, each with the choice
-    under which it applies ("" for always: "policy.name=causal_lm"). A path whose last
-    part is ``name`` is meant (those that apply, when some do); else ``known`` (a hint
-    that knows better, such as TRL's name for it); else the nearest of ``allowed`` and
-    of the paths' last parts (``allowed`` first on a tie); else the allowed names.
-    ``prefix``: where ``allowed`` stand ("algo."), so that a name meant there reads as the
-    path to type.
+    ``elsewhere``: the dotted paths of settings in other places, each with the choice under which it applies (""
+    for always). A path whose last part is ``name`` is meant; else ``known`` (such as TRL's name for it); else the
+    nearest of ``allowed`` and the paths' last parts; else the allowed names. ``prefix``: where ``allowed`` stand
+    ("algo."), so that a name meant there reads as the path to type.
     """
     allowed, elsewhere = list(allowed), dict(elsewhere or {})
     exact = [path for path in elsewhere if path.rsplit(".", 1)[-1] == name]

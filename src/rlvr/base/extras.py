@@ -1,5 +1,4 @@
-"""The optional installs (``pyproject.toml``'s extras): which module each back end needs
-and which extra brings it, checked before any work so that a missing one is one line
+"""The optional installs (``pyproject.toml``'s extras), checked before any work so that a missing one is one line
 naming the extra, never a traceback from inside a run."""
 
 from __future__ import annotations
@@ -28,9 +27,8 @@ AGENT_MODULES = ("starlette", "uvicorn", "openai")  # the endpoint agents call (
 
 
 def missing_package(module: str) -> str | None:
-    """Why ``module`` cannot be imported, as the line that says which extra to install,
-    found without importing it (seconds for some, and global effects); None when it is
-    installed. A module already imported (or put in place by a test) counts."""
+    """Why ``module`` cannot be imported, as the line that says which extra to install, found without importing it;
+    None when it is installed (or already imported)."""
     try:
         if module in sys.modules or importlib.util.find_spec(module) is not None:
             return None
@@ -40,8 +38,7 @@ def missing_package(module: str) -> str | None:
 
 
 def require(what: str, modules: Iterable[str]) -> None:
-    """ConfigError "``what``: the X package is not installed: pip install 'rlvr[extra]'"
-    for the first of ``modules`` that is missing."""
+    """ConfigError "``what``: <``missing_package``>" for the first of ``modules`` that is missing."""
     for module in modules:
         problem = missing_package(module)
         if problem:

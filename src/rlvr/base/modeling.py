@@ -1,9 +1,7 @@
 """Tiny causal LMs built offline, and loading any causal LM from a folder or hub name.
 
-``init_model`` writes a character tokenizer and a randomly initialised model with
-``save_pretrained``, so plain ``AutoTokenizer.from_pretrained(dir)`` and
-``AutoModelForCausalLM.from_pretrained(dir)`` load them back: the toy tasks train the
-same kind of object a real checkpoint is, and the tests need no download.
+``init_model`` writes a character tokenizer and a random model that plain ``from_pretrained(dir)`` loads back: the
+toy tasks train the same kind of object a real checkpoint is, and the tests need no download.
 """
 
 from __future__ import annotations
@@ -22,9 +20,7 @@ from typing import Any
 import torch
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
-# What the text toy tasks write: sorting ("3 1 4>1 3 4") and arithmetic ("12-(7*3)=");
-# with the three special tokens the vocabulary has 21 entries (benchmarks/grpo_step.py
-# uses the 14 characters "0123456789 >+=" for a vocabulary of 17). There is no unknown
+# What the text toy tasks write: sorting ("3 1 4>1 3 4") and arithmetic ("12-(7*3)="). There is no unknown
 # token: a character outside the vocabulary is an error when encoding, never <unk>.
 DEFAULT_CHARS = "0123456789 >+-*=()"
 PRINTABLE = string.printable.replace("\r", "").replace("\x0b", "").replace("\x0c", "")  # init-model --printable
@@ -33,13 +29,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def build_char_tokenizer(chars: str | list[str] = DEFAULT_CHARS, out_dir: str | Path | None = None):
-    """A character-level ``PreTrainedTokenizerFast``: one token per character.
-
-    Ids: ``<pad>`` 0, ``<bos>`` 1, ``<eos>`` 2, then ``chars`` in order (duplicates
-    rejected). Encoding adds no special tokens and decoding concatenates characters, so
-    ``decode(encode(s)) == s`` for any string over ``chars``. Saved to ``out_dir`` with
-    ``save_pretrained`` when given.
-    """
+    """A character-level ``PreTrainedTokenizerFast``: ``<pad>`` 0, ``<bos>`` 1, ``<eos>`` 2, then ``chars`` in
+    order. Encoding adds no special tokens, so ``decode(encode(s)) == s`` for any string over ``chars``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -100,11 +91,8 @@ def build_model(
     max_positions: int = 256,
     seed: int = 0,
 ):
-    """A randomly initialised causal LM (in memory) with special ids pad 0, bos 1, eos 2.
-
-    The same arguments and seed give the same weights; the global torch RNG is left
-    as it was.
-    """
+    """A randomly initialised causal LM with special ids pad 0, bos 1, eos 2: the same arguments and seed give
+    the same weights; the global torch RNG is left as it was."""
     from transformers import AutoModelForCausalLM
 
     if hidden_size % num_heads:
@@ -132,11 +120,7 @@ def init_model(
     max_positions: int = 256,
     seed: int = 0,
 ) -> Path:
-    """Write a character tokenizer over ``chars`` and ``build_model(...)`` to ``out_dir``.
-
-    Both load back with plain ``AutoTokenizer`` / ``AutoModelForCausalLM``
-    ``.from_pretrained(out_dir)``. Returns ``out_dir`` as a Path.
-    """
+    """Write a character tokenizer over ``chars`` and ``build_model(...)`` to ``out_dir``; returns it."""
     out_dir = Path(out_dir)
     tokenizer = build_char_tokenizer(chars)
     model = build_model(arch, len(tokenizer), hidden_size, intermediate_size, num_layers,
@@ -147,8 +131,7 @@ def init_model(
 
 
 def add_init_model_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add ``init_model``'s options to ``parser`` (for ``rlvr init-model``); each help
-    shows its default."""
+    """Add ``init_model``'s options to ``parser`` (for ``rlvr init-model``)."""
     parser.add_argument("--out", required=True, help="folder to write the tokenizer and model to")
     parser.add_argument("--arch", default="llama", choices=ARCHS, help="model family (default: %(default)s)")
     parser.add_argument("--hidden-size", type=int, default=128, help="model width (default: %(default)s)")
@@ -170,13 +153,12 @@ def add_init_model_arguments(parser: argparse.ArgumentParser) -> argparse.Argume
 
 
 def unescape_chars(text: str) -> str:
-    """``--chars`` as characters: ``\\n``, ``\\t`` and ``\\\\`` are newline, tab and a
-    backslash (a shell passes them on as written); any other backslash stays as it is."""
+    """``--chars`` as characters: ``\\n``, ``\\t`` and ``\\\\`` are newline, tab and a backslash (a shell passes
+    them on as written); any other backslash stays as it is."""
     return re.sub(r"\\([nt\\])", lambda m: {"n": "\n", "t": "\t", "\\": "\\"}[m[1]], text)
 
 
 def run_init_model(args: argparse.Namespace) -> Path:
-    """Run ``init_model`` from parsed ``add_init_model_arguments`` options."""
     chars = args.chars + "".join(c for c in PRINTABLE if c not in args.chars) if args.printable else args.chars
     return init_model(
         args.out, arch=args.arch, hidden_size=args.hidden_size,
@@ -188,12 +170,9 @@ def run_init_model(args: argparse.Namespace) -> Path:
 
 @contextmanager
 def quiet_libraries() -> Iterator[None]:
-    """For one rlvr command: no progress bars from transformers and huggingface_hub
-    ("Loading weights", "Writing model shards" at every load and checkpoint; rlvr shows
-    its own progress), and no deprecation warnings that transformers and peft raise about
-    each other's calls (nothing a user of rlvr can act on). Both are as they were after
-    the block, also when transformers is first imported within it; a user's
-    ``HF_HUB_DISABLE_PROGRESS_BARS`` setting wins."""
+    """For one rlvr command: no progress bars from transformers and huggingface_hub (rlvr shows its own), and no
+    deprecation warnings that transformers and peft raise about each other's calls. Both are as they were after the
+    block, also when transformers is first imported within it; a user's ``HF_HUB_DISABLE_PROGRESS_BARS`` wins."""
     from rlvr.base.extras import missing_package
 
     hub = None
@@ -228,11 +207,8 @@ def _torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 
 def add_lora(model: torch.nn.Module, lora: dict[str, Any]) -> torch.nn.Module:
-    """Wrap ``model`` with LoRA adapters (peft); only the adapters stay trainable.
-
-    ``lora`` holds ``peft.LoraConfig`` fields, e.g. ``{"r": 8, "lora_alpha": 16}``;
-    ``target_modules`` defaults to ``"all-linear"``.
-    """
+    """Wrap ``model`` with LoRA adapters (``lora``: ``peft.LoraConfig`` fields; ``target_modules`` defaults to
+    ``"all-linear"``); only the adapters stay trainable."""
     try:
         import peft
     except ImportError as err:
@@ -253,11 +229,8 @@ def load_model_and_tokenizer(
 ):
     """Load ``(model, tokenizer)`` with ``from_pretrained`` from a folder or a hub name.
 
-    dtype: "float32", "bfloat16" or "float16". lora: None, or ``peft.LoraConfig``
-    fields (see ``add_lora``). The model is put in train mode on ``device`` ("meta": built
-    from its config without weights, for a process that never runs it); the
-    tokenizer pads on the left (prompts for generation). Raises FileNotFoundError
-    naming ``name_or_path`` when it is neither a local folder nor fetchable.
+    The model is put in train mode on ``device`` ("meta": without weights, for a process that never runs it); the
+    tokenizer pads on the left. FileNotFoundError when ``name_or_path`` is neither a local folder nor fetchable.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

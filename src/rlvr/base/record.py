@@ -10,9 +10,8 @@ Record = dict[str, Any]
 
 
 def json_safe(value: Any) -> Any:
-    """``value`` with every NaN or infinite float (in lists and dicts too) replaced by
-    None: JSON has no such numbers, and ``NaN`` written bare makes a file other JSON
-    readers refuse. Readers take a null as "no value" (plots and summaries skip it)."""
+    """``value`` with every NaN or infinite float (in lists and dicts too) replaced by None: a bare ``NaN`` makes a
+    file other JSON readers refuse. Readers take a null as "no value"."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
@@ -23,18 +22,15 @@ def json_safe(value: Any) -> Any:
 
 
 def prompt_text(prompt: Any) -> str:
-    """A prompt as a person reads it: a chat prompt (a list of ``{"role", "content"}``
-    messages) one ``role: content`` line per message, any other prompt as its ``str``."""
+    """A prompt as a person reads it: a chat one ``role: content`` line per message, any other as its ``str``."""
     if isinstance(prompt, list) and prompt and all(isinstance(m, dict) and "content" in m for m in prompt):
         return "\n".join(f"{m.get('role', '?')}: {m['content']}" for m in prompt)
     return str(prompt)
 
 
 def response_text(response: Any) -> str:
-    """A response as a person reads it: an episode (a list of turns, as
-    ``rlvr.environments.base.EpisodeText.as_record`` gives them) one turn per line, its role,
-    "(trained)" on the policy's, tool calls and results, step rewards, the environment's error;
-    any other as its ``str``."""
+    """A response as a person reads it: an episode (``EpisodeText.as_record``'s turns) one turn per line, with
+    tool calls and results, step rewards and the environment's error; any other as its ``str``."""
     if not (isinstance(response, list) and response and all(isinstance(t, dict) and "role" in t for t in response)):
         return str(response)
     lines = []
@@ -56,6 +52,5 @@ def response_text(response: Any) -> str:
 
 
 def plain_text(text: str) -> str:
-    """``text`` as matplotlib draws it literally: a ``$`` (run names, metric names) would
-    otherwise start mathtext, and text that is not valid TeX fails the whole figure."""
+    """``text`` as matplotlib draws it literally: a ``$`` would start mathtext, and invalid TeX fails the figure."""
     return str(text).replace("$", r"\$")

@@ -1,6 +1,5 @@
-"""The batches the Ray rollout source submits to its workers (``rlvr.cluster.rollout``):
-one ``Job`` per batch, or per part of one (``cluster.split_batch``), holding all it takes to
-send it again, and the generator an asynchronously sampled batch starts from."""
+"""The batches the Ray rollout source submits to its workers: one ``Job`` per batch (or part of one), holding all
+it takes to send it again, and the generator an asynchronously sampled batch starts from."""
 
 from __future__ import annotations
 
@@ -14,8 +13,8 @@ from rlvr.base.rollout import Grades, Samples
 
 
 def epoch_generator_state(seed: int, epoch: int) -> torch.Tensor:
-    """The state of the generator an asynchronously sampled batch of ``epoch`` starts from:
-    seeded from (seed, epoch), so the batch does not depend on when it was sampled."""
+    """The generator state an asynchronously sampled batch of ``epoch`` starts from: seeded from (seed, epoch), so
+    the batch does not depend on when it was sampled."""
     (derived,) = np.random.SeedSequence([seed, epoch]).generate_state(1, dtype=np.uint64)
     return torch.Generator().manual_seed(int(derived) & (2**63 - 1)).get_state()
 
@@ -37,6 +36,5 @@ class Job:
 
     @property
     def size(self) -> int:
-        """The responses of its answered batch."""
         assert self.result is not None
         return self.result[0].num_responses

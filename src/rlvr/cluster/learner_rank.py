@@ -1,11 +1,7 @@
-"""One data-parallel learner (``LearnerRank``, run as a Ray actor by
-``rlvr.cluster.learners.LearnerGroup``): a replica (or, under FSDP, a shard) of the policy,
-its optimizer and scheduler, and the KL reference, as rank ``rank`` of a gloo (NCCL) group.
-
-Besides its optimizer steps it scores its share of an epoch's samples (the old and the
-reference log-probs, the entropy), refreshes its reference copy, publishes the weights for
-rollout workers (rank 0 puts them into the object store, gathered tensor by tensor under
-FSDP) and writes and reads its part of a sharded checkpoint.
+"""One data-parallel learner, a Ray actor of ``rlvr.cluster.learners.LearnerGroup``: a replica (or, under FSDP, a
+shard) of the policy, its optimizer and scheduler, and the KL reference, as one rank of a gloo (NCCL) group.
+Besides its optimizer steps it scores its share of the samples, refreshes its reference, publishes the weights for
+rollout workers and writes and reads its part of a sharded checkpoint.
 """
 
 from __future__ import annotations
@@ -35,26 +31,19 @@ from rlvr.policies import frozen_copy
 
 
 def share_bounds(num_rows: int, num_shares: int) -> list[tuple[int, int]]:
-    """``num_shares`` contiguous, nearly equal ``[start, stop)`` parts of ``num_rows`` rows
-    (sizes differ by at most one; every part non-empty)."""
+    """``num_shares`` contiguous ``[start, stop)`` parts of ``num_rows`` rows, sizes differing by at most one."""
     if num_rows < num_shares:
         raise ValueError(f"a rollout of {num_rows} responses cannot be split among {num_shares} learners")
     return contiguous_bounds(num_rows, num_shares)
 
 
 class LearnerRank(Activity):
-    """One learner (run as a Ray actor by ``LearnerGroup``): the policy, its optimizer and
-    scheduler, and rank ``rank`` of a gloo (NCCL) group of ``world_size``.
+    """One learner: the policy, its optimizer and scheduler, and rank ``rank`` of a group of ``world_size``.
 
-    ``cluster.learner_strategy``: ``ddp``, a full replica per learner and the gradients
-    all-reduced; ``fsdp``, the policy's parameters, gradients and Adam state sharded over the
-    group by FSDP2's ``fully_shard`` (one unit: the whole module), its reduce-scatter
-    averaging turned back into the sum the shares' losses need. The weights go to rollout
-    workers (``publish_weights``) and, where the driver holds a copy, to the driver
-    (``train_state``), whole; to a checkpoint as DCP shards (``save_sharded``). ``state``:
-    what to start from (``rlvr.cluster.learners.train_state``: the scheduler and skipped
-    steps, and the weights, optimizer state and reference where the driver had them); the
-    policy is otherwise built as the driver's ``setup`` builds it (seeded alike).
+    ``cluster.learner_strategy``: ``ddp``, a full replica per learner and the gradients all-reduced; ``fsdp``, the
+    parameters, gradients and Adam state sharded by FSDP2's ``fully_shard`` (one unit: the whole module), its
+    reduce-scatter averaging turned back into the sum the shares' losses need. ``state``: what to start from
+    (``rlvr.cluster.learners.train_state``); the policy is otherwise built as the driver's (seeded alike).
     """
 
     def __init__(self, config: Config, rank: int, world_size: int, init_method: str,
@@ -115,17 +104,15 @@ class LearnerRank(Activity):
 
     def log_probs(self, samples: Samples, temperature: float, reference: bool, with_entropy: bool
                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``Policy.log_probs`` of this learner's share of ``samples`` (no gradient), under the
-        weights or the reference (a collective under FSDP: every learner scores its share)."""
+        """``Policy.log_probs`` of this learner's share of ``samples`` (no gradient; a collective under FSDP)."""
         start, stop = share_bounds(samples.num_responses, self.world_size)[self.rank]
         with self._busy("scoring its share of the samples"), torch.no_grad():
             return self.st.policy.log_probs(samples.rows(slice(start, stop)), temperature,
                                             with_entropy=with_entropy, module=self.ref if reference else None)
 
     def publish_weights(self) -> list[Any] | None:
-        """The weights whole, for rollout workers: rank 0 puts them into the object store and
-        returns ``[ref]`` (a list, so the caller gets the reference, not the weights); under
-        FSDP every learner takes part in gathering them, tensor by tensor."""
+        """The weights whole, for rollout workers: rank 0 returns ``[ref]`` to them in the object store (a list, so
+        the caller gets the reference, not the weights); under FSDP every learner takes part in gathering them."""
         import ray
 
         with self._busy("publishing the weights", waiting=self.fsdp):
@@ -142,8 +129,7 @@ class LearnerRank(Activity):
 
     def _reduced_gradients(self, rollout: Rollout, meter: GradientNoiseMeter | None = None
                            ) -> dict[str, torch.Tensor]:
-        """Backpropagate this learner's share, then sum gradients and step sums over the group:
-        afterwards every learner holds the full batch's gradient and sums. ``meter``: the
+        """Backpropagate this learner's share, then sum gradients and step sums over the group. ``meter``: the
         share's parts measured here, every learner's gathered into it after the sum."""
         self._doing("computing its share's gradients")
         clear_grads(self.st.optimizer)
@@ -171,9 +157,8 @@ class LearnerRank(Activity):
         return {k: v.to(torch.as_tensor(sums[k]).dtype) for k, v in zip(keys, values)}
 
     def _all_reduce_gradients(self) -> None:
-        """One all-reduce (SUM) per gradient dtype over a flat buffer. A parameter without a
-        gradient counts as zero, and keeps ``grad=None`` only if it has none on every learner
-        (as in a single process, where Adam skips it): a 0/1 flag per parameter travels along."""
+        """One all-reduce (SUM) per gradient dtype over a flat buffer. A parameter keeps ``grad=None`` only if it
+        has none on every learner (as Adam skips it in a single process): a 0/1 flag per parameter travels along."""
         by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = {}
         for p in self.params:
             by_dtype.setdefault(p.dtype, []).append(p)
@@ -201,10 +186,8 @@ class LearnerRank(Activity):
         return grads
 
     def step(self, rollout: Rollout, epoch: int, step: int | None = None, measure_noise: bool = False) -> Record:
-        """``rlvr.loop.step.optimizer_step`` with the gradient summed over the group; every
-        learner sees the same numbers, so all take (or all skip) the same step. ``step``:
-        the driver's step count (default: this learner's own); ``measure_noise``: grad/*
-        from the parts of every learner's share."""
+        """``optimizer_step`` with the gradient summed over the group: all take (or all skip) the same step.
+        ``step``: the driver's step count (default: this learner's own)."""
         self.st.epoch = epoch
         if step is not None:
             self.st.step = step
@@ -232,9 +215,8 @@ class LearnerRank(Activity):
             self.ref = load_sharded(self.st.policy.module, self.st.optimizer, Path(folder), self._reference) or self.ref
 
     def train_state(self, weights: bool = True) -> dict[str, Any]:
-        """What the driver takes over at the end of an epoch: the scheduler's state and the
-        count of consecutive skipped steps; with ``weights``, the weights and optimizer
-        state too (gathered whole under FSDP: every learner is asked)."""
+        """What the driver takes over at the end of an epoch; with ``weights``, the weights and optimizer state too
+        (gathered whole under FSDP: every learner is asked)."""
         state = {"scheduler": self.st.scheduler.state_dict(), "bad_steps": self.st.bad_steps}
         if not weights:
             return state
@@ -243,8 +225,7 @@ class LearnerRank(Activity):
         return {"model": self.state_dict(), "optimizer": optimizer, **state}
 
     def load_train_state(self, state: dict[str, Any]) -> None:
-        """``train_state``'s parts (the optimizer's where given) into this learner; whole
-        weights are loaded before sharding, in ``__init__``."""
+        """``train_state``'s parts into this learner (whole weights are loaded before sharding, in ``__init__``)."""
         if not self.fsdp or state.get("optimizer") is None:
             load_train_state(self.st, {**state, "model": None})
             return
@@ -270,8 +251,7 @@ def policy_device(policy: Any) -> torch.device:
 
 
 def load_train_state(st: TrainState, state: dict[str, Any]) -> None:
-    """``LearnerRank.train_state()`` (or the driver's ``train_state``) into ``st``: the
-    weights and optimizer state where given (not None), the scheduler and skipped steps."""
+    """``LearnerRank.train_state()`` (or the driver's ``train_state``) into ``st``, each part that is not None."""
     if state.get("model") is not None:
         st.policy.module.load_state_dict(state["model"])
     if state.get("optimizer") is not None:

@@ -1,11 +1,9 @@
-"""Data-parallel learners: M Ray actors (``rlvr.cluster.learner_rank.LearnerRank``), each
-holding a replica (or, under FSDP, a shard) of the policy and its optimizer, joined in a
-``torch.distributed`` gloo group (``nccl`` on GPUs, written but not run here).
+"""Data-parallel learners: M Ray actors, each holding a replica (or, under FSDP, a shard) of the policy and its
+optimizer, joined in a ``torch.distributed`` gloo group (``nccl`` on GPUs, written but not run here).
 
-Each learner takes its share of the rollout; the shares' gradients and sums add up to
-the batch's (all-reduced with SUM), so every learner takes the same step and the
-replicas stay equal. The group is the loop's learner and holds the weights; every wait
-is bounded. Ray is imported lazily. Design: docs/explanation/cluster.md."""
+Each learner takes its share of the rollout; the shares' gradients and sums add up to the batch's (all-reduced
+with SUM), so every learner takes the same step and the replicas stay equal. Every wait is bounded. Ray is
+imported lazily. Design: docs/explanation/cluster.md."""
 
 from __future__ import annotations
 
@@ -33,10 +31,8 @@ from rlvr.policies import holds_weights
 
 
 def train_state(st: TrainState) -> dict[str, Any]:
-    """The driver's state that the learners start from (as ``LearnerRank.train_state``): the
-    scheduler and skipped steps; the weights, optimizer state and reference where the driver
-    holds them, or where it keeps them for the learners (``st.handover``: a one-process
-    checkpoint resumed by a driver that holds no weights); None for each part it has not."""
+    """The driver's state that the learners start from (as ``LearnerRank.train_state``): the weights, optimizer
+    state and reference where the driver holds them or keeps them for the learners (``st.handover``), else None."""
     state: dict[str, Any] = {"scheduler": st.scheduler.state_dict(), "bad_steps": st.bad_steps,
                              "model": None, "optimizer": None, "reference": None}
     if st.handover is not None:
@@ -55,23 +51,18 @@ class LearnerFault(TrainingError):
 
 
 def learners_stopped(st: TrainState, err: Exception) -> TrainingError:
-    """The one-line error that stops a run whose learner died, failed or hung (or whose node
-    or Ray did): at the driver's epoch and step."""
+    """The one-line error that stops a run whose learner (or node, or Ray) died, failed or hung."""
     cause = str(err) if isinstance(err, LearnerFault) else f"Ray failed: {type(err).__name__}: {first_line(err)}"
     return TrainingError(f"epoch {st.epoch}, step {st.step}: {cause}. The run stops; the checkpoints written before "
                          "are intact (resume=RUN_DIR continues from the last one)")
 
 
 class LearnerGroup:
-    """``num_learners`` data-parallel ``LearnerRank`` actors on the running Ray instance: the
-    loop's learner (``rlvr.loop.seams.Learner``) in a run with ``cluster.learners > 1``.
+    """``num_learners`` data-parallel ``LearnerRank`` actors: the loop's learner with ``cluster.learners > 1``.
 
-    The replicas start equal: each builds the policy seeded with ``config.seed`` (as
-    ``rlvr.loop.trainer.setup`` does), and takes what ``state`` (the driver's ``TrainState``) has
-    of the trained state (``train_state``). ``num_cpus`` is each actor's Ray CPU request
-    (explicit: a default request can leave actors pending forever on a small machine); on a
-    GPU each actor also asks for one GPU. ``cluster.call_timeout`` bounds every call and
-    collective, READY_TIMEOUT the actors' start.
+    The replicas start equal: each builds the policy seeded with ``config.seed`` and takes what ``state`` has of
+    the trained state. ``num_cpus``: each actor's Ray CPU request (explicit: a default request can leave actors
+    pending forever on a small machine). ``cluster.call_timeout`` bounds every call, READY_TIMEOUT the start.
     """
 
     def __init__(self, config: Config, num_learners: int, *, state: TrainState | None = None,
@@ -99,10 +90,9 @@ class LearnerGroup:
             raise
 
     def _get(self, refs: list, doing: str, timeout: float | None = None) -> list:
-        """The results of ``refs`` (learner r's call at index r), within ``timeout`` seconds
-        (default ``cluster.call_timeout``). The first failure is raised as soon as it is known (a
-        dead learner's at once, not after its peers time out waiting for it): a learner's own
-        TrainingError as it is, else a LearnerFault naming the rank, ``doing`` and how long."""
+        """The results of ``refs`` (learner r's at index r) within ``timeout`` (default ``cluster.call_timeout``).
+        The first failure is raised as soon as it is known (not after its peers time out waiting for it): a
+        learner's own TrainingError as it is, else a LearnerFault naming the rank, ``doing`` and how long."""
         from ray.exceptions import RayActorError, RayTaskError
 
         start = time.monotonic()
@@ -125,8 +115,7 @@ class LearnerGroup:
         return self._ray.get(refs)
 
     def step(self, rollout: Rollout, epoch: int = 0, step: int | None = None, measure_noise: bool = False) -> Record:
-        """One optimizer step of every learner on the whole ``rollout``; rank 0's record
-        (every learner computes the same metrics from the same summed numbers)."""
+        """One optimizer step of every learner on the whole ``rollout``; rank 0's record (all are the same)."""
         share_bounds(rollout.samples.num_responses, self.num_learners)  # fail here, not inside the actors
         ref = self._ray.put(rollout)  # serialised once, read by every learner
         return self._each("step", "taking its optimizer step", ref, epoch, step, measure_noise)[0]
@@ -139,19 +128,14 @@ class LearnerGroup:
         return self._get([getattr(learner, method).remote(*args) for learner in self.learners], doing, timeout)
 
     def optimizer_step(self, st: TrainState, rollout: Rollout) -> Record:
-        """The group's step at the driver's epoch and step count (measuring the gradient's
-        noise where ``rlvr.loop.step.noise_due`` says). A learner that died, failed or hung stops
-        the run with one line naming it (a ``TrainingError``); a learner's own TrainingError
-        (too many non-finite steps) stops it as a single process does."""
+        """The group's step at the driver's epoch and step count; a learner's fault stops the run (one line)."""
         with self._stops_run(st):
             record = self.step(rollout, st.epoch, st.step, noise_due(self.config, st))
         st.step += 1
         return record
 
     def pull(self, st: TrainState) -> None:
-        """The group's state into the driver's ``st`` (rank 0's: all are equal): the
-        scheduler and skipped steps, and the weights and optimizer state where the driver
-        holds them (it samples and evaluates with them)."""
+        """Rank 0's state into the driver's ``st`` (the weights and optimizer state where the driver holds them)."""
         state = self._call(st, "handing its state over", "train_state", self.driver_weights)  # a collective
         load_train_state(st, state)
 
@@ -171,13 +155,12 @@ class LearnerGroup:
             self.has_reference = True
 
     def publish_weights(self, st: TrainState) -> Any:
-        """The weights of ``st.step`` put into the object store by rank 0 (gathered from the
-        learners): the reference rollout workers load them from."""
+        """The object-store reference of the weights of ``st.step``, which rollout workers load."""
         return self._call(st, "publishing the weights", "publish_weights")[0]
 
     def _call(self, st: TrainState, doing: str, method: str, *args: Any, every: bool = False) -> Any:
-        """``method(*args)`` on every learner: rank 0's answer (``every``: all, in rank order);
-        a learner that died, failed or hung stops the run at ``st``'s epoch and step."""
+        """``method(*args)`` on every learner: rank 0's answer (``every``: all, in rank order); a learner's fault
+        stops the run."""
         with self._stops_run(st):
             answers = self._each(method, doing, *args)
         return answers if every else answers[0]
@@ -208,13 +191,11 @@ class LearnerGroup:
         return self._each("gradients", "computing the gradient", self._ray.put(rollout))[0]
 
     def state_dict(self, rank: int = 0) -> dict[str, torch.Tensor]:
-        """The policy's weights from learner ``rank`` (all are equal): for rollout workers and
-        checkpoints."""
+        """The policy's weights from learner ``rank`` (all are equal)."""
         return self._each("state_dict", "handing its weights over")[rank]  # a collective
 
     def close(self) -> None:
-        """End the actors (their process group ends with them; a survivor of a dead peer may be
-        waiting inside an all-reduce, so nothing is asked of them first)."""
+        """End the actors; nothing is asked of them first (a survivor of a dead peer may wait in an all-reduce)."""
         for learner in self.learners:
             self._ray.kill(learner)
         self.learners = []

@@ -1,11 +1,6 @@
-"""The loop's parts for a run (``loop_parts``), and Ray for one run: joined or started once,
-holding the run's rollout workers and learners.
-
-``loop_parts(config, st)`` gives ``rlvr.loop.trainer.train`` its rollout source and learner:
-in this process, or Ray actors in a ``Cluster`` closed when the run ends. A Ray the run
-starts is private and the run's alone (its SIGTERM handler undone, its session folder
-removed); a joined or already initialised one is left as it is
-(docs/explanation/cluster.md)."""
+"""The loop's parts for a run: its rollout source and learner, in this process or Ray actors in a ``Cluster``
+closed when the run ends. A Ray the run starts is private and the run's alone (its SIGTERM handler undone, its
+session folder removed); a joined or already initialised one is left as it is (docs/explanation/cluster.md)."""
 
 from __future__ import annotations
 
@@ -32,11 +27,9 @@ LEARNER_CPUS = 0.5  # Ray CPUs each learner holds
 
 
 def import_ray() -> Any:
-    """``ray``, with its usage report, token auth and C++ crash handler off (set before the
-    import, which reads them and which worker processes inherit). The crash handler (absl's)
-    takes SIGTERM at ``ray.init`` and sets it to the default action midway through
-    ``ray.shutdown``: a second stop signal then killed the run mid-shutdown (exit -15, its
-    session folder left); without it the run's own handler holds throughout."""
+    """``ray``, with its usage report, token auth and C++ crash handler off (set before the import). The crash
+    handler takes SIGTERM at ``ray.init`` and resets it midway through ``ray.shutdown``: a second stop signal then
+    killed the run mid-shutdown, its session folder left."""
     os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -51,8 +44,8 @@ def import_ray() -> Any:
 
 @contextmanager
 def loop_parts(config: Config, st: TrainState) -> Iterator[tuple[RolloutSource, Learner]]:
-    """The rollout source and the learner ``config`` asks for, the learners starting from
-    ``st``; Ray's actors (and Ray, if this starts it) end with the block."""
+    """The rollout source and the learner ``config`` asks for; Ray's actors (and Ray, if this starts it) end with
+    the block."""
     if not runs_on_ray(config):
         yield LocalRolloutSource(config), local_learner(config)
         return
@@ -65,9 +58,8 @@ def loop_parts(config: Config, st: TrainState) -> Iterator[tuple[RolloutSource, 
 
 
 def trained_policy(config: Config, task: Any, st: TrainState, learner: Learner) -> Any:
-    """The trained policy, with weights, for a caller of ``rlvr.train``: the driver's own, or,
-    where it holds none (``driver_holds_weights``), built anew and given the learners' (call
-    it inside ``loop_parts``, while they run)."""
+    """The trained policy, with weights: the driver's own, or built anew with the learners' (call it inside
+    ``loop_parts``, while they run)."""
     if holds_weights(st.policy.module):
         return st.policy
     from rlvr.config.compose import build_policy
@@ -78,10 +70,8 @@ def trained_policy(config: Config, task: Any, st: TrainState, learner: Learner) 
 
 
 class Cluster:
-    """The run's Ray actors: ``rollouts`` (a ``RayRolloutSource``, or None: the driver samples)
-    and ``learners`` (a ``LearnerGroup`` started from the driver's state, or None: the driver
-    steps); with both, the rollout workers take their weights from the learners and the
-    driver holds none. ``close`` ends them, and Ray if this run started it."""
+    """The run's Ray actors: ``rollouts`` (None: the driver samples) and ``learners`` (None: the driver steps);
+    with both, the rollout workers take their weights from the learners and the driver holds none."""
 
     def __init__(self, config: Config, st: TrainState) -> None:
         from rlvr.cluster.learners import LearnerGroup
@@ -97,8 +87,8 @@ class Cluster:
                 os.environ.setdefault("RAY_COLOR_PREFIX", "0")
             if c.address is None:
                 cpus = c.rollout_workers * WORKER_CPUS + (c.learners if c.learners > 1 else 0) * LEARNER_CPUS
-                # without dashboard_port, Ray's dashboard process (started even without the
-                # dashboard) takes 8265, which another Ray or program on the machine may hold
+                # without dashboard_port, Ray's dashboard process (started even without the dashboard) takes 8265,
+                # which another program may hold
                 ray.init(address="local", num_cpus=math.ceil(cpus) + 1, include_dashboard=False, dashboard_port=0,
                          logging_level="ERROR")
                 context = ray.get_runtime_context()
@@ -118,9 +108,8 @@ class Cluster:
             raise
 
     def close(self) -> None:
-        """End the actors, then Ray and its session folder if the run started them. Ray's own
-        errors here (a node already gone) are logged, not raised: the run is over, and the
-        error that ended it, if any, is the one to show."""
+        """End the actors, then Ray and its session folder if the run started them. Ray's errors here are logged,
+        not raised: the error that ended the run, if any, is the one to show."""
         from ray.exceptions import RayError
 
         try:
@@ -141,8 +130,7 @@ class Cluster:
 
 
 def _restore_handlers(handlers: dict[int, Any]) -> None:
-    """Put back the signal handlers ``ray.init`` replaced (main thread only: elsewhere
-    Python allows no handler, and ray.init installed none)."""
+    """Put back the signal handlers ``ray.init`` replaced (in the main thread: elsewhere it installed none)."""
     for signum, handler in handlers.items():
         if signal.getsignal(signum) is not handler and handler is not None:
             try:

@@ -1,10 +1,8 @@
-"""Sharded checkpoints: a policy's weights and optimizer state written by the data-parallel
-learners themselves with ``torch.distributed.checkpoint`` (DCP), and read back by any number
-of learners, or by one process.
+"""Sharded checkpoints: a policy's weights and optimizer state written by the data-parallel learners with
+``torch.distributed.checkpoint`` (DCP), and read back by any number of learners, or by one process.
 
-A checkpoint is data, never code: ``safe_reader`` unpickles DCP's metadata with only its
-own classes allowed and ``SafePlanner`` reads byte items with ``weights_only=True``
-(docs/explanation/cluster.md)."""
+A checkpoint is data, never code: DCP's metadata is unpickled with only its own classes allowed and byte items are
+read with ``weights_only=True`` (docs/explanation/cluster.md)."""
 
 from __future__ import annotations
 
@@ -23,8 +21,7 @@ from rlvr.base.errors import CheckpointError
 NO_GROUP = "torch.distributed is disabled, unavailable or uninitialized"
 
 
-# What DCP's ``.metadata`` pickle may name: its own metadata classes, torch's sizes, dtypes,
-# layouts and memory formats, and the path a writer records; anything else is refused.
+# What DCP's ``.metadata`` pickle may name (torch's dtypes aside); anything else is refused.
 _METADATA_GLOBALS = {
     "torch.distributed.checkpoint.metadata": {
         "Metadata", "TensorStorageMetadata", "TensorProperties", "ChunkStorageMetadata",
@@ -142,10 +139,9 @@ def has_reference(folder: Path) -> bool:
 
 def load_sharded(module: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path,
                  new_reference: Callable[[], torch.nn.Module] | None = None) -> torch.nn.Module | None:
-    """``save_sharded``'s ``folder`` into ``module`` and ``optimizer``: this rank's parts in a
-    process group (every rank calls it), the whole state without one. A reference in the
-    folder is read into ``new_reference()`` (a module shaped, and sharded, as ``module``),
-    which is returned; None: the folder has none."""
+    """``save_sharded``'s ``folder`` into ``module`` and ``optimizer``: this rank's parts in a process group, the
+    whole state without one. A reference in the folder is read into ``new_reference()`` (shaped and sharded as
+    ``module``) and returned; None: the folder has none."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_state_dict
 
     reference = new_reference() if new_reference is not None and has_reference(folder) else None
@@ -163,8 +159,7 @@ def load_sharded(module: torch.nn.Module, optimizer: torch.optim.Optimizer, fold
 
 
 def load_sharded_weights(module: torch.nn.Module, folder: Path) -> None:
-    """The weights alone of ``save_sharded``'s ``folder`` into ``module``, whole, in this
-    process (no process group): what ``rlvr export`` writes."""
+    """The weights alone of ``save_sharded``'s ``folder`` into ``module``, whole, with no process group."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
     state = {"model": get_model_state_dict(module)}

@@ -1,15 +1,11 @@
 """The learners' watchdog: what each learner is doing, asked while it works, and the one line
 that names the learner a stuck or failed call comes down to.
 
-A learner (``Activity``) says what it is doing as it goes (its share's gradients, an
-all-reduce, the optimizer step) and whether that is a wait on its peers (a collective). The
-actor answers ``activity`` in a concurrency group of its own (``WATCH``), beside the call in
-progress. When a group call runs past ``cluster.call_timeout``, or one learner's call fails
-(a collective cut off by a peer that died or timed out), ``diagnose`` asks every learner
-(``PROBE_TIMEOUT``): one that is dead died; one that does not answer at all is stopped or
-stuck outside Python; one busy outside a collective is the one its peers wait for. With
-``learner_strategy=fsdp`` the collectives run inside the backward pass, so a peer waiting
-there reads as busy, and the line names every busy learner.
+A learner says what it is doing as it goes and whether that is a wait on its peers (a collective), answering
+``activity`` in a concurrency group of its own (``WATCH``) beside the call in progress. When a group call runs past
+``cluster.call_timeout`` or fails, ``diagnose`` asks every learner: one that is dead died; one that does not answer
+is stopped or stuck outside Python; one busy outside a collective is the one its peers wait for. Under FSDP the
+collectives run inside the backward pass, so a waiting peer reads as busy, and the line names every busy learner.
 """
 
 from __future__ import annotations
@@ -53,8 +49,8 @@ def _ranks(ranks: list[int]) -> str:
 
 def diagnose(ray: Any, learners: list[Any], doing: str, elapsed: float, failed: tuple[int, BaseException] | None = None
              ) -> str:
-    """One line naming the learner(s) a group call comes down to: the call (``doing``) ran
-    ``elapsed`` seconds and either ran out of time or ``failed`` (a rank and its error)."""
+    """One line naming the learner(s) a group call comes down to: it ran ``elapsed`` seconds and ran out of time
+    or ``failed`` (a rank and its error)."""
     from ray.exceptions import GetTimeoutError, RayActorError
 
     probes = [learner.activity.options(concurrency_group=WATCH).remote() for learner in learners]

@@ -1,11 +1,6 @@
-"""Weights from the trainer to the rollout workers: as a payload in Ray's object store
-(``weights_payload``: ``cluster.weight_sync=object_store``, the default; with
-``cluster.weights_in_flight`` the newest version is posted on a ``WeightsBoard`` after
-every optimizer step, where workers look before each batch), or by a collective
-broadcast; and the process groups' plumbing (``free_port``, ``backend_for``) the learners
-share.
-
-The design: ``docs/explanation/cluster.md`` (``rlvr.cluster.weight_sync``).
+"""Weights from the trainer to the rollout workers: as a payload in Ray's object store (the default; with
+``cluster.weights_in_flight`` posted on a ``WeightsBoard`` after every optimizer step), or by a collective
+broadcast; and the process groups' plumbing the learners share (docs/explanation/cluster.md).
 """
 
 from __future__ import annotations
@@ -20,8 +15,8 @@ import torch.distributed as dist
 
 
 def weights_payload(state: Iterable[tuple[str, torch.Tensor]]) -> dict[str, Any]:
-    """A state dict's (name, tensor) pairs as numpy arrays (Ray shares those zero-copy),
-    taken one at a time; a dtype numpy lacks (bfloat16) stays a tensor."""
+    """(name, tensor) pairs as numpy arrays (Ray shares those zero-copy); bfloat16, which numpy lacks, stays a
+    tensor."""
     out: dict[str, Any] = {}
     for key, value in state:
         value = value.detach().cpu()
@@ -29,11 +24,9 @@ def weights_payload(state: Iterable[tuple[str, torch.Tensor]]) -> dict[str, Any]
     return out
 
 
-
 class WeightsBoard:
-    """The newest weights published (a Ray actor): their version (the optimizer step count)
-    and ``[ObjectRef]`` (in a list, so Ray hands over the reference, not the weights). The
-    board holds the reference, which keeps the newest weights alive in the object store."""
+    """The newest weights published (a Ray actor): their version and ``[ObjectRef]`` (a list, so Ray hands over the
+    reference, not the weights), which keeps them alive in the object store."""
 
     def __init__(self) -> None:
         self.version, self.weights = -1, [None]
@@ -44,6 +37,7 @@ class WeightsBoard:
 
     def latest(self) -> tuple[int, list[Any]]:
         return self.version, self.weights
+
 
 def free_port() -> int:
     """A TCP port free on this host now (for the process group's rendezvous)."""
@@ -56,18 +50,14 @@ def backend_for(module: torch.nn.Module) -> str:
     """The torch.distributed backend for ``module``'s device: NCCL on a GPU, gloo on the CPU."""
     return "nccl" if next(module.parameters()).device.type == "cuda" else "gloo"
 
-def flat_buffers(state: dict[str, torch.Tensor]) -> dict[torch.dtype, list[str]]:
-    """The state dict's keys by dtype, in the state dict's order: one buffer per dtype."""
+
+def broadcast_state(state: dict[str, torch.Tensor], source: bool) -> None:
+    """Broadcast ``state`` from rank 0 (``source``) into the same-shaped ``state`` of every other rank, in place:
+    one flat buffer per dtype, keys in the state dict's order."""
     by_dtype: dict[torch.dtype, list[str]] = {}
     for key, value in state.items():
         by_dtype.setdefault(value.dtype, []).append(key)
-    return by_dtype
-
-
-def broadcast_state(state: dict[str, torch.Tensor], source: bool) -> None:
-    """Broadcast ``state`` from rank 0 (``source``) into the same-shaped ``state`` of every
-    other rank, in place: one flat buffer per dtype."""
-    for dtype, keys in flat_buffers(state).items():
+    for dtype, keys in by_dtype.items():
         if source:
             buffer = torch.cat([state[k].detach().reshape(-1) for k in keys])
         else:
@@ -83,16 +73,14 @@ def broadcast_state(state: dict[str, torch.Tensor], source: bool) -> None:
 
 
 def join(init_method: str, rank: int, world_size: int, backend: str, timeout_s: float) -> None:
-    """Join the weights group (blocks until every rank has joined); each collective of the
-    group then waits at most ``timeout_s`` (the workers are up when the group forms: the
-    rendezvous waits for no start)."""
+    """Join the weights group (blocks until every rank has joined); each collective then waits at most
+    ``timeout_s``."""
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=timeout_s))
 
 
 class CollectiveWeights:
-    """The driver's side: forms the group with ``workers`` (Ray actor handles with
-    ``join_weights_group`` and ``receive_weights``) and broadcasts each version once."""
+    """The driver's side: forms the group with the ``workers`` (Ray actors) and broadcasts each version once."""
 
     def __init__(self, ray: Any, workers: list[Any], module: torch.nn.Module, timeout_s: float) -> None:
         from ray.exceptions import RayError
@@ -137,8 +125,8 @@ class CollectiveWeights:
 
 
 def culprits(ray: Any, refs: list[Any], silent: str) -> str:
-    """Which workers a group's failure comes down to, given their calls ``refs`` (worker i's
-    at index i): those whose call failed (died), else those that have not answered."""
+    """Which workers a group's failure comes down to (``refs``: worker i's call at index i): those whose call
+    failed (died), else those that have not answered."""
     done = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0])
     dead = []
     for i, ref in enumerate(refs):

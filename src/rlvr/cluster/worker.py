@@ -1,7 +1,5 @@
-"""A rollout worker (``RolloutWorker``, a Ray actor of ``rlvr.cluster.rollout.RayRolloutSource``):
-the task and the policy built from the config, sampling and grading an epoch's batch, or
-evaluating, with the weights of the version it is asked for (loaded from the object store,
-or received by broadcast, ``rlvr.cluster.weight_sync``).
+"""A rollout worker, a Ray actor of ``rlvr.cluster.rollout.RayRolloutSource``: the task and the policy built from
+the config, sampling and grading an epoch's batch, or evaluating, with the weights of the version it is asked for.
 """
 
 from __future__ import annotations
@@ -23,8 +21,7 @@ from rlvr.loop.seams import sample_and_grade, trainer_state_at
 
 
 class RolloutWorker:
-    """One rollout worker (a Ray actor once wrapped by ``ray.remote``): the task and the
-    policy built from the config, in one torch thread."""
+    """One rollout worker (a Ray actor once wrapped by ``ray.remote``), in one torch thread."""
 
     def __init__(self, config: Config) -> None:
         torch.set_num_threads(1)
@@ -47,14 +44,12 @@ class RolloutWorker:
         return os.getpid()
 
     def node_id(self) -> str:
-        """The Ray node this worker runs on."""
         import ray
 
         return ray.get_runtime_context().get_node_id()
 
     def set_weights(self, weights: dict[str, Any], version: int) -> int:
-        """Load the trainer's weights, named by ``version``; the policy's engine, if it has
-        one, gets them too."""
+        """Load the trainer's weights, named by ``version``, into the policy and its engine."""
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             state = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in weights.items()}
@@ -64,7 +59,6 @@ class RolloutWorker:
         return version
 
     def join_weights_group(self, init_method: str, rank: int, world_size: int, backend: str, timeout_s: float) -> None:
-        """Join the driver's weights group (``rlvr.cluster.weight_sync``)."""
         from rlvr.cluster.weight_sync import join
 
         join(init_method, rank, world_size, backend, timeout_s)
@@ -81,13 +75,10 @@ class RolloutWorker:
     def sample_and_grade(self, weights: list[Any], version: int, generator_state: torch.Tensor, prompts: Any = None,
                          epoch: int = 0, board: Any = None
                          ) -> tuple[Samples, Grades, dict[str, float], torch.Tensor, int, int]:
-        """``rlvr.loop.seams.sample_and_grade`` with the weights of ``version`` (``weights``: a
-        one-item list holding their ObjectRef, fetched only when this worker holds another
-        version; None: they came by broadcast), or the newer ones posted on ``board`` (a
-        ``WeightsBoard``: ``cluster.weights_in_flight``), and a generator in
-        ``generator_state``: the samples, the grades, the timings (and engine numbers), the
-        generator's new state, this process's id and the version sampled with. ``epoch``: the
-        batch's, for the reward functions' ``trainer_state``."""
+        """``rlvr.loop.seams.sample_and_grade`` with the weights of ``version`` (``weights``: ``[ObjectRef]``,
+        fetched only when this worker holds another version; ``[None]``: they came by broadcast), or the newer ones
+        posted on ``board``: the samples, the grades, the timings and engine numbers, the generator's new state,
+        this process's id and the version sampled with."""
         import ray
 
         if board is not None:
@@ -109,14 +100,12 @@ class RolloutWorker:
         return samples, grades, {**timings, **self.engine_stats}, generator.get_state(), os.getpid(), version
 
     def evaluate(self, weights: list[Any], version: int, epoch: int) -> list[Record]:
-        """``rlvr.loop.evaluation.evaluate`` with the weights of ``version`` (the optimizer step
-        count; ``weights`` as for ``sample_and_grade``) at ``epoch``."""
+        """``rlvr.loop.evaluation.evaluate`` with the weights of ``version`` (as for ``sample_and_grade``)."""
         self._hold(weights, version)
         return evaluate(self.config, self.task, self.policy, epoch, version)
 
     def _hold(self, weights: list[Any], version: int) -> None:
-        """The weights of ``version`` loaded, if this worker holds another version (a new one,
-        or it restarted since the last call)."""
+        """Load the weights of ``version`` if this worker holds another (a new one, or it restarted since)."""
         import ray
 
         if version == self.version:
@@ -129,9 +118,8 @@ class RolloutWorker:
 
 
 class NewWeights:
-    """A partial rollout's look at the weights board between tokens (``Engine.new_weights``):
-    at most every ``POLL_SECONDS``, the newest version posted; newer than the worker holds,
-    it is loaded (the engine goes on with it from the running responses' prefixes)."""
+    """A partial rollout's look at the weights board between tokens (``Engine.new_weights``), at most every
+    ``POLL_SECONDS``: a version newer than the worker holds is loaded."""
 
     POLL_SECONDS = 0.02  # a board call costs about a millisecond: not every token
 

@@ -1,9 +1,7 @@
 """Generation back ends behind one narrow interface (``rlvr.engines.base.Engine``).
 
-base.py: ``SamplingParams``, the ``Generation`` result and the ``Engine`` protocol;
-hf.py: ``HFEngine``, decoding in this process with a transformers KV cache, sharing the
-trainer's module; vllm.py: ``VLLMEngine``, vLLM in this process with its own copy of the
-weights (the ``vllm`` extra, imported only when asked for).
+hf.py decodes in this process with a transformers KV cache, sharing the trainer's module; vllm.py runs vLLM in
+this process with its own copy of the weights (the ``vllm`` extra, imported only when asked for).
 """
 
 from rlvr.engines.base import Engine, Generation, SamplingParams

@@ -3,12 +3,9 @@
 Shapes: B prompts, G responses per prompt, N = B*G responses (row ``b * G + g`` is
 response g of prompt b), P prompt tokens (left-padded), T response tokens (right-padded).
 
-An engine turns token ids into token ids: prompts are encoded and responses decoded to
-text by the policy, and scoring (log-probs for the loss) stays with the policy too. The
-engine holds the weights it samples with; ``load_weights`` gives it the trainer's. The
-in-process engine (``rlvr.engines.hf``) shares the trainer's module, so receiving weights
-costs nothing there; an engine with its own copy (another process, another library) must
-copy them.
+An engine turns token ids into token ids: encoding, decoding and scoring stay with the policy. It holds the
+weights it samples with; ``load_weights`` gives it the trainer's (free for ``rlvr.engines.hf``, which shares the
+trainer's module; a copy for an engine with its own).
 """
 
 from __future__ import annotations
@@ -25,11 +22,9 @@ class SamplingParams:
     """How to decode a response.
 
     temperature:    tau of pi_tau = softmax(logits / tau); 0 means greedy (argmax).
-    top_k, top_p:   sampling truncation (0 and 1.0 disable them); the recorded log-probs
-                    are those of pi_tau whatever the truncation. Unused when greedy.
-    max_new_tokens: longest response, in tokens.
+    top_k, top_p:   sampling truncation (0 and 1.0 disable them); the recorded log-probs are those of pi_tau
+                    whatever the truncation.
     min_new_tokens: the end tokens (EOS and stop tokens) cannot be chosen before this many tokens.
-    eos_token_ids:  tokens that end a response (the model's EOS ids).
     stop_token_ids: more tokens that end a response (kept in it, like EOS).
     stop_strings:   a response ends with the token that completes one of these.
     """
@@ -72,13 +67,10 @@ class Generation:
     """What an engine returns for N = B*G responses.
 
     response_ids:     [N, T] long, the chosen tokens, padding after each response's end
-    response_mask:    [N, T] bool, True on response tokens (the end token included);
-                      T is the longest response's length
-    sample_log_probs: [N, T] float, log pi_tau of each chosen token (0 off the mask; all
-                      0 when greedy, where there is no tau > 0 to score under)
-    versions:         [N, T] long, the weights version that sampled each token, or None:
-                      all by the version the call started with (an engine that took no
-                      new weights mid-call: ``Engine.new_weights``)
+    response_mask:    [N, T] bool, True on response tokens (the end token included); T: the longest response
+    sample_log_probs: [N, T] float, log pi_tau of each chosen token (0 off the mask; all 0 when greedy)
+    versions:         [N, T] long, the weights version that sampled each token, or None: all by the version
+                      the call started with (no new weights mid-call: ``Engine.new_weights``)
     """
 
     response_ids: torch.Tensor
@@ -93,13 +85,9 @@ class Generation:
 
 
 class Engine(Protocol):
-    """Decodes responses to prompts given as token ids; holds the weights it samples with.
+    """Decodes responses to prompts given as token ids; holds the weights it samples with."""
 
-    ``weights_version`` counts the weights received by ``load_weights`` (0: the ones it
-    was built with).
-    """
-
-    weights_version: int
+    weights_version: int  # counts the weights received by ``load_weights`` (0: the ones it was built with)
     # its sample log-probs are the trainer's (``rlvr.base.interfaces.sampler_log_probs_exact``)
     exact_log_probs: bool = True
     # partial rollouts: asked between tokens; takes newer weights if any are published and says
@@ -110,11 +98,9 @@ class Engine(Protocol):
     def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int,
                  sampling: SamplingParams, generator: torch.Generator | None = None,
                  seeds: torch.Tensor | None = None) -> Generation:
-        """G responses to each of B prompts: prompt_ids [B, P] long, prompt_mask [B, P] bool
-        (True on real tokens, left-padded). ``generator`` drives the draws (same seed, same
-        responses); it may be None only when ``sampling.greedy`` or given ``seeds``: [N] long,
-        one per response, whose draws then depend on that seed alone, not on the rest of the
-        batch (an episode's turns, the same whether its episode is sampled alone or in a batch)."""
+        """G responses to each of B prompts: prompt_ids [B, P] long, prompt_mask [B, P] bool (left-padded).
+        ``generator`` drives the draws; it may be None only when greedy or given ``seeds`` ([N] long), which make
+        each response's draws depend on its seed alone, not on the rest of the batch (an episode's turns)."""
         ...
 
     def load_weights(self, weights: torch.nn.Module | Mapping[str, torch.Tensor]) -> None:
@@ -130,9 +116,6 @@ def check_seeds(seeds: torch.Tensor | None, rows: int) -> None:
 
 
 def cut_at_stop_string(text: str, stop_strings: Sequence[str]) -> str:
-    """``text`` up to the end of the stop string that ends first in it (all of it if none).
-
-    That is the stop string the token loop meets first, one token at a time.
-    """
+    """``text`` up to the end of the stop string that ends first in it (the one the token loop meets first)."""
     ends = [text.find(s) + len(s) for s in stop_strings if s in text]
     return text[: min(ends)] if ends else text

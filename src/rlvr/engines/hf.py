@@ -35,10 +35,8 @@ def _shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
 
 
 def keyed_uniforms(seeds: torch.Tensor, step: int) -> torch.Tensor:
-    """U(0, 1) float64 [n, 1], one per seed [n] long and step: SplitMix64 of seed + (step + 1)
-    * golden ratio, computed with int64 tensors (multiplication wraps). A row's draws
-    depend on its seed alone, not on which rows share the batch: an episode's turns are the
-    same sampled in a batch or one at a time."""
+    """U(0, 1) float64 [n, 1], one per seed [n] long and step: SplitMix64 of seed + (step + 1) * golden ratio in
+    int64 tensors (multiplication wraps). A row's draws depend on its seed alone, not on the rows beside it."""
     z = seeds + _int64((step + 1) * 0x9E3779B97F4A7C15)
     z = (z ^ _shift_right(z, 30)) * _int64(0xBF58476D1CE4E5B9)
     z = (z ^ _shift_right(z, 27)) * _int64(0x94D049BB133111EB)
@@ -70,10 +68,8 @@ def draw_tokens(probs: torch.Tensor, generator: torch.Generator | None, uniforms
                 ) -> torch.Tensor:
     """One token per row of probs [n, V] (rows need not sum to 1): tokens [n] long.
 
-    Inverse CDF: u ~ U(0, 1) from ``generator`` on its own device (or the given
-    ``uniforms`` [n, 1] float64), token = the first index whose cumulative probability
-    exceeds u * total. Only n numbers cross devices (a CPU generator can drive sampling on
-    a GPU), and zero-probability tokens are never drawn.
+    Inverse CDF with u ~ U(0, 1) from ``generator`` on its own device (or ``uniforms`` [n, 1] float64): only n
+    numbers cross devices (a CPU generator can drive sampling on a GPU); zero-probability tokens are never drawn.
     """
     if uniforms is None:
         uniforms = torch.rand((probs.shape[0], 1), generator=generator, device=generator.device, dtype=torch.float64)
@@ -84,8 +80,7 @@ def draw_tokens(probs: torch.Tensor, generator: torch.Generator | None, uniforms
 
 def token_picker(sampling: SamplingParams, end_ids: torch.Tensor, generator: torch.Generator | None,
                  seeds: torch.Tensor | None = None) -> TokenPicker:
-    """How each step chooses its tokens: argmax when ``sampling.greedy``, else a draw from
-    the truncated pi_tau, with ``generator`` or, given ``seeds`` [N] long (one per row),
+    """Argmax when greedy, else a draw from the truncated pi_tau with ``generator`` or, given ``seeds`` [N] long,
     each row's ``keyed_uniforms``. End tokens ([k] long) are at -inf before ``min_new_tokens``."""
 
     def block_end(scaled: torch.Tensor, step: int) -> torch.Tensor:
@@ -111,14 +106,9 @@ def token_picker(sampling: SamplingParams, end_ids: torch.Tensor, generator: tor
 
 
 class HFEngine(Engine):
-    """Samples from a transformers causal LM in this process (see ``rlvr.engines.base.Engine``).
-
-    module:       the LM (optionally peft-wrapped); shared with the trainer, so
-                  ``load_weights(module)`` of that same module copies nothing.
-    tokenizer:    decodes response tails to find stop strings.
-    pad_token_id: fills response_ids after a response's end.
-    autocast:     run forward passes under torch.autocast to this dtype (None: no autocast).
-    """
+    """Samples from a transformers causal LM (optionally peft-wrapped) shared with the trainer, so
+    ``load_weights(module)`` copies nothing. ``tokenizer`` decodes response tails to find stop strings;
+    ``autocast``: the forward passes' dtype (None: no autocast)."""
 
     def __init__(self, module: torch.nn.Module, tokenizer: Any, pad_token_id: int,
                  autocast: torch.dtype | None = None):
@@ -128,8 +118,7 @@ class HFEngine(Engine):
         self.new_weights: Callable[[], bool] | None = None
 
     def load_weights(self, weights: torch.nn.Module | Mapping[str, torch.Tensor]) -> None:
-        """Sample with ``weights`` from now on: nothing to copy when they are this engine's
-        own module (the in-process case), else a copy of their state dict."""
+        """Sample with ``weights`` from now on (a copy of their state dict unless they are this engine's module)."""
         if weights is not self.module:
             state = weights.state_dict() if isinstance(weights, torch.nn.Module) else weights
             self.module.load_state_dict(state)
@@ -138,7 +127,6 @@ class HFEngine(Engine):
     def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int,
                  sampling: SamplingParams, generator: torch.Generator | None = None,
                  seeds: torch.Tensor | None = None) -> Generation:
-        """G responses to each of B prompts [B, P]; see ``Engine.generate``."""
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
         check_seeds(seeds, prompt_ids.shape[0] * group_size)
@@ -147,9 +135,8 @@ class HFEngine(Engine):
         was_training = self.module.training
         self.module.eval()  # no dropout while sampling; checkpointing is off in eval mode
         try:
-            # inference_mode: cheaper than no_grad per op (measured ~12% on the benchmark's
-            # sampling); its outputs are cloned into ordinary tensors so that scoring can
-            # save them for backward.
+            # inference_mode: ~12% cheaper than no_grad on the benchmark's sampling; the outputs are cloned into
+            # ordinary tensors so that scoring can save them for backward
             with torch.inference_mode():
                 *decoded, step_versions = self._decode(prompt_ids, prompt_mask, group_size, sampling, end_ids, pick)
             response_ids, lengths, log_probs = (t.clone() for t in decoded)
@@ -167,9 +154,8 @@ class HFEngine(Engine):
 
     def _prefill(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int,
                  max_new_tokens: int) -> tuple:
-        """Encode each prompt once, then repeat it G times: the cache (room for
-        ``max_new_tokens`` more positions), the first logits [N, V], the attention mask
-        [N, P + max_new_tokens] (1 on every response position) and each row's next position [N]."""
+        """Encode each prompt once, then repeat it G times: the cache (room for ``max_new_tokens`` more positions),
+        the first logits [N, V], the attention mask [N, P + max_new_tokens] and each row's next position [N]."""
         positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # [B, P], 0 on left padding
         out = self._forward(input_ids=prompt_ids, attention_mask=prompt_mask.long(), position_ids=positions,
                             use_cache=True, logits_to_keep=1)
@@ -188,13 +174,8 @@ class HFEngine(Engine):
 
     def _decode(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int,
                 sampling: SamplingParams, end_ids: torch.Tensor, pick: TokenPicker) -> tuple[Any, ...]:
-        """The token loop: at most ``max_new_tokens`` tokens; a row ends on one of ``end_ids``
-        [k] or a stop string. Returns response_ids [N, T], lengths [N], log-probs [N, T] and
-        the weights version each step [T] sampled with.
-
-        Finished rows leave the batch (and the cache), so late steps cost only the rows
-        still running; the loop stops when none is.
-        """
+        """The token loop: response_ids [N, T], lengths [N], log-probs [N, T] and the weights version each step [T]
+        sampled with. Finished rows leave the batch and the cache: late steps cost only the rows still running."""
         from rlvr.engines import kv_cache  # imports transformers, an optional dependency
 
         n, width, prompt_width = prompt_ids.shape[0] * group_size, sampling.max_new_tokens, prompt_ids.shape[1]
@@ -242,8 +223,8 @@ class HFEngine(Engine):
             return bool(self.new_weights())
 
     def _recompute(self, prefix: torch.Tensor, attention: torch.Tensor, capacity: int) -> tuple[Any, torch.Tensor]:
-        """A cache of ``prefix`` [n, L] (``attention`` [n, L]: 0 on left padding) by the module's
-        current weights, with room up to ``capacity`` positions, and the next token's logits [n, V]."""
+        """A cache of ``prefix`` [n, L] (``attention`` [n, L]) by the current weights, with room up to ``capacity``
+        positions, and the next token's logits [n, V]."""
         from rlvr.engines import kv_cache
 
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
@@ -253,14 +234,9 @@ class HFEngine(Engine):
         return (kv_cache.cache_of(out) if cache is None else cache), out.logits[:, -1]
 
     def _stop_string_hits(self, response_ids: torch.Tensor, stop_strings: tuple[str, ...]) -> torch.Tensor:
-        """[n] bool: does the response [n, t] now contain a stop string?
-
-        Only the last few tokens are decoded (every token adds at least one character,
-        so a stop string just completed lies within its length in tokens, plus margin).
-        """
+        """[n] bool: does the response [n, t] now contain a stop string? Only the last few tokens are decoded: every
+        token adds at least one character, so a stop string just completed lies within its length in tokens."""
         hits = torch.zeros(response_ids.shape[0], dtype=torch.bool, device=response_ids.device)
-        if not stop_strings:
-            return hits
         window = max(len(s) for s in stop_strings) + 2
         tails = self.tokenizer.batch_decode(response_ids[:, -window:].tolist(), skip_special_tokens=True)
         for row, text in enumerate(tails):

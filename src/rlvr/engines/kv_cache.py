@@ -1,9 +1,7 @@
 """A KV cache written in place, for ``HFEngine``: one copy per position, not one per step.
 
-Shapes: B prompts, G responses per prompt, n = B*G rows (row ``b * G + g`` is response g
-of prompt b), H key/value heads, P prompt tokens, L filled positions, D head size.
-
-The design: ``docs/explanation/engines.md`` (``rlvr.engines.kv_cache``).
+Shapes: B prompts, G responses per prompt, n = B*G rows (row ``b * G + g`` is response g of prompt b), H key/value
+heads, P prompt tokens, L filled positions, D head size. The design: ``docs/explanation/engines.md``.
 """
 
 from __future__ import annotations
@@ -18,9 +16,8 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 @functools.cache
 def cache_name() -> str:
-    """The name of a model's KV cache, as a ``forward`` keyword and an output field:
-    ``cache`` from transformers 5.24 on, ``past_key_values`` before (which 5.24 still
-    takes, with a deprecation warning on every call, until 5.40)."""
+    """The KV cache's ``forward`` keyword and output field: ``cache`` from transformers 5.24 on, before it
+    ``past_key_values`` (which 5.24 still takes, with a deprecation warning on every call)."""
     return "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
@@ -29,21 +26,17 @@ def cache_of(out: Any) -> Any:
     return out[cache_name()]
 
 
-# Positions a cache has room for past the prompt before it first doubles. Not all of
-# P + max_new_tokens at once: attention reads each row's and head's L positions out of a
-# slab of ``capacity``, and slabs much longer than L cost cache misses (measured: 9%
-# slower generation than concatenation for ~18-token responses with room for 256).
+# Positions a cache has room for past the prompt before it first doubles. Not all of P + max_new_tokens at once:
+# slabs much longer than L cost cache misses (measured: 9% slower for ~18-token responses with room for 256).
 INITIAL_HEADROOM = 16
 
 
 class PreallocatedLayer(DynamicLayer):
     """One attention layer's keys and values in buffers [n, H, capacity, D], written in place.
 
-    ``update`` writes the new positions after the filled part and returns it, a view
-    [n, H, L, D]; ``keys`` and ``values`` are that view, so everything transformers reads
-    from a ``DynamicLayer`` (sequence length, mask sizes) holds unchanged. A full buffer
-    is replaced by one of twice the capacity (at most ``max_capacity``): amortised, each
-    position is copied O(1) times instead of once per later step.
+    ``keys`` and ``values`` are views [n, H, L, D] of the filled part, so everything transformers reads from a
+    ``DynamicLayer`` holds unchanged. A full buffer is replaced by one of twice the capacity (at most
+    ``max_capacity``): amortised, each position is copied O(1) times instead of once per later step.
     """
 
     def __init__(self, key_buffer: torch.Tensor, value_buffer: torch.Tensor, length: int, max_capacity: int):
@@ -98,10 +91,8 @@ class PreallocatedLayer(DynamicLayer):
 
 def preallocated_cache(prompt_cache: Cache, group_size: int, max_capacity: int,
                        headroom: int = INITIAL_HEADROOM) -> Cache | None:
-    """The prefill cache of B prompts, each repeated G times (row b*G + g), in buffers with
-    room for ``headroom`` more positions, growing to ``max_capacity`` (P + max_new_tokens);
-    None when a layer is not a plain ``DynamicLayer`` (sliding window, linear
-    attention...): those keep their own cache."""
+    """The prefill cache of B prompts, each repeated G times, with room for ``headroom`` more positions, growing
+    to ``max_capacity``; None when a layer is not a plain ``DynamicLayer`` (sliding window...)."""
     if not prompt_cache.layers or any(type(layer) is not DynamicLayer for layer in prompt_cache.layers):
         return None
     layers = []

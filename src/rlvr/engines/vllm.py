@@ -1,12 +1,10 @@
 """vLLM as the generation engine, in the trainer's process (vLLM's offline ``LLM``).
 
-Shapes: B prompts, G responses per prompt, N = B*G responses (row ``b * G + g`` is
-response g of prompt b), P prompt tokens (left-padded), T response tokens, L probe tokens.
+Shapes: B prompts, G responses per prompt, N = B*G responses (row ``b * G + g`` is response g of prompt b), P prompt
+tokens (left-padded), T response tokens, L probe tokens.
 
-The engine holds its own copy of the weights (``load_weights``, checked with a probe);
-``logprobs_mode_for`` picks which of vLLM's log-probs is exact for the run. Log-probs,
-partial rollouts, seeding and the differences from ``HFEngine``:
-docs/explanation/engines.md."""
+The engine holds its own copy of the weights (``load_weights``, checked with a probe). Log-probs, partial rollouts,
+seeding and the differences from ``HFEngine``: docs/explanation/engines.md."""
 
 from __future__ import annotations
 
@@ -38,8 +36,8 @@ def vllm_installed() -> bool:
 
 
 def logprobs_mode_for(sampling: SamplingParams, temperature: float) -> str:
-    """The vLLM ``logprobs_mode`` whose values are log pi_tau at ``temperature`` given the
-    truncation in ``sampling`` (top_k, top_p, min_new_tokens); see the module docstring."""
+    """The vLLM ``logprobs_mode`` whose values are log pi_tau at ``temperature`` given the truncation in
+    ``sampling`` (top_k, top_p, min_new_tokens)."""
     truncated = sampling.top_k > 0 or sampling.top_p < 1.0 or sampling.min_new_tokens > 0
     return "raw_logprobs" if truncated and temperature == 1.0 else "processed_logprobs"
 
@@ -47,11 +45,9 @@ def logprobs_mode_for(sampling: SamplingParams, temperature: float) -> str:
 def merged_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The weights of ``module`` under the plain model's names, LoRA adapters merged in.
 
-    A peft model's LoRA layer ``x.base_layer`` (linear, embedding) with adapters A, B becomes
-    ``x.weight`` = W + sum over active adapters of scaling * B @ A (peft's ``get_delta_weight``), in new
-    tensors: the trainer's weights are not touched. Other modules are the model's own
-    tensors (not copied). Adapter kinds that are not a plain weight delta (DoRA and other
-    variants, LoRA biases, modules_to_save) raise NotImplementedError.
+    A LoRA layer ``x.base_layer`` becomes ``x.weight`` = W + sum over active adapters of scaling * B @ A (peft's
+    ``get_delta_weight``) in new tensors; other tensors are the model's own (not copied). Adapters that are not a
+    plain weight delta (DoRA, LoRA biases, modules_to_save) raise NotImplementedError.
     """
     if not hasattr(module, "get_base_model"):  # not peft-wrapped
         return module.state_dict()
@@ -88,9 +84,8 @@ def _merged_weight(name: str, layer: Any) -> torch.Tensor:
 
 @contextlib.contextmanager
 def preserved_process_state() -> Iterator[None]:
-    """Restore what vLLM's constructor changes for the whole process: the random, numpy
-    and torch (CPU, and CUDA when in use) generator states, and ``torch.set_num_threads``
-    with the thread count."""
+    """Restore what vLLM's constructor changes for the whole process: the random, numpy and torch generator
+    states, and ``torch.set_num_threads`` with the thread count."""
     set_threads, threads = torch.set_num_threads, torch.get_num_threads()
     states = random.getstate(), np.random.get_state(), torch.get_rng_state()
     cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
@@ -106,9 +101,8 @@ def preserved_process_state() -> Iterator[None]:
             torch.cuda.set_rng_state_all(cuda_states)
 
 
-# vLLM logger -> the start of a warning it repeats that says nothing to act on: the CPU
-# worker's no-op set_num_threads (start_llm restores the real one), and, at every weight
-# copy, the rotary embedding's cos/sin table (computed from the config) not being loaded.
+# vLLM logger -> the start of a warning it repeats that says nothing to act on: the CPU worker's no-op
+# set_num_threads (start_llm restores the real one), and the rotary table (computed) not loaded at every weight copy.
 HARMLESS_WARNINGS = {
     "vllm.v1.worker.cpu_worker": "CPU backend doesn't allow to use `torch.set_num_threads`",
     "vllm.model_executor.model_loader.reload.layerwise": "RotaryEmbedding: Failed to load weights",
@@ -138,14 +132,12 @@ class VLLMOptions:
 
 
 def drop_harmless_warnings(record: logging.LogRecord) -> bool:
-    """A logging filter: False (drop) for the ``HARMLESS_WARNINGS``."""
     return not record.getMessage().startswith(HARMLESS_WARNINGS.get(record.name, "\0"))
 
 
 def start_llm(model_path: str, options: VLLMOptions, dtype: torch.dtype, device: torch.device,
               logprobs_mode: str) -> Any:
-    """A vLLM ``LLM`` on ``model_path`` in this process (no engine subprocess), leaving the
-    process's random state and thread settings as they were."""
+    """A vLLM ``LLM`` in this process (no engine subprocess), the process's random state and threads kept."""
     if not vllm_installed():
         raise ImportError(f"engine=vllm needs the vllm package: {INSTALL_HINT}")
     # In-process: the weights go in by reference, not through a pipe, and a breakpoint() works.
@@ -169,14 +161,8 @@ def start_llm(model_path: str, options: VLLMOptions, dtype: torch.dtype, device:
 
 
 class VLLMEngine(Engine):
-    """Samples with vLLM in this process (see ``rlvr.engines.base.Engine``).
-
-    model_path:    the model folder or hub name vLLM loads (the trainer's starting point)
-    pad_token_id:  fills response_ids after a response's end
-    options:       ``VLLMOptions`` (``policy.options.engine_options``), already checked
-    dtype, device: the trainer's weight dtype (for dtype "auto") and device (CPU or GPU)
-    logprobs_mode: see ``logprobs_mode_for``
-    """
+    """Samples with vLLM in this process from ``model_path`` (the trainer's starting point); ``dtype`` and
+    ``device``: the trainer's."""
 
     exact_log_probs = False  # vLLM's kernels: the trainer recomputes the old log-probs
 
@@ -193,10 +179,7 @@ class VLLMEngine(Engine):
 
     def load_weights(self, weights: torch.nn.Module | Mapping[str, torch.Tensor]) -> None:
         """Copy ``weights`` (a module, LoRA merged; or a state dict under the model's names) into the engine.
-
-        The names must be those of the first weights received: vLLM leaves a model it
-        could not load broken, so other names are refused before anything is copied.
-        """
+        vLLM leaves a model it could not load broken, so names other than the first weights' are refused first."""
         self._check_usable()
         state = merged_state_dict(weights) if isinstance(weights, torch.nn.Module) else dict(weights)
         names = frozenset(state)
@@ -216,8 +199,7 @@ class VLLMEngine(Engine):
     def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int,
                  sampling: SamplingParams, generator: torch.Generator | None = None,
                  seeds: torch.Tensor | None = None) -> Generation:
-        """G responses to each of B prompts [B, P]; see ``Engine.generate`` (``seeds``: one
-        per prompt, with G = 1, each its request's seed)."""
+        """See ``Engine.generate``; ``seeds`` need G = 1 (each its request's seed)."""
         from vllm.inputs import TokensPrompt
 
         self._check_usable()
@@ -239,8 +221,7 @@ class VLLMEngine(Engine):
                 seeds = seeds % SEED_RANGE
             params = [request_params(sampling, group_size, seed) for seed in seeds.tolist()]
         requests = [self.requests.add(prompt, p) for prompt, p in zip(prompts, params)]
-        # vLLM's CPU sampler also draws from the global torch generator (then overrides
-        # the seeded rows): keep it as it was
+        # vLLM's CPU sampler also draws from the global torch generator (then overrides the seeded rows)
         with torch.random.fork_rng(devices=[]):
             self.requests.run(requests, between=self.new_weights)
         drawn = []
@@ -253,11 +234,8 @@ class VLLMEngine(Engine):
         return generation
 
     def prompt_log_probs(self, token_ids: Sequence[int]) -> torch.Tensor:
-        """log pi_1(token_i | tokens before it) [L - 1] of the engine, for i >= 1: the probe.
-
-        vLLM scores prompt tokens from the raw logits whatever ``logprobs_mode`` is, and a
-        request asking for them does not read the prefix cache.
-        """
+        """log pi_1(token_i | tokens before it) [L - 1] of the engine, for i >= 1: the probe. vLLM scores prompt
+        tokens from the raw logits whatever ``logprobs_mode`` is, and such a request skips the prefix cache."""
         from vllm import SamplingParams as RequestParams
         from vllm.inputs import TokensPrompt
 
@@ -275,12 +253,8 @@ class VLLMEngine(Engine):
 
 
 def request_params(sampling: SamplingParams, group_size: int, seed: int | None) -> Any:
-    """vLLM's sampling parameters for one prompt's G responses.
-
-    Exactly the end tokens of ``sampling`` end a response (ignore_eos: vLLM's own EOS
-    is not added; it is among them anyway) and they stay in it; stop strings need the
-    text, so responses are detokenized only when there are some.
-    """
+    """vLLM's sampling parameters for one prompt's G responses: exactly the end tokens of ``sampling`` end a
+    response (ignore_eos: vLLM's EOS is among them anyway); detokenized only for stop strings."""
     from vllm import SamplingParams as RequestParams
 
     return RequestParams(
@@ -292,9 +266,7 @@ def request_params(sampling: SamplingParams, group_size: int, seed: int | None) 
 
 
 def to_generation(drawn: Sequence[Drawn], greedy: bool, pad_token_id: int, device: torch.device) -> Generation:
-    """N drawn responses (row b*G + g) as a ``Generation``: token ids [N, T] padded after
-    each response's end, the mask, the sampled tokens' log-probs (0 off the mask; all 0 when
-    greedy) and the weights version of each token (0 off the mask)."""
+    """N drawn responses (row b*G + g) as a ``Generation`` (versions: 0 off the mask)."""
     width = max(1, max(len(d.token_ids) for d in drawn))
     response_ids = torch.full((len(drawn), width), pad_token_id, dtype=torch.long)
     log_probs = torch.zeros((len(drawn), width))

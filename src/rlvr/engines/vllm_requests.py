@@ -1,7 +1,6 @@
-"""vLLM's requests driven one engine step at a time, for ``rlvr.engines.vllm.VLLMEngine``:
-``LLM.generate``'s loop written out, so that new weights can come in between two steps
-and every token is tagged with the weights version that drew it (how the requests are
-paused and recomputed: docs/explanation/engines.md)."""
+"""vLLM's requests driven one engine step at a time: ``LLM.generate``'s loop written out, so that new weights can
+come in between two steps and every token is tagged with the weights version that drew it
+(docs/explanation/engines.md)."""
 
 from __future__ import annotations
 
@@ -14,8 +13,7 @@ from typing import Any
 
 @dataclass
 class Drawn:
-    """One response as it is drawn: its tokens, their sampler log-probs (empty when none
-    were asked for) and the weights version loaded when each was drawn."""
+    """One response as it is drawn (``log_probs`` empty when none were asked for)."""
 
     token_ids: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
@@ -24,8 +22,7 @@ class Drawn:
 
 @dataclass
 class Request:
-    """One added request (``id``): its responses by index (n of them), the prompt's log-probs
-    once reported (when asked for), and whether vLLM has finished it."""
+    """One added request: its responses by index and the prompt's log-probs once reported (when asked for)."""
 
     id: str
     responses: dict[int, Drawn] = field(default_factory=dict)
@@ -34,15 +31,13 @@ class Request:
 
 
 def can_pause(llm: Any) -> bool:
-    """Does this vLLM keep requests across a pause and recompute them after new weights
-    (``LLM.sleep``'s ``mode`` and ``reset_prefix_cache``'s ``reset_running_requests``)?"""
+    """Does this vLLM keep requests across a pause and recompute them after new weights?"""
     sleep, reset = inspect.signature(llm.sleep).parameters, inspect.signature(llm.reset_prefix_cache).parameters
     return "mode" in sleep and "reset_running_requests" in reset
 
 
 class Requests:
-    """The requests of one vLLM ``LLM`` (``llm``), stepped by ``run``; ``version()`` names
-    the weights loaded now."""
+    """The requests of one vLLM ``LLM``, stepped by ``run``; ``version()`` names the weights loaded now."""
 
     def __init__(self, llm: Any, version: Callable[[], int]) -> None:
         self.llm, self.version = llm, version
@@ -60,9 +55,8 @@ class Requests:
         return request
 
     def run(self, requests: list[Request], between: Callable[[], Any] | None = None) -> None:
-        """Step the engine until ``requests`` are finished, calling ``between`` after each
-        step that leaves some of them running (partial rollouts: new weights). Interrupted (an
-        error, a signal), the unfinished ones are aborted: no later call steps them."""
+        """Step the engine until ``requests`` are finished, calling ``between`` after each step that leaves some
+        running (new weights). Interrupted, the unfinished ones are aborted: no later call steps them."""
         try:
             while not all(r.finished for r in requests):
                 self.step()
@@ -92,8 +86,8 @@ class Requests:
                 del self.open[out.request_id]
 
     def load_weights(self, reload: Callable[[], None]) -> None:
-        """``reload()`` the weights, then drop every key and value the old ones computed: the
-        prefix cache, and with requests running, theirs (paused meanwhile, recomputed after)."""
+        """``reload()`` the weights, then drop every key and value the old ones computed: the prefix cache, and the
+        running requests' (paused meanwhile, recomputed after)."""
         running = bool(self.open)
         if running:
             self.llm.sleep(level=0, mode="keep")

@@ -1,8 +1,7 @@
 """Policies: what samples responses and scores their log-probs (``rlvr.base.interfaces.Policy``).
 
-positional.py: the lecture's non-autoregressive sorting model; causal_lm.py: Hugging
-Face causal LMs (the ``lm`` extra, imported only when asked for); ``rlvr.config.compose``
-builds the one a config names.
+positional.py: the lecture's non-autoregressive sorting model; causal_lm.py: Hugging Face causal LMs (the ``lm``
+extra, imported only when asked for).
 """
 
 from __future__ import annotations

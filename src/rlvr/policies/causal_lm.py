@@ -1,10 +1,8 @@
 """A Hugging Face causal LM as an rlvr ``Policy``: prompts in, text out, and scoring.
 
-Shapes: B prompts, G responses per prompt, N = B*G responses (row ``b * G + g`` is
-response g of prompt b), n any number of rows, P prompt tokens (left-padded), T
-response tokens (right-padded), V vocabulary.
-
-The design: ``docs/explanation/policies.md`` (``rlvr.policies.causal_lm``).
+Shapes: B prompts, G responses per prompt, N = B*G responses (row ``b * G + g`` is response g of prompt b), n any
+number of rows, P prompt tokens (left-padded), T response tokens (right-padded), V vocabulary.
+The design: ``docs/explanation/policies.md``.
 """
 
 from __future__ import annotations
@@ -65,39 +63,26 @@ def _sharded(module: torch.nn.Module) -> bool:
 
 
 def _onto_mask(mask: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """values [M, 1] of the M True positions of mask [n, T], in order, as [n, T] with 0
-    elsewhere (differentiable)."""
+    """values [M, 1] of the M True positions of mask [n, T] as [n, T], 0 elsewhere (differentiable)."""
     return torch.zeros(mask.shape, dtype=values.dtype, device=values.device).masked_scatter(mask, values.squeeze(1))
 
 _AUTOCAST = {None: None, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class CausalLMPolicy(Policy):
-    """Samples and scores responses of a transformers causal LM (``AutoModelForCausalLM``).
+    """Samples and scores responses of a transformers causal LM (optionally peft-wrapped; ``module`` is it).
 
-    model:            the LM (optionally peft-wrapped); ``module`` is this model.
-    tokenizer:        its tokenizer; prompts are encoded with ``add_special_tokens``.
-    max_new_tokens, min_new_tokens, top_k, top_p: see ``rlvr.engines.SamplingParams``;
-                      EOS cannot be drawn before ``min_new_tokens`` tokens.
-    stop_strings:     a response ends with the token that completes one of these. The
-                      text keeps the stop string and drops what follows it in that
-                      token; the token stays in ``response_ids`` and in the mask.
-    device, dtype:    where and in which precision to put the model (None: as it is).
-    gradient_checkpointing: recompute activations in backward (train mode only).
+    max_new_tokens, min_new_tokens, top_k, top_p, stop_strings: see ``rlvr.engines.SamplingParams``; the text
+                      keeps the stop string and drops what follows it in its token, which stays in the mask.
     chunk_elements:   float32 logits per chunk when turning logits into log-probs.
-    autocast:         "bfloat16" or "float16": run forward passes under torch.autocast
-                      while the weights (and Adam's updates) stay in their own dtype,
-                      e.g. float32 master weights; None: no autocast.
-    disable_dropout:  set every dropout probability to 0 (default): sampling runs in eval
-                      mode, so with dropout on in training the recorded log-probs would
-                      not be those of the policy that is scored and trained.
-    compile:          score the trained module through ``torch.compile`` (inductor): the
-                      same numbers within float rounding (a test), each new shape compiled
-                      on first use; generation and the reference stay eager.
-    share_prompts:    when scoring, encode a prompt once for all its rows (see
-                      ``rlvr.policies.scoring.response_outputs``); False: one forward over every full row.
-    engine:           what generates (``rlvr.engines.Engine``), handed the model's weights
-                      now (``sync_engine``); None: an ``HFEngine`` that shares ``model``.
+    autocast:         "bfloat16" or "float16": forward passes under torch.autocast while the weights (and
+                      Adam's updates) stay in their own dtype; None: no autocast.
+    disable_dropout:  sampling runs in eval mode, so with dropout on in training the recorded log-probs would
+                      not be those of the policy that is trained.
+    compile:          score the trained module through ``torch.compile``: the same numbers within float rounding
+                      (a test); generation and the reference stay eager.
+    share_prompts:    when scoring, encode a prompt once for all its rows (``scoring.response_outputs``).
+    engine:           what generates, handed the model's weights now; None: an ``HFEngine`` sharing ``model``.
     """
 
     # a LoRA policy's base model (``rlvr.policies.hf_model.model_identity``), saved with its checkpoints
@@ -154,7 +139,6 @@ class CausalLMPolicy(Policy):
 
     @property
     def max_response_length(self) -> int:
-        """Responses stop at max_new_tokens; a batch's width is its longest response."""
         return self.sampling.max_new_tokens
 
     @classmethod
@@ -164,12 +148,9 @@ class CausalLMPolicy(Policy):
                         **settings: Any) -> CausalLMPolicy:
         """Load with ``rlvr.base.modeling.load_model_and_tokenizer``; ``settings`` go to the constructor.
 
-        engine: "hf" (in-process, sharing the model) or "vllm" (``VLLMEngine`` on
-        ``name_or_path`` with ``engine_options``, ``rlvr.engines.vllm.VLLMOptions``, None: their
-        defaults; its log-prob mode exact at ``temperature`` when it can be), handed the loaded
-        weights (LoRA merged) and probed before this returns.
-        chat_template: a Jinja chat template that renders chat prompts (``rlvr.policies.prompts``)
-        in place of the tokenizer's own, or for a tokenizer that has none; checkpoints save it.
+        engine: "hf" or "vllm" (``VLLMEngine`` with ``engine_options``, its log-prob mode exact at ``temperature``
+        when it can be), handed the loaded weights and probed before this returns. chat_template: a Jinja chat
+        template in place of the tokenizer's own; checkpoints save it.
         """
         from rlvr.base.modeling import load_model_and_tokenizer
         from rlvr.policies.hf_model import locate_model, model_identity
@@ -194,8 +175,7 @@ class CausalLMPolicy(Policy):
         return policy
 
     def forward(self, module: torch.nn.Module | None = None, **inputs: Any) -> Any:
-        """A forward pass of ``module`` (None: the policy's), under autocast when the
-        ``autocast`` setting asks."""
+        """A forward pass of ``module`` (None: the policy's), under the ``autocast`` setting."""
         if module is None:
             module = self.module if self.compiled is None else self.compiled
         with autocast_context(self.device, self.autocast):
@@ -204,19 +184,15 @@ class CausalLMPolicy(Policy):
     # ---- prompts ------------------------------------------------------------------
 
     def encode_prompts(self, prompts: Sequence[str | dict]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Tokenize B prompts (strings, or dicts with a "prompt" key), left-padded.
-
-        Returns prompt_ids [B, P] long and prompt_mask [B, P] bool (True on real tokens).
-        Raises PromptError for a prompt the model cannot take (see ``check_prompts``).
-        """
+        """prompt_ids [B, P] long and prompt_mask [B, P] bool of B prompts, left-padded; PromptError for a prompt
+        the model cannot take (``check_prompts``)."""
         prompt_ids, prompt_mask = left_pad(self._prompt_token_ids(prompts), self.pad_id)
         return prompt_ids.to(self.device), prompt_mask.to(self.device)
 
     def check_prompts(self, prompts: Sequence[str | dict], what: str = "prompt") -> None:
-        """Raise PromptError naming the first prompt (as "<what> <index>") that has no
-        tokens, a character the tokenizer cannot encode, or more tokens than the model's
-        positions leave beside ``max_new_tokens``. Sampling checks each batch it gets;
-        call this on a fixed set of prompts to find a bad one before any work."""
+        """Raise PromptError naming the first prompt ("<what> <index>") that has no tokens, a character the
+        tokenizer cannot encode, or more tokens than the model's positions leave beside ``max_new_tokens``: a bad
+        one in a fixed set found before any work."""
         chunk = 1024  # token ids of a whole data set at once would be a lot of Python ints
         for start in range(0, len(prompts), chunk):
             try:
@@ -234,11 +210,8 @@ class CausalLMPolicy(Policy):
 
     def sample(self, prompts: Sequence[str | dict], group_size: int, temperature: float,
                generator: torch.Generator) -> Samples:
-        """G responses to each of B prompts, drawn with ``generator`` (same seed, same samples).
-
-        ``responses`` is a list of B lists of G strings; ``sample_log_probs`` [N, T] are
-        log pi_tau of the drawn tokens (see the module docstring), 0 where the mask is False.
-        """
+        """G responses to each of B prompts, drawn with ``generator``: ``responses`` B lists of G strings,
+        ``sample_log_probs`` [N, T] log pi_tau of the drawn tokens, 0 off the mask."""
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0 for sampling, got {temperature} (use greedy)")
         return self._generate(prompts, group_size, dataclasses.replace(self.sampling, temperature=temperature),
@@ -250,8 +223,7 @@ class CausalLMPolicy(Policy):
 
     def _generate(self, prompts: Sequence[str | dict], group_size: int, sampling: SamplingParams,
                   generator: torch.Generator | None) -> Samples:
-        """Encode, hand the engine the prompts (it samples with the weights of the last
-        ``sync_engine``), decode the responses."""
+        """Encode, sample with the engine (the weights of the last ``sync_engine``), decode."""
         prompt_ids, prompt_mask = self.encode_prompts(prompts)  # [B, P]
         generation = self.engine.generate(prompt_ids, prompt_mask, group_size, sampling, generator)
         texts = self.decode(generation)
@@ -267,13 +239,11 @@ class CausalLMPolicy(Policy):
         )
 
     def sync_engine(self, version: int | None = None) -> dict[str, float]:
-        """Hand the engine the trainer's current weights and check it holds them
-        (``rlvr.policies.engine_sync``); the numbers for the record."""
+        """Hand the engine the trainer's current weights and check it holds them; the numbers for the record."""
         return engine_sync.sync_engine(self, version)
 
     def decode(self, generation: Generation, stop_strings: Sequence[str] | None = None) -> list[str]:
-        """The N response texts: special tokens skipped, cut after the first stop string
-        (``stop_strings``, default the policy's)."""
+        """The N response texts: special tokens skipped, cut after the first stop string (default: the policy's)."""
         stops = self.sampling.stop_strings if stop_strings is None else stop_strings
         return [
             cut_at_stop_string(self.tokenizer.decode(ids[:length], skip_special_tokens=True), stops)
@@ -285,18 +255,12 @@ class CausalLMPolicy(Policy):
     def log_probs(self, samples: Samples, temperature: float, with_entropy: bool = False,
                   module: torch.nn.Module | None = None, entropy_grad: bool = False,
                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """log pi_tau(a_t | s_t) [n, T] of the response tokens, 0 where the mask is False.
+        """log pi_tau(a_t | s_t) [n, T] of the response tokens, 0 off the mask.
 
-        Left-padded prompts and right-padded responses, positions counted over real
-        tokens only; logits are kept only at the T positions that predict response
-        tokens. With ``with_entropy``, also the entropy [n, T] of pi_tau at each
-        position (0 off the mask; detached, a metric, unless ``entropy_grad``: the entropy
-        bonus's gradient flows through it, at the cost of keeping its graph). ``module``: score with these
-        weights instead of the policy's (the frozen reference; same architecture).
-        Gradients flow to the module's parameters unless called under no_grad. Rows are
-        scored in buckets of like response width, each narrowed to its widest row
-        (``rlvr.policies.scoring.length_buckets``): the padding after short responses is
-        not run through the model.
+        With ``with_entropy``, also the entropy [n, T] of pi_tau (0 off the mask; detached unless ``entropy_grad``:
+        the entropy bonus's gradient flows, at the cost of keeping its graph). ``module``: these weights instead of
+        the policy's (the reference). Rows are scored in buckets of like response width, each narrowed to its
+        widest row: the padding after short responses is not run through the model.
         """
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -349,8 +313,8 @@ class CausalLMPolicy(Policy):
         return spread(log_probs), None if entropy is None else spread(entropy)
 
     def _split_head(self, module: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:
-        """``split_head`` of ``module``, found once per module (on the probe's token ids);
-        None for a module sharded by FSDP (its parameters gathered only by its own forward)."""
+        """``split_head`` of ``module``, found once per module; None for a module sharded by FSDP (its parameters
+        gathered only by its own forward)."""
         if _sharded(module):  # checked each call: a module may be sharded after it was first scored
             return None
         key = id(module)

@@ -1,10 +1,8 @@
 """Chat templates rendered turn by turn, and the check that this equals rendering whole.
 
-An episode is built token in, token out: each observation's messages added as the text
-the template adds for them (the *delta*, ``render_delta``). Trained on, this must be what
-the template gives for the whole conversation; not every template is consistent (Qwen3's
-drops earlier ``<think>`` parts). The delta's definition: docs/explanation/policies.md.
-Without a chat template there is nothing to check: ``check_chat_template`` returns []."""
+An episode is built token in, token out: each observation's messages added as the text the template adds for them
+(the *delta*, ``render_delta``). Trained on, this must be what the template gives for the whole conversation; not
+every template is consistent (Qwen3's drops earlier ``<think>`` parts). The delta: docs/explanation/policies.md."""
 
 from __future__ import annotations
 
@@ -16,11 +14,8 @@ EXCERPT_WIDTH = 40  # characters of each side shown around a first difference
 
 
 class ChatTemplateMismatch(ValueError):
-    """The whole rendering of a conversation does not start with its turn-by-turn text.
-
-    position:   the character offset of the first difference
-    turn_by_turn, whole: about EXCERPT_WIDTH characters of each side around it
-    """
+    """The whole rendering of a conversation does not start with its turn-by-turn text (``position``: the first
+    difference's character offset; ``turn_by_turn``, ``whole``: excerpts around it)."""
 
     def __init__(self, message: str, position: int, turn_by_turn: str, whole: str) -> None:
         super().__init__(message)
@@ -31,17 +26,11 @@ class ChatTemplateMismatch(ValueError):
 
 def render_delta(tokenizer: Any, messages: list[Message], new: list[Message], end_of_turn: str | None = None,
                  **template_kwargs: Any) -> str:
-    """The text the chat template adds when the messages ``new`` (user or tool observations)
-    follow ``messages`` (which end with an assistant turn), up to the generation prompt of
-    the next assistant turn: ``whole[len(prefix):]`` as the module docstring defines them.
+    """The text the chat template adds when the observations ``new`` follow ``messages`` (ending with an assistant
+    turn), up to the next generation prompt. ``end_of_turn``: where the policy's turn ends (default: EOS).
 
-    end_of_turn: the text the policy's turn ends with (default: the tokenizer's eos_token)
-    template_kwargs: passed to ``apply_chat_template`` (``tools=...``, ``enable_thinking=...``)
-
-    Raises ChatTemplateMismatch when the whole rendering does not start with the prefix,
-    ValueError when ``messages`` does not end with an assistant turn, the tokenizer has no
-    chat template, or the rendering of ``messages`` holds no end-of-turn text after the
-    last assistant turn.
+    Raises ChatTemplateMismatch when the whole rendering does not start with the prefix, ValueError when
+    ``messages`` does not end with an assistant turn, there is no chat template, or it writes no end-of-turn text.
     """
     prefix = _rendered_through_turn(tokenizer, messages, end_of_turn, template_kwargs)
     whole = _render(tokenizer, [*messages, *new], True, template_kwargs)
@@ -57,19 +46,12 @@ def render_delta(tokenizer: Any, messages: list[Message], new: list[Message], en
 
 def check_chat_template(tokenizer: Any, conversations: list[list[Message]], limit: int = 5,
                         end_of_turn: str | None = None, **template_kwargs: Any) -> list[str]:
-    """A description of each conversation whose turn-by-turn text differs from its whole
-    rendering (at most ``limit``, checking stops there); [] when all agree, or when the
-    tokenizer has no chat template (nothing is rendered then).
+    """A description of each conversation (at most ``limit``) whose turn-by-turn text differs from its whole
+    rendering; [] when all agree or there is no chat template.
 
-    Each conversation is rebuilt as an episode builds it: the messages before the first
-    assistant turn with the generation prompt, then each assistant turn's content and the
-    end-of-turn text, then the delta of the messages after it (``render_delta``). After
-    each assistant turn the text so far must equal that conversation's prefix (a template
-    may render a last assistant turn other than as the generation prompt + content + end
-    of turn); each delta must exist (the whole rendering starts with the prefix). The
-    first failure names the conversation, the message, the character offset and about 40
-    characters of each side around it. ValueError (as ``render_delta``) when the template
-    writes no ``end_of_turn`` after an assistant turn: pass the text the policy stops at.
+    Each conversation is rebuilt as an episode builds it (generation prompt, each assistant turn's content and
+    end-of-turn text, the delta after it); after each assistant turn the text so far must equal the rendered
+    prefix. ValueError (as ``render_delta``) when the template writes no ``end_of_turn`` after an assistant turn.
     """
     if not getattr(tokenizer, "chat_template", None):
         return []
@@ -85,11 +67,8 @@ def check_chat_template(tokenizer: Any, conversations: list[list[Message]], limi
 
 
 def check_turn_end(tokenizer: Any, end_of_turn: str | None = None) -> None:
-    """ValueError (one line, as ``render_delta``'s) when the chat template writes no
-    ``end_of_turn`` text (default: the tokenizer's eos_token) after an assistant turn: a
-    conversation could not go on after the policy's turn (an agent's second call, an
-    environment's observation). Checked on a short conversation before any work; nothing to
-    check without a chat template."""
+    """ValueError (as ``render_delta``'s) when the chat template writes no ``end_of_turn`` after an assistant turn:
+    a conversation could not go on after the policy's turn. Checked on a short conversation before any work."""
     if getattr(tokenizer, "chat_template", None):
         _rendered_through_turn(tokenizer, list(_TURN_CHECK), end_of_turn, {})
 
@@ -100,8 +79,7 @@ _TURN_CHECK = ({"role": "user", "content": "Which turn is this?"}, {"role": "ass
 
 def _first_conversation_difference(tokenizer: Any, conversation: list[Message], end_of_turn: str,
                                    template_kwargs: dict[str, Any]) -> str | None:
-    """Where the turn-by-turn text of one conversation first leaves its whole rendering
-    ("message i: at character n: ..."), or None."""
+    """Where one conversation's turn-by-turn text first leaves its whole rendering, or None."""
     turns = [i for i, message in enumerate(conversation) if message.get("role") == "assistant"]
     if not turns:
         return None
@@ -126,8 +104,7 @@ def _first_conversation_difference(tokenizer: Any, conversation: list[Message], 
 
 def _rendered_through_turn(tokenizer: Any, messages: list[Message], end_of_turn: str | None,
                            template_kwargs: dict[str, Any]) -> str:
-    """``messages`` (ending with an assistant turn) rendered, cut after the last end-of-turn
-    text: what the token stream holds once the policy has sampled that turn."""
+    """``messages`` rendered, cut after the last end-of-turn text: the token stream once the policy sampled it."""
     if not messages or messages[-1].get("role") != "assistant":
         raise ValueError("render_delta: the messages before an observation must end with an assistant turn, "
                          f"not {messages[-1].get('role') if messages else 'nothing'!r}")
@@ -155,8 +132,7 @@ def _render(tokenizer: Any, messages: list[Message], add_generation_prompt: bool
 
 
 def _first_difference(a: str, b: str) -> int:
-    """The first index where ``a`` and ``b`` differ (the shorter's length when one is a
-    prefix of the other)."""
+    """The first index where ``a`` and ``b`` differ (the shorter's length when one is a prefix of the other)."""
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
             return i

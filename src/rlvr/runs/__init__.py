@@ -1,6 +1,3 @@
-"""A run on disk: ``launch.py`` starts and resumes runs (``stops.py``: progress and stop
-signals), ``directory.py`` (the locked run directory), ``checkpoint.py`` (atomic, verified
-checkpoints), ``resume.py`` (what a resume may change), ``metrics.py`` (sinks, reading
-records back, plots), ``reading.py`` (a run directory as the report reads it), ``report.py``
-(``rlvr report``) and ``export.py`` (``rlvr export``).
-"""
+"""A run on disk: ``launch.py`` starts and resumes runs, ``directory.py`` locks the run directory, ``checkpoint.py``
+writes verified checkpoints, ``resume.py`` says what a resume may change, ``metrics.py`` writes, reads and plots
+records, ``report.py`` and ``export.py`` are ``rlvr report`` and ``rlvr export``."""

@@ -70,10 +70,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def state_payload(st: TrainState, source: dict[str, Any] | None = None, sharded: bool = False) -> dict[str, Any]:
-    """A run's state (``rlvr.loop.state.TrainState``) as tensors and plain data only, so that
-    it loads with ``torch.load(weights_only=True)``; keys PAYLOAD_KEYS. ``source``: the
-    rollout source's ``state()`` (batches sampled ahead of the trainer), handed back to
-    the resumed source. ``sharded``: the learners write the policy and optimizer (None here)."""
+    """``st`` as tensors and plain data that load with ``weights_only=True``; keys PAYLOAD_KEYS. ``source``: the
+    rollout source's ``state()``. ``sharded``: the learners write the policy and optimizer (None here)."""
     return {
         "policy": None if sharded else st.policy.module.state_dict(),
         "optimizer": None if sharded else st.optimizer.state_dict(),
@@ -92,10 +90,8 @@ def state_payload(st: TrainState, source: dict[str, Any] | None = None, sharded:
 
 
 def restore_state(st: TrainState, payload: dict[str, Any], records: list[dict[str, Any]]) -> None:
-    """Continue ``st`` from ``payload``; ``records`` are the run's records so far. A sharded
-    checkpoint's policy, optimizer and reference (None in ``payload``) are loaded from its
-    folder apart; a driver that holds no weights keeps a one-process checkpoint's for the
-    learners (``st.handover``)."""
+    """Continue ``st`` from ``payload`` and the run's ``records`` so far. A sharded checkpoint's weights (None in
+    ``payload``) are loaded from its folder apart."""
     if not holds_weights(st.policy.module):  # the data-parallel learners take them (``st.handover``)
         if payload["policy"] is not None:
             st.handover = {"model": payload["policy"], "optimizer": payload["optimizer"],
@@ -117,8 +113,7 @@ def restore_state(st: TrainState, payload: dict[str, Any], records: list[dict[st
 
 
 def save_pretrained(policy: Any, path: Path) -> bool:
-    """Write a Hugging Face policy as a folder ``from_pretrained`` loads (model and
-    tokenizer); False for policies that are not Hugging Face models."""
+    """Write a Hugging Face policy (model and tokenizer) for ``from_pretrained``; False for other policies."""
     module = getattr(policy, "module", None)
     if not hasattr(module, "save_pretrained"):
         return False
@@ -136,13 +131,8 @@ def save_pretrained(policy: Any, path: Path) -> bool:
 
 def save_checkpoint(run_dir: Path, name: str, payload: dict[str, Any], policy: Any = None, keep: int = 2,
                     write_sharded: Callable[[Path], None] | None = None) -> Path:
-    """Write ``payload`` (tensors and plain data) and the policy's pretrained folder atomically.
-
-    ``write_sharded``: writes the weights and optimizer state into the folder it is given
-    (``SHARDED_DIR`` of the temporary folder), before the manifest and the rename. Keeps
-    the newest ``keep`` checkpoints. Returns the checkpoint directory. A write that fails
-    leaves no temporary folder behind (the error propagates).
-    """
+    """Write ``payload`` and the policy's pretrained folder atomically, keep the newest ``keep`` checkpoints, and
+    return the new one. ``write_sharded`` writes the weights and optimizer state into the folder it is given."""
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / name
@@ -221,8 +211,7 @@ def manifest_files(checkpoint: Path, folder: str) -> list[str]:
 
 
 def sharded_folder(checkpoint: Path) -> Path | None:
-    """The folder of a verified checkpoint's sharded weights and optimizer state; None for
-    a checkpoint that holds them in ``trainer.pt``."""
+    """A verified checkpoint's sharded weights and optimizer folder; None where ``trainer.pt`` holds them."""
     manifest = json.loads((checkpoint / "manifest.json").read_text())
     return checkpoint / manifest[SHARDED_KEY] if SHARDED_KEY in manifest else None
 

@@ -43,9 +43,8 @@ os.register_at_fork(after_in_child=_drop_locks_in_child)
 
 
 def _try_lock(run_dir: Path) -> int | None:
-    """Lock ``RUN_DIR/.lock`` (flock, exclusive, non-blocking): its fd, or None when another
-    process holds it. The kernel frees the lock when its process dies, however it dies,
-    so a killed run leaves no stale lock."""
+    """Lock ``RUN_DIR/.lock`` (flock, exclusive, non-blocking): its fd, or None when another process holds it.
+    The kernel frees the lock however its process dies: a killed run leaves no stale lock."""
     try:
         fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as err:
@@ -93,10 +92,8 @@ def locked_run_dir(run_dir: Path) -> Iterator[Path]:
 
 
 def stopped_before_first_checkpoint(run_dir: Path) -> bool:
-    """Does ``run_dir`` hold a training run that ended (a reward error, a kill) before its
-    first checkpoint: its config.yaml, metrics.jsonl (opened as training starts) and
-    partial outputs, nothing else? Such a run has nothing a resume would keep: it starts
-    again from the beginning either way."""
+    """Does ``run_dir`` hold only a training run that ended before its first checkpoint (config.yaml, metrics.jsonl
+    and partial outputs)? A resume would keep nothing of it."""
     allowed = {LOCK_FILE, "config.yaml", "resumes.jsonl", DATA_FILES, *PARTIAL_OUTPUTS}
     names = {p.name for p in run_dir.iterdir() if not p.name.startswith(".tmp-")}
     checkpoints = run_dir / "checkpoints"
@@ -105,8 +102,7 @@ def stopped_before_first_checkpoint(run_dir: Path) -> bool:
 
 
 def discard_partial_outputs(run_dir: Path) -> None:
-    """What a run killed before its first checkpoint wrote, but its config (and the
-    history of its resumes)."""
+    """Delete what a run killed before its first checkpoint wrote, but its config and resume history."""
     for name in PARTIAL_OUTPUTS:
         path = run_dir / name
         if path.is_dir():
@@ -116,8 +112,7 @@ def discard_partial_outputs(run_dir: Path) -> None:
 
 
 def _reuse_stopped_run(run_dir: Path) -> bool:
-    """With ``run_dir``'s lock held: if it holds only a run that stopped before its first
-    checkpoint, empty it (with a warning saying so) for the new run, and True."""
+    """With the lock held: empty a run that stopped before its first checkpoint (with a warning), and True."""
     if not stopped_before_first_checkpoint(run_dir):
         return False
     warnings.warn(f"{run_dir} held a run that stopped before its first checkpoint; the new run takes its place "
@@ -132,13 +127,10 @@ def _reuse_stopped_run(run_dir: Path) -> bool:
 def new_run_dir(config: Config, resumable: bool = True) -> Iterator[Path]:
     """A new, empty run directory, locked for the block.
 
-    ``runs/<name>`` takes the first of ``runs/<name>``, ``runs/<name>-2``, ... that is
-    empty and unlocked; the lock is taken before looking inside, so two concurrent
-    starts pick different directories. An explicit ``out_dir`` that holds a run or is
-    in use is an error (nothing is overwritten). ``resumable``: a training run, which
-    takes the place of a run that stopped before its first checkpoint (nothing of it
-    could be kept) and whose "already holds files" error suggests ``resume=``; sft's
-    runs have no resume.
+    The first empty, unlocked one of ``runs/<name>``, ``runs/<name>-2``, ...; the lock is taken before looking
+    inside, so concurrent starts pick different directories. An explicit ``out_dir`` that holds a run or is in use
+    is an error. ``resumable`` (training, not sft): takes the place of a run that stopped before its first
+    checkpoint, and the "already holds files" error suggests ``resume=``.
     """
     base = config.run_dir
     for k in itertools.count(1):

@@ -36,13 +36,10 @@ def export_model(run_dir: str | Path, out: str | Path, checkpoint: str | None = 
                  base: str | Path | None = None) -> Path:
     """Write the trained model of ``run_dir`` to the new folder ``out``; returns ``out``.
 
-    checkpoint: the name of one of the run's checkpoints ("step-000000100"); None: the
-    newest that verifies. base: where a LoRA run's base model is now (None: where the run
-    loaded it from, as it recorded it); either way it must be the model the run trained
-    on (the digest of its config and weights, recorded at train time). Raises
-    ConfigError for a folder that is not a run directory or an ``out`` that exists and is
-    not empty or lies inside the run directory, CheckpointError when no checkpoint is
-    usable, RunError for a base model that is not the run's.
+    checkpoint: a checkpoint's name ("step-000000100"); None: the newest that verifies. base: where a LoRA run's
+    base model is now (None: where the run recorded it); its digest must be the one recorded at train time.
+    Raises ConfigError for a ``run_dir`` that is not a run or an ``out`` that is not new and outside it,
+    CheckpointError when no checkpoint is usable, RunError for a base model that is not the run's.
     """
     run_dir, out = Path(run_dir), Path(out)
     if not (run_dir / "config.yaml").is_file():
@@ -116,9 +113,8 @@ def _checkpoint(run_dir: Path, name: str | None) -> Path:
 
 def _export_causal_lm(config: Config, model_dir: Path, files: list[str], out: Path,
                       base: str | Path | None = None) -> None:
-    """The checkpoint's ``model/`` folder (its ``files``, named by the manifest) as a plain
-    transformers model folder; LoRA adapters (an ``adapter_config.json``) merged into the
-    base model first."""
+    """The checkpoint's ``model/`` folder (the manifest's ``files``) as a plain transformers folder, LoRA adapters
+    merged into the base model."""
     if "adapter_config.json" not in files:
         if "config.json" not in files:
             raise RunError(f"{model_dir}: no model saved in this checkpoint")
@@ -140,9 +136,8 @@ def _export_causal_lm(config: Config, model_dir: Path, files: list[str], out: Pa
 
 
 def _base_model(config: Config, model_dir: Path, base: str | Path | None) -> str:
-    """Where to load a LoRA checkpoint's base model from: ``base``, else the model the
-    run recorded (an absolute path or a hub name, not resolved against the working
-    directory), after checking its digest is the recorded one."""
+    """Where to load a LoRA checkpoint's base model from (``base``, else the one the run recorded), its digest
+    checked against the recorded one."""
     from rlvr.policies.hf_model import BASE_MODEL_FILE, locate_model, model_identity
 
     record = model_dir / BASE_MODEL_FILE

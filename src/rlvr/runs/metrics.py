@@ -15,8 +15,7 @@ from rlvr.base.record import Record, json_safe, plain_text, prompt_text, respons
 
 
 class JsonlSink:
-    """Appends one JSON object per record to ``path``, flushed line by line (non-finite
-    numbers written as null: ``json_safe``)."""
+    """Appends one JSON object per record to ``path``, flushed line by line (non-finite numbers as null)."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -93,8 +92,7 @@ def without_timings(records: Iterable[Record]) -> list[Record]:
 
 
 class ExperimentTrackerSink:
-    """Scalars to an experiment tracker with the ``init / log / finish`` API that wandb and
-    trackio share (each an optional install). ``backend`` is the module name."""
+    """Scalars to the experiment tracker module ``backend`` (wandb, trackio: ``init / log / finish``)."""
 
     def __init__(self, backend: str, project: str, name: str, config: dict):
         import importlib
@@ -118,11 +116,9 @@ class ExperimentTrackerSink:
 def read_records(path: Path, max_line: int = MAX_RECORD_LINE) -> list[Record]:
     """Records from a ``metrics.jsonl`` file (or a run directory holding one).
 
-    A torn last line (no newline, not JSON: a kill in the middle of a write) is left
-    out; any other line that is not a JSON object, or is longer than ``max_line``
-    characters (no record comes near; a file made to exhaust memory does), is a
-    ValueError naming it. NaN and Infinity (files written before they became null)
-    are read as numbers.
+    A torn last line (a kill in the middle of a write) is left out; any other line that is not a JSON object, or
+    is longer than ``max_line`` characters (a file made to exhaust memory), is a ValueError naming it. NaN and
+    Infinity (older files) are read as numbers.
     """
     path = Path(path)
     if path.is_dir():
@@ -185,21 +181,17 @@ PANELS = (  # (kind, key, title, y-axis label); the eval title names the prompts
     ("train", "reward_mean", "mean reward", "mean reward of the epoch's batch"),
     ("eval", "greedy_solve_rate", "greedy solve rate", "solve rate"),
 )
-# drawn when some run measured it (log.grad_noise_every): the lecture's variance claim, per run,
-# on a log scale (a stalled run's zero variance drops out)
+# drawn when some run measured it (log.grad_noise_every), on a log scale (a stalled run's zero variance drops out)
 NOISE_PANEL = ("train", "grad/trace_cov", "policy-gradient variance", "tr(Sigma) of one prompt's gradient")
 RATES = ("greedy_solve_rate",)  # drawn on [0, 1]
-# Each run its own colour, line style and marker: curves that coincide (every run at
-# solve rate 0) stay visible as dashes over a solid line, not hidden under the last one.
+# Each run its own colour, line style and marker: curves that coincide stay visible as dashes over a solid line.
 LINE_STYLES = ("-", "--", ":", "-.")
 MARKERS = ("o", "s", "^", "D", "v", "x")
 
 
 def per_epoch(records: Iterable[Record], key: str) -> tuple[list[float], list[float]]:
-    """(step of each epoch's first inner step, mean of ``key`` over the epoch's train
-    records). The loss of the K inner steps on one batch falls as the policy fits that
-    batch and jumps with the next one: per step it reads as a comb, the epoch mean as a
-    curve. Non-finite values are left out of the mean (NaN when none is left)."""
+    """(step of each epoch's first inner step, mean of ``key`` over the epoch's finite values; NaN when none).
+    The loss of K inner steps on one batch reads as a comb per step, as a curve per epoch."""
     steps: dict[int, int] = {}
     values: dict[int, list[float]] = {}
     for r in records:
@@ -234,8 +226,7 @@ def draw_runs(runs: dict[str, list[Record] | list[list[Record]]], title: str = "
         for i, (name, records) in enumerate(runs.items()):
             seeds = records if records and isinstance(records[0], list) else [records]
             xs, values = _seed_curves(seeds, kind, key)
-            # earlier runs drawn wider, with larger hollow markers: a later run on the same
-            # values sits inside them, both visible
+            # earlier runs drawn wider, with larger hollow markers: a later run on the same values sits inside them
             wider = len(runs) - 1 - i
             style = {"color": f"C{i % 10}", "linestyle": LINE_STYLES[i % len(LINE_STYLES)],
                      "linewidth": 1.3 + 0.9 * wider, "marker": MARKERS[i % len(MARKERS)],
@@ -269,13 +260,10 @@ def draw_runs(runs: dict[str, list[Record] | list[list[Record]]], title: str = "
 
 def plot_runs(runs: dict[str, list[Record] | list[list[Record]]], path: Path, title: str = "",
               eval_label: str = "held-out prompts") -> Path:
-    """The lecture's two panels (train loss, mean reward vs step) plus the greedy solve
-    rate on the eval prompts (``eval_label``: "held-out prompts", or "training prompts"
-    when the task evaluates those), written to ``path``.
+    """Train loss, mean reward and the greedy solve rate on the ``eval_label`` prompts vs step, written to ``path``.
 
-    ``runs`` maps a label to its records, or to several runs' records (seeds): those are
-    drawn as their mean with a band from the lowest to the highest seed. One legend for
-    the figure; each run its own colour, line style and marker.
+    ``runs`` maps a label to its records, or to several seeds' records, drawn as their mean with a band from the
+    lowest to the highest seed.
     """
     import matplotlib.pyplot as plt
 

@@ -1,6 +1,5 @@
-"""A run directory as ``rlvr report`` reads it: records of the shapes rlvr writes, and
-its config, within bounds (``MAX_METRICS_BYTES``, ``MAX_CONFIG_BYTES``). Everything here
-is data from a file: a record of another shape is left out and counted, never trusted."""
+"""A run directory as ``rlvr report`` reads it: records of the shapes rlvr writes and its config, within bounds.
+Everything here is data from a file: a record of another shape is left out and counted, never trusted."""
 
 from __future__ import annotations
 
@@ -19,8 +18,7 @@ MAX_CONFIG_BYTES = 2**20
 
 @dataclass
 class Run:
-    """A run directory as the report reads it: its label, records and config (a dict, or
-    None when config.yaml is missing or unreadable)."""
+    """A run directory as the report reads it (``config``: None when config.yaml is missing or unreadable)."""
 
     label: str
     path: Path
@@ -29,10 +27,8 @@ class Run:
     unreadable: int = 0  # records left out: not of the shape rlvr writes
 
 
-
 def load_run(path: Path, label: str) -> Run:
-    """A run directory's records (metrics.jsonl) and config (config.yaml, optional; None
-    when missing, unreadable or over ``MAX_CONFIG_BYTES``)."""
+    """A run directory's records and config (None when missing, unreadable or over ``MAX_CONFIG_BYTES``)."""
     metrics = path / "metrics.jsonl" if path.is_dir() else path
     if metrics.is_file() and metrics.stat().st_size > MAX_METRICS_BYTES:
         raise RunError(f"{metrics}: {metrics.stat().st_size:,} bytes; the report reads at most {MAX_METRICS_BYTES:,}")
@@ -60,9 +56,8 @@ def numeric(value: Any) -> bool:
 
 
 def readable_record(record: Record) -> Record | None:
-    """``record`` as the report reads it, or None when it is not of a shape rlvr writes
-    (a kind, an integer step and epoch): train and eval records keep their numbers (and
-    nulls), samples their rows (mappings), prompts records their numeric shares."""
+    """``record`` as the report reads it, or None without a kind and integer step and epoch: train and eval
+    records keep their numbers and nulls, samples their rows (mappings), prompts records their numeric shares."""
     kind = record.get("kind")
     if not isinstance(kind, str) or not _integer(record.get("step")) or not _integer(record.get("epoch")):
         return None

@@ -1,13 +1,9 @@
 """``rlvr report RUN_DIR... [--out FILE]``: one self-contained HTML page of one or more runs.
 
-The page holds a summary table per run, the diagnostics' warnings (``rlvr.loop.diagnostics``),
-plots of every logged metric with the runs overlaid (PNG images embedded as base64: no
-external file, script or style sheet), the per-prompt summary, the evaluation samples and
-each run's config. A metric no run logged is named in a note instead of plotted.
-
-Everything read from a run directory (its name, records, samples, config) is data: it
-reaches the page escaped, and the figures draw it as plain text (no mathtext). What the
-report reads is bounded (``rlvr.runs.reading``; ``MAX_CELL`` on the page).
+A summary table per run, the diagnostics' warnings, plots of every logged metric with the runs overlaid (PNG
+embedded as base64: no external file, script or style sheet), the per-prompt summary, the evaluation samples and
+each run's config. Everything read from a run directory is data: escaped on the page, drawn as plain text (no
+mathtext) in the figures, and bounded (``rlvr.runs.reading``; ``MAX_CELL`` on the page).
 """
 
 from __future__ import annotations
@@ -98,8 +94,7 @@ def panel_keys(panel: Panel, runs: list[Run]) -> list[str]:
 
 
 def finite_series(records: list[Record], kind: str, key: str, positive: bool) -> tuple[list[float], list[float]]:
-    """(steps, values) of ``key``, without missing, NaN or infinite values (and without
-    values <= 0 when ``positive``, for a log axis)."""
+    """(steps, values) of ``key``'s finite values (and only those > 0 when ``positive``, for a log axis)."""
     xs, ys = [], []
     for r in records:
         value = r.get(key) if r.get("kind") == kind else None
@@ -110,8 +105,8 @@ def finite_series(records: list[Record], kind: str, key: str, positive: bool) ->
 
 
 def running_noise_scale(records: list[Record], window: int = 5) -> tuple[list[float], list[float]]:
-    """(steps, tr Sigma / |G|^2) from running means over ``window`` measurements: the
-    estimates are unbiased, their ratio is not, so they are averaged before dividing."""
+    """(steps, tr Sigma / |G|^2) from running means over ``window`` measurements: the estimates are unbiased,
+    their ratio is not, so they are averaged before dividing."""
     points = [(r["step"], r["grad/trace_cov"], r["grad/true_norm_sq"]) for r in records
               if r.get("kind") == "train" and numeric(r.get("grad/trace_cov")) and numeric(r.get("grad/true_norm_sq"))
               and math.isfinite(r["grad/trace_cov"]) and math.isfinite(r["grad/true_norm_sq"])]
@@ -126,8 +121,7 @@ def running_noise_scale(records: list[Record], window: int = 5) -> tuple[list[fl
 
 
 def plot_panel(panel: Panel, runs: list[Run]) -> tuple[str | None, list[str]]:
-    """The panel as a base64 PNG (None when no run logged any of its keys) and the labels
-    of the runs that lack all of them."""
+    """The panel as a base64 PNG (None when no run logged its keys) and the labels of the runs that lack them."""
     from matplotlib.figure import Figure
 
     keys = panel_keys(panel, runs)
@@ -353,8 +347,7 @@ def write_report(run_dirs: list[str | Path], out_path: str | Path) -> Path:
 
 def render_png(html_path: str | Path, png_path: str | Path, width: int = 1280, height: int = 3000,
                browser: str | None = None, timeout: float = 60.0) -> Path | None:
-    """Screenshot the page with a headless Chromium (None when none is installed): a
-    check that it renders. ``height`` is the viewport: the part of the page captured."""
+    """Screenshot the page's top ``height`` pixels with a headless Chromium (None when none is installed)."""
     browser = browser or next((b for b in ("chromium", "chromium-browser", "google-chrome")
                                if shutil.which(b)), None)
     if browser is None:

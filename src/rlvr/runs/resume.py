@@ -1,5 +1,4 @@
-"""Resuming a run: what a resume may change, the data it must find unchanged, and the
-records a checkpoint follows."""
+"""Resuming a run: what a resume may change, the data it must find unchanged, and the records a checkpoint follows."""
 
 from __future__ import annotations
 
@@ -16,10 +15,8 @@ from rlvr.config import Config, LogConfig, load_config
 from rlvr.runs.directory import DATA_FILES, write_atomically
 from rlvr.runs.metrics import read_records
 
-# What a resume may change: how long the run goes on and what it reports, not what it
-# computes. ``log.*`` only observes the run; reward limits, workers and threads change
-# how fast it goes (a call on the edge of its time limit aside, and threads may change
-# the last bits of CPU sums).
+# What a resume may change: how long the run goes on, what it reports and how fast it goes, not what it computes
+# (a call on the edge of its time limit aside; threads may change the last bits of CPU sums).
 RESUMABLE = ("algo.epochs", "name", "threads", "rewards.timeout", "rewards.num_workers",
              # where the work runs, not what it computes (cluster.max_staleness does change it)
              "cluster.rollout_workers", "cluster.learners", "cluster.address", "cluster.weight_sync",
@@ -40,11 +37,8 @@ def _flat(config: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def resume_changes(stored: Config, config: Config, restart: bool = False) -> dict[str, dict[str, Any]]:
-    """What ``config`` changes from the run's ``stored`` config, ``{key: {"was", "now"}}``
-    (``out_dir`` aside: the directory may have moved); ConfigError naming every change
-    a resume cannot honour. ``restart``: the run has no checkpoint and starts again from
-    the beginning, so nothing computed can disagree with a change: every one is allowed
-    (a run that failed in its first epoch resumes with the fix, e.g. rewards.strict=false)."""
+    """What ``config`` changes from ``stored``, ``{key: {"was", "now"}}`` (``out_dir`` aside); ConfigError naming
+    every change a resume cannot honour. ``restart`` (no checkpoint: the run starts again) allows every change."""
     was, now = _flat(stored), _flat(config)
     changes = {key: {"was": was[key], "now": now[key]} for key in now if key != "out_dir" and now[key] != was[key]}
     if restart:
@@ -60,8 +54,7 @@ def resume_changes(stored: Config, config: Config, restart: bool = False) -> dic
 
 
 def records_at_checkpoint(path: Path, count: int, checkpoint: Path) -> list[Record]:
-    """The run's first ``count`` records (those ``checkpoint`` follows), the file cut to
-    them: records past the checkpoint and a torn last line (a kill mid-write) go."""
+    """The run's first ``count`` records (those ``checkpoint`` follows), the file cut to them."""
     try:
         records = read_records(path) if path.is_file() else []
     except ValueError as err:
@@ -88,8 +81,7 @@ ACCEPT_DATA_CHANGE = "resume_accept_data_change"  # the key (beside resume=) tha
 
 
 def data_fingerprints(paths: Iterable[str | Path]) -> dict[str, str]:
-    """SHA-256 (hex) of every data file a task read, by path as given: a file's own, a
-    folder's (``save_to_disk``) of each file in it."""
+    """SHA-256 (hex) of every data file a task read, by path as given (a folder's: of each file in it)."""
     out = {}
     for path in map(Path, paths):
         files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
@@ -99,8 +91,7 @@ def data_fingerprints(paths: Iterable[str | Path]) -> dict[str, str]:
 
 
 def record_data_files(run_dir: Path, paths: Iterable[str | Path]) -> None:
-    """Write the paths of the data files a run reads, and their fingerprints, into
-    ``run_dir`` (``DATA_FILES``); a run that reads none has no such file."""
+    """Write the data files a run reads and their fingerprints to ``DATA_FILES`` (none: no file)."""
     paths = [str(p) for p in paths]
     if not paths:
         (run_dir / DATA_FILES).unlink(missing_ok=True)
@@ -110,11 +101,8 @@ def record_data_files(run_dir: Path, paths: Iterable[str | Path]) -> None:
 
 
 def data_file_changes(run_dir: Path, accept: bool = False) -> dict[str, dict[str, str | None]]:
-    """How the data files the run read differ from their fingerprints in ``run_dir``,
-    ``{file: {"was", "now"}}`` (a hash, or None: no such file); ConfigError naming them
-    unless ``accept``. A changed file moves the held-out split and the order of the
-    rows: the run would go on with other data than its checkpoints learned from. A run
-    that recorded none (started before rlvr kept them) has nothing to compare."""
+    """How the run's data files differ from their recorded fingerprints, ``{file: {"was", "now"}}`` (None: no such
+    file); ConfigError naming them unless ``accept``: a changed file moves the held-out split and the row order."""
     recorded = run_dir / DATA_FILES
     if not recorded.is_file():
         return {}
@@ -135,8 +123,7 @@ def data_file_changes(run_dir: Path, accept: bool = False) -> dict[str, dict[str
 
 
 def take_accept_data_change(overrides: list[str], resuming: bool) -> tuple[list[str], bool]:
-    """``resume_accept_data_change=true|false`` taken out of the command line's
-    ``overrides``: (the others, its value; False when absent). It is no config key:
+    """(the other ``overrides``, the value of ``resume_accept_data_change``; False when absent). No config key:
     it accepts one resume's changed data, and the next resume checks again."""
     key = f"{ACCEPT_DATA_CHANGE}="
     given = [o[len(key):] for o in overrides if o.startswith(key)]

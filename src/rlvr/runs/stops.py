@@ -1,5 +1,4 @@
-"""What a run shows while it runs and how it stops: its progress on stderr, and the stop
-signals (SIGINT, SIGTERM) that end it at a checkpoint."""
+"""A run's progress on stderr, and the stop signals (SIGINT, SIGTERM) that end it at a checkpoint."""
 
 from __future__ import annotations
 
@@ -18,9 +17,8 @@ from rlvr.loop.state import TrainState
 
 
 class Progress:
-    """Progress over epochs with the mean reward and solve rate, on ``stream`` (stderr):
-    a bar on a terminal; elsewhere (a log file, a pipe) a plain line every tenth of the
-    run, since a bar's carriage returns make one unreadable line of a log."""
+    """Progress over epochs with the mean reward and solve rate: a bar on a terminal; elsewhere a plain line every
+    tenth of the run, since a bar's carriage returns make one unreadable line of a log."""
 
     def __init__(self, epochs: int, enabled: bool, desc: str, initial: int = 0, stream: IO[str] | None = None):
         self.stream = sys.stderr if stream is None else stream
@@ -50,10 +48,8 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C; schedulers and ``docke
 
 
 class Stops:
-    """The stop signals a run received (``received``), and the stretch in which a second
-    one does not abort (``shielded``): while the run's parts close (Ray shutting down, its
-    session folder removed), an abort would leave them half closed, and the run is
-    stopping already."""
+    """The stop signals a run received, and the stretch in which a second one does not abort (``shielded``):
+    while the run's parts close (Ray shutting down), an abort would leave them half closed."""
 
     def __init__(self) -> None:
         self.received: list[int] = []
@@ -71,9 +67,8 @@ class Stops:
 
 @contextmanager
 def stop_on_signals(st: TrainState, run_dir: Path) -> Iterator[Stops]:
-    """First SIGINT or SIGTERM: finish the current step, checkpoint, stop. A second one:
-    stop at once (the last checkpoint stays), or, while the run's parts close
-    (``Stops.shielded``), once they have closed."""
+    """First SIGINT or SIGTERM: finish the current step, checkpoint, stop. A second one: stop at once (or, while
+    the run's parts close, once they have closed)."""
     stops = Stops()
 
     def handler(signum, frame):

@@ -1,6 +1,5 @@
-"""Runs summed up as the command line prints them: a table with a row per run (the
-numbers of ``rlvr.runs.metrics.summary``), what the diagnostics say of each run, the means
-over seeds, and each run directory's label in a plot."""
+"""Runs summed up as the command line prints them: a row per run, the diagnostics, the means over seeds, and each
+run directory's label in a plot."""
 
 from __future__ import annotations
 
@@ -58,9 +57,8 @@ def print_mode_means(by_mode: dict[str, list], eval_label: str = "held-out promp
 
 
 def plot_labels(run_dirs: list[str]) -> tuple[list[str], str]:
-    """Each run directory's legend label (its name, with its seed when its config.yaml
-    is there: two runs of one config differ by seed) and what their evaluation is on
-    (``eval_prompts_label``; "eval prompts" when the runs disagree or say nothing)."""
+    """Each run directory's legend label (its name and seed) and what their evaluation is on ("eval prompts" when
+    the runs disagree or say nothing)."""
     labels, evals = [], set()
     for d in map(Path, run_dirs):
         config = load_config(d / "config.yaml") if (d / "config.yaml").is_file() else None
