@@ -1,13 +1,10 @@
 """Pure tensor math of policy-gradient RL: no models, no I/O.
 
-Deltas, losses, aggregations and KL estimators are name -> function tables
-(``DELTA_MODES``, ``LOSS_MODES``, ``AGGREGATIONS``, ``KL_ESTIMATORS``): the keys are
-the allowed modes, and ``compute_deltas``, ``policy_loss``, ``aggregation_weights`` and
-``kl_penalty`` dispatch through them. ``importance``: the off-policy corrections
-(``IS_CORRECTIONS``: truncated and masked importance weights) and mismatch measures
-between a sampler's log-probs and the trainer's. ``selection``:
-which groups, responses and tokens train (dynamic sampling, overlong filtering and
-penalty, top-entropy tokens).
+Deltas, losses, aggregations and KL estimators are name -> function tables (``DELTA_MODES``, ``LOSS_MODES``,
+``AGGREGATIONS``, ``KL_ESTIMATORS``): the keys are the allowed modes, and ``compute_deltas``, ``policy_loss``,
+``aggregation_weights`` and ``kl_penalty`` dispatch through them. ``importance``: the off-policy corrections
+(``IS_CORRECTIONS``) and mismatch measures between a sampler's log-probs and the trainer's. ``selection``: which
+groups, responses and tokens train (dynamic sampling, overlong filtering and penalty, top-entropy tokens).
 """
 
 from rlvr.core.aggregation import AGGREGATIONS, aggregate_loss, aggregation_weights, weighted_sum

@@ -1,10 +1,9 @@
 """Deltas from rewards: the factor that multiplies grad log pi(a|s).
 
-Every method is ``grad log pi(a|s) * delta``; they differ only in delta. Rewards and
-deltas are ``[B, G]``: B prompts (states), G sampled responses per prompt (the group).
-``DELTA_MODES`` maps each mode to ``(rewards, valid, eps, lengths) -> deltas``, invalid
-entries zeroed by ``compute_deltas``; ``REWARD_SCALES`` name the centered modes by their
-scale (none / group / batch). In full: docs/explanation/core.md."""
+Every method is ``grad log pi(a|s) * delta``; they differ only in delta. Rewards and deltas are ``[B, G]``: B prompts,
+G sampled responses per prompt (the group). ``DELTA_MODES`` maps each mode to ``(rewards, valid, eps, lengths) ->
+deltas``, invalid entries zeroed by ``compute_deltas``; ``REWARD_SCALES`` name the centered modes by their scale
+(none / group / batch). In full: docs/explanation/core.md."""
 
 from __future__ import annotations
 
@@ -16,14 +15,11 @@ from rlvr.core.registry import lookup
 
 
 def _group_mean(rewards: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean over the valid entries of each group, and their count G'. [B, G] -> [B, 1] each.
-
-    rewards: [B, G] with G > 0 and invalid entries already zeroed.
-    """
+    """Mean over the valid entries of each group, and their count G'; rewards [B, G] (invalid ones zeroed) ->
+    [B, 1] each."""
     count = valid.sum(dim=1, keepdim=True).to(rewards.dtype)
-    # Sum offsets from the group's first valid reward: a constant group then has a mean
-    # exactly equal to its value, so its centered deltas are exactly 0. A plain sum
-    # leaves rounding (0.1 seven times: centered -7e-9, normalized -0.007).
+    # Sum offsets from the group's first valid reward: a constant group's mean is then exactly its value, so its
+    # centered deltas are exactly 0. A plain sum leaves rounding (0.1 seven times: centered -7e-9, normalized -0.007).
     first = valid.to(torch.int8).argmax(dim=1, keepdim=True)  # [B, 1]; 0 if none valid
     shift = rewards.gather(1, first)  # [B, 1]
     offsets = torch.where(valid, rewards - shift, torch.zeros_like(rewards))
@@ -42,10 +38,7 @@ def centered(rewards: torch.Tensor, valid: torch.Tensor, eps: float, lengths: to
 
 
 def normalized(rewards: torch.Tensor, valid: torch.Tensor, eps: float, lengths: torch.Tensor) -> torch.Tensor:
-    """delta = (r - mean(r)) / (std(r) + eps) (GRPO). [B, G] -> [B, G].
-
-    std with Bessel's correction, as ``torch.std``; a group with G' = 1 has std 0.
-    """
+    """delta = (r - mean(r)) / (std(r) + eps) (GRPO), Bessel std (G' = 1: 0). [B, G] -> [B, G]."""
     mean, count = _group_mean(rewards, valid)
     deviations = rewards - mean  # [B, G]
     sq = torch.where(valid, deviations.square(), torch.zeros_like(rewards)).sum(dim=1, keepdim=True)
@@ -54,10 +47,7 @@ def normalized(rewards: torch.Tensor, valid: torch.Tensor, eps: float, lengths: 
 
 
 def _batch_std(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Bessel std of ``values`` [B, G] over all valid entries of the batch, [] (0 when N' <= 1).
-
-    Its mean is subtracted first, so a batch of one constant value has std exactly 0.
-    """
+    """Bessel std of ``values`` [B, G] over the batch's valid entries, [] (0 when N' <= 1; exactly 0 when constant)."""
     count = valid.sum().to(values.dtype)
     mean = torch.where(valid, values, torch.zeros_like(values)).sum() / count.clamp(min=1)
     sq = torch.where(valid, (values - mean).square(), torch.zeros_like(values)).sum()
@@ -65,37 +55,32 @@ def _batch_std(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 
 
 def batch_normalized(rewards: torch.Tensor, valid: torch.Tensor, eps: float, lengths: torch.Tensor) -> torch.Tensor:
-    """delta = (r - mean(r)) / (std of the batch's rewards + eps). [B, G] -> [B, G].
+    """delta = (r - mean(r)) / (Bessel std of the batch's rewards + eps). [B, G] -> [B, G].
 
-    The scale is shared by all groups, so a group whose rewards barely differ is not
-    blown up to unit scale as ``normalized`` does, and the between-group spread of the
-    rewards counts in the std too. Bessel std over the batch's N' valid rewards (0 when
-    N' <= 1).
+    The scale is shared by all groups, so a group whose rewards barely differ is not blown up to unit scale as with
+    ``normalized``, and the between-group spread counts in the std too.
     """
     mean, _ = _group_mean(rewards, valid)
     return (rewards - mean) / (_batch_std(rewards, valid) + eps)
 
 
 def reinforce_pp(rewards: torch.Tensor, valid: torch.Tensor, eps: float, lengths: torch.Tensor) -> torch.Tensor:
-    """delta = (c - m) / (s + eps), c = r - mean(r): the group-centered rewards whitened over
-    the batch's response tokens (REINFORCE++ with a group baseline: verl's
-    reinforce_plus_plus_baseline, OpenRLHF's reinforce_baseline). [B, G] -> [B, G].
+    """delta = (c - m) / (s + eps), c = r - mean(r): the group-centered rewards whitened over the batch's response
+    tokens (REINFORCE++ with a group baseline: verl's reinforce_plus_plus_baseline, OpenRLHF's reinforce_baseline).
+    [B, G] -> [B, G]. Each response's c stands at each of its L tokens, so over the valid responses
 
-    Each response's c stands at each of its L tokens, so over the valid responses
         m   = sum L c / sum L                      (the token mean)
         s^2 = sum L (c - m)^2 / (sum L - 1)        (Bessel over tokens, as verl's masked_whiten)
-    A long response counts once per token: lengths move the mean subtracted and the scale,
-    and a group of equal rewards gets -m / s, not 0, when the batch's lengths differ (verl's too).
-    With equal lengths m = 0 (each group's c sum to 0) and only the Bessel count differs
-    from the std over responses; ``lengths`` all 1 is that std over the N' responses.
-    Unlike ``batch_normalized`` the spread between group means does not enter the scale.
+
+    A group of equal rewards gets -m / s, not 0, when the batch's lengths differ (verl's too). With equal lengths
+    m = 0; unlike ``batch_normalized`` the spread between group means does not enter the scale.
     """
     mean, _ = _group_mean(rewards, valid)
     centered_rewards = rewards - mean  # [B, G]
     lengths = torch.where(valid, lengths, torch.zeros_like(lengths))
     tokens = lengths.sum()
-    # sum L c = sum (L - the group's mean L) c, since each group's c sum to 0: exactly 0 when a
-    # group's lengths are equal, so equal lengths leave a constant group's deltas exactly 0.
+    # sum L c = sum (L - the group's mean L) c, since each group's c sum to 0: exactly 0 when a group's lengths are
+    # equal, so equal lengths leave a constant group's deltas exactly 0.
     group_lengths, _ = _group_mean(lengths, valid)
     token_mean = torch.where(valid, (lengths - group_lengths) * centered_rewards, torch.zeros_like(rewards)).sum()
     token_mean = token_mean / tokens.clamp(min=1)
@@ -112,10 +97,7 @@ def max_only(rewards: torch.Tensor, valid: torch.Tensor, eps: float, lengths: to
 
 
 def leave_one_out(rewards: torch.Tensor, valid: torch.Tensor, eps: float, lengths: torch.Tensor) -> torch.Tensor:
-    """delta = r - mean of the other G'-1 rewards = G'/(G'-1) * (r - mean(r)) (RLOO).
-
-    0 when G' = 1 (no other reward to compare with). [B, G] -> [B, G].
-    """
+    """delta = r - mean of the other G'-1 rewards = G'/(G'-1) * (r - mean(r)) (RLOO); 0 when G' = 1. [B, G]."""
     mean, count = _group_mean(rewards, valid)
     deltas = (rewards - mean) * count / (count - 1).clamp(min=1)
     return torch.where(count > 1, deltas, torch.zeros_like(rewards))
@@ -135,20 +117,11 @@ DELTA_MODES: dict[str, Callable[[torch.Tensor, torch.Tensor, float, torch.Tensor
 REWARD_SCALES: dict[str, str] = {"none": "centered", "group": "normalized", "batch": "batch_normalized"}
 
 
-def compute_deltas(
-    rewards: torch.Tensor,
-    mode: str,
-    eps: float = 1e-6,
-    valid: torch.Tensor | None = None,
-    lengths: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Per-response deltas from group rewards: ``DELTA_MODES[mode]`` over the valid rewards.
-
-    rewards: [B, G] float. valid: optional [B, G] bool, False where the reward abstained
-    (those entries are left out of the group statistics and get delta 0). NaN rewards
-    count as abstentions too. eps: added to the std by the modes that divide by one.
-    lengths: optional [B, G], each response's tokens in the loss (``reinforce_pp``
-    whitens over tokens); None: 1 each. Returns [B, G] with the dtype of ``rewards``.
+def compute_deltas(rewards: torch.Tensor, mode: str, eps: float = 1e-6, valid: torch.Tensor | None = None,
+                   lengths: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-response deltas [B, G] from rewards [B, G]: ``DELTA_MODES[mode]`` over the valid rewards. ``valid`` [B, G]
+    bool is False where the reward abstained, as is a NaN reward: left out of the group statistics, delta 0.
+    ``lengths`` [B, G]: each response's tokens in the loss (``reinforce_pp``); None: 1 each.
     """
     if rewards.dim() != 2:
         raise ValueError(f"rewards must be [B, G], got shape {tuple(rewards.shape)}")
@@ -167,19 +140,12 @@ def compute_deltas(
     return torch.where(valid, delta_fn(rewards, valid, eps, lengths), zero)
 
 
-def scale_rewards(
-    rewards: torch.Tensor,
-    scale: str,
-    eps: float = 1e-6,
-    valid: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Group-centered rewards divided by a scale: ``compute_deltas`` with the mode
-    ``REWARD_SCALES[scale]``. rewards, valid: [B, G] -> [B, G].
+def scale_rewards(rewards: torch.Tensor, scale: str, eps: float = 1e-6, valid: torch.Tensor | None = None
+                  ) -> torch.Tensor:
+    """Group-centered rewards divided by a scale: ``compute_deltas`` with ``REWARD_SCALES[scale]``; [B, G] -> [B, G].
 
     none:  r - mean(r)                               (``centered``)
     group: (r - mean(r)) / (group std + eps)         (``normalized``, GRPO)
     batch: (r - mean(r)) / (batch reward std + eps)  (``batch_normalized``)
-
-    Abstentions (NaN, or valid False) as in ``compute_deltas``.
     """
     return compute_deltas(rewards, lookup(REWARD_SCALES, scale, "reward scale"), eps, valid)

@@ -40,19 +40,15 @@ def _log_ratio(old_log_probs: torch.Tensor, sample_log_probs: torch.Tensor) -> t
 
 
 def tis_weights(old_log_probs: torch.Tensor, sample_log_probs: torch.Tensor, cap: float) -> torch.Tensor:
-    """w = min(pi_old / pi_sampler, C) = exp(min(old_log_probs - sample_log_probs, log C)); [N, T].
-
-    Detached: the weights correct which distribution the tokens came from and are
-    constants of the step, like the deltas. Taking the min in log space means a huge
-    ratio never overflows before it is capped. ``cap`` C >= 1.
-    """
+    """w = min(pi_old / pi_sampler, C) = exp(min(old_log_probs - sample_log_probs, log C)); [N, T], detached (constants
+    of the step, like the deltas). The min in log space: a huge ratio never overflows before it is capped. C >= 1."""
     if not cap >= 1.0:
         raise ValueError(f"the TIS cap must be >= 1, got {cap}")
     return torch.exp(_log_ratio(old_log_probs, sample_log_probs).clamp(max=math.log(cap)))
 
 
 def _finish(weights: torch.Tensor, truncated: torch.Tensor, masked: torch.Tensor, mask: torch.Tensor) -> Correction:
-    """Weight 1 off the mask (those tokens carry no loss weight: a neutral factor), flags on it only; all [N, T]."""
+    """Weight 1 off the mask (a neutral factor: those tokens carry no loss weight), flags on it only; all [N, T]."""
     return Correction(torch.where(mask, weights, 1.0), truncated & mask, masked & mask)
 
 
@@ -72,8 +68,7 @@ def _seq_log_ratio(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def _keep(keep: torch.Tensor, log_ratio: torch.Tensor, mask: torch.Tensor, cap: float | None) -> Correction:
-    """A masking method's correction: ``keep`` [N, T] or [N, 1] (a whole response) bool;
-    kept tokens weigh 1, or min(r_t, C) with a cap, the others 0."""
+    """A masking method's correction: ``keep`` [N, T] or [N, 1] bool; kept tokens weigh 1 (min(r_t, C) with a cap)."""
     keep = keep.expand_as(log_ratio)
     if cap is None:
         weights, over = torch.ones_like(log_ratio), torch.zeros_like(keep)
@@ -89,8 +84,7 @@ def token_tis(log_ratio: torch.Tensor, mask: torch.Tensor, cap: Bound, low: Boun
 
 
 def seq_tis(log_ratio: torch.Tensor, mask: torch.Tensor, cap: Bound, low: Bound, high: Bound) -> Correction:
-    """w_t = min(prod_s r_s, C) = exp(min(sum_s log r_s, log C)), one weight for all of
-    a response's tokens: the sequence's own importance weight, truncated at C."""
+    """w_t = min(prod_s r_s, C) = exp(min(sum_s log r_s, log C)): the sequence's importance weight, truncated at C."""
     weights, over = _capped(_seq_log_ratio(log_ratio, mask), cap)  # [N, 1]
     return _finish(weights.expand_as(log_ratio), over.expand_as(mask), torch.zeros_like(mask), mask)
 
@@ -101,34 +95,27 @@ def token_mis(log_ratio: torch.Tensor, mask: torch.Tensor, cap: Bound, low: Boun
 
 
 def seq_mis(log_ratio: torch.Tensor, mask: torch.Tensor, cap: Bound, low: Bound, high: Bound) -> Correction:
-    """Masked importance sampling per response: all its tokens dropped when its ratio
-    prod_s r_s is outside [low, high]; w_t = 1 (or min(r_t, C)) otherwise."""
+    """Masked IS per response: dropped when prod_s r_s is outside [low, high]; w_t = 1 (or min(r_t, C)) otherwise."""
     return _keep(_within(_seq_log_ratio(log_ratio, mask), low, high), log_ratio, mask, cap)
 
 
 def geo_mask(log_ratio: torch.Tensor, mask: torch.Tensor, cap: Bound, low: Bound, high: Bound) -> Correction:
-    """Geometric-mean sequence masking: a response is dropped when exp(mean_s log r_s),
-    its per-token ratio on average, is outside [low, high]. The mean, unlike the product,
-    does not grow with the length, so one pair of bounds fits short and long responses
+    """Geometric-mean sequence masking: a response is dropped when exp(mean_s log r_s) is outside [low, high]. The
+    mean, unlike the product, does not grow with the length, so one pair of bounds fits short and long responses
     (verl's rollout_rs=geometric; "When Speed Kills Stability", Liu, Li et al. 2025)."""
     geo_log_ratio = masked_mean(log_ratio, mask, dim=-1).unsqueeze(-1)  # [N, 1], mean_s log r_s (0: no tokens)
     return _keep(_within(geo_log_ratio, low, high), log_ratio, mask, cap)
 
 
 def icepop(log_ratio: torch.Tensor, mask: torch.Tensor, cap: Bound, low: Bound, high: Bound) -> Correction:
-    """IcePop (Ring team 2025, "Every Step Evolves: Scaling Reinforcement Learning for
-    Trillion-Scale Thinking Model"): double-sided masking with calibration,
-    w_t = M(r_t) with M(k) = k for k in [alpha, beta] = [low, high], 0 otherwise. The kept
-    tokens carry their own ratio, which is at most ``high``: verl's token IS with cap
-    ``high`` beside token rejection, slime's MIS."""
+    """IcePop (Ring team 2025, "Every Step Evolves"): w_t = M(r_t) with M(k) = k for k in [alpha, beta] = [low, high],
+    0 otherwise: verl's token IS with cap ``high`` beside token rejection, slime's MIS."""
     return _keep(_within(log_ratio, low, high), log_ratio, mask, high)  # min(r_t, high) = r_t where kept
 
 
 def seq_mask_is(log_ratio: torch.Tensor, mask: torch.Tensor, cap: Bound, low: Bound, high: Bound) -> Correction:
-    """Sequence-level masked importance sampling: w_t = prod_s r_s for all of a response's
-    tokens when that ratio is at most C, 0 when it is above (TRL's sequence_mask, its
-    default with C = 3): the response's own importance weight, dropped where seq_tis
-    would truncate it. Nothing is truncated; no lower bound."""
+    """Sequence-level masked IS: w_t = prod_s r_s for all of a response's tokens when that ratio is at most C, 0 above
+    (TRL's sequence_mask, default C = 3): dropped where seq_tis would truncate. No lower bound."""
     weights, over = _capped(_seq_log_ratio(log_ratio, mask), cap)  # [N, 1]
     keep = ~over.expand_as(mask)
     return _finish(torch.where(keep, weights.expand_as(log_ratio), 0.0), torch.zeros_like(mask), ~keep, mask)
@@ -152,14 +139,9 @@ CAP_MASKING_CORRECTIONS = ("seq_mask_is",)  # drop ratios above the cap C: need 
 def off_policy_correction(method: str, old_log_probs: torch.Tensor, sample_log_probs: torch.Tensor,
                           mask: torch.Tensor, *, cap: float | None = None, low: float | None = None,
                           high: float | None = None) -> Correction:
-    """``IS_CORRECTIONS[method]`` of r = pi_old / pi_sampler; old_log_probs, sample_log_probs,
-    mask [N, T] -> Correction (weights, truncated, masked [N, T], detached).
-
-    ``cap`` C >= 1: token_tis, seq_tis and seq_mask_is need it; beside token_mis, seq_mis or
-    geo_mask the kept tokens weigh min(r_t, C); icepop takes none (its kept ratios are
-    bounded by high).
-    ``low`` < 1 < ``high``: the masking methods' bounds, low defaulting to 1 / high.
-    """
+    """``IS_CORRECTIONS[method]`` of r = pi_old / pi_sampler; old_log_probs, sample_log_probs, mask [N, T] ->
+    Correction. ``cap`` C >= 1: token_tis, seq_tis and seq_mask_is need it; beside token_mis, seq_mis or geo_mask the
+    kept tokens weigh min(r_t, C); icepop takes none. ``low`` < 1 < ``high``: the masking bounds (low: 1 / high)."""
     fn = lookup(IS_CORRECTIONS, method, "off-policy correction")
     if cap is not None and not cap >= 1.0:
         raise ValueError(f"the TIS cap must be >= 1, got {cap}")
@@ -184,39 +166,28 @@ def token_fraction(flags: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype =
 
 
 def response_fraction(flags: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Share of the responses with a flagged policy token, over those with any policy
-    token (a response-level method flags all of a response's tokens, a token-level one
-    some); flags, mask [N, T] bool -> scalar of ``dtype`` (0 if no tokens). A response
-    without policy tokens is not counted, where verl's seq_masked_fraction divides by all
-    responses."""
+    """Share of the responses with a flagged policy token, over those with any policy token; flags, mask [N, T] bool
+    -> scalar of ``dtype`` (0 if none). verl's seq_masked_fraction divides by all responses instead."""
     mask = mask.bool()
     return masked_mean((flags & mask).any(dim=-1).to(dtype), mask.any(dim=-1))
 
 
-def tis_truncated_frac(
-    old_log_probs: torch.Tensor, sample_log_probs: torch.Tensor, cap: float, response_mask: torch.Tensor
-) -> torch.Tensor:
-    """Fraction of response tokens whose raw ratio pi_old / pi_sampler exceeds C (the cap
-    changed their weight); [N, T] each -> scalar. 0 when there are no response tokens."""
+def tis_truncated_frac(old_log_probs: torch.Tensor, sample_log_probs: torch.Tensor, cap: float,
+                       response_mask: torch.Tensor) -> torch.Tensor:
+    """Fraction of response tokens whose ratio pi_old / pi_sampler exceeds C; [N, T] each -> scalar (0 if none)."""
     truncated = _log_ratio(old_log_probs, sample_log_probs) > math.log(cap)
     return masked_mean(truncated.to(old_log_probs.dtype), response_mask)
 
 
-def mismatch_k3(
-    old_log_probs: torch.Tensor, sample_log_probs: torch.Tensor, response_mask: torch.Tensor
-) -> torch.Tensor:
-    """Mean over response tokens of k3 = r - log r - 1, r = pi_old / pi_sampler; [N, T] each -> scalar.
-
-    The tokens are samples of pi_sampler, so this estimates KL(pi_sampler || pi_old)
-    (unbiased: E_sampler[r] = 1), >= 0, and 0 exactly when the two agree on every token
-    (log r clamped to [-20, 20] as in ``rlvr.core.kl.k3``).
-    """
+def mismatch_k3(old_log_probs: torch.Tensor, sample_log_probs: torch.Tensor, response_mask: torch.Tensor
+                ) -> torch.Tensor:
+    """Mean over response tokens of k3 = r - log r - 1, r = pi_old / pi_sampler; [N, T] each -> scalar. The tokens
+    are pi_sampler's samples: an unbiased estimate of KL(pi_sampler || pi_old) >= 0, 0 exactly where they agree."""
     return masked_mean(k3(_log_ratio(old_log_probs, sample_log_probs)), response_mask)
 
 
-def max_abs_log_prob_gap(
-    old_log_probs: torch.Tensor, sample_log_probs: torch.Tensor, response_mask: torch.Tensor
-) -> torch.Tensor:
+def max_abs_log_prob_gap(old_log_probs: torch.Tensor, sample_log_probs: torch.Tensor, response_mask: torch.Tensor
+                         ) -> torch.Tensor:
     """max over response tokens of |old_log_probs - sample_log_probs|; [N, T] each -> scalar (0 if none)."""
     gap = _log_ratio(old_log_probs, sample_log_probs).abs().masked_fill(~response_mask.bool(), 0.0)
     return gap.max() if gap.numel() else gap.sum()

@@ -4,10 +4,9 @@ Shapes: N rows (responses), T tokens per row, V vocabulary.
 
     log pi_tau(token) = z[token] - logsumexp(z),   z = logits / tau
 
-A float32 log-softmax over [N, T, V] can be gigabytes; here rows are processed in
-chunks of about ``chunk_elements`` float32 logits, and backward keeps only the logits
-and logsumexp [N, T], so the extra memory is bounded whatever N, T and V are. The
-entropy of pi_tau (a metric, detached) can come from the same pass over each chunk:
+A float32 log-softmax over [N, T, V] can be gigabytes; here rows are processed in chunks of about ``chunk_elements``
+float32 logits, and backward keeps only the logits and logsumexp [N, T], so the extra memory is bounded whatever N, T
+and V are. The entropy of pi_tau (a metric, detached) can come from the same pass over each chunk:
 
     H = -sum_v p_v log p_v,   log p = z - logsumexp(z)
 
@@ -18,8 +17,7 @@ from __future__ import annotations
 
 import torch
 
-# float32 elements of one chunk of logits turned into log-probs: bounds the extra memory
-# of the log-softmax (1 GiB at 2**28) whatever N, T and V are.
+# float32 elements of one chunk of logits turned into log-probs: the log-softmax's extra memory (1 GiB at 2**28)
 DEFAULT_CHUNK_ELEMENTS = 2**28
 
 
@@ -31,12 +29,10 @@ def row_chunks(logits: torch.Tensor, chunk_elements: int = DEFAULT_CHUNK_ELEMENT
 
 
 class _TokenLogProbs(torch.autograd.Function):
-    """log softmax(logits / tau)[token], computed chunk by chunk over rows, and with
-    ``with_entropy`` the entropy of softmax(logits / tau) from the same chunks (detached).
+    """log softmax(logits / tau)[token] chunk by chunk over rows, and with ``with_entropy`` the entropy (detached).
 
-    Forward: ``z[token] - logsumexp(z)`` with ``z = logits.float() / tau``; backward:
-    ``(onehot(token) - softmax(z)) * grad / tau``. Only the logits (in their own dtype)
-    and logsumexp [N, T] are kept for backward, never a float32 [N, T, V] log-softmax.
+    Forward: ``z[token] - logsumexp(z)`` with ``z = logits.float() / tau``; backward: ``(onehot(token) - softmax(z)) *
+    grad / tau``. Only the logits (in their own dtype) and logsumexp [N, T] are kept for backward.
     """
 
     @staticmethod
@@ -79,21 +75,15 @@ class _TokenLogProbs(torch.autograd.Function):
         return grad_logits, None, None, None, None
 
 
-def token_log_probs(
-    logits: torch.Tensor, tokens: torch.Tensor, temperature: float, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS
-) -> torch.Tensor:
-    """log softmax(logits / temperature) at ``tokens``: logits [N, T, V], tokens [N, T] -> [N, T] float32.
-
-    Differentiable with respect to ``logits``; rows are processed in chunks of about
-    ``chunk_elements`` float32 logits.
-    """
+def token_log_probs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float,
+                    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> torch.Tensor:
+    """log softmax(logits / temperature) at ``tokens``, differentiable in ``logits``: logits [N, T, V], tokens [N, T]
+    -> [N, T] float32."""
     return _TokenLogProbs.apply(logits, tokens, temperature, row_chunks(logits, chunk_elements), False)[0]
 
 
-def token_log_probs_and_entropy(
-    logits: torch.Tensor, tokens: torch.Tensor, temperature: float, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``token_log_probs`` (equal within float32 rounding: here the logits are shifted by
-    their max first) and the entropy [N, T] float32 of softmax(logits / temperature) at
-    each position, from the same pass over each chunk; the entropy is detached (a metric)."""
+def token_log_probs_and_entropy(logits: torch.Tensor, tokens: torch.Tensor, temperature: float,
+                                chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> tuple[torch.Tensor, torch.Tensor]:
+    """``token_log_probs`` (equal within float32 rounding: here the logits are shifted by their max first) and the
+    entropy [N, T] float32 of softmax(logits / temperature) from the same pass, detached (a metric)."""
     return _TokenLogProbs.apply(logits, tokens, temperature, row_chunks(logits, chunk_elements), True)

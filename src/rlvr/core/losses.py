@@ -1,19 +1,15 @@
 """Per-token policy-gradient losses.
 
-Shapes: N responses, T response tokens. ``log_probs`` [N, T] are log pi(a_t | s_t) of
-the sampled tokens under the current policy; ``deltas`` are per response, [N] or
-[N, 1], and apply to every token of the response (outcome reward: credit is spread
-evenly over positions).
+Shapes: N responses, T response tokens. ``log_probs`` [N, T] are log pi(a_t | s_t) of the sampled tokens under the
+current policy; ``deltas`` [N] or [N, 1] apply to every token of their response (outcome reward).
 
-``LOSS_MODES`` maps each mode to its function ``LossInputs -> (per_token_loss, stats)``
-with per_token_loss [N, T] and stats ``ratio`` [N, T] (detached) and ``clipped`` [N, T]
-bool: the tokens whose term the clip changed (for every mode but ``cispo`` their gradient
-is 0; ``cispo`` keeps it, scaled by the clipped weight).
+``LOSS_MODES`` maps each mode to ``LossInputs -> (per_token_loss [N, T], stats)``, stats ``ratio`` [N, T] (detached)
+and ``clipped`` [N, T] bool: the tokens whose term the clip changed (their gradient is 0, but for ``cispo``, which
+scales it by the clipped weight).
 
-Modes: ``naive`` and ``ratio`` (the plain policy gradient, on- and off-policy),
-``clipped`` (PPO), ``dual_clip`` (PPO with a floor on negative deltas), ``gspo`` (one
-clipped ratio per response), ``cispo`` (REINFORCE with a clipped, detached weight).
-``entropy_bonus`` is a per-token term to add to any of them.
+Modes: ``naive`` and ``ratio`` (the plain policy gradient, on- and off-policy), ``clipped`` (PPO), ``dual_clip`` (PPO
+with a floor on negative deltas), ``gspo`` (one clipped ratio per response), ``cispo`` (REINFORCE with a clipped,
+detached weight). ``entropy_bonus`` is a per-token term to add to any of them.
 """
 
 from __future__ import annotations
@@ -46,19 +42,14 @@ LossFn = Callable[[LossInputs], tuple[torch.Tensor, LossStats]]
 
 
 def _log_ratio(x: LossInputs, mode: str) -> torch.Tensor:
-    """log(pi / pi_old) = log_prob - old_log_prob; [N, T] each -> [N, T].
-
-    ``old_log_probs`` must be constants (sampled under no_grad): they are detached here
-    too, because a ratio whose denominator carries gradient is identically 1 and its
-    gradient silently 0.
-    """
+    """log(pi / pi_old) = log_prob - old_log_prob; [N, T] each -> [N, T]. ``old_log_probs`` are detached here too:
+    a ratio whose denominator carries gradient is identically 1 and its gradient silently 0."""
     log_probs, old_log_probs = x.log_probs, x.old_log_probs
     if old_log_probs is None:
         raise ValueError(f"loss mode {mode!r} needs old_log_probs")
     if old_log_probs.shape != log_probs.shape:
-        raise ValueError(
-            f"old_log_probs shape {tuple(old_log_probs.shape)} != log_probs shape {tuple(log_probs.shape)}"
-        )
+        raise ValueError(f"old_log_probs shape {tuple(old_log_probs.shape)} != log_probs shape "
+                         f"{tuple(log_probs.shape)}")
     return log_probs - old_log_probs.detach()
 
 
@@ -68,9 +59,8 @@ def _ratio(x: LossInputs, mode: str) -> torch.Tensor:
 
 
 def _clip_range(x: LossInputs) -> tuple[float, float]:
-    """The ratio's range [1 - clip_eps, 1 + clip_eps_high]; ``clip_eps_high`` None means
-    ``clip_eps``; ``clip_eps`` None: no lower clip (the range starts at 0, where a ratio
-    never goes), and then ``clip_eps_high`` must be given."""
+    """The ratio's range [1 - clip_eps, 1 + clip_eps_high] (``clip_eps_high`` None: ``clip_eps``); ``clip_eps``
+    None: no lower clip (the range starts at 0), and then ``clip_eps_high`` must be given."""
     clip_eps, clip_eps_high = x.clip_eps, x.clip_eps_high
     if clip_eps is None:
         if clip_eps_high is None:
@@ -79,11 +69,10 @@ def _clip_range(x: LossInputs) -> tuple[float, float]:
     return 1.0 - clip_eps, 1.0 + (clip_eps if clip_eps_high is None else clip_eps_high)
 
 
-def _clipped_objective(
-    ratio: torch.Tensor, deltas: torch.Tensor, low: float, high: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """PPO's min(ratio * delta, clip(ratio, low, high) * delta) [N, T], and the tokens whose
-    gradient the clip removed [N, T] bool; ratio [N, T], deltas [N, 1]."""
+def _clipped_objective(ratio: torch.Tensor, deltas: torch.Tensor, low: float, high: float
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's min(ratio * delta, clip(ratio, low, high) * delta) [N, T], and the tokens whose gradient the clip
+    removed [N, T] bool; ratio [N, T], deltas [N, 1]."""
     unclipped = ratio * deltas
     clipped_obj = torch.clamp(ratio, low, high) * deltas
     objective = torch.minimum(unclipped, clipped_obj)
@@ -92,16 +81,12 @@ def _clipped_objective(
     return objective, was_clipped
 
 
-def _no_clip(ratio: torch.Tensor) -> torch.Tensor:
-    """``clipped`` stat of an unclipped loss: all False, [N, T]."""
+def _no_clip(ratio: torch.Tensor) -> torch.Tensor:  # the ``clipped`` stat of an unclipped loss
     return torch.zeros_like(ratio, dtype=torch.bool)
 
 
 def naive_loss(x: LossInputs) -> tuple[torch.Tensor, LossStats]:
-    """loss = -delta * log_prob; [N, T] (ratio reported as 1, nothing clipped).
-
-    Its gradient -delta * grad log pi is the policy gradient at pi = pi_old.
-    """
+    """loss = -delta * log_prob; [N, T] (ratio reported as 1): the policy gradient at pi = pi_old."""
     loss = -x.deltas * x.log_probs
     ones = torch.ones_like(x.log_probs).detach()
     return loss, {"ratio": ones, "clipped": _no_clip(x.log_probs)}
@@ -114,10 +99,7 @@ def ratio_loss(x: LossInputs) -> tuple[torch.Tensor, LossStats]:
 
 
 def clipped_loss(x: LossInputs) -> tuple[torch.Tensor, LossStats]:
-    """loss = -min(ratio * delta, clip(ratio, 1 - clip_eps, 1 + clip_eps_high) * delta); [N, T].
-
-    PPO's clipped surrogate; ``clip_eps_high`` None means ``clip_eps`` (symmetric clip).
-    """
+    """PPO: loss = -min(ratio * delta, clip(ratio, 1 - clip_eps, 1 + clip_eps_high) * delta); [N, T]."""
     ratio = _ratio(x, "clipped")
     objective, was_clipped = _clipped_objective(ratio, x.deltas, *_clip_range(x))
     return -objective, {"ratio": ratio.detach(), "clipped": was_clipped.detach()}
@@ -129,11 +111,9 @@ def dual_clip_loss(x: LossInputs) -> tuple[torch.Tensor, LossStats]:
         objective = max(min(ratio * delta, clip(ratio, 1 - clip_eps, 1 + clip_eps_high) * delta), c * delta)
                     where delta < 0, the clipped objective where delta >= 0;   loss = -objective
 
-    c = ``clip_ratio_c`` > 1. For delta < 0 the plain clip leaves min(...) = ratio * delta
-    unbounded below as the ratio grows (a token the policy now finds far likelier, with a
-    bad delta): one such token can dominate the step. The floor c * delta caps its loss at
-    -c * delta and its gradient at 0; it binds exactly where ratio > c. ``clipped``: the
-    tokens of either clip (both have gradient 0).
+    c = ``clip_ratio_c`` > 1. For delta < 0 the plain clip leaves min(...) = ratio * delta unbounded below as the
+    ratio grows: one token the policy now finds far likelier can dominate the step. The floor c * delta caps its
+    loss at -c * delta and its gradient at 0; it binds exactly where ratio > c. ``clipped``: either clip's tokens.
     """
     if not x.clip_ratio_c > 1.0:
         raise ValueError(f"dual_clip needs clip_ratio_c > 1 (the floor c * delta on negative deltas), "
@@ -152,19 +132,15 @@ def gspo_loss(x: LossInputs) -> tuple[torch.Tensor, LossStats]:
         s_i = exp(mean over response i's tokens of (log_prob - old_log_prob))     [N, 1]
         loss_i,t = -min(s_i * delta_i, clip(s_i, 1 - clip_eps, 1 + clip_eps_high) * delta_i)
 
-    s_i is the length-normalised sequence ratio (pi(y_i) / pi_old(y_i))^(1 / |y_i|); the
-    clip keeps or drops whole responses. Needs ``response_mask`` [N, T] (the mean is over
-    real tokens only). Sequence ratios sit much closer to 1 than token ratios: GSPO's
-    clip ranges are small (3e-4 / 4e-4 in the paper, set through clip_eps / clip_eps_high).
+    s_i is the length-normalised sequence ratio (pi(y_i) / pi_old(y_i))^(1 / |y_i|), over real tokens only
+    (``response_mask``); the clip keeps or drops whole responses. Sequence ratios sit much closer to 1 than token
+    ratios: GSPO's clip ranges are small (3e-4 / 4e-4 in the paper).
 
-    Computed in the per-token form s_i,t = sg(s_i) * pi_t / sg(pi_t): the value is s_i at
-    every token, and token t's gradient is s_i * delta_i * grad log pi_t, through its own
-    log-prob alone. With weights constant over a response's tokens (every aggregation),
-    the gradient is exactly that of the sequence-level objective, since
-    sum_t grad log pi_t / |y_i| = grad log s_i; and a per-token weight (TIS, a token
-    selection) then acts on its own token, as with the other losses. With
-    seq_mean_token_mean the loss is the paper's -mean_i min(s_i delta_i, clip(s_i) delta_i).
-    ``clipped``: every token of a clipped response.
+    Computed in the per-token form s_i,t = sg(s_i) * pi_t / sg(pi_t): the value is s_i at every token, and token t's
+    gradient is s_i * delta_i * grad log pi_t. With weights constant over a response's tokens (every aggregation)
+    this is exactly the sequence-level gradient, since sum_t grad log pi_t / |y_i| = grad log s_i; a per-token weight
+    (TIS, a token selection) acts on its own token. With seq_mean_token_mean the loss is the paper's
+    -mean_i min(s_i delta_i, clip(s_i) delta_i). ``clipped``: every token of a clipped response.
     """
     if x.response_mask is None:
         raise ValueError("loss mode 'gspo' needs response_mask: its ratio is a mean over each response's tokens")
@@ -179,14 +155,10 @@ def gspo_loss(x: LossInputs) -> tuple[torch.Tensor, LossStats]:
 def cispo_loss(x: LossInputs) -> tuple[torch.Tensor, LossStats]:
     """CISPO: loss = -sg(clip(ratio, 1 - clip_eps, 1 + clip_eps_high)) * delta * log_prob; [N, T].
 
-    REINFORCE with a truncated importance weight: the gradient is
-    -clip(ratio) * delta * grad log pi, so every token keeps a gradient, however far its
-    ratio (PPO's clip zeroes those tokens, often the rare high-information ones). The
-    weight is a constant (sg = detach): differentiating it would add the ratio's own
-    gradient. The paper bounds only the top, as TRL does: clip_eps None leaves the bottom
-    open, clip(ratio, 0, 1 + clip_eps_high). ``clipped``: the tokens whose weight the clip changed (their
-    gradient is scaled, not removed). The loss's value is not a surrogate objective
-    (log-prob scale); its gradient is what matters.
+    REINFORCE with a truncated importance weight: the gradient -clip(ratio) * delta * grad log pi keeps every token,
+    however far its ratio (PPO's clip zeroes those, often the rare high-information ones). The weight is a constant
+    (sg = detach). The paper bounds only the top, as TRL does: clip_eps None gives clip(ratio, 0, 1 + clip_eps_high).
+    ``clipped``: the tokens whose weight the clip changed. The loss's value is no surrogate; its gradient is the point.
     """
     ratio = _ratio(x, "cispo").detach()
     low, high = _clip_range(x)
@@ -204,25 +176,12 @@ LOSS_MODES: dict[str, LossFn] = {
 }
 
 
-def policy_loss(
-    log_probs: torch.Tensor,
-    deltas: torch.Tensor,
-    mode: str,
-    old_log_probs: torch.Tensor | None = None,
-    clip_eps: float | None = 0.2,
-    clip_eps_high: float | None = None,
-    *,
-    clip_ratio_c: float = 3.0,
-    response_mask: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Per-token loss whose gradient is the (clipped, importance-weighted) policy gradient.
-
-    ``LOSS_MODES[mode]`` with log_probs [N, T], deltas [N] or [N, 1] (detached here: they
-    are constants, not trained by the policy loss), old_log_probs [N, T] (needed by every
-    mode but ``naive``; detached too), clip_ratio_c (``dual_clip``'s floor, > 1) and
-    response_mask [N, T] bool (needed by ``gspo``). Returns (per_token_loss [N, T], stats)
-    where stats holds ``ratio`` [N, T] and ``clipped`` [N, T] bool.
-    """
+def policy_loss(log_probs: torch.Tensor, deltas: torch.Tensor, mode: str, old_log_probs: torch.Tensor | None = None,
+                clip_eps: float | None = 0.2, clip_eps_high: float | None = None, *, clip_ratio_c: float = 3.0,
+                response_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``LOSS_MODES[mode]``: per-token loss [N, T] whose gradient is the (clipped, importance-weighted) policy
+    gradient, and stats ``ratio``, ``clipped`` [N, T]. log_probs [N, T]; deltas [N] or [N, 1] and old_log_probs
+    [N, T] (every mode but ``naive``) are detached; response_mask [N, T] bool (``gspo``)."""
     loss_fn = lookup(LOSS_MODES, mode, "loss mode")
     if deltas.dim() == 1:
         deltas = deltas.unsqueeze(-1)  # [N] -> [N, 1]
@@ -230,19 +189,14 @@ def policy_loss(
         raise ValueError(f"deltas must be [N] or [N, 1] with N={log_probs.shape[0]}, got {tuple(deltas.shape)}")
     deltas = deltas.to(log_probs.dtype).detach()  # [N, 1]
     if response_mask is not None and response_mask.shape != log_probs.shape:
-        raise ValueError(
-            f"response_mask shape {tuple(response_mask.shape)} != log_probs shape {tuple(log_probs.shape)}"
-        )
+        raise ValueError(f"response_mask shape {tuple(response_mask.shape)} != log_probs shape "
+                         f"{tuple(log_probs.shape)}")
     return loss_fn(LossInputs(log_probs, deltas, old_log_probs, clip_eps, clip_eps_high, clip_ratio_c, response_mask))
 
 
 def entropy_bonus(entropy: torch.Tensor, coef: float) -> torch.Tensor:
-    """Per-token loss term -coef * H_t, to add to the per-token loss; entropy [N, T] -> [N, T].
-
-    Minimising it raises the entropy H_t of pi(. | s_t) (more exploration). ``entropy`` must
-    carry the gradient (e.g. ``entropy_from_logits`` of the live logits, not detached ones).
-    coef >= 0: a negative one would be an entropy penalty, almost surely a sign mistake.
-    """
+    """Per-token loss term -coef * H_t; entropy [N, T] (carrying the gradient) -> [N, T]. Minimising it raises the
+    entropy. coef >= 0: a negative one would be an entropy penalty, almost surely a sign mistake."""
     if not coef >= 0:
         raise ValueError(f"entropy bonus coef must be >= 0, got {coef}")
     return -coef * entropy

@@ -9,29 +9,20 @@ import torch
 
 
 def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """Sum of ``x`` where ``mask`` is set: ``sum(x * mask)`` over ``dim`` (all dims if None).
-
-    x, mask: same shape (mask broadcastable to x).
-    """
+    """``sum(x * mask)`` over ``dim`` (all dims if None); mask broadcastable to x."""
     masked = torch.where(mask.bool(), x, torch.zeros_like(x))
     return masked.sum() if dim is None else masked.sum(dim=dim)
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """Mean of ``x`` over the masked entries: ``sum(x * mask) / sum(mask)``.
-
-    A row with no masked entry has mean 0 (not NaN): it contributes nothing.
-    x, mask: same shape (mask broadcastable to x).
-    """
+    """``sum(x * mask) / sum(mask)``; a row with no masked entry has mean 0, not NaN. mask broadcastable to x."""
     mask = mask.bool().expand_as(x)
     count = mask.sum() if dim is None else mask.sum(dim=dim)
     total = masked_sum(x, mask, dim)
     return total / count.clamp(min=1).to(total.dtype)
 
 
-def masked_normalize(
-    x: torch.Tensor, mask: torch.Tensor, normalizer: float, dim: int | None = None
-) -> torch.Tensor:
+def masked_normalize(x: torch.Tensor, mask: torch.Tensor, normalizer: float, dim: int | None = None) -> torch.Tensor:
     """Masked sum divided by a constant: ``sum(x * mask) / normalizer`` (Dr. GRPO's form)."""
     if normalizer <= 0:
         raise ValueError(f"normalizer must be positive, got {normalizer}")
@@ -39,16 +30,15 @@ def masked_normalize(
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy ``-sum_v p_v log p_v`` over the last axis; logits [..., V] -> [...].
+    """Entropy ``-sum_v p_v log p_v`` over the last axis; logits [..., V] -> [...] (half precision upcast to float32).
 
-    Computed as ``logsumexp(z) - sum softmax(z) * z``, finite for extreme logits and for
-    -inf logits (masked vocabulary entries, probability 0, contribute 0). Half-precision
-    logits are upcast to float32; float32 and float64 keep their dtype.
+    Computed as ``logsumexp(z) - sum softmax(z) * z``, finite for extreme logits and for -inf logits (masked vocabulary
+    entries contribute 0).
     """
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
-    # H is shift-invariant; subtracting the max keeps logsumexp(z) - E[z] from cancelling
-    # (at logits 1e4 the float32 spacing is 1e-3, which swamped ln 2).
+    # H is shift-invariant; subtracting the max keeps logsumexp(z) - E[z] from cancelling (at logits 1e4 the float32
+    # spacing is 1e-3, which swamped ln 2).
     logits = logits - logits.amax(dim=-1, keepdim=True).detach()
     log_z = torch.logsumexp(logits, dim=-1)
     probs = torch.softmax(logits, dim=-1)

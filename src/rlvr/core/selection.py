@@ -1,16 +1,12 @@
 """Which groups, responses and tokens train: selections and a length penalty.
 
-Shapes: B prompts, G responses per prompt (N = B*G, row ``b * G + g`` is response g
-of prompt b), T response tokens. ``response_mask`` [N, T] bool is True on real
-response tokens.
+Shapes: B prompts, G responses per prompt (N = B*G, row ``b * G + g`` is response g of prompt b), T response tokens.
+``response_mask`` [N, T] bool is True on real response tokens.
 
-- ``nonzero_delta_groups``: the groups that carry a gradient (DAPO's dynamic sampling
-  drops the others and samples more prompts).
-- ``overlong_mask``: the response mask with truncated responses removed (DAPO's
-  overlong filtering: a response cut off by the length limit is not judged as wrong).
+- ``nonzero_delta_groups``: the groups that carry a gradient (DAPO's dynamic sampling drops the others).
+- ``overlong_mask``: the response mask without truncated responses (DAPO's overlong filtering).
 - ``overlong_penalty``: DAPO's soft length penalty, added to the rewards.
-- ``top_entropy_mask``: the highest-entropy fraction of the batch's response tokens
-  ("Beyond the 80/20 rule": the gradient of the high-entropy "forking" tokens).
+- ``top_entropy_mask``: the highest-entropy fraction of the batch's response tokens ("Beyond the 80/20 rule").
 """
 
 from __future__ import annotations
@@ -21,14 +17,8 @@ import torch
 
 
 def nonzero_delta_groups(deltas: torch.Tensor, group_size: int) -> torch.Tensor:
-    """True for each group with a nonzero delta: deltas [N] -> [B] bool, B = N / G.
-
-    A group whose deltas are all 0 (equal rewards under a group baseline, or every
-    member abstaining) contributes no gradient, only a smaller batch; dynamic sampling
-    keeps the groups marked True and samples more prompts to fill the batch. The
-    centered deltas of a constant group are exactly 0 (``compute_deltas``), so no
-    tolerance is needed.
-    """
+    """True for each group with a nonzero delta: deltas [N] -> [B] bool. A group whose deltas are all 0 contributes
+    no gradient; a constant group's centered deltas are exactly 0 (``compute_deltas``), so no tolerance is needed."""
     if group_size <= 0:
         raise ValueError(f"group_size must be positive, got {group_size}")
     if deltas.dim() != 1 or deltas.shape[0] % group_size:
@@ -38,30 +28,23 @@ def nonzero_delta_groups(deltas: torch.Tensor, group_size: int) -> torch.Tensor:
 
 
 def overlong_mask(truncated: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """``response_mask`` with the rows of truncated responses set False: truncated [N] bool,
-    response_mask [N, T] -> [N, T] bool.
-
-    A response cut off by the length limit has no final answer, so its reward says
-    little about its tokens. Apply it before ``aggregation_weights`` so the removed
-    tokens leave the denominators (token counts, lengths) too, not only the sum.
-    """
+    """``response_mask`` [N, T] with the rows of truncated [N] responses set False (a response cut off has no final
+    answer). Apply it before ``aggregation_weights`` so the removed tokens leave the denominators too."""
     if truncated.dim() != 1 or response_mask.dim() != 2 or truncated.shape[0] != response_mask.shape[0]:
         raise ValueError(f"truncated must be [N] and response_mask [N, T], got {tuple(truncated.shape)} "
                          f"and {tuple(response_mask.shape)}")
     return response_mask.bool() & ~truncated.bool().unsqueeze(-1)
 
 
-def overlong_penalty(
-    lengths: torch.Tensor, max_len: int, cache_len: int, factor: float, dtype: torch.dtype = torch.float32
-) -> torch.Tensor:
+def overlong_penalty(lengths: torch.Tensor, max_len: int, cache_len: int, factor: float,
+                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """DAPO's soft length penalty, to add to the rewards: lengths [N] (response tokens) -> [N] <= 0.
 
         penalty = 0                                       for L <= max_len - cache_len
                   -factor * (L - (max_len - cache_len)) / cache_len   in between
                   -factor                                 for L >= max_len
 
-    0 up to the start of the cache zone, then linear to -factor at ``max_len``. Graded
-    rather than a cliff, so a response just past the soft limit is barely penalised.
+    Graded rather than a cliff, so a response just past the soft limit is barely penalised.
     """
     if not 0 < cache_len <= max_len:
         raise ValueError(f"overlong penalty needs 0 < cache_len <= max_len, got cache_len={cache_len}, "
@@ -73,15 +56,9 @@ def overlong_penalty(
 
 
 def top_entropy_mask(entropy: torch.Tensor, response_mask: torch.Tensor, q: float) -> torch.Tensor:
-    """The top-q fraction of the batch's response tokens by entropy: entropy, response_mask
-    [N, T] -> [N, T] bool (a subset of ``response_mask``).
-
-    Keeps the ceil(q * n) tokens of highest entropy among the n response tokens of the
-    whole batch (pass the whole batch, not a micro-batch: the threshold is the batch's).
-    Ties are broken by position, the earlier row, then the earlier token, first, so the
-    selection is deterministic. q in (0, 1]; q = 1 keeps every response token. Multiply
-    it into the loss weights: only the selected tokens carry gradient. ``entropy`` must
-    be finite on response tokens (it is detached: the selection is a constant).
+    """The ceil(q * n) highest-entropy tokens among the n response tokens of the whole batch (not a micro-batch: the
+    threshold is the batch's): entropy, response_mask [N, T] -> [N, T] bool, a subset of ``response_mask``. Ties go
+    to the earlier position, so the selection is deterministic. q in (0, 1]; ``entropy`` finite on response tokens.
     """
     if not 0 < q <= 1:
         raise ValueError(f"top-entropy fraction q must be in (0, 1], got {q}")
@@ -94,6 +71,6 @@ def top_entropy_mask(entropy: torch.Tensor, response_mask: torch.Tensor, q: floa
     rank = torch.empty_like(order)
     rank[order] = torch.arange(order.numel(), device=order.device)
     num_tokens = response_mask.sum().clamp(min=1).to(torch.float64)
-    # rank / n < q keeps ranks 0 .. ceil(q n) - 1; a correctly rounded division compared
-    # with q, not rank < q * n, whose rounding (0.07 * 100 = 7.000000000000001) keeps one more.
+    # rank / n < q keeps ranks 0 .. ceil(q n) - 1: a correctly rounded division compared with q, not rank < q * n,
+    # whose rounding (0.07 * 100 = 7.000000000000001) keeps one more.
     return response_mask & (rank.reshape(entropy.shape).to(torch.float64) / num_tokens < q)
