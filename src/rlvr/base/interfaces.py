@@ -1,8 +1,7 @@
-"""The two interfaces that produce a batch (``rlvr.base.rollout``): a ``Policy`` samples
-responses and scores their log-probs, a ``Task`` gives prompts and grades responses.
+"""The two interfaces that produce a batch (``rlvr.base.rollout``): a ``Policy`` samples responses and scores their
+log-probs, a ``Task`` gives prompts and grades responses.
 
-Shapes: B prompts, G responses per prompt, N = B*G responses, n any number of rows, T
-response tokens.
+Shapes: B prompts, G responses per prompt, N = B*G responses, n any number of rows, T response tokens.
 """
 
 from __future__ import annotations
@@ -17,16 +16,11 @@ from rlvr.base.rollout import Grades, Samples
 class Policy(Protocol):
     """Something that samples responses and scores their log-probs.
 
-    ``module`` is the torch module whose parameters the trainer optimises.
-    ``max_response_length`` is the longest response ``sample`` can return, in tokens:
-    a constant of the policy, not of a batch (Dr. GRPO's normalizer). How responses are
-    generated is the policy's business (an LM policy delegates to an ``rlvr.engines``
-    engine; the positional toy samples by itself). A policy, or its ``engine``, whose
-    ``sample_log_probs`` are not those its ``log_probs`` computes (another library's
-    kernels, another precision) says so with ``exact_log_probs = False``; see
-    ``sampler_log_probs_exact``. The project's policies derive from this class and take
-    the defaults of its optional members: no engine of its own, nothing to sync, every
-    prompt fits, no response cut at the length limit.
+    ``module`` is the torch module the trainer optimises. ``max_response_length`` is the longest response ``sample``
+    can return, in tokens: a constant of the policy, not of a batch (Dr. GRPO's normalizer). A policy, or its
+    ``engine``, whose ``sample_log_probs`` are not those its ``log_probs`` computes (other kernels, another precision)
+    says so with ``exact_log_probs = False``. The project's policies derive from this class and take the defaults of
+    its optional members.
     """
 
     module: torch.nn.Module
@@ -34,9 +28,7 @@ class Policy(Protocol):
     engine: Any = None  # what generates, when not the policy itself (``rlvr.engines.Engine``)
     exact_log_probs: bool | None = None  # None: as its engine says (``sampler_log_probs_exact``)
 
-    def sample(
-        self, prompts: Any, group_size: int, temperature: float, generator: torch.Generator
-    ) -> Samples:
+    def sample(self, prompts: Any, group_size: int, temperature: float, generator: torch.Generator) -> Samples:
         """G responses to each of B prompts at temperature > 0 (same generator seed, same samples)."""
         ...
 
@@ -44,10 +36,9 @@ class Policy(Protocol):
         self, samples: Samples, temperature: float, with_entropy: bool = False,
         module: torch.nn.Module | None = None, entropy_grad: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Per-token log pi(a_t | s_t) [n, T] of ``samples``' responses, and entropy [n, T]
-        (None unless ``with_entropy``; with ``entropy_grad`` it carries its gradient, for the
-        entropy bonus). ``module``: score with these weights instead of ``self.module``
-        (None), e.g. the frozen KL reference, a copy of ``module``."""
+        """Per-token log pi(a_t | s_t) [n, T] of ``samples``' responses, and entropy [n, T] (None unless
+        ``with_entropy``; with ``entropy_grad`` it carries its gradient, for the entropy bonus). ``module``: score
+        with these weights instead of ``self.module`` (the frozen KL reference)."""
         ...
 
     def greedy(self, prompts: Any) -> Any:
@@ -55,34 +46,29 @@ class Policy(Protocol):
         ...
 
     def sync_engine(self, version: int | None = None) -> dict[str, float]:
-        """Hand the generation engine the trainer's weights of ``version``: engine/* numbers.
-        A policy that samples by itself has nothing to hand over."""
+        """Hand the generation engine the trainer's weights of ``version``: engine/* numbers."""
         return {}
 
     def check_prompts(self, prompts: Any, what: str = "prompt") -> None:
-        """Raise ``rlvr.policies.prompts.PromptError`` for the first of ``prompts`` the policy
-        cannot take (``what`` names them in the message). Every prompt fits by default."""
+        """Raise ``rlvr.policies.prompts.PromptError`` for the first of ``prompts`` the policy cannot take
+        (``what`` names them in the message)."""
 
     def truncated(self, samples: Samples) -> torch.Tensor | None:
-        """[N] bool, True on responses cut at the length limit; None: none ever is (the
-        positional toy's answers have one fixed length)."""
+        """[N] bool, True on responses cut at the length limit; None: none ever is."""
         return None
 
 
 def sampler_log_probs_exact(policy: Policy) -> bool:
-    """Are the log-probs recorded while sampling the trainer's own (``policy.log_probs``
-    of the same tokens, up to float rounding)? The policy's ``exact_log_probs``, else its
-    engine's, else True: the in-process samplers (the positional toy, ``HFEngine``)
-    score with the trainer's module and its numbers."""
+    """Are the log-probs recorded while sampling the trainer's own, up to float rounding? The policy's
+    ``exact_log_probs``, else its engine's, else True (in-process samplers score with the trainer's module)."""
     if policy.exact_log_probs is not None:
         return bool(policy.exact_log_probs)
     return policy.engine is None or policy.engine.exact_log_probs
 
 
 class Task(Protocol):
-    """A verifiable task: prompts, a reward and a gold check. The project's tasks derive
-    from this class (``rlvr.tasks.grading.GradedTask``) and take the defaults of its
-    optional members."""
+    """A verifiable task: prompts, a reward and a gold check. The project's tasks derive from this class
+    (``rlvr.tasks.grading.GradedTask``) and take the defaults of its optional members."""
 
     # the highest reward a response can get (the hacking monitor's top), None: not known
     max_reward: float | None = None
@@ -91,9 +77,8 @@ class Task(Protocol):
 
     def grade(self, prompts: Any, responses: Any, *, completion_ids: list[list[int]] | None = None,
               trainer_state: Any = None) -> Grades:
-        """Rewards, gold check and reward metrics in one pass; ``completion_ids`` (N lists
-        of token ids) and ``trainer_state`` (``rlvr.rewards.TrainerState``) go to the
-        reward functions as TRL passes them."""
+        """Rewards, gold check and reward metrics in one pass; ``completion_ids`` (N lists of token ids) and
+        ``trainer_state`` (``rlvr.rewards.TrainerState``) go to the reward functions as TRL passes them."""
         ...
 
     def sample_prompts(self, num_prompts: int, generator: torch.Generator) -> Any:
@@ -105,19 +90,16 @@ class Task(Protocol):
         ...
 
     def fixed_prompts(self) -> dict[str, Any]:
-        """Every prompt known before training, by what it is ("train", "eval"), for the
-        policy to check up front; none by default (prompts made as they are drawn)."""
+        """Every prompt known before training, by what it is ("train", "eval"), for the policy to check up front."""
         return {}
 
     def prompt_origin(self, what: str, index: int) -> str | None:
-        """Where prompt ``index`` of ``fixed_prompts()[what]`` comes from (a file and line),
-        for errors about it; None: nowhere worth naming."""
+        """Where prompt ``index`` of ``fixed_prompts()[what]`` comes from (a file and line), for errors; or None."""
         return None
 
     def policy_for(self, policy: Policy) -> Policy:
-        """The policy as this task samples it: itself by default; an environment task's
-        policy acts in its environment, and its samples are episodes."""
+        """The policy as this task samples it (an environment task's acts in its environment: episodes)."""
         return policy
 
     def close(self) -> None:
-        """Release what the task holds (reward worker processes); nothing by default."""
+        """Release what the task holds (reward worker processes)."""

@@ -1,12 +1,11 @@
-"""How rlvr confines the processes that run untrusted code, in one place: the bubblewrap
-jail (``jail``), resource limits (address space, processes, CPU time, file size), the
-network guard, ``MAX_PROCESSES`` (a pids cgroup of its own where this process may make one,
-``RLIMIT_NPROC`` inside a jail's user namespace), death with the parent, and the end of
-every descendant (a subreaper kills its tree, ``kill_tree`` kills a subreaper's tree from
-outside, even what left its session). Where each applies: docs/explanation/isolation.md.
+"""How rlvr confines the processes that run untrusted code, in one place: the bubblewrap jail (``jail``), resource
+limits (address space, processes, CPU time, file size), the network guard, ``MAX_PROCESSES`` (a pids cgroup of its
+own where this process may make one, ``RLIMIT_NPROC`` inside a jail's user namespace), death with the parent, and the
+end of every descendant (a subreaper kills its tree, ``kill_tree`` kills a subreaper's tree from outside, even what
+left its session). Where each applies: docs/explanation/isolation.md.
 
-Standard library only: the jails run this file's source as a program (``supervisor``),
-which starts a command under those limits and kills what it left when it ends.
+Standard library only: the jails run this file's source as a program (``supervise``), which starts a command under
+those limits and kills what it left when it ends.
 """
 
 from __future__ import annotations
@@ -31,8 +30,7 @@ _JAIL_TMPFS_BYTES = 64 * 2**20
 
 
 def become_subreaper() -> None:
-    """Linux: processes orphaned below this one are re-parented to it, not to init, so that
-    ``kill_tree`` finds them even after a double fork and ``setsid``."""
+    """Linux: orphans below this process are re-parented to it, not to init, so that ``kill_tree`` finds them."""
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
@@ -51,8 +49,8 @@ def die_with_parent(parent: int | None = None) -> None:
 
 
 def limit_address_space(limit_bytes: int, grow: bool = False) -> None:
-    """Cap this process's address space at ``limit_bytes`` (``grow``: at what it uses now plus
-    ``limit_bytes``, for a process forked from a big one), never above the hard limit."""
+    """Cap this process's address space at ``limit_bytes`` (``grow``: at what it uses now plus ``limit_bytes``, for
+    a process forked from a big one), never above the hard limit."""
     if grow:
         try:
             with open("/proc/self/statm") as file:
@@ -63,10 +61,9 @@ def limit_address_space(limit_bytes: int, grow: bool = False) -> None:
 
 
 def set_limit(name: str, soft: int, hard: int | None = None) -> None:
-    """Set the resource limit ``name`` (``RLIMIT_AS``, ``RLIMIT_CPU``, ...) to ``soft`` and
-    ``hard`` (None: ``soft``), never above the hard limit this process has. ``RLIMIT_NPROC``:
-    inside a jail's user namespace (Linux 5.14+) it counts that namespace's processes alone;
-    outside one it counts all of the user's, and root is never held to it."""
+    """Set the resource limit ``name`` to ``soft`` and ``hard`` (None: ``soft``), never above the hard limit this
+    process has. ``RLIMIT_NPROC`` counts a jail's user namespace's processes alone (Linux 5.14+); outside one it
+    counts all of the user's, and root is never held to it."""
     import resource  # POSIX only
 
     kind = getattr(resource, name)
@@ -78,8 +75,8 @@ def set_limit(name: str, soft: int, hard: int | None = None) -> None:
 
 
 def block_network(message: str = "no network access") -> None:
-    """Make ``socket.socket``, ``create_connection`` and ``getaddrinfo`` raise: a guard against
-    reaching the network by accident, not a jail (``_socket`` is still there)."""
+    """Make ``socket.socket``, ``create_connection`` and ``getaddrinfo`` raise: a guard against reaching the network
+    by accident, not a jail (``_socket`` is still there)."""
     import socket
 
     def refuse(*args: object, **kwargs: object) -> None:
@@ -95,8 +92,8 @@ def kill_group(pgid: int) -> None:
 
 
 def killed_by(code: int) -> str | None:
-    """The name of the signal that ended a process of exit status ``code`` (-N as Popen says
-    it, 128 + N as a shell, bwrap and the supervisor do), None where it exited."""
+    """The name of the signal that ended a process of exit status ``code`` (-N as Popen says it, 128 + N as a shell,
+    bwrap and the supervisor do), None where it exited."""
     number = -code if code < 0 else code - 128 if code > 128 else 0
     if not number:
         return None
@@ -121,9 +118,8 @@ def descendants(root: int) -> set[int]:
 
 
 def kill_tree(root: int) -> None:
-    """SIGKILL every process below ``root``: each is stopped first, scan after scan, so that
-    none forks while the tree is read; complete where ``root`` is a subreaper (what its
-    processes orphan stays below it)."""
+    """SIGKILL every process below ``root``: each is stopped first, scan after scan, so that none forks while the
+    tree is read; complete where ``root`` is a subreaper (what its processes orphan stays below it)."""
     stopped: set[int] = set()
     for _ in range(_ROUNDS):
         found = descendants(root) - stopped
@@ -139,8 +135,7 @@ def kill_tree(root: int) -> None:
 
 
 def kill_descendants() -> None:
-    """Kill every process below this one (a subreaper) and reap them all: call it where this
-    process has no child of its own left to keep."""
+    """Kill and reap every process below this one (a subreaper): call it where it has no child left to keep."""
     kill_tree(os.getpid())
     with contextlib.suppress(ChildProcessError):  # no child left
         while True:
@@ -148,11 +143,10 @@ def kill_descendants() -> None:
 
 
 class ProcessCap:
-    """At most ``limit`` processes for one program and all it starts, even those that leave
-    its session: a pids cgroup of its own, made below this process's where the cgroup file
-    system lets this process write (``folder``; None where it does not). The program's
-    process calls ``join`` before it runs (a ``preexec_fn``); ``close`` kills what is left in
-    the cgroup and removes it."""
+    """At most ``limit`` processes for one program and all it starts, even those that leave its session: a pids
+    cgroup of its own below this process's, where the cgroup file system lets it write (``folder``; else None).
+    The program's process calls ``join`` before it runs (a ``preexec_fn``); ``close`` kills what is left and
+    removes the cgroup."""
 
     def __init__(self, limit: int = MAX_PROCESSES) -> None:
         self.folder: str | None = None
@@ -180,8 +174,7 @@ class ProcessCap:
                 file.write(str(os.getpid()))
 
     def close(self) -> None:
-        """Kill every process in the cgroup, wait for each to be gone (a killed one leaves it
-        only once it has exited), and remove it."""
+        """Kill every process in the cgroup, wait for each to exit (only then does it leave), and remove it."""
         if self.folder is None:
             return
         for _ in range(_ROUNDS):
@@ -208,8 +201,7 @@ class ProcessCap:
 
 
 def _remove_orphans(parent: str) -> None:
-    """Remove the empty cgroups of rlvr processes that are gone (a trainer killed outright
-    leaves its jails' cgroups behind)."""
+    """Remove the empty cgroups of rlvr processes that are gone (a trainer killed outright leaves them behind)."""
     with contextlib.suppress(OSError):
         for name in os.listdir(parent):
             owner = name.split("-")[1] if name.startswith("rlvr-") and name.count("-") == 2 else ""
@@ -244,8 +236,7 @@ def _wait_gone(pids: list[int], timeout: float = 5.0) -> None:
 
 
 def _pids_folder() -> str | None:
-    """The folder of this process's pids cgroup (cgroup v1's pids hierarchy, or v2 where it
-    offers the pids controller), None where there is none to read."""
+    """The folder of this process's pids cgroup (v1's pids hierarchy, or v2 with the pids controller), or None."""
     try:
         with open("/proc/self/cgroup") as file:
             own = dict(line.rstrip("\n").split(":", 2)[1:] for line in file if line.count(":") >= 2)
@@ -277,12 +268,10 @@ def _pids_folder() -> str | None:
 
 @functools.cache
 def jail() -> tuple[str, ...] | None:
-    """bubblewrap's options that jail a program (the program and its working folder follow
-    them): new PID, network, mount, IPC, UTS and user namespaces (every process it starts
-    ends with it; no network but its own loopback), killed with its parent, read-only
-    system and Python folders and nothing else of the host, a private tmpfs ``/tmp`` as its
-    only writable place. None where ``bwrap`` is not installed or cannot make namespaces
-    here (said once, as a warning)."""
+    """bubblewrap's options that jail a program (the program and its working folder follow them): new PID, network,
+    mount, IPC, UTS and user namespaces (all it starts ends with it; only its own loopback), killed with its
+    parent, read-only system and Python folders and nothing else of the host, a private tmpfs ``/tmp`` as its only
+    writable place. None where ``bwrap`` is missing or cannot make namespaces here (said once, as a warning)."""
     import shutil
     import warnings
 
@@ -322,12 +311,10 @@ def jail() -> tuple[str, ...] | None:
 
 def supervised(argv: list[str], memory: int = 0, jailed: bool = False, cpu_seconds: int = 0, file_bytes: int = 0
                ) -> list[str]:
-    """The command line that runs ``argv`` under this module's ``supervise`` (python with
-    nothing of the host's, ``-I -S``, and this file's source), with ``memory`` bytes of
-    address space, ``cpu_seconds`` of CPU time and files of ``file_bytes`` at most (0: no
-    cap) and, in a jail, an ``RLIMIT_NPROC`` of MAX_PROCESSES: a jail's user namespace counts
-    its own processes alone, where outside one the limit would count all of the user's
-    (there the pids cgroup caps them, where one can be made)."""
+    """The command line that runs ``argv`` under ``supervise`` (``python -I -S`` and this file's source), with
+    ``memory`` bytes of address space, ``cpu_seconds`` of CPU time and files of ``file_bytes`` at most (0: no cap)
+    and, in a jail, an ``RLIMIT_NPROC`` of MAX_PROCESSES (outside a jail's user namespace it would count all of the
+    user's processes; there the pids cgroup caps them)."""
     limits = (memory, MAX_PROCESSES if jailed else 0, cpu_seconds, file_bytes)
     return [os.path.realpath(sys.executable), "-I", "-S", "-c", _source(), *map(str, limits), "--", *argv]
 
@@ -339,10 +326,9 @@ def _source() -> str:
 
 
 def supervise(memory: int, processes: int, cpu_seconds: int, file_bytes: int, argv: list[str]) -> int:
-    """Run ``argv`` with ``memory`` bytes of address space, an ``RLIMIT_NPROC`` of
-    ``processes``, ``cpu_seconds`` of CPU time (SIGXCPU then, SIGKILL a second later) and
-    files of ``file_bytes`` (each where > 0), as the subreaper of all it starts; when it
-    ends, kill what it left; its exit code (killed by signal N: 128 + N, as a shell says it)."""
+    """Run ``argv`` with ``memory`` bytes of address space, an ``RLIMIT_NPROC`` of ``processes``, ``cpu_seconds`` of
+    CPU time (SIGXCPU, SIGKILL a second later) and files of ``file_bytes`` (each where > 0), as the subreaper of all
+    it starts, and kill what it left; its exit code (killed by signal N: 128 + N, as a shell says it)."""
     become_subreaper()
 
     def limits() -> None:

@@ -15,10 +15,8 @@ import torch
 
 
 class CompletionIds(Sequence):
-    """Each response's token ids without padding (responses are right-padded), as lists,
-    made when read: converting a batch's ids to lists costs about 200 ns a token, which a
-    reward function that never reads them should not pay. A slice is a CompletionIds of
-    those rows; pickled (to a reward worker) it is a plain list."""
+    """Each response's token ids without padding, as lists made when read: converting a batch's ids costs about
+    200 ns a token, which a reward function that never reads them should not pay. Pickled: a plain list."""
 
     def __init__(self, response_ids: torch.Tensor, lengths: torch.Tensor) -> None:
         self.response_ids, self.lengths = response_ids, lengths  # [N, T], [N]
@@ -48,30 +46,21 @@ class CompletionIds(Sequence):
 class Samples:
     """What a policy returns from sampling G responses for each of B prompts.
 
-    responses:        the responses in the task's own form, grouped by prompt (the
-                      sorting task: LongTensor [B, G, n]; text tasks: list of B lists of
-                      G strings). Rewards are computed from these.
+    responses:        the responses in the task's own form, grouped by prompt (sorting: LongTensor [B, G, n];
+                      text tasks: B lists of G strings); rewards are computed from these
     response_ids:     [N, T] long, the sampled tokens (padding where the mask is False)
-    response_mask:    [N, T] bool, True on real response tokens (EOS included): the
-                      response's extent, what the policy scores as context
+    response_mask:    [N, T] bool, True on real response tokens (EOS included): what the policy scores as context
     prompt_ids:       [N, P] long, each response's prompt (left-padded for LMs)
     prompt_mask:      [N, P] bool, True on real prompt tokens
-    sample_log_probs: [N, T] log-probs recorded while sampling, or None. At the
-                      training temperature they are the old policy's log-probs.
-    policy_mask:      [N, T] bool, True on the tokens the policy sampled: the only ones
-                      that train (every loss, metric and aggregation weight uses it). An
-                      episode's environment tokens are in the response but not here. None
-                      when built: the response's tokens (a single-turn response is all
-                      policy tokens; checkpoints written before this field load so).
+    sample_log_probs: [N, T] log-probs recorded while sampling (at the training temperature: the old policy's), or None
+    policy_mask:      [N, T] bool, True on the tokens the policy sampled, the only ones that train (an episode's
+                      environment tokens are in the response but not here). None when built: ``response_mask``
     truncated:        [R] bool, the rows cut at a length limit, or None (the policy cannot tell)
-    episodes:         [R] long, non-decreasing: the response (row b*G + g of the grades)
-                      each row belongs to, when an episode trains as several sequences (an
-                      agent whose history was rewritten: each segment a row, with its
-                      episode's delta), or None: row i is response i (R = N = B*G). Every
+    episodes:         [R] long, non-decreasing: the response (row b*G + g of the grades) each row belongs to when
+                      an episode trains as several sequences (a rewritten agent history), or None: R = N. Every
                       response has at least one row.
-    token_versions:   [R, T] long, the weights version (optimizer step) that sampled each
-                      token, when a response went on with newer weights mid-generation
-                      (``cluster.partial_rollouts``), or None: all by the batch's weights
+    token_versions:   [R, T] long, the weights version that sampled each token when a response went on with newer
+                      weights mid-generation (``cluster.partial_rollouts``), or None: all by the batch's weights
     """
 
     responses: Any
@@ -133,8 +122,7 @@ class Samples:
                                 for name in _RESPONSE_FIELDS})
 
     def groups(self, index: torch.Tensor, group_size: int) -> Samples:
-        """The groups (prompts) at ``index`` [k]: their G responses each (all their rows,
-        the responses numbered anew in the order of ``index``), ``responses`` included."""
+        """The groups (prompts) at ``index`` [k] with all their rows, responses numbered anew in that order."""
         if self.episodes is None:
             rows = (index.unsqueeze(1) * group_size + torch.arange(group_size)).reshape(-1)  # [k*G]
             part = self.rows(rows)
@@ -148,10 +136,8 @@ class Samples:
         return part
 
     def group_rows(self, group_size: int) -> torch.Tensor:
-        """The first row of each group (prompt) these rows hold, then R: [B + 1] for a whole
-        batch. Rows taken from a batch (a learner's share) keep their responses' numbers:
-        their groups are the ones they hold; without ``episodes``, every G rows from the first
-        are a group (rows past the last whole group are left out)."""
+        """The first row of each group these rows hold, then R: [B + 1] for a whole batch. A learner's share keeps
+        its responses' numbers; without ``episodes`` every G rows are a group (a partial last group is left out)."""
         if self.episodes is None:
             return torch.arange(0, (self.num_responses // group_size) * group_size + 1, group_size)
         group = self.episodes // group_size
@@ -160,8 +146,7 @@ class Samples:
 
     @staticmethod
     def cat(parts: list[Samples]) -> Samples:
-        """Several batches as one: responses padded on the right, prompts on the left (as
-        an LM's are; the masks say which positions are real)."""
+        """Several batches as one: responses padded on the right, prompts on the left (as an LM's are)."""
         if len(parts) == 1:
             return parts[0]
         episodes = None
@@ -181,8 +166,7 @@ class Samples:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """Its fields as tensors and plain data (``checkpoint_data`` of the responses): the form
-        a checkpoint holds (``torch.load(weights_only=True)``)."""
+        """Its fields as tensors and plain data: the form a checkpoint holds (``torch.load(weights_only=True)``)."""
         return {**{f.name: getattr(self, f.name) for f in fields(self)}, "responses": checkpoint_data(self.responses)}
 
 
@@ -196,15 +180,12 @@ _RESPONSE_FIELDS = ("response_ids", "response_mask", "sample_log_probs", "policy
 class Grades:
     """A task's verdict on B x G responses.
 
-    rewards: [B, G] float, NaN where the reward abstained
-    correct: [B, G] bool, the gold check (is the response right?)
-    metrics: flat name -> number (per reward function: mean, errors, timeouts, ...)
-    prompts: the B prompts graded, in the task's form (None: not kept)
-    failures: record name -> the first failure on the batch there, one line:
-             ``reward/<name>/failure`` for each reward function that failed on some
-             response, ``episode/error`` for an environment's episode that ended with an error
-    notes:   B lists of G notes, what the rewards said of each response (a judge's reply;
-             "" for none), or None when no reward said anything
+    rewards:  [B, G] float, NaN where the reward abstained
+    correct:  [B, G] bool, the gold check
+    metrics:  flat name -> number (per reward function: mean, errors, timeouts, ...)
+    prompts:  the B prompts graded, in the task's form (None: not kept)
+    failures: record name (``reward/<name>/failure``, ``episode/error``) -> the batch's first failure there, one line
+    notes:    B lists of G notes, what the rewards said of each response ("" for none), or None
     """
 
     rewards: torch.Tensor
@@ -221,8 +202,7 @@ class Grades:
 
     @staticmethod
     def cat(parts: list[Grades]) -> Grades:
-        """Grades of several batches as one; each metric the mean over the batches, weighted
-        by their prompts (a metric some batch lacks: over those that have it)."""
+        """Several batches as one; each metric the prompt-weighted mean over the batches that have it."""
         if len(parts) == 1:
             return parts[0]
         sizes = [g.rewards.shape[0] for g in parts]
@@ -240,28 +220,24 @@ class Grades:
 
 
 def contiguous_bounds(count: int, parts: int) -> list[tuple[int, int]]:
-    """``parts`` contiguous ``[start, stop)`` ranges covering ``range(count)``, sizes
-    differing by at most one (empty ones when ``count < parts``)."""
+    """``parts`` contiguous ``[start, stop)`` ranges covering ``range(count)``, sizes differing by at most one."""
     cuts = [r * count // parts for r in range(parts + 1)]
     return list(zip(cuts[:-1], cuts[1:]))
 
 
 def _pick(items: Any, index: torch.Tensor) -> Any:
-    """``items[index]`` for a tensor, a list or None."""
     if items is None or isinstance(items, torch.Tensor):
         return _part(items, index)
     return [items[i] for i in index.tolist()]
 
 
 def _part(x: torch.Tensor | None, index: Any) -> torch.Tensor | None:
-    """``x[index]``, None for None."""
     return None if x is None else x[index]
 
 
 def checkpoint_data(value: Any) -> Any:
-    """``value`` as tensors and plain data, all ``torch.load(weights_only=True)`` takes:
-    containers as lists and dicts, a string (an episode's text included, without the
-    episode) as a ``str``, anything else that is no number as its text."""
+    """``value`` as what ``torch.load(weights_only=True)`` takes: containers as lists and dicts, a ``str`` subclass
+    (an episode's text) as a plain ``str``, anything else that is no number as its text."""
     if isinstance(value, torch.Tensor) or value is None or isinstance(value, (bool, int, float)):
         return value
     if isinstance(value, str):
@@ -274,13 +250,11 @@ def checkpoint_data(value: Any) -> Any:
 
 
 def _join(parts: list[Any]) -> Any:
-    """Tensors concatenated along dim 0, lists joined."""
     return torch.cat(parts) if isinstance(parts[0], torch.Tensor) else [x for part in parts for x in part]
 
 
 def _pad_cat(parts: list[torch.Tensor | None], left: bool = False) -> torch.Tensor | None:
-    """[n_i, T_i] tensors -> [sum n_i, max T_i], zero-padded on the right (or the left); None
-    if any part is None."""
+    """[n_i, T_i] tensors -> [sum n_i, max T_i], zero-padded on the right (or left); None if any part is None."""
     if any(t is None for t in parts):
         return None
     width = max(t.shape[1] for t in parts)
@@ -292,20 +266,17 @@ def _pad_cat(parts: list[torch.Tensor | None], left: bool = False) -> torch.Tens
 class Rollout:
     """One epoch's batch, reused by each of its inner steps.
 
-    samples:       the sampled responses (N = B*G, in R rows: N unless a response trains as
-                   several sequences, ``Samples.episodes``); every [N]/[N, T] below is per row
+    samples:       the sampled responses (N = B*G, in R rows, ``Samples.episodes``); every [N]/[N, T] below is per row
     deltas:        [N] per-response deltas (0 where the reward abstained), each row its response's
     old_log_probs: [N, T] log-probs of the policy that sampled them, or None (naive loss)
     ref_log_probs: [N, T] log-probs under the frozen reference, or None (no KL penalty)
     weights:       [N, T] per-token aggregation weights (sum(w * loss) is the loss)
     stats:         epoch-level numbers: rewards, solve rate, reward metrics, timings
-    importance_weights: [N, T] the off-policy correction's weights of the policy-gradient
-                   term (TIS: min(pi_old / pi_sampler, C); 0 on masked tokens), or None (none set)
-    prompt_solved: each prompt's share of responses that pass the gold check (the
-                   per-prompt learning curves), or None (prompts not kept)
-    pg_token_mask: [N, T] bool, the tokens whose policy-gradient term trains (the
-                   top-entropy selection), or None (all). Not in ``weights``: the
-                   aggregation's normaliser and the KL term keep every response token.
+    importance_weights: [N, T] the policy-gradient term's off-policy weights (TIS: min(pi_old / pi_sampler, C);
+                   0 on masked tokens), or None
+    prompt_solved: each prompt's share of responses that pass the gold check, or None (prompts not kept)
+    pg_token_mask: [N, T] bool, the tokens whose policy-gradient term trains (top-entropy selection), or None (all).
+                   Not in ``weights``: the aggregation's normaliser and the KL term keep every response token.
     """
 
     samples: Samples
@@ -319,16 +290,13 @@ class Rollout:
     pg_token_mask: torch.Tensor | None = None
 
     def rows(self, index: slice) -> Rollout:
-        """The responses at ``index`` (a slice: views, not copies) with everything that goes
-        with them; the aggregation weights stay the whole batch's, so the losses of the
-        parts add up to the loss of the whole (micro-batches, data-parallel shares)."""
-
+        """The responses at ``index`` (a slice: views) with all that goes with them; the aggregation weights stay
+        the whole batch's, so the parts' losses add up to the whole's (micro-batches, data-parallel shares)."""
         return replace(self, samples=self.samples.rows(index), **{name: _part(getattr(self, name), index) for name in (
             "deltas", "old_log_probs", "ref_log_probs", "weights", "importance_weights", "pg_token_mask")})
 
     def to_dict(self) -> dict[str, Any]:
-        """Nested dicts of tensors and plain data (responses: a tensor, or lists of
-        strings): the form a checkpoint holds (``torch.load(weights_only=True)``)."""
+        """Nested dicts of tensors and plain data: the form a checkpoint holds."""
         return {**{f.name: getattr(self, f.name) for f in fields(self)}, "samples": self.samples.to_dict()}
 
     @classmethod

@@ -1,12 +1,10 @@
 """Worker processes that run untrusted calls: reward functions, tool calls, environment code.
 
-A ``WorkerPool`` starts workers that each run ``serve(request)`` for every request sent to
-them and send back what it returned. A request past its time limit, a worker that dies or
-an answer past its size limit comes back as a ``WorkerFailed`` naming why (the worker is
-stopped, with every process of its group, and replaced on next use). Requests and answers
-cross by plain ``pickle``, not multiprocessing's pickler (torch's reducers share tensors
-through a server whose socket is left behind in a ``pymp-*`` folder when a worker is killed).
-Nothing a pool starts outlives the trainer: docs/explanation/isolation.md says how.
+A ``WorkerPool`` starts workers that each run ``serve(request)`` for every request sent to them. A request past its
+time limit, a worker that dies or an answer past its size limit comes back as a ``WorkerFailed`` naming why (the
+worker is stopped with its process group and replaced on next use). Requests and answers cross by plain ``pickle``,
+not multiprocessing's pickler (torch's reducers share tensors through a server whose socket is left behind in a
+``pymp-*`` folder when a worker is killed). Nothing a pool starts outlives the trainer: docs/explanation/isolation.md.
 """
 
 from __future__ import annotations
@@ -43,9 +41,8 @@ STARTUP_TIMEOUT = 60.0  # seconds a new worker may take to start (spawn re-impor
 _POSIX = os.name == "posix"  # process groups, and the reaper; elsewhere workers are killed alone
 _READY = "ready"  # a worker's first message
 
-# The trainer's ends of the worker and reaper pipes. A process forked from the trainer
-# closes its copies at once: were a worker to keep them, the other workers and the
-# reaper would not read EOF when the trainer dies.
+# The trainer's ends of the worker and reaper pipes. A process forked from the trainer closes its copies at once:
+# were a worker to keep them, the other workers and the reaper would not read EOF when the trainer dies.
 trainer_ends: weakref.WeakSet = weakref.WeakSet()
 
 
@@ -61,8 +58,8 @@ if hasattr(os, "register_at_fork"):
 
 @dataclass(frozen=True)
 class WorkerFailed:
-    """Why a request has no answer, in its place: ``message`` (one line), whether it ran past
-    its time (``timed_out``), and whether its worker was stopped for it (``lost``)."""
+    """Why a request has no answer, in its place: ``message`` (one line), whether it ran past its time
+    (``timed_out``), and whether its worker was stopped for it (``lost``)."""
 
     message: str
     timed_out: bool = False
@@ -93,8 +90,7 @@ for folder in sys.argv[1:]:  # the trainer's folders (multiprocessing's: only it
 
 
 class Reaper:
-    """A process that kills the process groups it is told about once the trainer is gone,
-    and removes ``folders`` (of the trainer's)."""
+    """A process that kills the process groups it is told about once the trainer is gone, and removes ``folders``."""
 
     def __init__(self, folders: Sequence[str]) -> None:
         read_end, write_end = os.pipe()
@@ -138,8 +134,7 @@ class _Worker:
 
 
 class WorkerPool:
-    """Up to ``num_workers`` worker processes (slots), each started on first use, that run
-    ``serve(request)``.
+    """Up to ``num_workers`` worker processes (slots), each started on first use, that run ``serve(request)``.
 
     serve:        run on each request in a worker; with "spawn" or "forkserver" it must pickle
     start_method: "fork", "spawn" or "forkserver"
@@ -147,8 +142,8 @@ class WorkerPool:
     memory_mb:    megabytes of address space a worker may grow by (None: no cap)
     subreaper:    each worker is the subreaper of what its calls start, all killed with it
     folder:       a folder of the trainer's removed once the trainer is gone, even after a SIGKILL
-    ``map`` runs requests on whichever worker is free; ``submit`` and ``wait`` run them on
-    the slot named (a worker that keeps state between requests). Not thread-safe.
+    ``map`` runs requests on whichever worker is free; ``submit`` and ``wait`` run them on the slot named (a worker
+    that keeps state between requests). Not thread-safe.
     """
 
     def __init__(self, serve: Callable[[Any], Any], num_workers: int, start_method: str = "fork", *,
@@ -163,8 +158,8 @@ class WorkerPool:
         self._reaper = Reaper([*folders, *([folder] if folder else [])]) if _POSIX else None
 
     def map(self, requests: Sequence[Any], timeout: float) -> list[Any]:
-        """What ``serve`` returned for each request, or its WorkerFailed; each request limited
-        to ``timeout`` seconds from when a worker receives it."""
+        """What ``serve`` returned for each request, or its WorkerFailed; each limited to ``timeout`` seconds from
+        when a worker receives it."""
         answers: list[Any] = [None] * len(requests)
         pending = collections.deque(range(len(requests)))
         try:
@@ -186,9 +181,8 @@ class WorkerPool:
         return answers
 
     def submit(self, slot: int, key: Hashable, request: Any, timeout: float, max_reply: int | None = None) -> None:
-        """Send ``request`` to the worker of ``slot`` (started if it is not), ``key`` naming it in
-        ``wait``; its answer at most ``max_reply`` bytes pickled (None: any). Raises what
-        pickling raises, or OSError where the worker is gone."""
+        """Send ``request`` to the worker of ``slot``, ``key`` naming it in ``wait``; its answer at most ``max_reply``
+        bytes pickled (None: any). Raises what pickling raises, or OSError where the worker is gone."""
         worker = self._workers.get(slot) or self._start(slot)
         message = pickle.dumps((request, max_reply))
         if worker.ready:
@@ -199,17 +193,14 @@ class WorkerPool:
         worker.timeout, worker.deadline = timeout, time.monotonic() + timeout
 
     def busy(self) -> list[int]:
-        """The slots whose worker runs a request."""
         return [slot for slot, worker in self._workers.items() if worker.task is not None]
 
     def pids(self) -> list[int]:
-        """The process ids of the workers running now."""
         return [worker.process.pid for worker in self._workers.values()]
 
     def wait(self, poll: float = math.inf) -> list[tuple[int, Hashable, Any]]:
-        """Wait (``poll`` seconds at most) for the first answer, start, death or deadline among
-        the busy and starting workers: (slot, key, answer or WorkerFailed) of each request
-        that ended. A worker that failed is stopped."""
+        """Wait (``poll`` seconds at most) for the first answer, start, death or deadline among the busy and starting
+        workers: (slot, key, answer or WorkerFailed) of each request that ended. A worker that failed is stopped."""
         waiting = {slot: w for slot, w in self._workers.items() if w.task is not None or not w.ready}
         if not waiting:
             return []
@@ -234,8 +225,7 @@ class WorkerPool:
         return ended
 
     def stop(self, slot: int) -> None:
-        """Kill the worker of ``slot`` and every process in its group (with ``subreaper``, all
-        that its calls started, daemons too)."""
+        """Kill the worker of ``slot`` and its process group (with ``subreaper``: all its calls started, daemons)."""
         worker = self._workers.pop(slot)
         if self.subreaper and worker.process.exitcode is None:
             kill_tree(worker.process.pid)
@@ -271,8 +261,8 @@ class WorkerPool:
         return self._workers[slot]
 
     def _receive(self, worker: _Worker) -> Any:
-        """The worker's message: its start-up (a request that waited for it is sent now), its
-        answer, or a WorkerFailed (lost) where it cannot be read."""
+        """The worker's message: its start-up (a request that waited for it is sent now), its answer, or a
+        WorkerFailed (lost) where it cannot be read."""
         try:
             message = pickle.loads(worker.conn.recv_bytes(worker.max_reply if worker.ready else None))
         except (EOFError, OSError):
@@ -302,14 +292,13 @@ class WorkerPool:
 
 def lead_group(pid: int) -> None:
     """Make process ``pid`` (0: this one) the leader of a new process group."""
-    # from the trainer, OSError where the worker already did it and exec'd (spawn), or is not its child
+    # from the trainer: OSError where the worker already did it and exec'd (spawn), or is not its child
     with contextlib.suppress(OSError):
         os.setpgid(pid, pid)
 
 
 def _worker_main(conn: Connection, serve: Callable[[Any], Any], parent: int | None, memory_mb: int | None,
                  subreaper: bool) -> None:
-    """A worker's loop: receive a request, send back what ``serve`` made of it."""
     if _POSIX:
         lead_group(0)
     die_with_parent(parent)
