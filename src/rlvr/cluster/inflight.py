@@ -1,17 +1,14 @@
 """Batches sampled ahead of the trainer, in the form a checkpoint holds them.
 
-With ``cluster.max_staleness = k >= 1`` every checkpoint but the run's last falls while the
-batches of the next epochs are in flight, sampled with weights the checkpoint no longer
-holds (those the driver had at the start of an earlier epoch). ``RayRolloutSource.state``
-waits for them and keeps each batch (or part of one, ``cluster.split_batch``) here as tensors
-and plain data (``torch.load(weights_only=True)`` takes them) with its epoch, the weights
-version it was sampled with and the epoch at whose start the driver held those weights. A
-resumed source trains on them as they are: a run killed and resumed gives the straight
-run's records.
+With ``cluster.max_staleness = k >= 1`` every checkpoint but the run's last falls while the next epochs' batches are
+in flight, sampled with weights the checkpoint no longer holds. ``RayRolloutSource.state`` waits for them and keeps
+each batch (or part, ``cluster.split_batch``) here as tensors and plain data (``torch.load(weights_only=True)``) with
+its epoch, the weights version it was sampled with and the epoch at whose start the driver held those weights. A
+resumed source trains on them as they are: a run killed and resumed gives the straight run's records.
 
-What leaves the batch: the responses' task-specific objects (an episode becomes its text, as
-in a checkpoint's ``Rollout``) and the graded prompts, kept as their record keys
-(``rlvr.loop.diagnostics.prompt_key``), all the loop reads of them after grading.
+What leaves the batch: the responses' task-specific objects (an episode becomes its text, as in a checkpoint's
+``Rollout``) and the graded prompts, kept as their record keys (``rlvr.loop.diagnostics.prompt_key``), all the loop
+reads of them after grading.
 """
 
 from __future__ import annotations

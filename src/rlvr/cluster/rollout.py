@@ -1,14 +1,11 @@
-"""Rollout workers on Ray: each epoch's batch sampled and graded by an actor
-(``rlvr.cluster.worker.RolloutWorker``), and each evaluation run by worker 0.
+"""Rollout workers on Ray: each epoch's batch sampled and graded by an actor (``rlvr.cluster.worker.RolloutWorker``),
+and each evaluation run by worker 0.
 
-The driver (``RayRolloutSource``) hands a worker, with each call, a reference to the weights
-it must sample with (a state dict of numpy arrays, put into Ray's object store once per
-version, the version being the optimizer step count: by the driver from its own policy, or,
-where the driver holds no weights, by the data-parallel learners' rank 0) and the state of a
-``torch.Generator``; the worker loads the weights if it does not hold that version yet, runs
-the local source's ``sample_and_grade`` (``rlvr.loop.seams``) with a generator in that state and
-returns the samples, the grades, the timings and the generator's new state. Epoch e's batch
-goes to worker e mod W.
+The driver (``RayRolloutSource``) hands a worker, with each call, a reference to the weights it must sample with (a
+state dict of numpy arrays put into Ray's object store once per version, the optimizer step count: by the driver, or
+where it holds no weights by the data-parallel learners' rank 0) and a ``torch.Generator``'s state; the worker loads
+the weights if it does not hold that version yet, runs the local source's ``sample_and_grade`` (``rlvr.loop.seams``)
+and returns the samples, grades, timings and the generator's new state. Epoch e's batch goes to worker e mod W.
 
 The design: ``docs/explanation/cluster.md`` (``rlvr.cluster.rollout``).
 """
@@ -47,11 +44,10 @@ WORKER_CPUS = 0.5  # Ray CPUs each rollout worker holds (explicit: a default req
 
 
 class RayRolloutSource:
-    """The rollout source on Ray (``rlvr.loop.seams.RolloutSource``), the driver's side:
-    ``cluster.rollout_workers`` actors, the batches submitted to them (up to ``lookahead``
-    epochs ahead) and the restarts seen; ``close`` ends the actors. ``publish``: puts the
-    weights of a state's step into the object store and returns the reference (the learners'
-    ``publish_weights``, where the driver holds no weights); default: the driver's own."""
+    """The rollout source on Ray (``rlvr.loop.seams.RolloutSource``), the driver's side: ``cluster.rollout_workers``
+    actors, the batches submitted to them (up to ``lookahead`` epochs ahead) and the restarts seen. ``publish``: puts
+    a state's weights into the object store and returns the reference (the learners' ``publish_weights``, where the
+    driver holds no weights); default: the driver's own."""
 
     def __init__(self, config: Config, ray: Any, publish: Callable[[TrainState], Any] | None = None) -> None:
         c = config.cluster
@@ -98,35 +94,30 @@ class RayRolloutSource:
             self._board = ray.remote(num_cpus=0)(WeightsBoard).remote()
 
     def sample_and_grade(self, st: TrainState, task: Task) -> tuple[Samples, Grades, dict[str, float]]:
-        """The batch of epoch ``st.epoch``; first submits the batches of the next
-        ``lookahead`` epochs with the current weights. With none ahead and whole batches the
-        driver's generator moves on as if it had sampled the batch itself. Any failure is
-        a ClusterError of one line naming the epoch and step (Ray's own errors included:
-        a node or raylet that died)."""
+        """The batch of epoch ``st.epoch``; first submits the next ``lookahead`` epochs' with the current weights.
+        With none ahead and whole batches the driver's generator moves on as if it had sampled the batch itself.
+        Any failure is a one-line ClusterError naming the epoch and step (``_stops``)."""
         with _stops(f"epoch {st.epoch}, step {st.step}"):
             return self._sample_and_grade(st, task)
 
     def evaluate(self, st: TrainState, task: Task) -> list[Record]:
-        """``rlvr.loop.evaluation.evaluate`` on worker 0 with the weights of ``st.step``; a worker
-        that dies meanwhile is waited for (restarted by Ray) and asked again; a failure stops
-        the run with one line, as a batch's does."""
+        """``rlvr.loop.evaluation.evaluate`` on worker 0 with the weights of ``st.step`` (a worker that dies meanwhile
+        is asked again once Ray restarted it)."""
         with _stops(f"epoch {st.epoch}, step {st.step}: evaluating"):
             weights = self._send_weights(st)
             ask = lambda: self.workers[0].evaluate.remote([weights], st.step, st.epoch)  # noqa: E731
             return self._answer(0, ask(), ask, f"evaluating the weights of step {st.step}")
 
     def offer_weights(self, st: TrainState) -> None:
-        """With ``cluster.weights_in_flight``: the weights of ``st.step`` published and posted
-        on the board, where each worker looks before its next batch."""
+        """With ``cluster.weights_in_flight``: post the weights of ``st.step`` where each worker looks before its next
+        batch."""
         if self._board is not None:
             with _stops(f"epoch {st.epoch}, step {st.step}: publishing the weights"):
                 self._board.post.remote(st.step, [self._send_weights(st)])
 
     def state(self) -> dict[str, Any] | None:
-        """The batches submitted ahead of the trainer, waited for, as checkpoint data
-        (``rlvr.cluster.inflight``), the count of batches dropped as too old and what was
-        sampled against what was trained (``Shift``); None for a synchronous run
-        (``max_staleness`` 0)."""
+        """The batches submitted ahead of the trainer, waited for, as checkpoint data (``rlvr.cluster.inflight``),
+        the count dropped as too old and the ``Shift``; None for a synchronous run (``max_staleness`` 0)."""
         held = [job for epoch in sorted(self.jobs) for job in self.jobs[epoch]]
         with _stops("checkpoint: waiting for the batches in flight"):
             for job in held:
@@ -137,8 +128,7 @@ class RayRolloutSource:
                 "shift": self.shift.state()}
 
     def restore(self, state: dict[str, Any] | None) -> None:
-        """Take back the batches ``state()`` kept: the resumed run trains on them, not on
-        batches sampled anew with its newer weights."""
+        """Take back the batches ``state()`` kept: the resumed run trains on them, not on batches sampled anew."""
         self.dropped_total = 0 if state is None else state.get("dropped_stale", 0)
         self.shift = Shift(None if state is None else state.get("shift"))
         for batch in [] if state is None else state["batches"]:
@@ -177,9 +167,9 @@ class RayRolloutSource:
         return samples, grades, stats
 
     def _replace_too_old(self, jobs: list[Job], st: TrainState, task: Task) -> tuple[list[Job], int]:
-        """``jobs`` (answered) with each whose weights are more than ``cluster.max_staleness_steps``
-        optimizer steps old at ``st.step`` dropped and replaced by the same batch (its generator
-        and prompts, from (seed, epoch)) sampled with the current weights; and how many were."""
+        """``jobs`` (answered) with each whose weights are more than ``cluster.max_staleness_steps`` old at
+        ``st.step`` replaced by the same batch (generator and prompts from (seed, epoch)) sampled with the current
+        weights; and how many were."""
         old = too_old(jobs, st.step, self.bound)
         if not old:
             return jobs, 0
@@ -194,9 +184,8 @@ class RayRolloutSource:
         return [again.get(id(job), job) for job in jobs], len(old)
 
     def _jobs(self, epoch: int, st: TrainState, task: Task, weights: Any) -> list[Job]:
-        """The jobs of ``epoch``'s batch: the whole batch on worker epoch mod W, or
-        (``cluster.split_batch``) its prompts drawn here and split over the workers, each part
-        sampled with its own generator seeded from the epoch's stream."""
+        """The jobs of ``epoch``'s batch: the whole batch on worker epoch mod W, or (``cluster.split_batch``) its
+        prompts drawn here and split over the workers, each part with a generator seeded from the epoch's stream."""
         if self.ahead == 0:
             generator = st.generator  # the run's own stream: a whole batch hands its new state back
         else:
@@ -217,8 +206,7 @@ class RayRolloutSource:
         return job
 
     def _wait(self, job: Job) -> None:
-        """The job's result into ``job.result`` (once); a worker that died meanwhile is waited
-        for (restarted by Ray) and the job sent again."""
+        """The job's result into ``job.result`` (once); a worker that died meanwhile is sent the job again."""
         if job.result is not None:
             return
         what = f"sampling and grading the batch of epoch {job.epoch} (weights version {job.version})"
@@ -230,9 +218,8 @@ class RayRolloutSource:
         self._seen(job.worker, pid)
 
     def _answer(self, worker: int, ref: Any, again: Callable[[], Any], what: str) -> Any:
-        """The answer of worker ``worker``'s call ``ref``, within ``cluster.call_timeout``; if the
-        worker died meanwhile, once Ray restarted it, of the call made again (``again()``: its
-        new ref). ``what``: the call, for the one-line error."""
+        """The answer of worker ``worker``'s call ``ref`` within ``cluster.call_timeout``; if the worker died, once
+        Ray restarted it, that of ``again()`` (the call made again). ``what``: the call, for the one-line error."""
         from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError
 
         while True:
@@ -252,9 +239,8 @@ class RayRolloutSource:
                                    f"(cluster.call_timeout) while {what}") from err
 
     def _send_weights(self, st: TrainState) -> Any:
-        """The weights of ``st.step`` to the workers: broadcast now from the driver's policy
-        (None: nothing to pass with the call), or the object store reference each call passes
-        (published once per version)."""
+        """The weights of ``st.step`` to the workers: broadcast now (None: nothing to pass with the call), or the
+        object store reference each call passes (published once per version)."""
         version = st.step
         if self.collective:
             if self._group is None:
@@ -271,8 +257,7 @@ class RayRolloutSource:
         return self._weights[1]
 
     def _wait_ready(self, index: int) -> None:
-        """Until the restarted worker answers (calls fail at once while it restarts); a new
-        process behind it counts as a restart."""
+        """Wait until the restarted worker answers (calls fail at once while it restarts)."""
         from ray.exceptions import ActorDiedError, RayActorError
 
         deadline = time.monotonic() + READY_TIMEOUT
@@ -296,8 +281,8 @@ class RayRolloutSource:
             self.restarts += 1
 
     def _started(self) -> list[int]:
-        """Each worker's process id, once every one is up (its task and policy built); a worker
-        that fails to start, or takes longer than READY_TIMEOUT, ends them all (ClusterError)."""
+        """Each worker's process id once all are up; a worker that fails to start, or takes longer than
+        READY_TIMEOUT, ends them all (ClusterError)."""
         from ray.exceptions import RayActorError
 
         refs = [w.pid.remote() for w in self.workers]
@@ -343,8 +328,7 @@ class RayRolloutSource:
 
 @contextlib.contextmanager
 def _stops(where: str) -> Iterator[None]:
-    """Any failure inside as the ClusterError of one line that stops the run, naming ``where``
-    (Ray's own errors included: a node or raylet that died)."""
+    """Any failure inside, Ray's own included (a node that died), as the one-line ClusterError naming ``where``."""
     from ray.exceptions import RayError
 
     try:

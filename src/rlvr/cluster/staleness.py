@@ -1,19 +1,16 @@
-"""Staleness in optimizer steps: how old the weights that sampled a batch are when the
-trainer trains on it, and the bound past which a batch is not trained on.
+"""Staleness in optimizer steps: how old the weights that sampled a batch are when the trainer trains on it, and the
+bound past which a batch is not trained on.
 
-Each sample carries the version of the weights that sampled it (their optimizer step count:
-its ``Job``'s ``version``, per part of a split batch). A batch's age when trained on is the
-optimizer step at which its first inner step is taken minus that version.
-``cluster.max_staleness_steps`` bounds it (null: ``max_staleness`` x ``algo.inner_steps``,
-the age a batch submitted k epochs ahead reaches). ``cluster.stale_policy`` keeps the bound:
+Each sample carries the version (optimizer step count) of the weights that sampled it: its ``Job``'s ``version``. A
+batch's age is the optimizer step of its first inner step minus that version. ``cluster.max_staleness_steps`` bounds
+it (null: ``max_staleness`` x ``algo.inner_steps``, the age a batch submitted k epochs ahead reaches), and
+``cluster.stale_policy`` keeps the bound:
 
-- admit (the default): a batch is submitted only as far ahead as it can be trained within
-  the bound (``lookahead``: an epoch takes ``algo.inner_steps`` optimizer steps), so none
-  is ever too old and nothing sampled is thrown away;
-- drop: batches go ``max_staleness`` epochs ahead; a batch, or part of a split batch, older
-  than the bound when its training would start is dropped, counted, and sampled again with
-  the current weights. What is dropped depends on when and how fast it was sampled, so the
-  trained data can drift from the sampled (``Shift``: ``async/length_shift``, ``async/solve_shift``).
+- admit (the default): a batch is submitted only as far ahead as it can be trained within the bound (``lookahead``),
+  so none is ever too old and nothing sampled is thrown away;
+- drop: batches go ``max_staleness`` epochs ahead; a batch (or part) older than the bound when its training would
+  start is dropped, counted, and sampled again with the current weights. What is dropped depends on when and how fast
+  it was sampled, so the trained data can drift from the sampled (``Shift``: ``async/length_shift``, ``solve_shift``).
 """
 
 from __future__ import annotations
@@ -34,10 +31,9 @@ def step_bound(config: Any) -> int:
 
 
 def lookahead(config: Any) -> int:
-    """How many epochs ahead of its training a batch is submitted: ``max_staleness`` under
-    the drop policy; under admit, no further than the bound lets it be trained, each epoch
-    taking ``algo.inner_steps`` optimizer steps (0: each batch sampled with the newest
-    weights, from the run's own generator, as a synchronous run samples it)."""
+    """How many epochs ahead of its training a batch is submitted: ``max_staleness`` under drop; under admit, no
+    further than the bound lets it be trained (0: each batch sampled with the newest weights, from the run's own
+    generator, as a synchronous run samples it)."""
     c = config.cluster
     if c.stale_policy == "drop":
         return c.max_staleness
@@ -55,18 +51,17 @@ def too_old(jobs: Sequence[Job], step: int, bound: int) -> list[Job]:
 
 
 def staleness_stats(step: int, versions: torch.Tensor, dropped: int, dropped_total: int) -> dict[str, float]:
-    """``cluster/staleness_steps`` (mean) and ``_max`` over the samples ``versions`` [N] trained
-    from ``step`` on; the batches (or parts) dropped as too old, this epoch and in all."""
+    """``cluster/staleness_steps`` (mean) and ``_max`` over the samples ``versions`` [N] trained from ``step`` on;
+    the batches (or parts) dropped as too old, this epoch and in all."""
     ages = (step - versions).double()  # [N]
     return {"cluster/staleness_steps": ages.mean().item(), "cluster/staleness_steps_max": ages.max().item(),
             "cluster/dropped_stale": float(dropped), "cluster/dropped_stale_total": float(dropped_total)}
 
 
 def token_stats(step: int, samples: Any) -> dict[str, Any]:
-    """With partial rollouts (``samples.token_versions``): the policy tokens trained from
-    ``step`` on by the weights version that sampled them (``cluster/tokens_by_version``, a
-    mapping), their age in optimizer steps (mean, max) and the share sampled by weights newer
-    than those their response started with (``cluster/tokens_continued``); {} without."""
+    """With partial rollouts (``samples.token_versions``): the policy tokens trained from ``step`` on by the version
+    that sampled them (``cluster/tokens_by_version``, a mapping), their age in steps (mean, max) and the share sampled
+    by weights newer than those their response started with (``cluster/tokens_continued``); {} without."""
     if samples.token_versions is None:
         return {}
     versions = samples.token_versions[samples.policy_mask]  # [tokens]
@@ -93,10 +88,9 @@ class Totals:
 
 
 class Shift:
-    """What was sampled against what was trained, over the run: ``Totals`` for every batch
-    sampled (dropped ones included) and for those trained on. The means' differences
-    (trained minus sampled) show a pipeline that trains on a biased share of what it
-    samples: 0 when nothing is dropped."""
+    """What was sampled against what was trained, over the run: ``Totals`` for every batch sampled (dropped ones
+    included) and for those trained on. The means' differences (trained minus sampled) show a pipeline that trains on
+    a biased share of what it samples: 0 when nothing is dropped."""
 
     def __init__(self, state: dict[str, list[float]] | None = None) -> None:
         self.sampled, self.trained = (Totals(), Totals()) if state is None else (
@@ -111,8 +105,8 @@ class Shift:
             self.trained += batch
 
     def stats(self) -> dict[str, float]:
-        """``async/length_*`` (mean policy tokens per response) and ``async/solve_*`` (solve
-        rate), sampled and trained, and their shift (trained minus sampled)."""
+        """``async/length_*`` (mean policy tokens per response) and ``async/solve_*`` (solve rate), sampled and
+        trained, and their shift (trained minus sampled)."""
         out = {}
         for name, field in (("length", "tokens"), ("solve", "solved")):
             sampled = getattr(self.sampled, field) / max(self.sampled.responses, 1.0)
