@@ -1,17 +1,15 @@
 """An agent that is a program: ``task.options.agent_command``, started once per episode.
 
-The program is any command (``python my_agent.py``, a binary, a shell script): it reads
-its row as one line of JSON on stdin, talks to the model through the environment's
-``OPENAI_BASE_URL`` and ``OPENAI_API_KEY`` (what every OpenAI client reads), and writes
-its reward on stdout, the last line: a number, or a JSON object with ``reward`` (and
-``solved``, and more numbers), as ``run(client, row)`` returns them. A non-zero exit, no
-reward line, or a run past the episode's time-out is the episode's error (it abstains).
+The program is any command (``python my_agent.py``, a binary, a shell script): it reads its row as one line of JSON
+on stdin, talks to the model through the environment's ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY``, and writes its
+reward as stdout's last line: a number, or a JSON object with ``reward`` (and ``solved``, and more numbers), as
+``run(client, row)`` returns them. A non-zero exit, no reward line, or a run past the episode's time-out is the
+episode's error (it abstains).
 
-It runs in a jail where bubblewrap makes namespaces (``rlvr.base.processes.jail``; a relay
-inside, ``_RELAY``, passes its loopback connections to the endpoint's Unix socket, the one
-way out), under the supervisor of ``rlvr.base.processes`` with ``memory_mb`` of address
-space and at most ``MAX_PROCESSES`` processes; it and all it started are killed when the
-episode ends. docs/explanation/isolation.md says what each mechanism bounds.
+It runs in a jail where bubblewrap makes namespaces (``rlvr.base.processes.jail``; a relay inside, ``_RELAY``, passes
+its loopback connections to the endpoint's Unix socket, the one way out), under ``rlvr.base.processes.supervise``
+with ``memory_mb`` of address space and at most ``MAX_PROCESSES`` processes; it and all it started are killed when
+the episode ends. docs/explanation/isolation.md says what each mechanism bounds.
 """
 
 from __future__ import annotations
@@ -32,9 +30,8 @@ MAX_OUTPUT_BYTES = 1 << 20  # of stdout kept (the reward is its last line) and o
 _ERROR_CHARS = 300
 _JAILED_SOCKET = "/tmp/rlvr-endpoint.sock"  # the endpoint's Unix socket, inside the jail
 
-# Runs inside the jail: listen on the jail's loopback, relay each connection to the endpoint's
-# Unix socket, start the agent (under its supervisor) with the base URL on that port, and exit
-# with its exit code.
+# Runs inside the jail: listen on the jail's loopback, relay each connection to the endpoint's Unix socket, start the
+# agent (under its supervisor) with the base URL on that port, and exit with its exit code.
 _RELAY = r"""
 import asyncio, os, sys
 socket_path, argv = sys.argv[1], sys.argv[2:]
@@ -75,9 +72,8 @@ sys.exit(asyncio.run(main()))
 
 
 def command_agent(command: str | Sequence[str], endpoint: Any, memory_mb: int = 2048) -> Callable[..., Any]:
-    """An agent (``run(client, row)``, async) that runs ``command`` for each episode against
-    ``endpoint`` (its URL and key come from the client the runner gives); see the module
-    docstring."""
+    """An agent (``run(client, row)``, async) that runs ``command`` for each episode against ``endpoint`` (its URL
+    and key come from the client the runner gives)."""
     argv = shlex.split(command) if isinstance(command, str) else [str(part) for part in command]
     if not argv:
         raise ValueError("the agent command is empty")
@@ -111,8 +107,8 @@ async def _run_capped(argv: list[str], url: str, key: str, data: bytes, unix_soc
         if unix_socket is None:
             raise RuntimeError("the endpoint has no Unix socket for a jailed agent command (it is not started)")
         cwd = os.getcwd()
-        # the key and the episode's path reach the jail through a pipe (bwrap's --args), not the
-        # command line, which every local user can read
+        # the key and the episode's path reach the jail through a pipe (bwrap's --args), not the command line, which
+        # every local user can read
         secret = ["--setenv", "OPENAI_API_KEY", key, "--setenv", "RLVR_EPISODE_PATH", urlsplit(url).path]
         reader, writer = os.pipe()
         os.write(writer, "\0".join(secret).encode() + b"\0")
@@ -172,8 +168,7 @@ async def _tail(stream: asyncio.StreamReader) -> bytes:
 
 
 def _outcome(code: int, out: bytes, err: bytes) -> Any:
-    """What the program returned: its last stdout line as JSON (a number or an object), or
-    a RuntimeError naming why there is none."""
+    """Its last stdout line as JSON (a number or an object), or a RuntimeError naming why there is none."""
     if code != 0:
         name = killed_by(code)
         why = f"exited with code {code}" if name is None else f"was killed by {name}"

@@ -1,10 +1,9 @@
 """A causal LM behind the endpoint: the ``Policy`` whose samples are agents' episodes.
 
-``sample`` runs G agent episodes from each of B rows against the endpoint
-(``rlvr.agents.runner``) and lays their joined calls out as ``Samples`` as environment
-episodes are (``rlvr.environments.episodes.episodes_samples``): the response is every token
-after the first prompt, and ``policy_mask`` marks the sampled ones. ``greedy`` runs one
-greedy episode per row. Scoring, the engine and its weights are the LM policy's.
+``sample`` runs G agent episodes from each of B rows against the endpoint (``rlvr.agents.runner``) and lays their
+joined calls out as ``Samples`` as environment episodes are (``rlvr.environments.episodes.episodes_samples``): the
+response is every token after the first prompt, and ``policy_mask`` marks the sampled ones. Scoring, the engine and
+its weights are the LM policy's.
 """
 
 from __future__ import annotations
@@ -41,7 +40,7 @@ class AgentPolicy(EpisodePolicy):
 
     def sample(self, prompts: Sequence[Any], group_size: int, temperature: float,
                generator: torch.Generator) -> Samples:
-        """G agent episodes from each of B rows, each drawing from its own seed (from ``generator``)."""
+        """G agent episodes from each of B rows, each with its own seed drawn from ``generator``."""
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0 for sampling, got {temperature} (use greedy)")
         seeds = torch.randint(SEED_RANGE, (len(prompts) * group_size,), generator=generator).tolist()
@@ -56,9 +55,8 @@ class AgentPolicy(EpisodePolicy):
         return [[EpisodeText(run)] for run in runs]
 
     def check_prompts(self, prompts: Sequence[Any], what: str = "row") -> None:
-        """Before any work, the chat template alone (the rows are the agent's to read): it must
-        end each assistant turn with the policy's end of turn, or an agent's second call could
-        not follow its first (a PromptError, one line)."""
+        """The chat template alone (the rows are the agent's to read): it must end each assistant turn with the
+        policy's end of turn, or an agent's second call could not follow its first (a PromptError, one line)."""
         from rlvr.policies.chat_check import check_turn_end
 
         try:

@@ -1,9 +1,8 @@
 """The endpoint's HTTP routes (``rlvr.agents.server``): a Starlette app over an ``Endpoint``.
 
-A request's key is checked first, before its body is read: on an episode's routes the key
-that episode's agent was given (``Endpoint.key``), on the others the endpoint's ``api_key``.
-Then its body, read no further than ``max_body_bytes``, must be a JSON object. A refusal is
-OpenAI-style error JSON; any other exception a 500 with its one line
+A request's key is checked before its body is read: on an episode's routes the key that episode's agent was given
+(``Endpoint.key``), on the others the endpoint's ``api_key``. Then its body, read no further than ``max_body_bytes``,
+must be a JSON object. A refusal is OpenAI-style error JSON; any other exception a 500 with its one line
 (``rlvr.agents.listen.one_line_errors``).
 """
 
@@ -38,8 +37,8 @@ def app(endpoint: Endpoint) -> Starlette:
         Route("/episodes/{episode}/v1/chat/completions", episode_call, methods=["POST"]),
         Route("/episodes/{episode}/v1/completions", episode_call, methods=["POST"]),
     ]
-    # an exception of any other kind: a 500 with its one line, answered inside Starlette's outermost
-    # layer, which would answer it with a page of its own and raise it again for uvicorn to log
+    # any other exception: a 500 with its one line, answered inside Starlette's outermost layer, which would answer it
+    # with a page of its own and raise it again for uvicorn to log
     served = Starlette(routes=routes, exception_handlers={HTTPException: refused, RequestError: refused},
                        middleware=[Middleware(listen.one_line_errors)])
     served.state.endpoint = endpoint
@@ -68,8 +67,8 @@ async def episode_call(request: Request) -> Any:
 
 
 async def open_call(request: Request) -> Any:
-    """A request of no episode (``open_routes``): an episode of its own, at the request's
-    temperature (0 unless it says) and seed, over when it is answered."""
+    """A request of no episode (``open_routes``): an episode of its own, at the request's temperature (0 unless it
+    says) and seed, over when it is answered."""
     endpoint = _endpoint(request)
     authorised(request, endpoint)
     body = await read_body(request, endpoint.max_body_bytes)
@@ -102,8 +101,7 @@ async def refused(request: Request, exc: Exception) -> JSONResponse:
 
 
 def authorised(request: Request, endpoint: Endpoint, episode_id: str | None = None) -> None:
-    """RequestError (401) unless the request carries the key of ``episode_id`` (None: the
-    endpoint's ``api_key``)."""
+    """RequestError (401) unless the request carries the key of ``episode_id`` (None: the endpoint's ``api_key``)."""
     given = request.headers.get("authorization", "")
     key = endpoint.api_key if episode_id is None else endpoint.key(episode_id)
     if not secrets.compare_digest(given.encode(), f"Bearer {key}".encode()):

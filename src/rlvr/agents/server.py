@@ -29,9 +29,9 @@ MAX_CALLS = 256  # an episode's calls by default (each choice of a request one)
 
 
 class Endpoint:
-    """The policy ``policy`` served on ``host``:``port`` (0: a free port) while started;
-    episodes opened by ``open`` and read back by ``finish``. ``api_key``: the key of the
-    open routes and ``/v1/models``; an episode's agent gets ``key(episode_id)``."""
+    """The policy served on ``host``:``port`` (0: a free port) while started; episodes opened by ``open`` and read
+    back by ``finish``. ``api_key``: the key of the open routes and ``/v1/models``; an episode's agent gets
+    ``key(episode_id)``."""
 
     def __init__(self, policy: CausalLMPolicy, host: str = "127.0.0.1", port: int = 0,
                  max_body_bytes: int = 1 << 20, batch_wait: float = 1.0, model_name: str = "rlvr-policy",
@@ -55,8 +55,7 @@ class Endpoint:
     # ---- life ---------------------------------------------------------------------
 
     def start(self) -> None:
-        """Listen (once), on ``host``:``port`` and on ``unix_socket``; the port is known when
-        this returns."""
+        """Listen (once) on ``host``:``port`` and on ``unix_socket``; the port is known when this returns."""
         if self._server is not None:
             return
         import uvicorn
@@ -96,8 +95,8 @@ class Endpoint:
     # ---- episodes -----------------------------------------------------------------
 
     def open(self, seed: int, temperature: float, max_tokens: int) -> str:
-        """A new live episode: its id. Its draws come from ``seed``; ``max_tokens``: the
-        tokens after its first prompt it may use, sampled and appended."""
+        """A new live episode's id. Its draws come from ``seed``; ``max_tokens``: the tokens after its first prompt
+        it may use, sampled and appended."""
         episode = AgentEpisode(secrets.token_hex(8), seed, temperature, max_tokens)
         with self._lock:
             self._episodes[episode.id] = episode
@@ -118,8 +117,7 @@ class Endpoint:
         return episode
 
     def _record(self, episode: AgentEpisode, served: list[Served], prompt: Any) -> None:
-        """A request's calls added to the episode's record, while it is live: once ``finish``
-        has returned the record (its agent timed out, say), nothing more is added to it."""
+        """Add a request's calls to the episode's record while it is live (not once ``finish`` returned it)."""
         with self._lock:
             if episode.id not in self._episodes:
                 raise _not_live(episode.id)
@@ -137,8 +135,7 @@ class Endpoint:
 
     @contextlib.contextmanager
     def _arrival(self, request: Any) -> Iterator[None]:
-        """The request counts as arriving (the batcher waits for it) until its jobs are queued
-        (``_sample``) or it fails."""
+        """The request counts as arriving (the batcher waits for it) until its jobs are queued or it fails."""
         self._arriving.add(id(request))
         try:
             yield
@@ -197,8 +194,8 @@ class Endpoint:
         return self.policy.tokenizer.decode([token_id])
 
     def _chat_prompt(self, episode: AgentEpisode, raw: list, plain: list[dict[str, str]], tools: Any) -> list[int]:
-        """The prompt's ids: a follow-up's from the recorded call it follows, else the
-        whole conversation rendered (see the module docstring)."""
+        """The prompt's ids: a follow-up's from the recorded call it follows (its exact tokens), else the whole
+        conversation rendered (docs/explanation/agents.md)."""
         from rlvr.policies import turns
         from rlvr.policies.chat_check import ChatTemplateMismatch
 
@@ -224,8 +221,8 @@ class Endpoint:
         return self._encoded(*shown_tools(template, plain, tools or [], "json"))
 
     def _text_prompt(self, episode: AgentEpisode, prompt: str) -> list[int]:
-        """A text prompt's ids: a follow-up (the prompt starts with a served call's prompt and
-        completion text) from that call's ids, else the text encoded."""
+        """A text prompt's ids: a follow-up (it starts with a served call's prompt and completion text) from that
+        call's ids, else the text encoded."""
         follows = next((s for s in reversed(episode.served) if s.messages is None and prompt.startswith(s.key)
                         and len(prompt) > len(s.key) and not s.stop_cut), None)
         if follows is None:
@@ -255,8 +252,8 @@ class Endpoint:
 
     async def _sample(self, episode: AgentEpisode, prompt_ids: list[int], n: int, requested: int | None,
                       stop: tuple[str, ...], arrival: int = 0) -> tuple[int, list[Outcome]]:
-        """n completions of ``prompt_ids``, within the episode's budget and the model's positions,
-        and the index of the first (the episode's completions counted in order)."""
+        """n completions of ``prompt_ids`` within the episode's budget and the model's positions, and the index of
+        the first (the episode's completions counted in order)."""
         policy = self.policy
         if episode.first_prompt_length is None:
             episode.first_prompt_length = len(prompt_ids)
@@ -285,10 +282,9 @@ class Endpoint:
         return first, outcomes * n if episode.temperature == 0 else outcomes
 
     def _reserve(self, episode: AgentEpisode, n: int, jobs: int, max_new: int) -> int:
-        """``max_new`` cut to what is left of the episode's sampled tokens, shared by ``jobs``
-        completions, and reserved for them until they are done (requests of an episode run at
-        once); RequestError (the episode truncated) past its calls or sampled tokens, or once
-        the episode is finished. Under the lock: ``finish`` runs on the trainer's thread."""
+        """``max_new`` cut to what is left of the episode's sampled tokens, shared by ``jobs`` completions, and
+        reserved for them until done (an episode's requests run at once); RequestError (the episode truncated) past
+        its calls or sampled tokens, or once it is finished. Under the lock: ``finish`` runs on the trainer's thread."""
         budget = self.max_sampled_tokens or MAX_CHOICES * episode.max_tokens
         with self._lock:
             if episode.id not in self._sampled:
@@ -308,14 +304,13 @@ class Endpoint:
         raise RequestError(400, reason, code="episode_budget_exceeded")
 
     def _release(self, episode: AgentEpisode, tokens: int) -> None:
-        """``tokens`` reserved and not sampled given back (to a live episode)."""
+        """Give back ``tokens`` reserved and not sampled (to a live episode)."""
         with self._lock:
             if episode.id in self._sampled:
                 self._sampled[episode.id] -= tokens
 
     def _truncated(self, episode: AgentEpisode, error: RequestError) -> RequestError:
-        """``error``, the episode marked truncated; a finished episode's record is left as
-        ``finish`` returned it, and the request refused as of no live episode."""
+        """``error``, the episode marked truncated; a finished episode is left as ``finish`` returned it (404)."""
         with self._lock:
             if episode.id not in self._episodes:
                 return _not_live(episode.id)

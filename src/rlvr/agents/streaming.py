@@ -1,9 +1,8 @@
 """A finished reply sent as an OpenAI-style stream (``"stream": true``), for agents that read one.
 
-The endpoint samples a call whole (its batch is one engine call), so a streamed reply is
-the same reply cut into server-sent events: per choice, a first chunk with the role, the
-whole text and the tool calls, and a last with its finish reason; then, when
-``stream_options.include_usage`` asks for it, a chunk with no choices and the usage; then
+The endpoint samples a call whole (its batch is one engine call), so a streamed reply is the same reply cut into
+server-sent events: per choice, a first chunk with the role, the whole text and the tool calls, and a last with its
+finish reason; then, when ``stream_options.include_usage`` asks for it, a chunk with no choices and the usage; then
 ``data: [DONE]``. What is recorded for training does not depend on how it was sent.
 """
 
