@@ -114,33 +114,29 @@ def flat_grad(module: torch.nn.Module) -> torch.Tensor:
 
 
 def max_reward_stats(rewards: torch.Tensor, correct: torch.Tensor, max_reward: float | None = None,
-                     atol: float = 1e-6, reward_is_gold: bool = False) -> list[dict[str, float]]:
-    """How many top-reward responses fail the gold check, for each of R runs; rewards
-    [R, B, G] (NaN: abstained), correct [R, B, G] bool; one record per run (a run alone
-    is R = 1): ``hack/max_reward_frac`` (share of scored responses at the top) and
-    ``hack/max_reward_not_gold`` (share of those that fail the gold check; 0, never NaN,
-    when none counts). The top is ``max_reward`` or else the batch's highest reward, within
-    ``atol``; when a batch's top counts is in docs/explanation/loop.md."""
+                     atol: float = 1e-6, reward_is_gold: bool = False) -> dict[str, float]:
+    """How many top-reward responses fail the gold check; rewards [B, G] (NaN: abstained), correct [B, G] bool.
+    ``hack/max_reward_frac``: share of scored responses at the top; ``hack/max_reward_not_gold``: share of those
+    that fail the gold check (0, never NaN, when none counts). The top is ``max_reward`` or else the batch's highest
+    reward, within ``atol``; when a batch's top counts is in docs/explanation/loop.md."""
     if rewards.shape != correct.shape:
         raise ValueError(f"rewards {tuple(rewards.shape)} and correct {tuple(correct.shape)} differ in shape")
-    runs = rewards.shape[0]
-    flat, right = rewards.reshape(runs, -1), correct.reshape(runs, -1).bool()  # [R, B*G]
+    flat, right = rewards.reshape(-1), correct.reshape(-1).bool()  # [B*G]
     scored = torch.isfinite(flat)
-    counts = scored.sum(dim=1).tolist()
+    count = int(scored.sum())
     if max_reward is None:
-        tops = torch.where(scored, flat, -torch.inf).amax(dim=1).tolist()
-        bottoms = torch.where(scored, flat, torch.inf).amin(dim=1).tolist()
+        top_value = torch.where(scored, flat, -torch.inf).amax().item()
+        bottom = torch.where(scored, flat, torch.inf).amin().item()
         # nothing to tell a top by: no response scored above the others, or no right answer to compare with
-        any_right = (scored & right).any(dim=1).tolist()
-        usable = [t - b > atol and found for t, b, found in zip(tops, bottoms, any_right)]
+        usable = top_value - bottom > atol and bool((scored & right).any())
     else:
-        tops, usable = [max_reward] * runs, [True] * runs
-    # the thresholds in the rewards' dtype, as comparing with a Python number rounds them
-    top = scored & (flat >= torch.tensor([t - atol for t in tops], dtype=flat.dtype)[:, None])
-    num_top, not_gold = top.sum(dim=1).tolist(), (top & ~right).sum(dim=1).tolist()
-    return [{"hack/max_reward_frac": t / n, "hack/max_reward_not_gold": ng / t if t else 0.0}
-            if n and ok and not reward_is_gold else {"hack/max_reward_frac": 0.0, "hack/max_reward_not_gold": 0.0}
-            for n, ok, t, ng in zip(counts, usable, num_top, not_gold)]
+        top_value, usable = max_reward, True
+    # the threshold in the rewards' dtype, as comparing with a Python number rounds it
+    top = scored & (flat >= torch.tensor(top_value - atol, dtype=flat.dtype))
+    num_top, not_gold = int(top.sum()), int((top & ~right).sum())
+    if not count or not usable or reward_is_gold:
+        return {"hack/max_reward_frac": 0.0, "hack/max_reward_not_gold": 0.0}
+    return {"hack/max_reward_frac": num_top / count, "hack/max_reward_not_gold": not_gold / num_top if num_top else 0.0}
 
 
 def epoch_series(records: Iterable[Record], key: str) -> tuple[list[int], list[float]]:
@@ -262,18 +258,13 @@ def prompt_key(prompt: Any) -> str:
     return prompt_text(prompt)
 
 
-def prompt_solve_shares(prompts: Sequence[Any], correct: torch.Tensor) -> list[dict[str, float]]:
-    """For each of R runs on the same B prompts: prompt key -> share of its G responses
-    that pass the gold check; correct [R, B, G] (a run alone is R = 1). A prompt drawn
-    twice in one batch gets the mean of its groups."""
-    keys = [prompt_key(prompt) for prompt in prompts]
-    out = []
-    for rows in correct.float().mean(dim=2).tolist():
-        shares: dict[str, list[float]] = {}
-        for key, row in zip(keys, rows):
-            shares.setdefault(key, []).append(row)
-        out.append({key: sum(v) / len(v) for key, v in shares.items()})
-    return out
+def prompt_solve_shares(prompts: Sequence[Any], correct: torch.Tensor) -> dict[str, float]:
+    """Prompt key -> share of its G responses that pass the gold check; correct [B, G]. A prompt drawn twice in one
+    batch gets the mean of its groups."""
+    shares: dict[str, list[float]] = {}
+    for prompt, share in zip(prompts, correct.float().mean(dim=1).tolist()):
+        shares.setdefault(prompt_key(prompt), []).append(share)
+    return {key: sum(v) / len(v) for key, v in shares.items()}
 
 
 def prompt_curves(records: Iterable[Record]) -> dict[str, list[tuple[int, float]]]:

@@ -145,8 +145,7 @@ def collect_rollout(config: Config, task: Task, st: TrainState, source: RolloutS
     learner.refresh_reference(st)  # the reference: a frozen copy, refreshed every K epochs
     samples, grades, stats = source.sample_and_grade(st, task)
     # the hacking monitor: top-reward responses that fail the gold check
-    stats.update(max_reward_stats(grades.rewards[None], grades.correct[None], task.max_reward,
-                                  reward_is_gold=task.reward_is_gold)[0])
+    stats.update(max_reward_stats(grades.rewards, grades.correct, task.max_reward, reward_is_gold=task.reward_is_gold))
     return build_rollout(config, st, samples, grades, stats, learner)
 
 
@@ -179,7 +178,7 @@ def build_rollout(config: Config, st: TrainState, samples: Samples, grades: Grad
     tokens = samples.response_mask.sum().item()  # the responses' extent, not only the policy's tokens
     stats = {
         # the task's rewards, unshaped
-        **rollout_stats(grades.rewards[None], grades.correct[None], deltas[None], a.group_size)[0],  # per response
+        **rollout_stats(grades.rewards, grades.correct, deltas, a.group_size),  # per response
         **grades.metrics,
         **grades.failures,  # the first failure of each reward function, and an environment's, for the summary
         **stats,  # time/generate, time/reward and the sampler's own numbers
@@ -195,7 +194,7 @@ def build_rollout(config: Config, st: TrainState, samples: Samples, grades: Grad
     # weight, and the step size would change from epoch to epoch.
     normalizer = policy.max_response_length if a.normalizer is None else a.normalizer
     weights = core.aggregation_weights(mask, a.aggregation, normalizer)  # [N, T]
-    solved = None if grades.prompts is None else prompt_solve_shares(grades.prompts, grades.correct[None])[0]
+    solved = None if grades.prompts is None else prompt_solve_shares(grades.prompts, grades.correct)
     return Rollout(samples, samples.per_row(deltas), old_log_probs, ref_log_probs, weights, stats, importance_weights,
                    solved, pg_token_mask)
 
@@ -259,29 +258,17 @@ def old_policy_log_probs(
     return old_log_probs, correction.weights, mismatch
 
 
-def rollout_stats(rewards: torch.Tensor, correct: torch.Tensor, deltas: torch.Tensor, group_size: int
-                  ) -> list[Record]:
-    """Per-epoch numbers about each run's sampled batch, one record per run: rewards,
-    correct [R, B, G] (a NaN reward abstained), deltas [R, N]; one run is R = 1.
-
-    The mean and the shares are reductions over each run's row, which give the bits of a
-    reduction over that run alone; the standard deviation is taken run by run, because a
-    batched ``std(dim=1)`` uses another algorithm (Welford) than a whole tensor's and can
-    round differently. A run with abstentions reduces over its scored rewards only.
-    """
-    runs = rewards.shape[0]
-    flat = rewards.reshape(runs, -1)  # [R, N]
+def rollout_stats(rewards: torch.Tensor, correct: torch.Tensor, deltas: torch.Tensor, group_size: int) -> Record:
+    """Per-epoch numbers about the sampled batch: rewards, correct [B, G] (a NaN reward abstained), deltas [N].
+    With abstentions the reward's mean and std are over the scored rewards only."""
+    flat = rewards.reshape(-1)  # [N]
     valid = torch.isfinite(flat)
-    if bool(valid.all()):
-        means = flat.mean(dim=1)  # [R]
-        stds = torch.stack([row.std() for row in flat]) if flat.shape[1] > 1 else flat.new_zeros(runs)
-    else:
-        scored = [row[ok] for row, ok in zip(flat, valid)]
-        means = torch.stack([r.mean() if r.numel() else flat.new_tensor(math.nan) for r in scored])
-        stds = torch.stack([r.std() if r.numel() > 1 else flat.new_tensor(0.0) for r in scored])
-    zero_groups = (deltas.reshape(runs, -1, group_size) == 0).all(dim=2)  # [R, B]
-    columns = [means, stds, correct.reshape(runs, -1).float().mean(dim=1),
-               zero_groups.float().mean(dim=1), valid.float().mean(dim=1)]
+    scored = flat if bool(valid.all()) else flat[valid]
+    mean = scored.mean() if scored.numel() else flat.new_tensor(math.nan)
+    std = scored.std() if scored.numel() > 1 else flat.new_tensor(0.0)
+    zero_groups = (deltas.reshape(-1, group_size) == 0).all(dim=1)  # [B]
+    columns = [mean, std, correct.float().mean(), zero_groups.float().mean(), valid.float().mean()]
     keys = ("reward_mean", "reward_std", "solve_rate", "frac_zero_delta_groups")
     # one tensor, one conversion; the abstained share in Python floats, as 1 - the scored share
-    return [{**dict(zip(keys, row)), "abstain_frac": 1.0 - row[-1]} for row in torch.stack(columns, dim=1).tolist()]
+    row = torch.stack(columns).tolist()
+    return {**dict(zip(keys, row)), "abstain_frac": 1.0 - row[-1]}
