@@ -12,7 +12,6 @@ import dataclasses
 import math
 import operator
 import types
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin
 
@@ -32,20 +31,16 @@ def option(help: str, *, choices: Any = None, min: float | None = None, max: flo
 
 
 def setting(default: Any, help: str, *, choices: Any = None, min: float | None = None, max: float | None = None,
-            above: float | None = None, below: float | None = None,
-            factory: Callable[[], Any] | None = None, sections: dict[str, type] | None = None) -> Any:
+            above: float | None = None, below: float | None = None, sections: dict[str, type] | None = None) -> Any:
     """A config field: its default, one line of help and its own rules, declared once.
 
     choices: the allowed values (a tuple, a registry whose keys are the names, or ``rlvr.base.settings.Names``); min,
-    max: inclusive bounds; above, below: exclusive ones. An optional field's null passes every rule. factory: makes the
-    default when a section is made (``default`` is then unused). sections: a nested section whose class the section's
-    ``name`` picks (``policy.options``), ``default`` being the default name's.
+    max: inclusive bounds; above, below: exclusive ones. An optional field's null passes every rule. sections: a nested
+    section whose class the section's ``name`` picks (``policy.options``), ``default`` being the default name's.
     """
     metadata = option(help, choices=choices, min=min, max=max, above=above, below=below)
     if sections is not None:
         metadata["sections"] = sections
-    if factory is not None:
-        return dataclasses.field(default_factory=factory, metadata=metadata)
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
     if dataclasses.is_dataclass(default):  # a nested section
