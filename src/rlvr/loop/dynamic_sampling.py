@@ -26,8 +26,7 @@ Sample = Callable[[], tuple[Samples, Grades, dict[str, float]]]
 
 def fill_with_learning_groups(a: AlgoConfig, sample: Sample) -> tuple[Samples, Grades, dict[str, float]]:
     """B groups from repeated calls of ``sample`` (each: B groups graded, and their timings; B is the first call's):
-    those with a nonzero delta first, in the order sampled, then, if ``a.max_sampling_tries`` batches did not give
-    enough, zero-delta groups. The timings add up over the batches sampled."""
+    those with a nonzero delta first, in the order sampled, then zero-delta groups; the timings added up."""
     learning: list[tuple[Samples, Grades]] = []
     idle: list[tuple[Samples, Grades]] = []
     found, tries, timings, num_groups = 0, 0, {}, None

@@ -20,11 +20,8 @@ from rlvr.rewards import TrainerState
 
 
 def pass_at_k(num_samples: int, num_correct: torch.Tensor, k: int) -> torch.Tensor:
-    """Unbiased pass@k from n samples with c correct: 1 - C(n-c, k) / C(n, k), per prompt.
-
-    num_correct: counts of any shape -> float, the same shape. Computed as a stable product: C(n-c, k) / C(n, k) =
-    prod_{i=n-c+1}^{n} (1 - k / i).
-    """
+    """Unbiased pass@k from n samples with c correct, per prompt (counts of any shape): 1 - C(n-c, k) / C(n, k),
+    computed as the stable product C(n-c, k) / C(n, k) = prod_{i=n-c+1}^{n} (1 - k / i)."""
     n = num_samples
     if not 1 <= k <= n:
         raise ValueError(f"pass@{k} needs 1 <= k <= n={n}")
@@ -39,8 +36,7 @@ def pass_at_k(num_samples: int, num_correct: torch.Tensor, k: int) -> torch.Tens
 
 def eval_prompts_label(config: Config) -> str:
     """What the evaluation is on, for figures and tables: "training prompts" when the task evaluates the prompts it
-    trains on (the sorting task with fixed ``task.options.prompts``, the lecture's setting: its solve rate says nothing
-    about prompts it has not seen), else "held-out prompts"."""
+    trains on (the sorting task with fixed ``task.options.prompts``, the lecture's setting), else "held-out prompts"."""
     if config.task.name == "sorting" and config.task.options.prompts is not None:
         return "training prompts"
     return "held-out prompts"
@@ -108,9 +104,8 @@ def eval_records(greedy: Sequence[Grades], sampled: Sequence[Grades], first: tup
 
 
 def sample_table(prompts: Any, responses: Any, grades: Any, epoch: int, step: int, rows: int) -> Record:
-    """The first ``rows`` eval prompts, one sampled response each, with reward and verdict. A prompt is kept as data
-    (text, a chat's list of messages, the toy's numbers): ``rlvr.base.record.prompt_text`` renders it for samples.md and
-    the report."""
+    """The first ``rows`` eval prompts, one sampled response each, with reward and verdict; a prompt is kept as data
+    (``rlvr.base.record.prompt_text`` renders it)."""
     count = min(rows, len(prompts))
     rewards, correct = grades.rewards[:count, 0].tolist(), grades.correct[:count, 0].tolist()
     notes = getattr(grades, "notes", None)

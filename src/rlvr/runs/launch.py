@@ -105,12 +105,10 @@ def _check_unfinished(stored: Config, config: Config, run_dir: Path, epoch: int)
 
 def _resume(config: Config, run_dir: Path, stack: ExitStack, accept_data_change: bool = False
             ) -> tuple[tuple[Any, TrainState], dict[str, Any] | None, Path | None]:
-    """The state to continue ``run_dir`` from, the rollout source's state the checkpoint kept (None: none) and the
-    folder of its sharded weights and optimizer state (None: they are in the state, ``_load_sharded`` loads them), after
-    checking what ``config`` changes and that the data files it read are unchanged (``accept_data_change``: go on with
-    changed ones); a run killed before its first checkpoint starts again (any change allowed). A finished run is a
-    RunFinished. The accepted changes go into ``config.yaml`` (and the data files' fingerprints) and a line of
-    ``resumes.jsonl``."""
+    """The state to continue ``run_dir`` from, the rollout source's state the checkpoint kept and the folder of its
+    sharded weights and optimizer state (None: none), once ``resume_changes`` and ``data_file_changes`` accepted what
+    changed; a run killed before its first checkpoint starts again. A finished run is a RunFinished. The accepted
+    changes go into ``config.yaml`` (and the data files' fingerprints) and a line of ``resumes.jsonl``."""
     stored = load_config(run_dir / "config.yaml")
     checkpoint, data_changes, source_state, sharded = None, {}, None, None
     if not list_checkpoints(run_dir):
@@ -224,14 +222,9 @@ def train_in_run_dir(
     config: Config, plot: bool | None = None, resume: str | Path | None = None, accept_data_change: bool = False,
     with_policy: bool = True,
 ) -> tuple[list[Record], Path, Any]:
-    """Train with everything written to the run directory; returns (records, run_dir, the trained policy:
-    ``trained_policy``, or None without ``with_policy``).
-
-    The directory is locked while the run lasts: a second run or resume of it is refused. With ``resume`` the run
-    continues from the newest usable checkpoint of that directory (from the beginning if it was killed before its first
-    one), after ``resume_changes`` accepted what ``config`` changes and ``data_file_changes`` found the data files
-    unchanged (or ``accept_data_change``). SIGINT and SIGTERM stop after the current step with a checkpoint
-    (``Stopped``); a file that cannot be written ends the run with a RunError naming it.
+    """Train with everything written to the run directory, locked while the run lasts; returns (records, run_dir, the
+    trained policy or None without ``with_policy``). ``resume``: that directory's run continued (``_resume``). SIGINT
+    and SIGTERM stop after the current step with a checkpoint (``Stopped``); a failed write is a RunError naming it.
     """
     with ExitStack() as stack:
         source_state = sharded = None

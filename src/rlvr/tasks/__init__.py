@@ -37,9 +37,8 @@ __all__ = ["TASKS", "TASK_OPTIONS", "GradedTask", "SortingTask", "check_prompts_
 
 def options_section(cls: type[GradedTask]) -> type:
     """The dataclass of ``task.options`` for the task ``cls``: a field per keyword argument of its constructor, with the
-    argument's type and default and the help and rules the task declares (``GradedTask.options``). A required argument's
-    field is null until given (marked ``required``), as is ``shuffle_seed``, which the run's seed fills
-    (``rlvr.config.compose.build_task``)."""
+    help and rules the task declares (``GradedTask.options``). A required argument's field is null until given, as is
+    ``shuffle_seed``, which the run's seed fills."""
     hints, fields = get_type_hints(cls.__init__), []
     for name, p in inspect.signature(cls).parameters.items():
         metadata, default = dict(cls.options[name]), cls.config_defaults.get(name, p.default)
@@ -58,8 +57,7 @@ globals().update({section.__name__: section for section in TASK_OPTIONS.values()
 
 def check_prompts_fit(task: Task, policy: Policy) -> None:
     """Every prompt ``task`` knows before training (its ``fixed_prompts``) fits ``policy`` (its ``check_prompts``): a
-    PromptError naming the first that does not, before any work. Sorting and the positional policy take the defaults:
-    nothing to check."""
+    PromptError naming the first that does not, before any work."""
     for what, prompts in task.fixed_prompts().items():
         try:
             policy.check_prompts(prompts, what)
