@@ -116,13 +116,10 @@ class PositionalModel(nn.Module):
 
 
 class _PositionalLogProbs(torch.autograd.Function):
-    """Log-probs of chosen tokens through the whole model, with the hand-written backward (``backward_pass``).
-
-    The toy's step cost is per-operation overhead, not arithmetic: one autograd node with a closed-form backward (about
-    ten matmuls) replaces about twenty nodes. The model runs once per distinct prompt (U of them), not once per
-    response: the G responses of a group share their prompt's logits. Equal to ``log_softmax(model(prompts) /
-    tau)[responses]`` (tested against autograd). Also returns the per-position entropy H = -sum_v p_v log p_v, with its
-    gradient dH/dz_v = -p_v (log p_v + H) when a loss uses it (the entropy bonus).
+    """Log-probs of chosen tokens and the per-position entropy through the whole model, with the hand-written backward
+    (``backward_pass``): the toy's step cost is per-operation overhead, and one node with a closed-form backward (about
+    ten matmuls) replaces about twenty. The model runs once per distinct prompt (U), the G responses of a group sharing
+    its logits. Equal to ``log_softmax(model(prompts) / tau)[responses]`` (tested against autograd).
     """
 
     @staticmethod
@@ -199,12 +196,8 @@ class PositionalPolicy(Policy):
         self, samples: Samples, temperature: float = 1.0, with_entropy: bool = False,
         module: PositionalModel | None = None, entropy_grad: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """log pi(response_t | prompt) [n_rows, n], and per-position entropy if asked.
-
-        ``module``: score with these weights instead of the policy's (the frozen reference). The entropy always carries
-        its gradient (``entropy_grad`` is accepted for the ``Policy`` interface): it costs nothing unless a loss uses
-        it.
-        """
+        """log pi(response_t | prompt) [N, n], and per-position entropy if asked; ``module``: these weights (the frozen
+        reference). The entropy always carries its gradient, which costs nothing unless a loss uses it."""
         m = self.module if module is None else module
         # Every inner step scores the same rollout: find its groups once.
         if self._groups is None or self._groups[0] is not samples.prompt_ids:
