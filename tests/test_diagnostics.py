@@ -173,50 +173,45 @@ def test_the_noise_meter_counts_prompts_with_varied_lengths(aggregation):
 # ---------------------------------------------------------------- reward hacking
 
 
-def one_run(rewards, correct, **options):
-    """``max_reward_stats`` of one run's [B, G] rewards (R = 1)."""
-    return max_reward_stats(rewards[None], correct[None], **options)[0]
-
-
 def test_max_reward_stats_by_hand():
     rewards = torch.tensor([[5.0, 5.0, 3.0], [5.0, 2.0, math.nan]])
     correct = torch.tensor([[True, False, False], [False, False, False]])
     # 5 scored responses, 3 at the top (5); 2 of those 3 fail the gold check.
-    out = one_run(rewards, correct, max_reward=5.0)
+    out = max_reward_stats(rewards, correct, max_reward=5.0)
     assert out == pytest.approx({"hack/max_reward_frac": 3 / 5, "hack/max_reward_not_gold": 2 / 3})
-    assert one_run(rewards, correct) == out  # the observed top is 5 too
-    out = one_run(rewards, correct, max_reward=6.0)  # nothing reaches 6
+    assert max_reward_stats(rewards, correct) == out  # the observed top is 5 too
+    out = max_reward_stats(rewards, correct, max_reward=6.0)  # nothing reaches 6
     assert out["hack/max_reward_frac"] == 0.0 and out["hack/max_reward_not_gold"] == 0.0
     with pytest.raises(ValueError, match="differ in shape"):
-        one_run(rewards, correct[:, :2])
+        max_reward_stats(rewards, correct[:, :2])
 
 
 def test_a_batch_of_equal_rewards_has_no_top_reward_to_hack():
     # Nothing solved, every reward 0: no response scored above a wrong answer.
     rewards, correct = torch.zeros(2, 4), torch.zeros(2, 4, dtype=torch.bool)
-    assert one_run(rewards, correct) == {"hack/max_reward_frac": 0.0, "hack/max_reward_not_gold": 0.0}
+    assert max_reward_stats(rewards, correct) == {"hack/max_reward_frac": 0.0, "hack/max_reward_not_gold": 0.0}
     # A reward above the rest that fails the gold check still counts: 1 of the 2 at the top.
     rewards = torch.tensor([[0.0, 0.5, 0.5, 0.0]])
     correct = torch.tensor([[False, True, False, False]])
-    assert one_run(rewards, correct) == {"hack/max_reward_frac": 0.5, "hack/max_reward_not_gold": 0.5}
+    assert max_reward_stats(rewards, correct) == {"hack/max_reward_frac": 0.5, "hack/max_reward_not_gold": 0.5}
 
 
 def test_a_batch_without_a_right_answer_has_no_top_reward_to_hack():
     # A random model's partial credit: the best is what a wrong answer gets, no right answer scored less.
     rewards, correct = torch.tensor([[0.4, 0.0, 0.2], [0.4, 0.2, 0.0]]), torch.zeros(2, 3, dtype=torch.bool)
-    assert one_run(rewards, correct) == {"hack/max_reward_frac": 0.0, "hack/max_reward_not_gold": 0.0}
+    assert max_reward_stats(rewards, correct) == {"hack/max_reward_frac": 0.0, "hack/max_reward_not_gold": 0.0}
     # One right answer that scored below the top: the top's wrong answers count.
     correct[1, 1] = True
-    assert one_run(rewards, correct) == {"hack/max_reward_frac": 2 / 6, "hack/max_reward_not_gold": 1.0}
+    assert max_reward_stats(rewards, correct) == {"hack/max_reward_frac": 2 / 6, "hack/max_reward_not_gold": 1.0}
     # A known maximum needs no right answer to compare with.
-    assert one_run(rewards, torch.zeros(2, 3, dtype=torch.bool), max_reward=0.4)["hack/max_reward_frac"] > 0
+    assert max_reward_stats(rewards, torch.zeros(2, 3, dtype=torch.bool), max_reward=0.4)["hack/max_reward_frac"] > 0
 
 
 def test_a_reward_that_is_the_gold_check_is_not_monitored():
     # Partial credit from the gold spec itself (a grader's score): its top is not a hack.
     rewards, correct = torch.tensor([[0.5, 0.0, 0.5]]), torch.tensor([[False, True, False]])
-    assert one_run(rewards, correct)["hack/max_reward_not_gold"] == 1.0
-    assert one_run(rewards, correct, reward_is_gold=True) == {"hack/max_reward_frac": 0.0,
+    assert max_reward_stats(rewards, correct)["hack/max_reward_not_gold"] == 1.0
+    assert max_reward_stats(rewards, correct, reward_is_gold=True) == {"hack/max_reward_frac": 0.0,
                                                                       "hack/max_reward_not_gold": 0.0}
 
 
@@ -320,12 +315,11 @@ def test_warnings_count_in_words():
 def test_prompt_solve_shares_average_a_repeated_prompt():
     prompts = torch.tensor([[2, 0, 1], [1, 1, 0], [2, 0, 1]])
     correct = torch.tensor([[True, False], [False, False], [True, True]])
-    assert prompt_solve_shares(prompts, correct[None]) == [{"2 0 1": 0.75, "1 1 0": 0.0}]
-    assert prompt_solve_shares([{"prompt": "Q?"}], correct[None, :1]) == [{"Q?": 0.5}]
-    assert prompt_solve_shares(prompts, torch.stack([correct, ~correct])) == [{"2 0 1": 0.75, "1 1 0": 0.0},
-                                                                                {"2 0 1": 0.25, "1 1 0": 1.0}]
+    assert prompt_solve_shares(prompts, correct) == {"2 0 1": 0.75, "1 1 0": 0.0}
+    assert prompt_solve_shares(prompts, ~correct) == {"2 0 1": 0.25, "1 1 0": 1.0}
+    assert prompt_solve_shares([{"prompt": "Q?"}], correct[:1]) == {"Q?": 0.5}
     chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Q?"}]
-    assert prompt_solve_shares([{"prompt": chat}], correct[None, :1]) == [{"system: Be brief.\nuser: Q?": 0.5}]
+    assert prompt_solve_shares([{"prompt": chat}], correct[:1]) == {"system: Be brief.\nuser: Q?": 0.5}
 
 
 def test_classify_prompts_and_summary():

@@ -82,8 +82,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
     path, overrides = _split_args(args.items)
     base = load_config(path, overrides)
     modes = args.modes.split(",")
-    for mode in modes:
-        load_config(path, overrides + [f"algo.deltas={mode}"])  # validate every mode before any work
     root = Path(base.out_dir) if base.out_dir else Path("runs") / "compare"
     configs = {(mode, seed): load_config(path, overrides + [
         f"algo.deltas={mode}", f"seed={seed}", f"name={mode}-seed{seed}", f"out_dir={root / f'{mode}-seed{seed}'}"])

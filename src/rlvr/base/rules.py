@@ -1,9 +1,8 @@
 """The rules a setting declares, and the one check of a value against them.
 
-A config field declares its default, help and rules in one line (``setting``); a task
-option declares the same rules beside its task (``option``), its type being the
-annotation of the task's keyword argument. ``coerce`` checks a value's type and
-``check_rules`` its allowed values and bounds, for both.
+A config field declares its default, help and rules in one line (``setting``); a task option declares the same rules
+beside its task (``option``), its type being the annotation of the task's keyword argument. ``coerce`` checks a value's
+type and ``check_rules`` its allowed values and bounds, for both.
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ import dataclasses
 import math
 import operator
 import types
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin
 
@@ -27,28 +25,22 @@ SEED_MAX = 2**32 - 1  # numpy's seed range
 
 def option(help: str, *, choices: Any = None, min: float | None = None, max: float | None = None,
            above: float | None = None, below: float | None = None) -> dict[str, Any]:
-    """A task option's help and rules (those of ``setting``); its default and type are the
-    task's keyword argument's."""
+    """A task option's help and rules (those of ``setting``); its default and type are the task's keyword argument's."""
     rules = {"choices": choices, "min": min, "max": max, "above": above, "below": below}
     return {"help": help, **{key: rule for key, rule in rules.items() if rule is not None}}
 
 
 def setting(default: Any, help: str, *, choices: Any = None, min: float | None = None, max: float | None = None,
-            above: float | None = None, below: float | None = None,
-            factory: Callable[[], Any] | None = None, sections: dict[str, type] | None = None) -> Any:
+            above: float | None = None, below: float | None = None, sections: dict[str, type] | None = None) -> Any:
     """A config field: its default, one line of help and its own rules, declared once.
 
-    choices: the allowed values (a tuple, a registry whose keys are the names, or
-    ``rlvr.base.settings.Names``); min, max: inclusive bounds; above, below: exclusive
-    ones. An optional field's null passes every rule. factory: makes the default when a
-    section is made (``default`` is then unused). sections: a nested section whose class
-    the section's ``name`` picks (``policy.options``), ``default`` being the default name's.
+    choices: the allowed values (a tuple, a registry whose keys are the names, or ``rlvr.base.settings.Names``); min,
+    max: inclusive bounds; above, below: exclusive ones. An optional field's null passes every rule. sections: a nested
+    section whose class the section's ``name`` picks (``policy.options``), ``default`` being the default name's.
     """
     metadata = option(help, choices=choices, min=min, max=max, above=above, below=below)
     if sections is not None:
         metadata["sections"] = sections
-    if factory is not None:
-        return dataclasses.field(default_factory=factory, metadata=metadata)
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
     if dataclasses.is_dataclass(default):  # a nested section
@@ -74,8 +66,8 @@ def rules_text(rules: dict[str, Any]) -> str:
 
 
 def finite(value: Any) -> bool:
-    """Is ``value`` a finite real number? NaN passes every range check (all comparisons
-    are False) and no float setting means anything at infinity, so both are refused."""
+    """Is ``value`` a finite real number? NaN passes every range check (all comparisons are False) and no float setting
+    means anything at infinity, so both are refused."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
     try:
@@ -85,8 +77,8 @@ def finite(value: Any) -> bool:
 
 
 def coerce(path: str, value: Any, hint: Any) -> Any:
-    """Check ``value`` against the annotation ``hint``; ints are accepted for floats, and
-    text for a path. A union (``str | None``, ``str | Path``) takes what any arm takes."""
+    """Check ``value`` against the annotation ``hint``; ints are accepted for floats, and text for a path. A union
+    (``str | None``, ``str | Path``) takes what any arm takes."""
     origin, args = get_origin(hint), get_args(hint)
     if origin in (Union, types.UnionType):
         if value is None and type(None) in args:

@@ -1,11 +1,10 @@
 """Typed settings: dataclass fields that declare their help and rules, YAML in and out.
 
-A section is a dataclass whose fields are ``setting(...)`` (``rlvr.base.rules``); a field
-holding a dataclass is a nested section. This module knows no section of rlvr's: it
-builds a section from a mapping (each value's type checked), names every key that is no
-setting with the setting meant, checks every field's rules, writes the settings that
-apply as YAML (plain, or with each field's help as a comment), reads YAML files and
-``key=value`` overrides, merges mappings. The schema is ``rlvr.config.sections``.
+A section is a dataclass whose fields are ``setting(...)`` (``rlvr.base.rules``); a field holding a dataclass is a
+nested section. This module knows no section of rlvr's: it builds a section from a mapping (each value's type checked),
+names every key that is no setting with the setting meant, checks every field's rules, writes the settings that apply as
+YAML (plain, or with each field's help as a comment), reads YAML files and ``key=value`` overrides, merges mappings. The
+schema is ``rlvr.config.sections``.
 """
 
 from __future__ import annotations
@@ -24,9 +23,9 @@ from rlvr.base.trl_names import VERL_NAMES, foreign_hint
 
 
 def section_type(cls: type, key: str, name: Any) -> type | None:
-    """The section class of ``cls``'s field ``key``: its annotation when a dataclass, or
-    for a field whose section depends on ``cls``'s ``name`` (``setting(sections=...)``)
-    the one ``name`` picks; None: a value, or a name that picks none."""
+    """The section class of ``cls``'s field ``key``: its annotation when a dataclass, or for a field whose section
+    depends on ``cls``'s ``name`` (``setting(sections=...)``) the one ``name`` picks; None: a value, or a name that
+    picks none."""
     if picks_section(cls, key):
         return next(f for f in fields(cls) if f.name == key).metadata["sections"].get(name)
     hint = get_type_hints(cls).get(key)
@@ -49,8 +48,8 @@ def _chosen(cls: type, node: Any) -> Any:
 
 
 def check_fields(section: Any, prefix: str = "") -> None:
-    """The rules each field declares (``setting``), over every section; a section its
-    ``name`` picks (``setting(sections=...)``) is of the class picked."""
+    """The rules each field declares (``setting``), over every section; a section its ``name`` picks
+    (``setting(sections=...)``) is of the class picked."""
     for f in fields(section):
         value, path, rules = getattr(section, f.name), prefix + f.name, f.metadata
         if value is None:
@@ -65,8 +64,8 @@ def check_fields(section: Any, prefix: str = "") -> None:
 
 
 def build(cls: type, data: Any, prefix: str = "") -> Any:
-    """A ``cls`` section from the mapping ``data``, each value checked against its field's
-    type (every key must be a field: ``unknown_keys`` names the others first)."""
+    """A ``cls`` section from the mapping ``data``, each value checked against its field's type (every key must be a
+    field: ``unknown_keys`` names the others first)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {data!r}")
     hints, chosen = get_type_hints(cls), _chosen(cls, data)
@@ -101,9 +100,8 @@ def _node(data: dict, path: str) -> Any:
 
 
 def setting_paths(schema: type, data: dict) -> dict[str, str]:
-    """Every setting's dotted path -> "" when it applies to the config mapping ``data``,
-    else the choice it needs ("policy.name=causal_lm"): each section's fields, a section
-    its ``name`` picks naming the choice."""
+    """Every setting's dotted path -> "" when it applies to the config mapping ``data``, else the choice it needs
+    ("policy.name=causal_lm"): each section's fields, a section its ``name`` picks naming the choice."""
     paths: dict[str, str] = {}
 
     def walk(cls: type, node: Any, prefix: str, needs: str) -> None:
@@ -123,8 +121,8 @@ def setting_paths(schema: type, data: dict) -> dict[str, str]:
 
 
 def unknown_keys(schema: type, data: dict) -> list[tuple[str, str]]:
-    """(path, hint) of every key of the config mapping ``data`` that names no setting, in
-    every section. Keys of option sections come last."""
+    """(path, hint) of every key of the config mapping ``data`` that names no setting, in every section. Keys of option
+    sections come last."""
     found: list[tuple[str, Any, list[str]]] = []  # (path, value, the names allowed where it stands)
 
     def walk(cls: type, node: dict, prefix: str) -> None:
@@ -144,8 +142,8 @@ def unknown_keys(schema: type, data: dict) -> list[tuple[str, str]]:
 
 
 def _unknown_key(path: str, value: Any, allowed: list[str], paths: dict[str, str]) -> list[tuple[str, str]]:
-    """(path, hint) for an unknown key; a mapping under it that holds verl's names (its
-    ``actor_rollout_ref:`` section) gives one per setting in it."""
+    """(path, hint) for an unknown key; a mapping under it that holds verl's names (its ``actor_rollout_ref:`` section)
+    gives one per setting in it."""
     if isinstance(value, dict) and value:
         leaves = _leaves(path, value)
         if any(leaf in VERL_NAMES for leaf, _ in leaves):
@@ -182,8 +180,8 @@ def unknown_message(unknown: list[tuple[str, str]]) -> str:
 
 
 def named_callables(value: Any) -> Any:
-    """``value`` with each callable (a reward function given from Python, ``rlvr.train``)
-    written as its "module:name", so that YAML holds no Python object."""
+    """``value`` with each callable (a reward function given from Python, ``rlvr.train``) written as its "module:name",
+    so that YAML holds no Python object."""
     if callable(value):
         return f"{getattr(value, '__module__', '?')}:{getattr(value, '__qualname__', type(value).__name__)}"
     if isinstance(value, dict):
@@ -221,9 +219,9 @@ MAX_YAML_NODES = 100_000  # a document's values with its aliases expanded: an al
 
 @functools.cache
 def _bounded_loader() -> type:
-    """YAML's safe loader, refusing a document whose aliases expand past MAX_YAML_NODES
-    values (nine aliases of nine, nine deep, are a billion values to whoever walks them).
-    Made on first use: a ``yaml.py`` in the working directory is named before then."""
+    """YAML's safe loader, refusing a document whose aliases expand past MAX_YAML_NODES values (nine aliases of nine,
+    nine deep, are a billion values to whoever walks them). Made on first use: a ``yaml.py`` in the working directory is
+    named before then."""
 
     class BoundedLoader(yaml.SafeLoader):
         def construct_document(self, node: yaml.Node) -> Any:
@@ -246,8 +244,8 @@ def _bounded_loader() -> type:
 
 
 def load_yaml(text: str, where: str) -> Any:
-    """``text`` parsed as YAML; if it is not YAML, or its aliases expand past
-    MAX_YAML_NODES values, a one-line ConfigError naming ``where``."""
+    """``text`` parsed as YAML; if it is not YAML, or its aliases expand past MAX_YAML_NODES values, a one-line
+    ConfigError naming ``where``."""
     try:
         return yaml.load(text, Loader=_bounded_loader())  # noqa: S506 (a safe loader)
     except yaml.MarkedYAMLError as err:
@@ -282,8 +280,8 @@ JINJA_MARKS = ("{%", "{{", "{#")  # a chat template's tags: its text is no YAML,
 
 
 def _override_value(raw: str, item: str) -> Any:
-    """The value of one override as YAML; one that is no YAML is a Jinja template (a chat
-    template) taken as its text, or refused with how to quote it."""
+    """The value of one override as YAML; one that is no YAML is a Jinja template (a chat template) taken as its text,
+    or refused with how to quote it."""
     if not raw.strip():
         return ""
     try:
@@ -297,9 +295,8 @@ def _override_value(raw: str, item: str) -> Any:
 
 
 def merge_into(cls: type | None, base: dict, update: dict) -> dict:
-    """``update`` over ``base``, mappings for the section ``cls``: sections merge key by key;
-    a mapping field (keyword arguments: ``lora``) merges one level deep, its values replaced
-    whole; anything else is replaced."""
+    """``update`` over ``base``, mappings for the section ``cls``: sections merge key by key; a mapping field (keyword
+    arguments: ``lora``) merges one level deep, its values replaced whole; anything else is replaced."""
     hints = get_type_hints(cls) if cls is not None else {}
     chosen = _chosen(cls, {**base, **update}) if cls is not None else None
     out = dict(base)

@@ -1,11 +1,10 @@
 """Configuration: one typed config and what turns it into a run.
 
-``sections.py`` holds the config (its sections, every field with its help and rules);
-``loading.py`` loads it (``load_config``: defaults, a YAML file, overrides); ``checks.py``
-holds the rules between fields; ``presets.py`` the named algorithm presets and the
-defaults a language model takes; ``compose.py`` is the composition root that builds the
-task, the policy and the reward runner a config asks for. A config is imported from here:
-``from rlvr.config import Config, load_config``.
+``sections.py`` holds the config (its sections, every field with its help and rules); ``loading.py`` loads it
+(``load_config``: defaults, a YAML file, overrides); ``checks.py`` holds the rules between fields; ``presets.py`` the
+named algorithm presets and the defaults a language model takes; ``compose.py`` is the composition root that builds the
+task, the policy and the reward runner a config asks for. A config is imported from here: ``from rlvr.config import
+Config, load_config``.
 """
 
 from rlvr.base.errors import ConfigError

@@ -1,10 +1,10 @@
-"""The rules between a config's fields: ``validate`` rejects configurations that cannot
-run, and warns about ones that run but make no sense, before any work is done.
+"""The rules between a config's fields: ``validate`` rejects configurations that cannot run, and warns about ones that
+run but make no sense, before any work is done.
 
-Each field's own rules (choices, bounds) are declared on it (``rlvr.base.rules.setting``)
-and checked by ``check_fields``; the rules here relate fields to each other, read the
-derived facts of the sections (``AlgoConfig.uses_reference``, ...), and check the values
-no declared rule can (a torch device's spelling, a list's items).
+Each field's own rules (choices, bounds) are declared on it (``rlvr.base.rules.setting``) and checked by
+``check_fields``; the rules here relate fields to each other, read the derived facts of the sections
+(``AlgoConfig.uses_reference``, ...), and check the values no declared rule can (a torch device's spelling, a list's
+items).
 """
 
 from __future__ import annotations
@@ -35,16 +35,16 @@ from rlvr.engines.vllm import INSTALL_HINT, vllm_installed
 # deltas that subtract a group statistic
 GROUP_BASELINES = ("centered", "normalized", "leave_one_out", "batch_normalized", "reinforce_pp")
 REWARD_FUNCTION_KEYS = ("function", "weight", "timeout", "name", "required", "options")
-# A size past which a run would exhaust memory before doing any work (MAX_RESPONSES too). A
-# field's own limit is declared on it (``max=``); these bound products.
+# A size past which a run would exhaust memory before doing any work (MAX_RESPONSES too). A field's own limit is
+# declared on it (``max=``); these bound products.
 MAX_POSITIONAL_PARAMETERS = 2**24  # the positional toy model: 2 n D^2 + V D (64 MiB of float32)
 # cluster.address as ray.init takes it: auto, or HOST:PORT (a name, an IPv4 or a bracketed IPv6), optionally ray://
 RAY_ADDRESS = re.compile(r"auto|(ray://)?([A-Za-z0-9][A-Za-z0-9_.-]*|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]{1,5})")
 
 
 def _check_reward_functions(functions: list) -> None:
-    """Each of ``rewards.functions``: 'module:function' or a Python callable (``rlvr.train(...,
-    reward_funcs=[fn])``), or a mapping of REWARD_FUNCTION_KEYS whose function is one."""
+    """Each of ``rewards.functions``: 'module:function' or a Python callable (``rlvr.train(..., reward_funcs=[fn])``),
+    or a mapping of REWARD_FUNCTION_KEYS whose function is one."""
     for i, item in enumerate(functions):
         path = f"rewards.functions[{i}]"
         if isinstance(item, str) or callable(item):
@@ -80,8 +80,8 @@ def _check_run_name(name: str) -> None:
 
 
 def _check_sorting(options: Any, positional: PositionalOptions) -> None:
-    """Fixed sorting prompts: at least one, each ``num_numbers`` integers in [0, vocab_size);
-    the positional model's parameter count, 2 n D^2 (encode, decode) + V D (embedding)."""
+    """Fixed sorting prompts: at least one, each ``num_numbers`` integers in [0, vocab_size); the positional model's
+    parameter count, 2 n D^2 (encode, decode) + V D (embedding)."""
     n, v, prompts = options.num_numbers, options.vocab_size, options.prompts
     if prompts is not None and not prompts:
         raise ConfigError("task.options.prompts=[] holds no prompt; give some, or null to sample fresh ones")
@@ -126,8 +126,8 @@ def _check_batch_sizes(config: Config) -> None:
 
 
 def validate(config: Config) -> None:
-    """Reject configurations that cannot run; warn about ones that run but make no sense.
-    Each field's own rules are declared on it; the rules here are those between fields."""
+    """Reject configurations that cannot run; warn about ones that run but make no sense. Each field's own rules are
+    declared on it; the rules here are those between fields."""
     task, policy, algo, optim = config.task, config.policy, config.algo, config.optim
     check_fields(config)
     _check_run_name(config.name)
@@ -307,9 +307,8 @@ def _check_address(address: str) -> None:
 
 
 def _check_causal_lm_options(options: CausalLMOptions) -> None:
-    """What the causal-LM options' declared rules cannot say. What depends on the machine
-    (a CUDA device present, vllm installed) is left to the run: a config may be written on
-    a laptop for a GPU machine."""
+    """What the causal-LM options' declared rules cannot say. What depends on the machine (a CUDA device present, vllm
+    installed) is left to the run: a config may be written on a laptop for a GPU machine."""
     try:
         torch.device(options.device)
     except (RuntimeError, TypeError):
@@ -328,8 +327,8 @@ def _check_causal_lm_options(options: CausalLMOptions) -> None:
 
 
 def check_engine(options: CausalLMOptions) -> None:
-    """What only the machine that runs can tell, checked before a model is loaded: the
-    vllm package installed (found without importing it) for ``engine: vllm``."""
+    """What only the machine that runs can tell, checked before a model is loaded: the vllm package installed (found
+    without importing it) for ``engine: vllm``."""
     if options.engine not in ENGINES:  # a CausalLMOptions made in Python, its rules not checked
         raise ConfigError(f"policy.options.engine={options.engine!r} is not allowed; choose one of: "
                           f"{', '.join(ENGINES)}")
@@ -339,8 +338,8 @@ def check_engine(options: CausalLMOptions) -> None:
 
 
 def check_options(config: Config) -> None:
-    """A chat template's limits without loading a model (``rlvr train`` refuses the same as
-    it builds): ``rlvr.policies.template_sandbox.check_chat_template``."""
+    """A chat template's limits without loading a model (``rlvr train`` refuses the same as it builds):
+    ``rlvr.policies.template_sandbox.check_chat_template``."""
     from rlvr.policies.template_sandbox import check_chat_template
 
     if config.policy.name == "causal_lm" and config.policy.options.chat_template is not None:

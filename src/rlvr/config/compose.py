@@ -1,7 +1,6 @@
-"""The composition root: the task, the policy (its engine inside) and the reward runner a
-config asks for. The one place that reads the config's ``task``, ``rewards`` and ``policy``
-sections; every part it builds takes plain arguments. Also which optional installs a
-config needs (``check_extras``), checked before anything is built.
+"""The composition root: the task, the policy (its engine inside) and the reward runner a config asks for. The one place
+that reads the config's ``task``, ``rewards`` and ``policy`` sections; every part it builds takes plain arguments. Also
+which optional installs a config needs (``check_extras``), checked before anything is built.
 """
 
 from __future__ import annotations
@@ -32,26 +31,20 @@ __all__ = ["build_causal_lm_policy", "build_policy", "build_task", "check_extras
 
 
 def runs_on_ray(config: Config) -> bool:
-    """Whether ``config`` runs any part of the loop on Ray (rollout workers, or data-parallel
-    learners): its seams then come from ``rlvr.cluster.session.loop_parts``."""
+    """Whether ``config`` runs any part of the loop on Ray (rollout workers, or data-parallel learners)."""
     return config.cluster.rollout_workers > 0 or config.cluster.learners > 1
 
 
 def driver_holds_weights(config: Config) -> bool:
-    """Whether the driver process holds the policy's weights: not when data-parallel
-    learners hold them and rollout workers sample (``cluster.learners > 1`` and
-    ``cluster.rollout_workers > 0``); then its policy is built without weights (on the meta
-    device: the tokenizer and the limits only), and its memory does not grow with the model."""
+    """Whether the driver holds the policy's weights: not when data-parallel learners hold them and rollout workers
+    sample; then its policy is built on the meta device (the tokenizer and the limits only)."""
     return not (config.cluster.learners > 1 and config.cluster.rollout_workers > 0)
 
 
 def build_task(config: Config, serve: bool = True) -> GradedTask:
-    """The task of ``config`` with the runner of its and the user's reward functions;
-    configuration errors name the field. A task takes its constructor's keyword arguments
-    from ``task.options``, and a task that shuffles its data (a ``shuffle_seed`` argument:
-    dataset, reasoning_gym) gets the run's ``seed`` there unless the options set it. Without
-    ``serve``, what a reward would be served by (a judge's reference model) is checked, not
-    loaded: for a check, or a caller that grades nothing."""
+    """The task of ``config`` with the runner of its and the user's reward functions; configuration errors name the
+    field. A task that shuffles its data (``shuffle_seed``: dataset, reasoning_gym) gets the run's ``seed`` unless its
+    options set one. Without ``serve``, a judge's reference model is checked, not loaded."""
     t, r = config.task, config.rewards
     cls = task_class(t.name)
     options = dict(vars(t.options))
@@ -75,11 +68,8 @@ def build_task(config: Config, serve: bool = True) -> GradedTask:
 
 
 def build_policy(config: Config, task: Task | None = None, weights: bool = True) -> Policy:
-    """The policy of ``config.policy`` (the positional model sized by ``config.task``); given
-    the ``task`` it samples for, as that task samples it (``Task.policy_for``: an
-    environment's episodes). Without ``weights``: its parameters on the meta device (no
-    memory), the tokenizer and limits real, no generation engine started: for a driver
-    whose learners and rollout workers hold the weights."""
+    """The policy of ``config.policy``, as ``task`` samples it (``Task.policy_for``: an environment's episodes).
+    Without ``weights``: its parameters on the meta device, the tokenizer and limits real, no engine started."""
     p = config.policy
     if p.name == "positional":
         with torch.device("meta") if not weights else nullcontext():
@@ -97,10 +87,8 @@ def build_policy(config: Config, task: Task | None = None, weights: bool = True)
 
 
 def build_causal_lm_policy(config: PolicyConfig, weights: bool = True) -> CausalLMPolicy:
-    """The policy of a ``PolicyConfig`` named "causal_lm": its typed ``options``
-    (``rlvr.config.CausalLMOptions``, already checked) as plain arguments. The policy's
-    ``temperature`` picks the vLLM engine's log-prob mode. Without ``weights``: on the
-    meta device, with the in-process engine (which never samples)."""
+    """The policy of a ``PolicyConfig`` named "causal_lm", its checked ``options`` as plain arguments (``temperature``
+    picks the vLLM engine's log-prob mode). Without ``weights``: on the meta device, with the hf engine."""
     from rlvr.policies.causal_lm import CausalLMPolicy  # transformers: an optional extra
 
     o = config.options
@@ -118,8 +106,8 @@ TASK_MODULES = {"reasoning_gym": ("reasoning_gym",), "gsm8k": ("math_verify",), 
 
 
 def needed_modules(config: Config) -> list[tuple[str, tuple[str, ...]]]:
-    """(the setting, the modules it needs) for each optional back end ``config`` uses.
-    The vLLM engine is left to the run: a config may be written for a GPU machine."""
+    """(the setting, the modules it needs) for each optional back end ``config`` uses. The vLLM engine is left to the
+    run: a config may be written for a GPU machine."""
     p, t, c, lg = config.policy, config.task, config.cluster, config.log
     needs = []
     if p.name == "causal_lm":
@@ -144,8 +132,8 @@ def needed_modules(config: Config) -> list[tuple[str, tuple[str, ...]]]:
 
 
 def check_extras(config: Config) -> None:
-    """ConfigError naming the setting and the extra to install for the first optional
-    back end of ``config`` whose package is missing; nothing is imported."""
+    """ConfigError naming the setting and the extra to install for the first optional back end of ``config`` whose
+    package is missing; nothing is imported."""
     for what, modules in needed_modules(config):
         require(what, modules)
 
@@ -162,13 +150,10 @@ def asks_reference(item: Any) -> bool:
 
 def serve_reference(functions: Sequence[Any], policy: PolicyConfig, start: bool = True
                     ) -> tuple[list[Any], Endpoint | None]:
-    """A judge reward whose options say ``base_url: reference`` asks the model the run starts
-    from, frozen: ``policy.options.model`` loaded once more (without a LoRA adapter, on the hf
-    engine, never trained), served on loopback for the run's length by an endpoint with open
-    routes (``rlvr.agents.server``), its requests batched, each at its own temperature.
-    Returns ``functions`` with each such judge pointed at it (a copy: its URL, model name and a
-    fresh key, never written to the run directory), and the endpoint (started; None when no
-    function asks for it, or without ``start``: then it is checked, nothing loaded)."""
+    """A judge reward whose options say ``base_url: reference`` asks the model the run starts from, frozen:
+    ``policy.options.model`` loaded once more (no LoRA, hf engine) and served on loopback by an open-routes endpoint.
+    Returns ``functions`` with each such judge pointed at it (a copy with its URL, model name and a fresh key, never
+    written to the run directory) and the started endpoint (None when no function asks, or without ``start``)."""
     if not any(asks_reference(item) for item in functions):
         return list(functions), None
     from rlvr.agents.server import Endpoint

@@ -1,6 +1,5 @@
-"""A ``Config`` from a YAML file and ``key=value`` overrides: the defaults, then the file, then
-the overrides, merged (``merge``), checked for unknown keys, built and validated
-(``config_from_dict``), before any work is done."""
+"""A ``Config`` from a YAML file and ``key=value`` overrides: the defaults, then the file, then the overrides, merged
+(``merge``), checked for unknown keys, built and validated (``config_from_dict``), before any work is done."""
 
 from __future__ import annotations
 
@@ -20,18 +19,16 @@ from rlvr.config.checks import validate
 from rlvr.config.presets import resolve_defaults
 from rlvr.config.sections import Config
 
-# the settings of the sorting task and of the positional policy, read from where they were before
-# their options held them (a run directory written then resumes as it was): section -> (the name
-# they are for, the keys)
+# the settings of the sorting task and of the positional policy, read from where they were before their options held
+# them (a run directory written then resumes as it was): section -> (the name they are for, the keys)
 MOVED_INTO_OPTIONS = {"task": ("sorting", ("reward", "num_numbers", "vocab_size", "prompts", "allow_repeats",
                                            "eval_size")),
                       "policy": ("positional", ("embedding_dim", "embedding_std"))}
 
 
 def moved_into_options(data: dict) -> dict:
-    """``data`` (a config mapping) with each key of MOVED_INTO_OPTIONS under its section's
-    ``options``; one given in both places is a ConfigError, one for another name is
-    ignored, with a warning."""
+    """``data`` (a config mapping) with each key of MOVED_INTO_OPTIONS under its section's ``options``; one given in
+    both places is a ConfigError, one for another name is ignored, with a warning."""
     out = dict(data)
     for section, (owner, keys) in MOVED_INTO_OPTIONS.items():
         node = out.get(section)
@@ -56,10 +53,9 @@ def moved_into_options(data: dict) -> dict:
 
 
 def merge(base: dict, update: dict) -> dict:
-    """Config mappings merged, ``update`` winning: sections key by key, mappings
-    (``policy.options.lora``) one level deep (``rlvr.base.settings.merge_into``);
-    a key of MOVED_INTO_OPTIONS in ``update`` wins over ``base``'s in the section's options, and
-    the reverse."""
+    """Config mappings merged, ``update`` winning: sections key by key, mappings (``policy.options.lora``) one level
+    deep (``rlvr.base.settings.merge_into``); a key of MOVED_INTO_OPTIONS in ``update`` wins over ``base``'s in the
+    section's options, and the reverse."""
     merged = merge_into(Config, base, update)
     for section, (_, keys) in MOVED_INTO_OPTIONS.items():
         new, given = merged.get(section), update.get(section)
@@ -75,8 +71,8 @@ def merge(base: dict, update: dict) -> dict:
 
 
 def config_from_dict(data: dict) -> Config:
-    """A validated Config from a nested mapping (missing keys take the defaults, after
-    ``algo.preset`` and the causal-LM defaults: ``rlvr.config.presets.resolve_defaults``)."""
+    """A validated Config from a nested mapping (missing keys take the defaults, after ``algo.preset`` and the causal-LM
+    defaults: ``rlvr.config.presets.resolve_defaults``)."""
     data = resolve_defaults(moved_into_options(data) if isinstance(data, dict) else data or {})
     if isinstance(data, dict) and (unknown := unknown_keys(Config, data)):
         raise ConfigError(unknown_message(unknown))

@@ -1,7 +1,6 @@
-"""Defaults that depend on other settings: ``algo.preset``, the causal-LM defaults and the
-run's name (``default_run_name``). They fill what the config mapping does not give, before
-it is built (a field given always wins; ``rlvr config`` prints the result); a ``Config``
-built field by field in Python takes its fields as they are.
+"""Defaults that depend on other settings: ``algo.preset``, the causal-LM defaults and the run's name
+(``default_run_name``). They fill what the config mapping does not give, before it is built (a field given always wins;
+``rlvr config`` prints the result); a ``Config`` built field by field in Python takes its fields as they are.
 """
 
 from __future__ import annotations
@@ -10,23 +9,21 @@ import re
 from pathlib import Path
 from typing import Any
 
-# algo.preset -> the algo fields it sets. Every preset sets the same fields, so switching
-# presets changes exactly these and nothing else.
+# algo.preset -> the algo fields it sets. Every preset sets the same fields, so switching presets changes exactly these
+# and nothing else.
 ALGO_PRESETS: dict[str, dict[str, Any]] = {
     # the lecture's policy gradient: group-centred rewards, the plain (naive) loss
     "lecture": {"deltas": "centered", "loss": "naive", "aggregation": "seq_mean_token_mean",
                 "clip_eps": 0.2, "clip_eps_high": None, "kl_coef": 0.0},
-    # GRPO (DeepSeekMath): (r - mean) / std, the clipped ratio, each response's token mean,
-    # a k3 KL penalty of 0.04 toward the reference
+    # GRPO (DeepSeekMath): (r - mean) / std, the clipped ratio, each response's token mean, a k3 KL penalty of 0.04
+    # toward the reference
     "grpo": {"deltas": "normalized", "loss": "clipped", "aggregation": "seq_mean_token_mean",
              "clip_eps": 0.2, "clip_eps_high": None, "kl_coef": 0.04},
-    # Dr. GRPO: no std division and a constant token-sum normalizer (no length or
-    # difficulty bias), no KL
+    # Dr. GRPO: no std division and a constant token-sum normalizer (no length or difficulty bias), no KL
     "dr_grpo": {"deltas": "centered", "loss": "clipped", "aggregation": "seq_mean_token_sum",
                 "clip_eps": 0.2, "clip_eps_high": None, "kl_coef": 0.0},
-    # DAPO: the mean over every token of the batch, a wider upper clip range (clip-higher),
-    # no KL; its dynamic sampling and overlong shaping are algo.dynamic_sampling and
-    # algo.overlong, set on their own
+    # DAPO: the mean over every token of the batch, a wider upper clip range (clip-higher), no KL; its dynamic sampling
+    # and overlong shaping are algo.dynamic_sampling and algo.overlong, set on their own
     "dapo": {"deltas": "normalized", "loss": "clipped", "aggregation": "token_mean",
              "clip_eps": 0.2, "clip_eps_high": 0.28, "kl_coef": 0.0},
     # RLOO: REINFORCE with the mean of the other G - 1 rewards as each response's baseline
@@ -34,12 +31,11 @@ ALGO_PRESETS: dict[str, dict[str, Any]] = {
              "clip_eps": 0.2, "clip_eps_high": None, "kl_coef": 0.0},
 }
 
-# Settings a causal_lm run takes unless given. The lecture's defaults (Adam lr 1e-3, 10
-# inner steps on each batch, no clipping) suit the positional toy; they collapsed an SFT'd
-# tiny LM within 10 epochs (held-out greedy 0.11 -> 0.00), where these took it to 0.43 in
-# 100 (docs/how-to/from-trl.md). Two inner steps: the second is off-policy, where a
-# clipped loss (algo.preset grpo, dr_grpo, dapo) acts. lr 1e-5 is for pretrained models;
-# a tiny model from scratch learns faster at 1e-4 (0.44 after 30 epochs).
+# Settings a causal_lm run takes unless given. The lecture's defaults (Adam lr 1e-3, 10 inner steps on each batch, no
+# clipping) suit the positional toy; they collapsed an SFT'd tiny LM within 10 epochs (held-out greedy 0.11 -> 0.00),
+# where these took it to 0.43 in 100 (docs/how-to/from-trl.md). Two inner steps: the second is off-policy, where a
+# clipped loss (algo.preset grpo, dr_grpo, dapo) acts. lr 1e-5 is for pretrained models; a tiny model from scratch
+# learns faster at 1e-4 (0.44 after 30 epochs).
 LM_DEFAULTS: dict[str, dict[str, Any]] = {
     "optim": {"lr": 1e-5, "max_grad_norm": 1.0},
     "algo": {"inner_steps": 2},
@@ -47,9 +43,9 @@ LM_DEFAULTS: dict[str, dict[str, Any]] = {
 
 
 def resolve_defaults(data: dict) -> dict:
-    """``data`` (a config mapping) with the preset's and the LM defaults' fields, and the
-    run's name, filled in where ``data`` does not give them. A malformed mapping is returned as it is, for the
-    config builder to name what is wrong; an unknown preset is left to validation."""
+    """``data`` (a config mapping) with the preset's and the LM defaults' fields, and the run's name, filled in where
+    ``data`` does not give them. A malformed mapping is returned as it is, for the config builder to name what is wrong;
+    an unknown preset is left to validation."""
     if not isinstance(data, dict):
         return data
     out = dict(data)
@@ -88,9 +84,9 @@ NOT_IN_NAMES = r"[^\w.-]+"  # a model name's characters a folder name is better 
 
 
 def default_run_name(data: dict) -> str:
-    """The name of a run whose config gives none, from its config mapping: "lecture" for
-    the sorting toy, else the task's name and the model's (its folder or hub name, the
-    run's folder for ``RUN_DIR/model`` that ``rlvr sft`` writes): ``sort_text-tiny_lm``."""
+    """The name of a run whose config gives none, from its config mapping: "lecture" for the sorting toy, else the
+    task's name and the model's (its folder or hub name, the run's folder for ``RUN_DIR/model`` that ``rlvr sft``
+    writes): ``sort_text-tiny_lm``."""
     task, policy = data.get("task"), data.get("policy")
     task_name = task.get("name", "sorting") if isinstance(task, dict) else "sorting"
     if task_name == "sorting" or not isinstance(task_name, str):

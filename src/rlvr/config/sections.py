@@ -1,9 +1,8 @@
 """One typed config: a dataclass per concern, YAML in and out, ``key=value`` overrides.
 
-The sections of rlvr's config, each field declared in one line (``setting``: its
-default, help and own rules), with the facts derived from them (``AlgoConfig.kl_in_reward``,
-...); ``rlvr.base.settings`` builds, checks and writes them, ``rlvr.config.checks`` holds
-the rules between fields. Defaults reproduce the lecture's sorting experiment.
+The sections of rlvr's config, each field declared in one line (``setting``: its default, help and own rules), with the
+facts derived from them (``AlgoConfig.kl_in_reward``, ...); ``rlvr.base.settings`` builds, checks and writes them,
+``rlvr.config.checks`` holds the rules between fields. Defaults reproduce the lecture's sorting experiment.
 """
 
 from __future__ import annotations
@@ -33,8 +32,8 @@ OLD_LOG_PROBS = ("auto", "sampler", "recompute")  # where the old policy's log-p
 KL_PLACEMENTS = ("loss", "reward")  # where the KL penalty goes
 OVERLONG = ("none", "mask", "penalty")  # what happens to responses cut at the length limit
 AUTOCAST = ("bfloat16", "float16")
-# responses sampled at once (prompts x group_size, eval batch x eval_samples) past which a run
-# would exhaust memory before doing any work
+# responses sampled at once (prompts x group_size, eval batch x eval_samples) past which a run would exhaust memory
+# before doing any work
 MAX_RESPONSES = 2**16
 # torch's own thread count (physical cores, or OMP_NUM_THREADS), read before any run sets its own
 DEFAULT_TORCH_THREADS = torch.get_num_threads()
@@ -42,8 +41,8 @@ DEFAULT_TORCH_THREADS = torch.get_num_threads()
 
 @dataclass
 class PositionalOptions:
-    """``policy.options`` of ``policy.name: positional`` (``rlvr.policies.positional``), the
-    sorting toy's model; its sizes n and V are the task's (``task.options``)."""
+    """``policy.options`` of ``policy.name: positional`` (``rlvr.policies.positional``), the sorting toy's model; its
+    sizes n and V are the task's (``task.options``)."""
 
     embedding_dim: int = setting(10, "embedding size D", above=0)
     embedding_std: float = setting(1.0, "std of the initial embedding", above=0)
@@ -88,8 +87,8 @@ POLICY_OPTIONS = {"positional": PositionalOptions, "causal_lm": CausalLMOptions}
 
 
 def named_default(options: Any, sections: dict[str, type], name: str) -> Any:
-    """``options`` for the section ``name`` picks: the defaults of another name's section
-    become that section's defaults (a section built in Python with only its ``name`` set)."""
+    """``options`` for the section ``name`` picks: the defaults of another name's section become that section's defaults
+    (a section built in Python with only its ``name`` set)."""
     picked = sections.get(name)
     if picked is not None and not isinstance(options, picked) and options == type(options)():
         return picked()
@@ -214,14 +213,14 @@ class AlgoConfig:
 
     @property
     def off_policy_method(self) -> str | None:
-        """The off-policy correction of the policy-gradient term: is_correction, else
-        token_tis when only tis_cap is set; None: none."""
+        """The off-policy correction of the policy-gradient term: is_correction, else token_tis when only tis_cap is
+        set; None: none."""
         return self.is_correction or ("token_tis" if self.tis_cap is not None else None)
 
     @property
     def needs_old_log_probs(self) -> bool:
-        """The old policy's log-probs are used: by a ratio loss, by an off-policy correction
-        or by the reward's KL (the naive loss alone needs none)."""
+        """The old policy's log-probs are used: by a ratio loss, by an off-policy correction or by the reward's KL (the
+        naive loss alone needs none)."""
         return self.loss != "naive" or self.off_policy_method is not None or self.kl_in_reward
 
 
@@ -347,8 +346,8 @@ class Config:
 
     @property
     def torch_threads(self) -> int:
-        """The torch CPU threads a run uses: ``threads`` when set, else 1 for the positional
-        toy and torch's default for an LM (0: leave torch's setting as it is)."""
+        """The torch CPU threads a run uses: ``threads`` when set, else 1 for the positional toy and torch's default for
+        an LM (0: leave torch's setting as it is)."""
         if self.threads is not None:
             return self.threads
         return 1 if self.policy.name == "positional" else DEFAULT_TORCH_THREADS

@@ -1,10 +1,9 @@
 """Diagnostics of a run: gradient noise, reward hacking, per-prompt learning.
 
-Pure functions of numbers the trainer already has (gradients of micro-batches, the
-epoch's rewards and gold verdicts, per-epoch records); nothing here reads a config or
-writes a file. Record names: ``grad/*`` (``GradientNoiseMeter.metrics``), ``hack/*``
-(``max_reward_stats``), and records of kind "prompts" (``prompt_solve_shares``).
-Shapes: B prompts, G responses per prompt, P parameters, m parts of a batch.
+Pure functions of numbers the trainer already has (gradients of micro-batches, the epoch's rewards and gold verdicts,
+per-epoch records); nothing here reads a config or writes a file. Record names: ``grad/*``
+(``GradientNoiseMeter.metrics``), ``hack/*`` (``max_reward_stats``), and records of kind "prompts"
+(``prompt_solve_shares``). Shapes: B prompts, G responses per prompt, P parameters, m parts of a batch.
 """
 
 from __future__ import annotations
@@ -24,8 +23,8 @@ from rlvr.base.record import Record, prompt_text
 
 def noise_estimates(norm_sq_small: float, size_small: float, norm_sq_big: float, size_big: float
                     ) -> tuple[float, float]:
-    """Unbiased |G|^2 and tr(Sigma) from the squared norms of two gradient estimates of
-    batch sizes b < B (McCandlish et al. 2018, appendix A.1; derived in docs/explanation/loop.md)."""
+    """Unbiased |G|^2 and tr(Sigma) from the squared norms of two gradient estimates of batch sizes b < B (McCandlish et
+    al. 2018, appendix A.1; derived in docs/explanation/loop.md)."""
     if not 0 < size_small < size_big:
         raise ValueError(f"need 0 < small batch < big batch, got {size_small} and {size_big}")
     true_norm_sq = (size_big * norm_sq_big - size_small * norm_sq_small) / (size_big - size_small)
@@ -34,8 +33,8 @@ def noise_estimates(norm_sq_small: float, size_small: float, norm_sq_big: float,
 
 
 def noise_scale(true_norm_sq: float, trace_cov: float) -> float:
-    """B_simple = tr(Sigma) / |G|^2: the batch size at which the gradient's noise equals its
-    signal. Both clamped at 0 first: inf when no signal is measurable, NaN when neither is."""
+    """B_simple = tr(Sigma) / |G|^2: the batch size at which the gradient's noise equals its signal. Both clamped at 0
+    first: inf when no signal is measurable, NaN when neither is."""
     signal, noise = max(true_norm_sq, 0.0), max(trace_cov, 0.0)
     if signal == 0.0:
         return math.inf if noise > 0 else math.nan
@@ -43,12 +42,12 @@ def noise_scale(true_norm_sq: float, trace_cov: float) -> float:
 
 
 class GradientNoiseMeter:
-    """The gradient noise of one optimizer step, from the gradients of its parts (each part's
-    share of the batch gradient; sizes b_k in prompts, whole groups per part).
+    """The gradient noise of one optimizer step, from the gradients of its parts (each part's share of the batch
+    gradient; sizes b_k in prompts, whole groups per part).
 
-    ``metrics`` (needs m >= 2 parts): ``grad/true_norm_sq`` (|G|^2), ``grad/trace_cov``
-    (tr Sigma), ``grad/noise_scale`` (B_simple), ``grad/snr`` (B / B_simple) and
-    ``grad/batch_size`` (B); the estimator is explained in docs/explanation/loop.md."""
+    ``metrics`` (needs m >= 2 parts): ``grad/true_norm_sq`` (|G|^2), ``grad/trace_cov`` (tr Sigma), ``grad/noise_scale``
+    (B_simple), ``grad/snr`` (B / B_simple) and ``grad/batch_size`` (B); the estimator is explained in
+    docs/explanation/loop.md."""
 
     def __init__(self) -> None:
         self.reset()
@@ -70,9 +69,8 @@ class GradientNoiseMeter:
         self.sizes.append(float(size))
 
     def add_parts(self, norms_sq: Sequence[float], sizes: Sequence[float], total: torch.Tensor) -> None:
-        """Parts measured elsewhere (data-parallel learners: each its own share's parts),
-        their |g_k|^2 and b_k; ``total`` [P] is the sum of every part's gradient, these and
-        those added before (the all-reduced gradient)."""
+        """Parts measured elsewhere (data-parallel learners: each its own share's parts), their |g_k|^2 and b_k;
+        ``total`` [P] is the sum of every part's gradient, these and those added before (the all-reduced gradient)."""
         if len(norms_sq) != len(sizes) or any(size <= 0 for size in sizes):
             raise ValueError(f"need one positive size per part, got {len(norms_sq)} norms and sizes {list(sizes)}")
         self.norms_sq += [float(x) for x in norms_sq]
@@ -80,8 +78,8 @@ class GradientNoiseMeter:
         self.total = total.detach().reshape(-1).clone()
 
     def add_running_sum(self, running: torch.Tensor, size: float) -> None:
-        """The accumulated gradient [P] after one more part of ``size``: the part's
-        gradient is the difference from the sum so far."""
+        """The accumulated gradient [P] after one more part of ``size``: the part's gradient is the difference from the
+        sum so far."""
         running = running.detach().reshape(-1)
         self.add(running if self.total is None else running - self.total, size)
 
@@ -114,38 +112,34 @@ def flat_grad(module: torch.nn.Module) -> torch.Tensor:
 
 
 def max_reward_stats(rewards: torch.Tensor, correct: torch.Tensor, max_reward: float | None = None,
-                     atol: float = 1e-6, reward_is_gold: bool = False) -> list[dict[str, float]]:
-    """How many top-reward responses fail the gold check, for each of R runs; rewards
-    [R, B, G] (NaN: abstained), correct [R, B, G] bool; one record per run (a run alone
-    is R = 1): ``hack/max_reward_frac`` (share of scored responses at the top) and
-    ``hack/max_reward_not_gold`` (share of those that fail the gold check; 0, never NaN,
-    when none counts). The top is ``max_reward`` or else the batch's highest reward, within
-    ``atol``; when a batch's top counts is in docs/explanation/loop.md."""
+                     atol: float = 1e-6, reward_is_gold: bool = False) -> dict[str, float]:
+    """How many top-reward responses fail the gold check; rewards [B, G] (NaN: abstained), correct [B, G] bool.
+    ``hack/max_reward_frac``: share of scored responses at the top; ``hack/max_reward_not_gold``: share of those that
+    fail the gold check (0, never NaN, when none counts). The top is ``max_reward`` or else the batch's highest reward,
+    within ``atol``; when a batch's top counts is in docs/explanation/loop.md."""
     if rewards.shape != correct.shape:
         raise ValueError(f"rewards {tuple(rewards.shape)} and correct {tuple(correct.shape)} differ in shape")
-    runs = rewards.shape[0]
-    flat, right = rewards.reshape(runs, -1), correct.reshape(runs, -1).bool()  # [R, B*G]
+    flat, right = rewards.reshape(-1), correct.reshape(-1).bool()  # [B*G]
     scored = torch.isfinite(flat)
-    counts = scored.sum(dim=1).tolist()
+    count = int(scored.sum())
     if max_reward is None:
-        tops = torch.where(scored, flat, -torch.inf).amax(dim=1).tolist()
-        bottoms = torch.where(scored, flat, torch.inf).amin(dim=1).tolist()
+        top_value = torch.where(scored, flat, -torch.inf).amax().item()
+        bottom = torch.where(scored, flat, torch.inf).amin().item()
         # nothing to tell a top by: no response scored above the others, or no right answer to compare with
-        any_right = (scored & right).any(dim=1).tolist()
-        usable = [t - b > atol and found for t, b, found in zip(tops, bottoms, any_right)]
+        usable = top_value - bottom > atol and bool((scored & right).any())
     else:
-        tops, usable = [max_reward] * runs, [True] * runs
-    # the thresholds in the rewards' dtype, as comparing with a Python number rounds them
-    top = scored & (flat >= torch.tensor([t - atol for t in tops], dtype=flat.dtype)[:, None])
-    num_top, not_gold = top.sum(dim=1).tolist(), (top & ~right).sum(dim=1).tolist()
-    return [{"hack/max_reward_frac": t / n, "hack/max_reward_not_gold": ng / t if t else 0.0}
-            if n and ok and not reward_is_gold else {"hack/max_reward_frac": 0.0, "hack/max_reward_not_gold": 0.0}
-            for n, ok, t, ng in zip(counts, usable, num_top, not_gold)]
+        top_value, usable = max_reward, True
+    # the threshold in the rewards' dtype, as comparing with a Python number rounds it
+    top = scored & (flat >= torch.tensor(top_value - atol, dtype=flat.dtype))
+    num_top, not_gold = int(top.sum()), int((top & ~right).sum())
+    if not count or not usable or reward_is_gold:
+        return {"hack/max_reward_frac": 0.0, "hack/max_reward_not_gold": 0.0}
+    return {"hack/max_reward_frac": num_top / count, "hack/max_reward_not_gold": not_gold / num_top if num_top else 0.0}
 
 
 def epoch_series(records: Iterable[Record], key: str) -> tuple[list[int], list[float]]:
-    """(epochs, values) of ``key`` from the first train record of each epoch (every
-    record of an epoch carries the same rollout numbers)."""
+    """(epochs, values) of ``key`` from the first train record of each epoch (every record of an epoch carries the same
+    rollout numbers)."""
     epochs, values, seen = [], [], set()
     for r in records:
         if r.get("kind") == "train" and r["epoch"] not in seen and r.get(key) is not None:
@@ -182,10 +176,10 @@ class Divergence:
 
 def reward_gold_divergence(records: Sequence[Record], window: int = 10, min_rise: float = 0.2,
                            gold_ratio: float = 0.5) -> list[Divergence]:
-    """Windows of ``window`` epochs where the reward rose while the gold accuracy did not:
-    the reward's fitted change as a share of its span so far, rho, is at least ``min_rise``
-    and the gold accuracy's fitted change is under ``gold_ratio`` * rho. Windows start
-    every window // 2 epochs; the defaults' origin is in docs/explanation/loop.md."""
+    """Windows of ``window`` epochs where the reward rose while the gold accuracy did not: the reward's fitted change as
+    a share of its span so far, rho, is at least ``min_rise`` and the gold accuracy's fitted change is under
+    ``gold_ratio`` * rho. Windows start every window // 2 epochs; the defaults' origin is in
+    docs/explanation/loop.md."""
     if window < 2:
         raise ValueError(f"window must be at least 2 epochs, got {window}")
     gold_by_epoch = dict(zip(*epoch_series(records, "solve_rate")))
@@ -206,8 +200,8 @@ def reward_gold_divergence(records: Sequence[Record], window: int = 10, min_rise
 
 
 def gold_notes(records: Sequence[Record]) -> list[str]:
-    """Why a run's hacking monitor says nothing: no gold signal (an environment that never
-    said whether an episode was solved), or a reward that is the gold check itself."""
+    """Why a run's hacking monitor says nothing: no gold signal (an environment that never said whether an episode was
+    solved), or a reward that is the gold check itself."""
     _, reported = epoch_series(records, "episode/solved_reported")
     if reported and not any(reported):
         return ["no gold signal: the environment never said whether an episode was solved (Step(solved=...), or "
@@ -221,12 +215,11 @@ def gold_notes(records: Sequence[Record]) -> list[str]:
 
 
 def hacking_warnings(records: Sequence[Record], window: int = 10, not_gold_alarm: float = 0.5) -> list[str]:
-    """Warnings for a run's summary: the first window where the reward outran the gold
-    accuracy (``reward_gold_divergence``) when the whole run, as one window, did too (a
-    partial-credit reward that climbs before the answers do, and the gold accuracy then
-    following, is not reported), and, when the records carry ``hack/*``, the last
-    ``window`` epochs' mean share of top-reward responses that fail the gold check when it
-    reaches ``not_gold_alarm``. None where there is nothing to compare (``gold_notes``)."""
+    """Warnings for a run's summary: the first window where the reward outran the gold accuracy
+    (``reward_gold_divergence``) when the whole run, as one window, did too (a partial-credit reward that climbs before
+    the answers do, and the gold accuracy then following, is not reported), and, when the records carry ``hack/*``, the
+    last ``window`` epochs' mean share of top-reward responses that fail the gold check when it reaches
+    ``not_gold_alarm``. None where there is nothing to compare (``gold_notes``)."""
     if gold_notes(records):
         return []
     warnings = []
@@ -251,8 +244,8 @@ CATEGORIES = ("learned", "always_solved", "never_solved", "forgotten", "mixed")
 
 
 def prompt_key(prompt: Any) -> str:
-    """A prompt as a record key: its text ("prompt" of a dict prompt), a chat as
-    ``role: content`` lines (``prompt_text``), or its numbers joined by spaces."""
+    """A prompt as a record key: its text ("prompt" of a dict prompt), a chat as ``role: content`` lines
+    (``prompt_text``), or its numbers joined by spaces."""
     if isinstance(prompt, dict):
         prompt = prompt["prompt"]
     if isinstance(prompt, torch.Tensor):
@@ -262,23 +255,18 @@ def prompt_key(prompt: Any) -> str:
     return prompt_text(prompt)
 
 
-def prompt_solve_shares(prompts: Sequence[Any], correct: torch.Tensor) -> list[dict[str, float]]:
-    """For each of R runs on the same B prompts: prompt key -> share of its G responses
-    that pass the gold check; correct [R, B, G] (a run alone is R = 1). A prompt drawn
-    twice in one batch gets the mean of its groups."""
-    keys = [prompt_key(prompt) for prompt in prompts]
-    out = []
-    for rows in correct.float().mean(dim=2).tolist():
-        shares: dict[str, list[float]] = {}
-        for key, row in zip(keys, rows):
-            shares.setdefault(key, []).append(row)
-        out.append({key: sum(v) / len(v) for key, v in shares.items()})
-    return out
+def prompt_solve_shares(prompts: Sequence[Any], correct: torch.Tensor) -> dict[str, float]:
+    """Prompt key -> share of its G responses that pass the gold check; correct [B, G]. A prompt drawn twice in one
+    batch gets the mean of its groups."""
+    shares: dict[str, list[float]] = {}
+    for prompt, share in zip(prompts, correct.float().mean(dim=1).tolist()):
+        shares.setdefault(prompt_key(prompt), []).append(share)
+    return {key: sum(v) / len(v) for key, v in shares.items()}
 
 
 def prompt_curves(records: Iterable[Record]) -> dict[str, list[tuple[int, float]]]:
-    """prompt key -> [(epoch, solved share), ...] from records of kind "prompts"
-    ({"kind": "prompts", "epoch": e, "step": s, "solved": {key: share}})."""
+    """prompt key -> [(epoch, solved share), ...] from records of kind "prompts" ({"kind": "prompts", "epoch": e,
+    "step": s, "solved": {key: share}})."""
     curves: dict[str, list[tuple[int, float]]] = {}
     for r in records:
         if r.get("kind") == "prompts":
@@ -288,9 +276,9 @@ def prompt_curves(records: Iterable[Record]) -> dict[str, list[tuple[int, float]
 
 
 def classify_prompts(curves: dict[str, list[tuple[int, float]]], solved_at: float = 0.5) -> dict[str, list[str]]:
-    """Each prompt into one of ``CATEGORIES`` by its solved shares (solved: share >=
-    ``solved_at``) over the epochs it was seen; never_solved: every share 0; mixed: the
-    rest (seen once unsolved, or solved at both ends with dips between)."""
+    """Each prompt into one of ``CATEGORIES`` by its solved shares (solved: share >= ``solved_at``) over the epochs it
+    was seen; never_solved: every share 0; mixed: the rest (seen once unsolved, or solved at both ends with dips
+    between)."""
     out: dict[str, list[str]] = {name: [] for name in CATEGORIES}
     for key, points in curves.items():
         shares = [share for _, share in sorted(points)]
@@ -310,8 +298,8 @@ def classify_prompts(curves: dict[str, list[tuple[int, float]]], solved_at: floa
 
 
 def prompt_summary(records: Sequence[Record], solved_at: float = 0.5) -> str:
-    """One line: "12 prompts learned, 3 never solved, ...; 40% of groups had zero delta".
-    The zero-delta share is the mean over epochs of frac_zero_delta_groups."""
+    """One line: "12 prompts learned, 3 never solved, ...; 40% of groups had zero delta". The zero-delta share is the
+    mean over epochs of frac_zero_delta_groups."""
     parts = []
     curves = prompt_curves(records)
     if curves:

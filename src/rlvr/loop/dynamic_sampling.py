@@ -1,13 +1,11 @@
 """DAPO's dynamic sampling: a batch of groups that all carry a gradient.
 
-A group whose deltas are all zero (every response right, or every one wrong, under a group
-baseline) adds nothing to the policy gradient but its share of the batch: the step shrinks
-as the policy gets a prompt always right or always wrong, and a run can stall. Dynamic
-sampling keeps only the groups with a nonzero delta and samples more batches until it has
-B of them, at most ``algo.max_sampling_tries`` batches an epoch; if those are spent, groups
-with zero deltas fill the rest, so every batch has B groups. B is the size of a batch as
-the task draws it: ``task.prompts_per_epoch``, or the whole list of fixed prompts (each
-try samples the list again), as without dynamic sampling.
+A group whose deltas are all zero (every response right, or every one wrong, under a group baseline) adds nothing to the
+policy gradient but its share of the batch: the step shrinks as the policy gets a prompt always right or always wrong,
+and a run can stall. Dynamic sampling keeps only the groups with a nonzero delta and samples more batches until it has B
+of them, at most ``algo.max_sampling_tries`` batches an epoch; if those are spent, groups with zero deltas fill the
+rest, so every batch has B groups. B is the size of a batch as the task draws it: ``task.prompts_per_epoch``, or the
+whole list of fixed prompts (each try samples the list again), as without dynamic sampling.
 
     dynamic/tries                batches sampled this epoch
     dynamic/learning_groups_frac share of the B groups with a nonzero delta before any filling
@@ -27,10 +25,8 @@ Sample = Callable[[], tuple[Samples, Grades, dict[str, float]]]
 
 
 def fill_with_learning_groups(a: AlgoConfig, sample: Sample) -> tuple[Samples, Grades, dict[str, float]]:
-    """B groups from repeated calls of ``sample`` (each: B groups graded, and their
-    timings; B is the first call's): those with a nonzero delta first, in the order
-    sampled, then, if ``a.max_sampling_tries`` batches did not give enough, zero-delta
-    groups. The timings add up over the batches sampled."""
+    """B groups from repeated calls of ``sample`` (each: B groups graded, and their timings; B is the first call's):
+    those with a nonzero delta first, in the order sampled, then zero-delta groups; the timings added up."""
     learning: list[tuple[Samples, Grades]] = []
     idle: list[tuple[Samples, Grades]] = []
     found, tries, timings, num_groups = 0, 0, {}, None

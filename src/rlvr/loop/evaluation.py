@@ -1,5 +1,5 @@
-"""Evaluation on the task's fixed eval prompts (held-out ones, or the training prompts in
-the lecture's setting): solve rates, rewards, pass@k, a samples table."""
+"""Evaluation on the task's fixed eval prompts (held-out ones, or the training prompts in the lecture's setting): solve
+rates, rewards, pass@k, a samples table."""
 
 from __future__ import annotations
 
@@ -20,12 +20,8 @@ from rlvr.rewards import TrainerState
 
 
 def pass_at_k(num_samples: int, num_correct: torch.Tensor, k: int) -> torch.Tensor:
-    """Unbiased pass@k from n samples with c correct: 1 - C(n-c, k) / C(n, k), per prompt.
-
-    num_correct: counts of any shape -> float, the same shape.
-    Computed as a stable product:
-    C(n-c, k) / C(n, k) = prod_{i=n-c+1}^{n} (1 - k / i).
-    """
+    """Unbiased pass@k from n samples with c correct, per prompt (counts of any shape): 1 - C(n-c, k) / C(n, k),
+    computed as the stable product C(n-c, k) / C(n, k) = prod_{i=n-c+1}^{n} (1 - k / i)."""
     n = num_samples
     if not 1 <= k <= n:
         raise ValueError(f"pass@{k} needs 1 <= k <= n={n}")
@@ -39,10 +35,8 @@ def pass_at_k(num_samples: int, num_correct: torch.Tensor, k: int) -> torch.Tens
 
 
 def eval_prompts_label(config: Config) -> str:
-    """What the evaluation is on, for figures and tables: "training prompts" when the
-    task evaluates the prompts it trains on (the sorting task with fixed ``task.options.prompts``,
-    the lecture's setting: its solve rate says nothing about prompts it has not seen),
-    else "held-out prompts"."""
+    """What the evaluation is on, for figures and tables: "training prompts" when the task evaluates the prompts it
+    trains on (the sorting task with fixed ``task.options.prompts``, the lecture's setting), else "held-out prompts"."""
     if config.task.name == "sorting" and config.task.options.prompts is not None:
         return "training prompts"
     return "held-out prompts"
@@ -50,16 +44,11 @@ def eval_prompts_label(config: Config) -> str:
 
 @torch.no_grad()
 def evaluate(config: Config, task: Task, policy: Policy, epoch: int, step: int) -> list[Record]:
-    """Greedy and sampled solve rate, pass@k and mean reward on the task's fixed eval
-    prompts (``eval_prompts_label`` says whether they are held out). Returns the eval record
-    and a "samples" record (a few prompts with their sampled responses and rewards, for a
-    person to read).
-
-    Prompts go through the policy ``log.eval_batch_size`` at a time (a real LM cannot
-    decode a whole validation set at once). An evaluation of more than one chunk (minutes
-    for a real LM on a CPU, where no progress bar moves) says on stderr when it starts and
-    when it ends; one chunk is a batch's worth of sampling, and says nothing.
-    """
+    """Greedy and sampled solve rate, pass@k and mean reward on the task's fixed eval prompts (``eval_prompts_label``
+    says whether they are held out). Returns the eval record and a "samples" record (a few prompts with their sampled
+    responses and rewards, for a person to read). Prompts go through the policy ``log.eval_batch_size`` at a time;
+    more than one chunk (minutes for an LM on a CPU, where no progress bar moves) says on stderr when it starts and
+    ends."""
     prompts = task.eval_prompts()
     n, size = config.log.eval_samples, config.log.eval_batch_size
     what, started, chunks = f"{len(prompts)} {eval_prompts_label(config)}", time.monotonic(), -(-len(prompts) // size)
@@ -90,8 +79,8 @@ def _say(line: str) -> None:
 
 def eval_records(greedy: Sequence[Grades], sampled: Sequence[Grades], first: tuple[Any, Any, Grades],
                  samples: int, epoch: int, step: int, table_rows: int) -> list[Record]:
-    """The eval record and samples record from the graded chunks: greedy [M, 1] and sampled
-    [M, S] per chunk; ``first`` the first chunk's prompts [M], responses and sampled grades."""
+    """The eval record and samples record from the graded chunks: greedy [M, 1] and sampled [M, S] per chunk; ``first``
+    the first chunk's prompts [M], responses and sampled grades."""
 
     def joined(grades: Sequence[Grades], key: str) -> torch.Tensor:  # [B, k]
         return torch.cat([getattr(g, key) for g in grades])
@@ -115,9 +104,8 @@ def eval_records(greedy: Sequence[Grades], sampled: Sequence[Grades], first: tup
 
 
 def sample_table(prompts: Any, responses: Any, grades: Any, epoch: int, step: int, rows: int) -> Record:
-    """The first ``rows`` eval prompts, one sampled response each, with reward and verdict.
-    A prompt is kept as data (text, a chat's list of messages, the toy's numbers):
-    ``rlvr.base.record.prompt_text`` renders it for samples.md and the report."""
+    """The first ``rows`` eval prompts, one sampled response each, with reward and verdict; a prompt is kept as data
+    (``rlvr.base.record.prompt_text`` renders it)."""
     count = min(rows, len(prompts))
     rewards, correct = grades.rewards[:count, 0].tolist(), grades.correct[:count, 0].tolist()
     notes = getattr(grades, "notes", None)

@@ -28,9 +28,8 @@ def build_optimizer(
 def build_scheduler(
     optim: OptimConfig, optimizer: torch.optim.Optimizer, total_steps: int
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    """Learning-rate multiplier per optimizer step: linear warm-up over
-    ``optim.warmup_steps``, then constant, linear decay to 0 or cosine decay to 0 at
-    ``total_steps``."""
+    """Learning-rate multiplier per optimizer step: linear warm-up over ``optim.warmup_steps``, then constant, linear
+    decay to 0 or cosine decay to 0 at ``total_steps``."""
     warmup, schedule = optim.warmup_steps, optim.schedule
 
     def factor(step: int) -> float:
@@ -47,9 +46,8 @@ def build_scheduler(
 
 
 def clear_grads(optimizer: torch.optim.Optimizer) -> None:
-    """``optimizer.zero_grad(set_to_none=True)`` without its wrappers (the profiler label, the
-    dynamo guard), which cost the toy's step more than its Adam kernel: every parameter's
-    ``.grad`` None."""
+    """``optimizer.zero_grad(set_to_none=True)`` without its wrappers (the profiler label, the dynamo guard), which cost
+    the toy's step more than its Adam kernel: every parameter's ``.grad`` None."""
     for group in optimizer.param_groups:
         for p in group["params"]:
             p.grad = None
@@ -60,9 +58,9 @@ _KERNELS = {False: torch._fused_adam_, True: torch._fused_adamw_}  # by decouple
 
 @dataclass
 class _Direct:
-    """What ``optimizer_update`` keeps of an optimizer between steps: the step counts of its
-    parameters with a gradient as 0-dim views of one tensor (one add counts them all), and
-    those views, to check that each entry still holds its own."""
+    """What ``optimizer_update`` keeps of an optimizer between steps: the step counts of its parameters with a gradient
+    as 0-dim views of one tensor (one add counts them all), and those views, to check that each entry still holds its
+    own."""
 
     steps: torch.Tensor
     views: list[torch.Tensor]
@@ -72,17 +70,12 @@ _DIRECT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer ->
 
 
 def optimizer_update(optimizer: torch.optim.Optimizer) -> None:
-    """``optimizer.step()``: for the fused Adam and AdamW that ``build_optimizer`` makes,
-    their kernel called directly on the same lists with the same arguments (the same
-    arithmetic, bit for bit: ``tests/test_optim.py``). The toy's step is per-call overhead,
-    and ``step()``'s own Python (grouping, checks, the profiler label, one add per step
-    count) costs several times the kernel there. Whatever the
-    direct call does not cover goes through ``step()``: state not made yet (the first
-    step), hooks, several groups, amsgrad, maximize, a tensor learning rate, gradient
-    scaling, a scheduler that has not seen a step.
-
-    The parameters' step counts become 0-dim views of one tensor, so that one ``add_``
-    counts the step for all of them (a parameter without a gradient keeps its count)."""
+    """``optimizer.step()``: for the fused Adam and AdamW that ``build_optimizer`` makes, their kernel called directly
+    on the same lists with the same arguments (the same arithmetic, bit for bit: ``tests/test_optim.py``). The toy's
+    step is per-call overhead, and ``step()``'s own Python (grouping, checks, the profiler label, one add per step
+    count) costs several times the kernel there. Whatever the direct call does not cover goes through ``step()``: state
+    not made yet (the first step), hooks, several groups, amsgrad, maximize, a tensor learning rate, gradient scaling, a
+    scheduler that has not seen a step."""
     direct = _direct_adam(optimizer)
     if direct is None:
         optimizer.step()
@@ -99,9 +92,9 @@ def optimizer_update(optimizer: torch.optim.Optimizer) -> None:
 
 def _direct_adam(optimizer: torch.optim.Optimizer
                  ) -> tuple[list[torch.Tensor], list[dict], torch.Tensor] | None:
-    """The parameters with a gradient, their state entries and their step counts as one
-    tensor, where ``optimizer_update`` may call the kernel itself; None where it must call
-    ``step()``. Each entry is looked up every step (state cleared, replaced or loaded is seen)."""
+    """The parameters with a gradient, their state entries and their step counts as one tensor, where
+    ``optimizer_update`` may call the kernel itself; None where it must call ``step()``. Each entry is looked up every
+    step (state cleared, replaced or loaded is seen)."""
     if type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW) or len(optimizer.param_groups) != 1:
         return None
     group = optimizer.param_groups[0]

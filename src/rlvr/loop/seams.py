@@ -1,11 +1,10 @@
 """The loop's two seams, and their kinds in this process.
 
-``RolloutSource``: where an epoch's graded samples come from. ``Learner``: who takes the
-optimizer steps and holds the trained state. ``rlvr.loop.trainer.train`` receives one of each
-(``rlvr.cluster.session.loop_parts`` builds them from the config) and never asks which
-kind it has: sampling here (``LocalRolloutSource``) or on Ray rollout workers
-(``rlvr.cluster.rollout.RayRolloutSource``); stepping here (``LocalLearner``) or on
-data-parallel learners (``rlvr.cluster.learners.LearnerGroup``).
+``RolloutSource``: where an epoch's graded samples come from. ``Learner``: who takes the optimizer steps and holds the
+trained state. ``rlvr.loop.trainer.train`` receives one of each (``rlvr.cluster.session.loop_parts`` builds them from
+the config) and never asks which kind it has: sampling here (``LocalRolloutSource``) or on Ray rollout workers
+(``rlvr.cluster.rollout.RayRolloutSource``); stepping here (``LocalLearner``) or on data-parallel learners
+(``rlvr.cluster.learners.LearnerGroup``).
 """
 
 from __future__ import annotations
@@ -29,8 +28,8 @@ from rlvr.rewards import TrainerState
 
 
 class RolloutSource(Protocol):
-    """Samples and grades the batch of epoch ``st.epoch`` with the trained weights of step
-    ``st.step``, and evaluates them."""
+    """Samples and grades the batch of epoch ``st.epoch`` with the trained weights of step ``st.step``, and evaluates
+    them."""
 
     def sample_and_grade(self, st: TrainState, task: Task) -> tuple[Samples, Grades, dict[str, float]]:
         """The samples, their grades and the sampler's numbers (``time/*``, ``engine/*``, ...)."""
@@ -41,14 +40,13 @@ class RolloutSource(Protocol):
         ...
 
     def offer_weights(self, st: TrainState) -> None:
-        """The weights of the optimizer step just taken, for samplers that take new weights
-        between batches (``cluster.weights_in_flight``); else nothing."""
+        """The weights of the optimizer step just taken, for samplers that take new weights between batches
+        (``cluster.weights_in_flight``); else nothing."""
         ...
 
     def state(self) -> dict[str, Any] | None:
-        """What a checkpoint must keep of the source for a resumed run to go on as the run
-        would have (the batches sampled ahead of the trainer), as tensors and plain data;
-        None: nothing."""
+        """What a checkpoint must keep of the source for a resumed run to go on as the run would have (the batches
+        sampled ahead of the trainer), as tensors and plain data; None: nothing."""
         ...
 
     def restore(self, state: dict[str, Any] | None) -> None:
@@ -57,13 +55,13 @@ class RolloutSource(Protocol):
 
 
 class Learner(Protocol):
-    """Holds the trained policy (and the KL reference): scores an epoch's samples and takes
-    the optimizer steps on its rollout."""
+    """Holds the trained policy (and the KL reference): scores an epoch's samples and takes the optimizer steps on its
+    rollout."""
 
     def log_probs(self, st: TrainState, samples: Samples, temperature: float, reference: bool = False,
                   with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``Policy.log_probs`` of ``samples`` [N, T] (and entropy) under the trained
-        weights, or the reference's; constants (no gradient)."""
+        """``Policy.log_probs`` of ``samples`` [N, T] (and entropy) under the trained weights, or the reference's;
+        constants (no gradient)."""
         ...
 
     def refresh_reference(self, st: TrainState) -> None:
@@ -75,16 +73,15 @@ class Learner(Protocol):
         ...
 
     def pull(self, st: TrainState) -> None:
-        """The trained state into ``st`` at the end of each epoch's steps: the scheduler and
-        the count of skipped steps, and the weights and optimizer state where the driver
-        holds them (it samples, evaluates or checkpoints with them)."""
+        """The trained state into ``st`` at the end of each epoch's steps: the scheduler and the count of skipped steps,
+        and the weights and optimizer state where the driver holds them (it samples, evaluates or checkpoints with
+        them)."""
         ...
 
 
 class LocalRolloutSource:
-    """Samples with the policy in this process: its engine synced with the trainer's
-    weights first, then G responses to each of B prompts, graded; with ``algo.dynamic_sampling``,
-    batches until B groups carry a gradient."""
+    """Samples with the policy in this process: its engine synced with the trainer's weights first, then G responses to
+    each of B prompts, graded; with ``algo.dynamic_sampling``, batches until B groups carry a gradient."""
 
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -115,8 +112,8 @@ class LocalRolloutSource:
 
 
 class LocalLearner:
-    """Steps the driver's own policy and optimizer (``rlvr.loop.step.optimizer_step``); its state
-    is the driver's, so ``pull`` has nothing to do."""
+    """Steps the driver's own policy and optimizer (``rlvr.loop.step.optimizer_step``); its state is the driver's, so
+    ``pull`` has nothing to do."""
 
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -144,8 +141,8 @@ def local_learner(config: Config) -> Learner:
 
 
 def reference_due(config: Config, epoch: int, held: bool) -> bool:
-    """Whether the KL reference is (re)made at the start of ``epoch``: with a KL term, when
-    none is ``held`` or every ``algo.ref_update_every`` epochs."""
+    """Whether the KL reference is (re)made at the start of ``epoch``: with a KL term, when none is ``held`` or every
+    ``algo.ref_update_every`` epochs."""
     return config.algo.kl_coef > 0 and (not held or epoch % config.algo.ref_update_every == 0)
 
 
@@ -156,9 +153,8 @@ def trainer_state_at(config: Config, epoch: int, step: int) -> TrainerState:
 
 def sample_and_grade(config: Config, task: Task, policy: Policy, generator: torch.Generator, prompts: Any = None,
                      trainer_state: TrainerState | None = None) -> tuple[Samples, Grades, dict[str, float]]:
-    """B prompts from the task (or these ``prompts``), G responses each from the policy,
-    graded (the reward functions get the responses' token ids and ``trainer_state``): the
-    samples, the grades and the phase timings."""
+    """B prompts from the task (or these ``prompts``), G responses each from the policy, graded (the reward functions
+    get the responses' token ids and ``trainer_state``): the samples, the grades and the phase timings."""
     clock = time.perf_counter()
     if prompts is None:
         prompts = task.sample_prompts(config.task.prompts_per_epoch, generator)
@@ -172,9 +168,8 @@ def sample_and_grade(config: Config, task: Task, policy: Policy, generator: torc
 
 
 def sync_engine(st: TrainState) -> dict[str, float]:
-    """Hand the policy's generation engine the trainer's current weights, named by the
-    step count (``sync_engine`` of an LM policy; a policy that samples by itself has
-    none): engine/* numbers."""
+    """Hand the policy's generation engine the trainer's current weights, named by the step count (``sync_engine`` of an
+    LM policy; a policy that samples by itself has none): engine/* numbers."""
     try:
         return st.policy.sync_engine(st.step)
     except WeightSyncError as err:

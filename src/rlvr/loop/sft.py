@@ -1,9 +1,8 @@
 """Supervised warm start: train a causal LM on (prompt, completion) pairs.
 
-The loss is the mean negative log-likelihood of completion tokens (EOS included), the
-prompt masked out. It is scored by the policy's own ``log_probs`` at temperature 1, so
-SFT and RL see prompts tokenised and padded the same way. ``rlvr sft`` writes the result with
-``save_pretrained`` to ``RUN_DIR/model`` (``rlvr.runs.launch.run_sft``): point
+The loss is the mean negative log-likelihood of completion tokens (EOS included), the prompt masked out. It is scored by
+the policy's own ``log_probs`` at temperature 1, so SFT and RL see prompts tokenised and padded the same way. ``rlvr
+sft`` writes the result with ``save_pretrained`` to ``RUN_DIR/model`` (``rlvr.runs.launch.run_sft``): point
 ``policy.options.model`` at it for RL.
 """
 
@@ -28,9 +27,9 @@ from rlvr.tasks import check_prompts_fit
 
 def load_pairs(config: Config, task: Any, generator: torch.Generator, chat: bool = False
                ) -> list[tuple[Any, str]]:
-    """(prompt, completion) pairs: from ``sft.data`` (JSONL: rows of ``prompt`` and
-    ``completion`` text, or whole episodes as ``messages``: see ``episode_pairs``) or the
-    task's own demonstrations. ``chat``: the policy renders chats (a chat template)."""
+    """(prompt, completion) pairs: from ``sft.data`` (JSONL: rows of ``prompt`` and ``completion`` text, or whole
+    episodes as ``messages``: see ``episode_pairs``) or the task's own demonstrations. ``chat``: the policy renders
+    chats (a chat template)."""
     s = config.sft
     if s.data:
         pairs: list[tuple[Any, str]] = []
@@ -52,11 +51,10 @@ def load_pairs(config: Config, task: Any, generator: torch.Generator, chat: bool
 
 
 def episode_pairs(messages: Any, chat: bool, turn_end: str, where: str) -> list[tuple[Any, str]]:
-    """A demonstrated episode (``[{"role": ..., "content": ...}, ...]``, the first message a
-    user's or system's) as one pair per assistant turn: (the episode before it, its
-    content), as an episode feeds the policy. ``chat``: the episode so far as messages,
-    rendered by the chat template; else its text, each assistant turn followed by
-    ``turn_end`` (the EOS text, where a sampled turn ends) and the observations after it."""
+    """A demonstrated episode (``[{"role": ..., "content": ...}, ...]``, the first message a user's or system's) as one
+    pair per assistant turn: (the episode before it, its content), as an episode feeds the policy. ``chat``: the episode
+    so far as messages, rendered by the chat template; else its text, each assistant turn followed by ``turn_end`` (the
+    EOS text, where a sampled turn ends) and the observations after it."""
     if not (isinstance(messages, list) and messages and all(
             isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
             for m in messages)):
@@ -94,8 +92,8 @@ def encode_batch(policy: Any, pairs: list[tuple[str, str]]) -> Samples:
 
 
 def train_sft(config: Config, on_record: Callable[[Record], None]) -> Any:
-    """Train; give every step's record to ``on_record``; return the trained policy (a run
-    directory's job keeps them: ``rlvr.runs.launch.run_sft``)."""
+    """Train; give every step's record to ``on_record``; return the trained policy (a run directory's job keeps them:
+    ``rlvr.runs.launch.run_sft``)."""
     s = config.sft
     if config.policy.name != "causal_lm":
         raise ConfigError("sft needs policy.name='causal_lm'")

@@ -1,11 +1,10 @@
-"""What the deltas are computed from, and which tokens train: the reward shaping and loss
-masks of the 2025 variants, applied in ``rlvr.loop.trainer.build_rollout`` before the deltas.
+"""What the deltas are computed from, and which tokens train: the reward shaping and loss masks of the 2025 variants,
+applied in ``rlvr.loop.trainer.build_rollout`` before the deltas.
 
-- ``algo.kl_in=reward``: kl_coef * k1 summed over each response (log pi_old - log ref),
-  subtracted from its reward (the KL penalty in the reward, as PPO-RLHF puts it).
-- ``algo.overlong=penalty``: DAPO's soft length penalty added to the reward;
-  ``algo.overlong=mask``: truncated responses out of the loss (their tokens leave the
-  aggregation's denominators too).
+- ``algo.kl_in=reward``: kl_coef * k1 summed over each response (log pi_old - log ref), subtracted from its reward
+  (the KL penalty in the reward, as PPO-RLHF puts it).
+- ``algo.overlong=penalty``: DAPO's soft length penalty added to the reward; ``algo.overlong=mask``: truncated
+  responses out of the loss (their tokens leave the aggregation's denominators too).
 """
 
 from __future__ import annotations
@@ -21,10 +20,7 @@ from rlvr.config import Config
 def shaped_rewards(config: Config, policy: Policy, samples: Samples, rewards: torch.Tensor,
                    old_log_probs: torch.Tensor | None, ref_log_probs: torch.Tensor | None
                    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-    """The rewards [B, G] the deltas are computed from, the mask [N, T] of the tokens that
-    train, and their numbers: the task's rewards minus kl_coef * k1 summed over the response
-    (``algo.kl_in=reward``), plus DAPO's soft length penalty (``algo.overlong=penalty``);
-    truncated responses out of the mask (``algo.overlong=mask``)."""
+    """The rewards [B, G] the deltas are computed from, the mask [N, T] of the tokens that train, and their numbers."""
     a, mask, shaping = config.algo, samples.policy_mask, {}
     if a.kl_coef > 0 and a.kl_in == "reward":
         penalty = samples.per_episode(core.kl_reward_penalty(old_log_probs, ref_log_probs, mask, a.kl_coef))  # [N]

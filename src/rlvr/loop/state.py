@@ -1,6 +1,5 @@
-"""A run's state: what changes while it trains, enough to resume it, and the error that
-ends training. The loop (``rlvr.loop.trainer``), the step (``rlvr.loop.step``) and every learner
-(``rlvr.cluster.learners``) work on it."""
+"""A run's state: what changes while it trains, enough to resume it, and the error that ends training. The loop
+(``rlvr.loop.trainer``), the step (``rlvr.loop.step``) and every learner (``rlvr.cluster.learners``) work on it."""
 
 from __future__ import annotations
 
@@ -21,8 +20,8 @@ class TrainingError(RuntimeError):
 
 @dataclass
 class TrainState:
-    """Everything that changes during a run: enough to resume it (``rlvr.runs.checkpoint``
-    turns it into a checkpoint and back)."""
+    """Everything that changes during a run: enough to resume it (``rlvr.runs.checkpoint`` turns it into a checkpoint
+    and back)."""
 
     policy: Policy
     optimizer: torch.optim.Optimizer
@@ -36,8 +35,8 @@ class TrainState:
     rollout: Rollout | None = None  # the current epoch's batch (None between epochs)
     records: list[Record] = field(default_factory=list)
     stop_requested: bool = False  # set by a signal handler: stop after the current step
-    # a one-process checkpoint's weights, optimizer state and reference, kept for the learners
-    # by a driver that holds no weights (``rlvr.config.compose.driver_holds_weights``) until they take them
+    # a one-process checkpoint's weights, optimizer state and reference, kept for the learners by a driver that holds no
+    # weights (``rlvr.config.compose.driver_holds_weights``) until they take them
     handover: dict | None = None
 
 

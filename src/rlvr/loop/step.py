@@ -1,11 +1,10 @@
-"""The optimizer step, one implementation for every learner: the gradient accumulated over
-micro-batches, the step's sums and metrics, clipping, skipping non-finite steps, and the
-gradient-noise meter's parts.
+"""The optimizer step, one implementation for every learner: the gradient accumulated over micro-batches, the step's
+sums and metrics, clipping, skipping non-finite steps, and the gradient-noise meter's parts.
 
-A learner in this process (``rlvr.loop.seams.LocalLearner``) and each data-parallel learner
-(``rlvr.cluster.learners``) call ``optimizer_step``; a data-parallel learner hands it the
-backward pass of its share summed over the group (``gradients``), and everything after the
-sum is the same code. Shapes: N responses, T response tokens; n rows of a micro-batch.
+A learner in this process (``rlvr.loop.seams.LocalLearner``) and each data-parallel learner (``rlvr.cluster.learners``)
+call ``optimizer_step``; a data-parallel learner hands it the backward pass of its share summed over the group
+(``gradients``), and everything after the sum is the same code. Shapes: N responses, T response tokens; n rows of a
+micro-batch.
 """
 
 from __future__ import annotations
@@ -34,14 +33,9 @@ Gradients = Callable[[GradientNoiseMeter | None], dict[str, torch.Tensor]]
 
 def optimizer_step(config: Config, st: TrainState, rollout: Rollout, measure_noise: bool | None = None,
                    gradients: Gradients | None = None) -> Record:
-    """One optimizer step on the epoch's rollout: the gradient accumulated over
-    micro-batches, then the step (skipped when anything is not finite).
-
-    ``measure_noise``: measure the gradient's noise on this step (None: ``noise_due``).
-    ``gradients``: fills each parameter's ``.grad`` with the batch's gradient and returns
-    the step's sums, given the noise meter (default: ``accumulate_gradients`` over the whole
-    ``rollout``; a data-parallel learner's: its share's, summed over the group).
-    """
+    """One optimizer step on the epoch's rollout, skipped when anything is not finite. ``measure_noise``: None:
+    ``noise_due``. ``gradients``: fills each parameter's ``.grad`` with the batch's gradient and returns the step's
+    sums, given the noise meter (default: ``accumulate_gradients`` over ``rollout``)."""
     clock = time.perf_counter()
     clear_grads(st.optimizer)
     meter = GradientNoiseMeter() if (noise_due(config, st) if measure_noise is None else measure_noise) else None
@@ -67,8 +61,7 @@ def optimizer_step(config: Config, st: TrainState, rollout: Rollout, measure_noi
 
 
 def noise_due(config: Config, st: TrainState) -> bool:
-    """Does this step measure the gradient's noise? The first step of every
-    ``log.grad_noise_every``-th epoch."""
+    """Does this step measure the gradient's noise? The first step of every ``log.grad_noise_every``-th epoch."""
     every = config.log.grad_noise_every
     return bool(every) and st.inner_step == 0 and st.epoch % every == 0
 
@@ -76,12 +69,9 @@ def noise_due(config: Config, st: TrainState) -> bool:
 def accumulate_gradients(config: Config, policy: Policy, rollout: Rollout, num_micro_batches: int,
                          meter: GradientNoiseMeter | None = None, batch: Rollout | None = None
                          ) -> dict[str, torch.Tensor]:
-    """Backpropagate the loss of ``rollout`` in micro-batches, the gradients adding up in
-    each parameter's ``.grad``; returns the step's sums (``step_sums``, added up).
-
-    ``meter``: measure the gradient's noise on this step, over at least
-    ``log.grad_noise_parts`` parts of whole groups. ``batch``: the whole batch when
-    ``rollout`` is a learner's share of it (default: ``rollout``)."""
+    """Backpropagate the loss of ``rollout`` in micro-batches into each parameter's ``.grad``; returns the step's sums
+    (``step_sums``, added up). ``meter``: measure the gradient's noise, over at least ``log.grad_noise_parts`` parts of
+    whole groups. ``batch``: the whole batch when ``rollout`` is a learner's share of it."""
     a, temp = config.algo, config.policy.temperature
     sums: dict[str, torch.Tensor] = {}
     if meter is None:
@@ -96,13 +86,13 @@ def accumulate_gradients(config: Config, policy: Policy, rollout: Rollout, num_m
         pg, stats = core.policy_loss(log_probs, mb.deltas, a.loss, mb.old_log_probs, a.clip_eps, a.clip_eps_high,
                                      clip_ratio_c=a.clip_ratio_c, response_mask=policy_mask)
         if mb.importance_weights is not None:
-            # The off-policy correction (algo.is_correction, tis_cap): the tokens came from the sampler, not
-            # pi_old; w is a constant (min(pi_old / pi_sampler, C) for TIS, 0 on masked tokens) of the
-            # policy-gradient term only: the KL term and the aggregation's normaliser keep every token.
+            # The off-policy correction (algo.is_correction, tis_cap): the tokens came from the sampler, not pi_old; w
+            # is a constant (min(pi_old / pi_sampler, C) for TIS, 0 on masked tokens) of the policy-gradient term only:
+            # the KL term and the aggregation's normaliser keep every token.
             pg = pg * mb.importance_weights
         if mb.pg_token_mask is not None:
-            # The top-entropy selection removes the other tokens' policy-gradient terms; the weights keep
-            # every token, so the normaliser and the KL term are those of the whole response (as the method).
+            # The top-entropy selection removes the other tokens' policy-gradient terms; the weights keep every token,
+            # so the normaliser and the KL term are those of the whole response (as the method).
             pg = torch.where(mb.pg_token_mask, pg, 0.0)
         kl = None
         per_token = pg
@@ -135,9 +125,8 @@ def noise_metrics(meter: GradientNoiseMeter, step: int) -> dict[str, float]:
 
 
 def noise_part_size(aggregation: str, part: Rollout, batch: Rollout, group_size: int) -> float:
-    """The size, in prompts, of a part of ``batch`` for the noise meter: the part carries
-    size / B of the batch's loss (by responses under the sequence-mean aggregations, by
-    loss weight under token_mean)."""
+    """The size, in prompts, of a part of ``batch`` for the noise meter: the part carries size / B of the batch's loss
+    (by responses under the sequence-mean aggregations, by loss weight under token_mean)."""
     if aggregation == "token_mean":
         prompts = batch.samples.num_episodes / group_size
         return (part.weights.sum() / batch.weights.sum()).item() * prompts
@@ -149,9 +138,9 @@ def noise_part_size(aggregation: str, part: Rollout, batch: Rollout, group_size:
 
 @torch.no_grad()
 def step_sums(w, policy_mask, loss, pg, kl, clipped, entropy) -> dict[str, torch.Tensor]:
-    """One micro-batch's sums, to be added over the step's micro-batches; all [n, T]. loss and
-    pg_loss are weighted with w; kl, clip_frac and entropy are plain sums over the policy's
-    tokens, counted in ``tokens``, for token means as TRL and verl report them."""
+    """One micro-batch's sums, to be added over the step's micro-batches; all [n, T]. loss and pg_loss are weighted with
+    w; kl, clip_frac and entropy are plain sums over the policy's tokens, counted in ``tokens``, for token means as TRL
+    and verl report them."""
     kl = torch.zeros_like(pg) if kl is None else kl
     return {
         "loss": loss.detach(),
@@ -164,9 +153,8 @@ def step_sums(w, policy_mask, loss, pg, kl, clipped, entropy) -> dict[str, torch
 
 
 def step_metrics(sums: dict[str, torch.Tensor], grad_norm: torch.Tensor) -> dict[str, float]:
-    """The step's named numbers from the micro-batch sums: loss and pg_loss as summed;
-    kl, clip_frac and entropy divided by the batch's token count once, so micro-batching
-    does not change them; the gradient norm."""
+    """The step's named numbers from the micro-batch sums: loss and pg_loss as summed; kl, clip_frac and entropy divided
+    by the batch's token count once, so micro-batching does not change them; the gradient norm."""
     tokens = sums["tokens"].clamp(min=1)
     values = {"loss": sums["loss"], "pg_loss": sums["pg_loss"], "kl": sums["kl"] / tokens,
               "clip_frac": sums["clip_frac"] / tokens, "grad_norm": grad_norm}

@@ -1,13 +1,11 @@
 """The RL loop, top to bottom: ``train`` -> ``collect_rollout`` -> ``learner.optimizer_step``.
 
-Each epoch: a rollout source samples G responses per prompt and grades them, the rewards
-become deltas, the old policy's log-probs are cached once (a tensor, not a model), and the
-learner takes ``inner_steps`` optimizer steps on that batch (``rlvr.loop.step``: micro-batches
-with gradient accumulation). A frozen reference copy exists only when ``kl_coef > 0``.
-The source and the learner are the loop's seams (``rlvr.loop.seams``): in this process or on
-Ray actors, built once by ``rlvr.cluster.session.loop_parts`` and handed in by the caller
-(``rlvr.api.run_loop``, ``rlvr.runs.launch``); the loop never asks which.
-Shapes: B prompts, G responses per prompt, N = B*G responses, T response tokens.
+Each epoch: a rollout source samples G responses per prompt and grades them, the rewards become deltas, the old policy's
+log-probs are cached once (a tensor, not a model), and the learner takes ``inner_steps`` optimizer steps on that batch
+(``rlvr.loop.step``: micro-batches with gradient accumulation). A frozen reference copy exists only when ``kl_coef >
+0``. The source and the learner are the loop's seams (``rlvr.loop.seams``): in this process or on Ray actors, built once
+by ``rlvr.cluster.session.loop_parts`` and handed in by the caller (``rlvr.api.run_loop``, ``rlvr.runs.launch``); the
+loop never asks which. Shapes: B prompts, G responses per prompt, N = B*G responses, T response tokens.
 """
 
 from __future__ import annotations
@@ -36,8 +34,8 @@ from rlvr.tasks import check_prompts_fit
 
 
 def setup(config: Config) -> tuple[Task, TrainState]:
-    """Build the task, the policy (seeded; without weights where the learners and rollout
-    workers hold them: ``driver_holds_weights``) and the optimizer."""
+    """Build the task, the policy (seeded; without weights where the learners and rollout workers hold them:
+    ``driver_holds_weights``) and the optimizer."""
     check_extras(config)  # a missing optional package: one line, before anything is built
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
@@ -67,12 +65,9 @@ def train(
 ) -> list[Record]:
     """Run the configured epochs; return the records (one per inner step, plus evals).
 
-    ``on_record`` sees every record as it is made (the CLI writes them to disk);
-    ``on_epoch_end`` sees the state after each epoch, and after the step at which a
-    stop was requested (the CLI writes checkpoints then). ``state`` continues a run
-    built by ``setup`` or restored from a checkpoint, mid-epoch included. ``source`` and
-    ``learner``: the loop's seams, both or neither (default: this process's; a config
-    that runs on Ray gets its parts from ``rlvr.api.run_loop``).
+    ``on_record`` sees every record as it is made (the CLI writes them to disk); ``on_epoch_end`` sees the state after
+    each epoch, and after the step at which a stop was requested (the CLI writes checkpoints then). ``state`` continues
+    a run built by ``setup`` or restored from a checkpoint, mid-epoch included. ``source``, ``learner``: ``seams``.
     """
     source, learner = seams(config, source, learner)
     task, st = state if state is not None else setup(config)
@@ -111,8 +106,7 @@ def train(
 
 
 def seams(config: Config, source: RolloutSource | None, learner: Learner | None) -> tuple[RolloutSource, Learner]:
-    """The loop's seams: the ones given (both or neither), else this process's; a config that
-    runs on Ray must be handed its (``rlvr.api.run_loop`` builds them)."""
+    """The loop's seams: the ones given (both or neither), else this process's."""
     if (source is None) != (learner is None):
         raise ValueError("train: give both a rollout source and a learner, or neither")
     if source is not None:
@@ -124,9 +118,9 @@ def seams(config: Config, source: RolloutSource | None, learner: Learner | None)
 
 
 def unless_cut_short(st: TrainState, make: Callable[[], Any]) -> Any:
-    """``make()``, or None when the run's stop signal cut it short (``CutShort``: episodes
-    waiting on their environments): the batch or evaluation is dropped, and the run's
-    generator is as before it, so that a resumed run draws the batch again."""
+    """``make()``, or None when the run's stop signal cut it short (``CutShort``: episodes waiting on their
+    environments): the batch or evaluation is dropped, and the run's generator is as before it, so that a resumed run
+    draws the batch again."""
     before = st.generator.get_state()
     try:
         return make()
@@ -137,29 +131,26 @@ def unless_cut_short(st: TrainState, make: Callable[[], Any]) -> Any:
 
 def collect_rollout(config: Config, task: Task, st: TrainState, source: RolloutSource | None = None,
                     learner: Learner | None = None) -> Rollout:
-    """The epoch's batch: G responses per prompt sampled and graded by ``source``, then
-    deltas, and the old and reference log-probs scored by ``learner`` (default: both in
-    this process), and loss weights."""
+    """The epoch's batch: G responses per prompt sampled and graded by ``source``, then deltas, and the old and
+    reference log-probs scored by ``learner`` (default: both in this process), and loss weights."""
     source = LocalRolloutSource(config) if source is None else source
     learner = LocalLearner(config) if learner is None else learner
     learner.refresh_reference(st)  # the reference: a frozen copy, refreshed every K epochs
     samples, grades, stats = source.sample_and_grade(st, task)
     # the hacking monitor: top-reward responses that fail the gold check
-    stats.update(max_reward_stats(grades.rewards[None], grades.correct[None], task.max_reward,
-                                  reward_is_gold=task.reward_is_gold)[0])
+    stats.update(max_reward_stats(grades.rewards, grades.correct, task.max_reward, reward_is_gold=task.reward_is_gold))
     return build_rollout(config, st, samples, grades, stats, learner)
 
 
 def build_rollout(config: Config, st: TrainState, samples: Samples, grades: Grades, stats: dict[str, float],
                   learner: Learner) -> Rollout:
-    """Graded samples -> the batch the inner steps train on: deltas [N], old and reference
-    log-probs [N, T] (constants, scored by ``learner``), aggregation weights [N, T] and the
-    epoch's stats."""
+    """Graded samples -> the batch the inner steps train on: deltas [N], old and reference log-probs [N, T] (constants,
+    scored by ``learner``), aggregation weights [N, T] and the epoch's stats."""
     a, policy, temp = config.algo, st.policy, config.policy.temperature
     score = partial(learner.log_probs, st)
     clock = time.perf_counter()
-    # no_grad: old and reference log-probs are constants. If they carried gradient,
-    # pi/pi_old would be identically 1 and its gradient silently 0.
+    # no_grad: old and reference log-probs are constants. If they carried gradient, pi/pi_old would be identically 1 and
+    # its gradient silently 0.
     old_log_probs = ref_log_probs = importance_weights = None
     mismatch: dict[str, torch.Tensor] = {}
     with torch.no_grad():
@@ -179,7 +170,7 @@ def build_rollout(config: Config, st: TrainState, samples: Samples, grades: Grad
     tokens = samples.response_mask.sum().item()  # the responses' extent, not only the policy's tokens
     stats = {
         # the task's rewards, unshaped
-        **rollout_stats(grades.rewards[None], grades.correct[None], deltas[None], a.group_size)[0],  # per response
+        **rollout_stats(grades.rewards, grades.correct, deltas, a.group_size),  # per response
         **grades.metrics,
         **grades.failures,  # the first failure of each reward function, and an environment's, for the summary
         **stats,  # time/generate, time/reward and the sampler's own numbers
@@ -190,12 +181,11 @@ def build_rollout(config: Config, st: TrainState, samples: Samples, grades: Grad
         "tokens_per_sec_generate": tokens / max(stats["time/generate"], 1e-9),
         **{key: value.item() for key, value in mismatch.items()},
     }
-    # Dr. GRPO's constant defaults to the policy's longest possible response, not this
-    # batch's width T: with T, one long response would shrink every other token's
-    # weight, and the step size would change from epoch to epoch.
+    # Dr. GRPO's constant defaults to the policy's longest possible response, not this batch's width T: with T, one long
+    # response would shrink every other token's weight, and the step size would change from epoch to epoch.
     normalizer = policy.max_response_length if a.normalizer is None else a.normalizer
     weights = core.aggregation_weights(mask, a.aggregation, normalizer)  # [N, T]
-    solved = None if grades.prompts is None else prompt_solve_shares(grades.prompts, grades.correct[None])[0]
+    solved = None if grades.prompts is None else prompt_solve_shares(grades.prompts, grades.correct)
     return Rollout(samples, samples.per_row(deltas), old_log_probs, ref_log_probs, weights, stats, importance_weights,
                    solved, pg_token_mask)
 
@@ -204,17 +194,11 @@ def old_policy_log_probs(
     a: AlgoConfig, policy: Policy, score: Callable[..., tuple[torch.Tensor, torch.Tensor | None]], samples: Samples,
     temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]:
-    """The old policy's log-probs [N, T], the off-policy correction's weights [N, T] of the
-    policy-gradient term (None without one: ``a.off_policy_method``) and the sampler-trainer
-    mismatch with what the correction truncated or masked (scalar tensors, only when
-    recomputed); call under no_grad.
-
-    sampler: the log-probs recorded while sampling (no extra pass). recompute: the
-    trainer's scorer (``score``: ``Learner.log_probs`` at this state) on the sampled tokens,
-    so pi / pi_old compares the trainer with itself, and the recorded ones measure (and,
-    with a correction, correct) the sampler's gap. auto: recompute with a correction or
-    when the sampler's numbers are not the trainer's. TrainingError when a correction masks
-    every policy token of the batch: the steps would train nothing.
+    """The old policy's log-probs [N, T], the off-policy correction's weights [N, T] of the policy-gradient term (None
+    without one: ``a.off_policy_method``) and the sampler-trainer mismatch with what the correction truncated or masked
+    (scalar tensors, only when recomputed); call under no_grad. Recomputed by ``score`` (``Learner.log_probs``), pi /
+    pi_old compares the trainer with itself, and the recorded log-probs measure (and, with a correction, correct) the
+    sampler's gap. TrainingError when a correction masks every policy token of the batch: the steps would train nothing.
     """
     recorded = samples.sample_log_probs  # [N, T], or None: the policy records none
     method = a.off_policy_method
@@ -248,8 +232,8 @@ def old_policy_log_probs(
                             f"so the steps would train nothing; {widen} or check that the sampler's log-probs are "
                             "the policy's")
     if a.tis_cap is not None and method not in core.CAP_MASKING_CORRECTIONS:
-        # only a cap truncates: without one the share is 0 by construction (icepop's too), and a cap that drops
-        # what is above it truncates nothing
+        # only a cap truncates: without one the share is 0 by construction (icepop's too), and a cap that drops what is
+        # above it truncates nothing
         mismatch["mismatch/tis_truncated_frac"] = core.token_fraction(correction.truncated, mask, dtype)
     if method == "seq_tis":
         mismatch["mismatch/seq_truncated_frac"] = core.response_fraction(correction.truncated, mask, dtype)
@@ -259,29 +243,17 @@ def old_policy_log_probs(
     return old_log_probs, correction.weights, mismatch
 
 
-def rollout_stats(rewards: torch.Tensor, correct: torch.Tensor, deltas: torch.Tensor, group_size: int
-                  ) -> list[Record]:
-    """Per-epoch numbers about each run's sampled batch, one record per run: rewards,
-    correct [R, B, G] (a NaN reward abstained), deltas [R, N]; one run is R = 1.
-
-    The mean and the shares are reductions over each run's row, which give the bits of a
-    reduction over that run alone; the standard deviation is taken run by run, because a
-    batched ``std(dim=1)`` uses another algorithm (Welford) than a whole tensor's and can
-    round differently. A run with abstentions reduces over its scored rewards only.
-    """
-    runs = rewards.shape[0]
-    flat = rewards.reshape(runs, -1)  # [R, N]
+def rollout_stats(rewards: torch.Tensor, correct: torch.Tensor, deltas: torch.Tensor, group_size: int) -> Record:
+    """Per-epoch numbers about the sampled batch: rewards, correct [B, G] (a NaN reward abstained), deltas [N]. With
+    abstentions the reward's mean and std are over the scored rewards only."""
+    flat = rewards.reshape(-1)  # [N]
     valid = torch.isfinite(flat)
-    if bool(valid.all()):
-        means = flat.mean(dim=1)  # [R]
-        stds = torch.stack([row.std() for row in flat]) if flat.shape[1] > 1 else flat.new_zeros(runs)
-    else:
-        scored = [row[ok] for row, ok in zip(flat, valid)]
-        means = torch.stack([r.mean() if r.numel() else flat.new_tensor(math.nan) for r in scored])
-        stds = torch.stack([r.std() if r.numel() > 1 else flat.new_tensor(0.0) for r in scored])
-    zero_groups = (deltas.reshape(runs, -1, group_size) == 0).all(dim=2)  # [R, B]
-    columns = [means, stds, correct.reshape(runs, -1).float().mean(dim=1),
-               zero_groups.float().mean(dim=1), valid.float().mean(dim=1)]
+    scored = flat if bool(valid.all()) else flat[valid]
+    mean = scored.mean() if scored.numel() else flat.new_tensor(math.nan)
+    std = scored.std() if scored.numel() > 1 else flat.new_tensor(0.0)
+    zero_groups = (deltas.reshape(-1, group_size) == 0).all(dim=1)  # [B]
+    columns = [mean, std, correct.float().mean(), zero_groups.float().mean(), valid.float().mean()]
     keys = ("reward_mean", "reward_std", "solve_rate", "frac_zero_delta_groups")
     # one tensor, one conversion; the abstained share in Python floats, as 1 - the scored share
-    return [{**dict(zip(keys, row)), "abstain_frac": 1.0 - row[-1]} for row in torch.stack(columns, dim=1).tolist()]
+    row = torch.stack(columns).tolist()
+    return {**dict(zip(keys, row)), "abstain_frac": 1.0 - row[-1]}

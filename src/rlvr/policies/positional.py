@@ -1,12 +1,11 @@
 """The lecture's non-autoregressive positional model for the sorting task.
 
-Embed each prompt token, encode every position with its own D x D matrix and sum over
-positions into one state vector, decode one vector per response position with its own
-D x D matrix, and read logits through the (tied) embedding. Response positions are
-sampled independently given the prompt.
+Embed each prompt token, encode every position with its own D x D matrix and sum over positions into one state vector,
+decode one vector per response position with its own D x D matrix, and read logits through the (tied) embedding.
+Response positions are sampled independently given the prompt.
 
-Shapes: M prompts (U distinct ones when scoring), n numbers per prompt (= response
-length), D embedding size, V vocab, N responses, G responses per prompt.
+Shapes: M prompts (U distinct ones when scoring), n numbers per prompt (= response length), D embedding size, V vocab, N
+responses, G responses per prompt.
 """
 
 from __future__ import annotations
@@ -23,8 +22,8 @@ from rlvr.base.rollout import Samples
 
 @dataclass
 class Activations:
-    """One forward pass, kept for ``backward_pass``: x [M, n*D] (embedded prompts),
-    encode_flat [n*D, D], state [M, D], decode_flat [D, n*D], decoded [M*n, D], logits [M*n, V]."""
+    """One forward pass, kept for ``backward_pass``: x [M, n*D] (embedded prompts), encode_flat [n*D, D], state [M, D],
+    decode_flat [D, n*D], decoded [M*n, D], logits [M*n, V]."""
 
     x: torch.Tensor
     encode_flat: torch.Tensor
@@ -36,12 +35,11 @@ class Activations:
 
 def forward_pass(embedding: torch.Tensor, encode: torch.Tensor, decode: torch.Tensor, prompts: torch.Tensor
                  ) -> Activations:
-    """Weights embedding [V, D], encode and decode [n, D, D] on prompts [M, n] -> Activations
-    with logits [M*n, V].
+    """Weights embedding [V, D], encode and decode [n, D, D] on prompts [M, n] -> Activations with logits [M*n, V].
 
-    Encoding each position with its own matrix and summing over positions is one matmul
-    over the flattened (position, dim) axis, the same as einsum("bpd,pde->be"); decoding one
-    vector per position, einsum("be,pef->bpf"), is another."""
+    Encoding each position with its own matrix and summing over positions is one matmul over the flattened (position,
+    dim) axis, the same as einsum("bpd,pde->be"); decoding one vector per position, einsum("be,pef->bpf"), is
+    another."""
     (m, n), d = prompts.shape, embedding.shape[-1]
     x = embedding[prompts].reshape(m, n * d)  # [M, n*D]: the embedded prompts
     encode_flat = encode.reshape(n * d, d)  # [n*D, D]
@@ -60,9 +58,8 @@ def tempered_log_softmax(logits: torch.Tensor, temperature: float) -> torch.Tens
 def log_softmax_backward(grad_log_probs: torch.Tensor, probs: torch.Tensor, temperature: float,
                          grad_entropy: torch.Tensor | None = None, all_log_probs: torch.Tensor | None = None,
                          entropy: torch.Tensor | None = None) -> torch.Tensor:
-    """The gradient on the logits [M*n, V] from the gradient on every log-prob [M*n, V]
-    (and on each position's entropy [M*n, 1]): g - softmax * sum(g), minus
-    dH/dz = -p (log p + H) times the entropy's gradient, then 1 / tau."""
+    """The gradient on the logits [M*n, V] from the gradient on every log-prob [M*n, V] (and on each position's entropy
+    [M*n, 1]): g - softmax * sum(g), minus dH/dz = -p (log p + H) times the entropy's gradient, then 1 / tau."""
     grad_logits = grad_log_probs - probs * grad_log_probs.sum(dim=-1, keepdim=True)
     if grad_entropy is not None:
         grad_logits = grad_logits - grad_entropy * probs * (all_log_probs + entropy)
@@ -73,8 +70,8 @@ def log_softmax_backward(grad_log_probs: torch.Tensor, probs: torch.Tensor, temp
 
 def backward_pass(a: Activations, embedding: torch.Tensor, prompts: torch.Tensor, grad_logits: torch.Tensor
                   ) -> dict[str, torch.Tensor]:
-    """The gradients of embedding [V, D], encode and decode [n, D, D] from the gradient on
-    the logits [U*n, V] of ``forward_pass`` on prompts [U, n], by hand (about ten matmuls)."""
+    """The gradients of embedding [V, D], encode and decode [n, D, D] from the gradient on the logits [U*n, V] of
+    ``forward_pass`` on prompts [U, n], by hand (about ten matmuls)."""
     (u, n), d = prompts.shape, embedding.shape[-1]
     grad_embedding = torch.mm(grad_logits.t(), a.decoded)  # [V, D], the output side of the tied weights
     grad_out = torch.mm(grad_logits, embedding).view(u, n * d)  # [U, n*D]
@@ -87,8 +84,8 @@ def backward_pass(a: Activations, embedding: torch.Tensor, prompts: torch.Tensor
 
 
 def chosen_index(row_prompt: torch.Tensor, responses: torch.Tensor, vocab: int) -> torch.Tensor:
-    """The flat index [N, n] of each response token's log-prob in the [U*n, V] log-softmax:
-    row_prompt [N] each response's distinct prompt, responses [N, n]."""
+    """The flat index [N, n] of each response token's log-prob in the [U*n, V] log-softmax: row_prompt [N] each
+    response's distinct prompt, responses [N, n]."""
     n = responses.shape[-1]
     positions = torch.arange(n, device=responses.device)
     return (row_prompt.unsqueeze(1) * n + positions) * vocab + responses
@@ -107,8 +104,8 @@ class PositionalModel(nn.Module):
         super().__init__()
         d = embedding_dim
         self.embedding = nn.Embedding(vocab_size, d)
-        # std 1 is nn.Embedding's default (the lecture's); logits scale with its square,
-        # so smaller values start the policy closer to uniform (more exploration).
+        # std 1 is nn.Embedding's default (the lecture's); logits scale with its square, so smaller values start the
+        # policy closer to uniform (more exploration).
         nn.init.normal_(self.embedding.weight, std=embedding_std)
         self.encode = nn.Parameter(torch.randn(num_numbers, d, d) / math.sqrt(d))  # [n, D, D]
         self.decode = nn.Parameter(torch.randn(num_numbers, d, d) / math.sqrt(d))  # [n, D, D]
@@ -119,22 +116,16 @@ class PositionalModel(nn.Module):
 
 
 class _PositionalLogProbs(torch.autograd.Function):
-    """Log-probs of chosen tokens through the whole model, with the hand-written backward
-    (``backward_pass``).
-
-    The toy's step cost is per-operation overhead, not arithmetic: one autograd node
-    with a closed-form backward (about ten matmuls) replaces about twenty nodes. The
-    model runs once per distinct prompt (U of them), not once per response: the G
-    responses of a group share their prompt's logits. Equal to
-    ``log_softmax(model(prompts) / tau)[responses]`` (tested against autograd). Also
-    returns the per-position entropy H = -sum_v p_v log p_v, with its gradient
-    dH/dz_v = -p_v (log p_v + H) when a loss uses it (the entropy bonus).
+    """Log-probs of chosen tokens and the per-position entropy through the whole model, with the hand-written backward
+    (``backward_pass``): the toy's step cost is per-operation overhead, and one node with a closed-form backward (about
+    ten matmuls) replaces about twenty. The model runs once per distinct prompt (U), the G responses of a group sharing
+    its logits. Equal to ``log_softmax(model(prompts) / tau)[responses]`` (tested against autograd).
     """
 
     @staticmethod
     def forward(ctx, prompts, row_prompt, responses, temperature, embedding, encode, decode):
-        # prompts [U, n] distinct prompts; row_prompt [N] each response's prompt;
-        # responses [N, n]; embedding [V, D]; encode, decode [n, D, D]
+        # prompts [U, n] distinct prompts; row_prompt [N] each response's prompt; responses [N, n]; embedding [V, D];
+        # encode, decode [n, D, D]
         u, n = prompts.shape
         activations = forward_pass(embedding, encode, decode, prompts)
         all_log_probs = tempered_log_softmax(activations.logits, temperature)  # [U*n, V]
@@ -170,9 +161,8 @@ class _PositionalLogProbs(torch.autograd.Function):
 def consecutive_groups(prompt_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Runs of equal consecutive rows: prompt_ids [N, n] -> (one row per run [U, n], run of each row [N]).
 
-    The rows of a group are consecutive and share their prompt, so the model runs once
-    per prompt. Same result as ``torch.unique_consecutive(dim=0, return_inverse=True)``,
-    which is ~30x slower here.
+    The rows of a group are consecutive and share their prompt, so the model runs once per prompt. Same result as
+    ``torch.unique_consecutive(dim=0, return_inverse=True)``, which is ~30x slower here.
     """
     starts = torch.ones(prompt_ids.shape[0], dtype=torch.bool, device=prompt_ids.device)
     starts[1:] = (prompt_ids[1:] != prompt_ids[:-1]).any(dim=1)
@@ -206,12 +196,8 @@ class PositionalPolicy(Policy):
         self, samples: Samples, temperature: float = 1.0, with_entropy: bool = False,
         module: PositionalModel | None = None, entropy_grad: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """log pi(response_t | prompt) [n_rows, n], and per-position entropy if asked.
-
-        ``module``: score with these weights instead of the policy's (the frozen reference).
-        The entropy always carries its gradient (``entropy_grad`` is accepted for the
-        ``Policy`` interface): it costs nothing unless a loss uses it.
-        """
+        """log pi(response_t | prompt) [N, n], and per-position entropy if asked; ``module``: these weights (the frozen
+        reference). The entropy always carries its gradient, which costs nothing unless a loss uses it."""
         m = self.module if module is None else module
         # Every inner step scores the same rollout: find its groups once.
         if self._groups is None or self._groups[0] is not samples.prompt_ids:

@@ -1,6 +1,6 @@
-"""Running a run on disk: its sinks, checkpoints and stop signals (``rlvr.runs.stops``);
-starting a run and resuming one (directory and lock: ``rlvr.runs.directory``; what a resume
-may change: ``rlvr.runs.resume``); the supervised warm start's run."""
+"""Running a run on disk: its sinks, checkpoints and stop signals (``rlvr.runs.stops``); starting a run and resuming one
+(directory and lock: ``rlvr.runs.directory``; what a resume may change: ``rlvr.runs.resume``); the supervised warm
+start's run."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import datetime
 import json
 import multiprocessing
 import os
+import select
 import shutil
 import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -20,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.base.errors import ConfigError, RunError, Stopped, os_reason
-from rlvr.base.processes import die_with_parent
 from rlvr.base.record import Record
 from rlvr.cluster.learners import LearnerGroup
 from rlvr.cluster.session import loop_parts, trained_policy
@@ -57,9 +58,9 @@ from rlvr.runs.stops import STOP_SIGNALS, Progress, stop_on_signals
 
 
 def _checkpointer(config: Config, run_dir: Path, metrics: JsonlSink, source: RolloutSource, learner: Learner):
-    """Checkpoint every k epochs, at the end, and where a stop was requested (mid-epoch too);
-    with the rollout ``source``'s state (batches it sampled ahead of the trainer). Data-parallel
-    learners write the weights and optimizer state themselves, sharded; the driver the rest."""
+    """Checkpoint every k epochs, at the end, and where a stop was requested (mid-epoch too); with the rollout
+    ``source``'s state (batches it sampled ahead of the trainer). Data-parallel learners write the weights and optimizer
+    state themselves, sharded; the driver the rest."""
     every = config.log.checkpoint_every
     group = learner if isinstance(learner, LearnerGroup) else None
 
@@ -88,8 +89,8 @@ class RunFinished(RunError):
 
 
 def _check_unfinished(stored: Config, config: Config, run_dir: Path, epoch: int) -> None:
-    """RunFinished when the run has reached ``config.algo.epochs``: a resume would train
-    nothing, and saying so beats exiting 0 having done nothing."""
+    """RunFinished when the run has reached ``config.algo.epochs``: a resume would train nothing, and saying so beats
+    exiting 0 having done nothing."""
     if config.algo.epochs > epoch:
         return
     if epoch < stored.algo.epochs:
@@ -104,14 +105,10 @@ def _check_unfinished(stored: Config, config: Config, run_dir: Path, epoch: int)
 
 def _resume(config: Config, run_dir: Path, stack: ExitStack, accept_data_change: bool = False
             ) -> tuple[tuple[Any, TrainState], dict[str, Any] | None, Path | None]:
-    """The state to continue ``run_dir`` from, the rollout source's state the checkpoint
-    kept (None: none) and the folder of its sharded weights and optimizer state (None: they
-    are in the state, ``_load_sharded`` loads them), after checking what ``config`` changes
-    and that the data files it read are unchanged (``accept_data_change``: go on with
-    changed ones); a run killed before its first checkpoint starts again from the
-    beginning (any change allowed: nothing of it is kept). A finished run is a
-    RunFinished. The accepted changes go into ``config.yaml`` (and the data files'
-    fingerprints) and a line of ``resumes.jsonl``."""
+    """The state to continue ``run_dir`` from, the rollout source's state the checkpoint kept and the folder of its
+    sharded weights and optimizer state (None: none), once ``resume_changes`` and ``data_file_changes`` accepted what
+    changed; a run killed before its first checkpoint starts again. A finished run is a RunFinished. The accepted
+    changes go into ``config.yaml`` (and the data files' fingerprints) and a line of ``resumes.jsonl``."""
     stored = load_config(run_dir / "config.yaml")
     checkpoint, data_changes, source_state, sharded = None, {}, None, None
     if not list_checkpoints(run_dir):
@@ -144,9 +141,9 @@ def _resume(config: Config, run_dir: Path, stack: ExitStack, accept_data_change:
 
 
 def _load_sharded(learner: Learner, st: TrainState, folder: Path | None) -> None:
-    """A sharded checkpoint's weights, optimizer state and reference (in ``folder``; None: none): each
-    data-parallel learner reads its part, resharded to their number, and hands the state to
-    the driver; without learners this process reads it whole."""
+    """A sharded checkpoint's weights, optimizer state and reference (in ``folder``; None: none): each data-parallel
+    learner reads its part, resharded to their number, and hands the state to the driver; without learners this process
+    reads it whole."""
     if folder is None:
         return
     if isinstance(learner, LearnerGroup):
@@ -167,8 +164,8 @@ def _setup(config: Config, stack: ExitStack) -> tuple[Any, TrainState]:
 
 
 def _start(config: Config, stack: ExitStack) -> tuple[Path, tuple[Any, TrainState]]:
-    """A new run: built first, so a configuration that fails to build leaves nothing
-    behind, then its directory (locked) with ``config.yaml``."""
+    """A new run: built first, so a configuration that fails to build leaves nothing behind, then its directory (locked)
+    with ``config.yaml``."""
     state = _setup(config, stack)
     run_dir = stack.enter_context(new_run_dir(config))
     config.out_dir = str(run_dir)
@@ -183,9 +180,8 @@ def _start(config: Config, stack: ExitStack) -> tuple[Path, tuple[Any, TrainStat
 
 @contextmanager
 def _writer(config: Config, run_dir: Path, metrics: JsonlSink, initial_epoch: int) -> Iterator[Callable]:
-    """``on_record`` for the run: every record to the sinks (metrics.jsonl first), the
-    samples table to samples.md, the progress bar; a failed write is a RunError naming
-    the file. Closes the sinks and the bar at the end of the block."""
+    """``on_record`` for the run: every record to the sinks (metrics.jsonl first), the samples table to samples.md, the
+    progress bar; a failed write is a RunError naming the file. Closes the sinks and the bar at the end of the block."""
     sinks = [metrics]
     if config.log.tensorboard:
         sinks.append(TensorBoardSink(run_dir / "tensorboard"))
@@ -226,16 +222,9 @@ def train_in_run_dir(
     config: Config, plot: bool | None = None, resume: str | Path | None = None, accept_data_change: bool = False,
     with_policy: bool = True,
 ) -> tuple[list[Record], Path, Any]:
-    """Train with everything written to the run directory; returns (records, run_dir, the
-    trained policy: ``trained_policy``, or None without ``with_policy``).
-
-    The directory is locked while the run lasts: a second run or resume of it is
-    refused. With ``resume`` the run continues from the newest usable checkpoint of that
-    directory (from the beginning if it was killed before its first one), after
-    ``resume_changes`` accepted what ``config`` changes and ``data_file_changes`` found
-    the data files unchanged (or ``accept_data_change``). SIGINT and SIGTERM stop after the
-    current step with a checkpoint (``Stopped``); a file that cannot be written ends the
-    run with a RunError naming it.
+    """Train with everything written to the run directory, locked while the run lasts; returns (records, run_dir, the
+    trained policy or None without ``with_policy``). ``resume``: that directory's run continued (``_resume``). SIGINT
+    and SIGTERM stop after the current step with a checkpoint (``Stopped``); a failed write is a RunError naming it.
     """
     with ExitStack() as stack:
         source_state = sharded = None
@@ -266,12 +255,8 @@ def train_in_run_dir(
 
 
 def start_or_continue(config: Config) -> tuple[list[Record], Path, str]:
-    """``run_training`` in ``config.run_dir`` without a figure, or, when a run is there
-    already (``rlvr compare`` run again), that run continued: (records, run_dir, what
-    was done). A finished run's records are reused as they are ("finished, records
-    reused"); an unfinished one is resumed ("resumed"), one without a checkpoint starts
-    again ("started again"). A run there with other settings is refused by
-    ``resume_changes``, naming them."""
+    """``run_training`` in ``config.run_dir`` without a figure, or the run already there continued (``rlvr compare`` run
+    again): (records, run_dir, what was done). A run there with other settings is refused by ``resume_changes``."""
     run_dir = config.run_dir
     if not (run_dir / "config.yaml").is_file():
         return *run_training(config, plot=False), "started"
@@ -283,18 +268,19 @@ def start_or_continue(config: Config) -> tuple[list[Record], Path, str]:
 
 
 def side_by_side(configs: list[Config]) -> list[tuple[list[Record], Path, str]]:
-    """``start_or_continue`` of each run: for the positional toy as many at once as there are
-    cores (a process each, each on one torch thread, ``threads``), for others one after
-    another here (a model, Ray, a GPU are not for sharing). A stop signal here reaches every
-    run, once: each stops with a checkpoint, and runs not begun do not begin. A run that
-    fails is named on stderr when the others have ended; then its error is raised."""
+    """``start_or_continue`` of each run: for the positional toy as many at once as there are cores (a process each,
+    each on one torch thread, ``threads``), for others one after another here (a model, Ray, a GPU are not for sharing).
+    A stop signal here reaches every run, once: each stops with a checkpoint, and runs not begun do not begin. A run
+    that fails is named on stderr when the others have ended; then its error is raised."""
     # the cores this process may use (taskset, a cpuset), not the machine's
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     workers = min(len(configs), cores) if configs[0].policy.name == "positional" else 1
     if workers == 1:
         return [start_or_continue(config) for config in configs]
-    with ProcessPoolExecutor(workers, multiprocessing.get_context("spawn"), initializer=_worker_start,
-                             initargs=(os.getpid(),)) as pool:
+    # a fork server that imported torch and rlvr once: each worker is a fork of it, not a fresh import (seconds)
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["rlvr.runs.launch"])
+    with ProcessPoolExecutor(workers, context, initializer=_worker_start, initargs=(os.getpid(),)) as pool:
         futures = [pool.submit(_worker_run, config) for config in configs]
         stopped = None
         while True:
@@ -326,8 +312,8 @@ def side_by_side(configs: list[Config]) -> list[tuple[list[Record], Path, str]]:
 
 
 class _NotATerminal:
-    """stderr, saying it is no terminal: each run's progress comes as plain lines, since the
-    bars of several processes would draw over each other."""
+    """stderr, saying it is no terminal: each run's progress comes as plain lines, since the bars of several processes
+    would draw over each other."""
 
     def __init__(self, stream: Any) -> None:
         self._stream = stream
@@ -342,14 +328,33 @@ class _NotATerminal:
 _stop_signal: list[int] = []  # the stop signal a worker received between runs
 
 
-def _worker_start(parent: int) -> None:
-    """A ``side_by_side`` worker: its stop signals come from its parent alone (a group of its
-    own, out of a terminal's Ctrl-C), and it dies with it."""
+def _worker_start(driver: int) -> None:
+    """A ``side_by_side`` worker: its stop signals come from the driver alone (a group of its own, out of a terminal's
+    Ctrl-C), and it dies with the driver."""
     os.setpgid(0, 0)
-    die_with_parent(parent)
+    _die_with(driver)
     sys.stderr = _NotATerminal(sys.stderr)
     for signum in STOP_SIGNALS:  # a run's own handling takes over while it runs
         signal.signal(signum, lambda signum, frame: _stop_signal.append(signum))
+
+
+def _die_with(pid: int) -> None:
+    """SIGKILL this process when process ``pid`` ends. Not ``die_with_parent``: the parent is the fork server, which
+    outlives the driver while its children hold its end of the driver's pipe."""
+    if not hasattr(os, "pidfd_open"):  # Linux alone
+        return
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:  # it has ended already
+        os._exit(0)
+    except OSError:  # a kernel without pidfds (before Linux 5.3)
+        return
+
+    def watch() -> None:
+        select.select([pidfd], [], [])  # readable when the process ends
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, daemon=True).start()
 
 
 def _worker_run(config: Config) -> tuple[list[Record], Path, str]:
@@ -364,8 +369,8 @@ def _worker_run(config: Config) -> tuple[list[Record], Path, str]:
 
 
 def run_sft(config: Config, run_dir: Path, on_record: Callable[[Record], None] | None = None) -> Path:
-    """The supervised warm start (``rlvr.loop.sft``) in ``run_dir``: its records in
-    ``sft_metrics.jsonl``, the trained model saved to ``run_dir/model``."""
+    """The supervised warm start (``rlvr.loop.sft``) in ``run_dir``: its records in ``sft_metrics.jsonl``, the trained
+    model saved to ``run_dir/model``."""
     sink = JsonlSink(run_dir / "sft_metrics.jsonl")
 
     def keep(record: Record) -> None:

@@ -1,8 +1,8 @@
 """Verifiable tasks: prompts, reward specs and a gold check, one task per file.
 
-``TASKS`` names every task and ``TASK_OPTIONS`` the section of ``task.options`` each
-takes, made from its constructor's keyword arguments and declared rules. A config
-becomes a task with its one RewardRunner (``rlvr.tasks.grading``) in ``rlvr.config.compose``.
+``TASKS`` names every task and ``TASK_OPTIONS`` the section of ``task.options`` each takes, made from its constructor's
+keyword arguments and declared rules. A config becomes a task with its one RewardRunner (``rlvr.tasks.grading``) in
+``rlvr.config.compose``.
 """
 
 from __future__ import annotations
@@ -36,11 +36,9 @@ __all__ = ["TASKS", "TASK_OPTIONS", "GradedTask", "SortingTask", "check_prompts_
 
 
 def options_section(cls: type[GradedTask]) -> type:
-    """The dataclass of ``task.options`` for the task ``cls``: a field per keyword argument of
-    its constructor, with the argument's type and default and the help and rules the task
-    declares (``GradedTask.options``). A required argument's field is null until given
-    (marked ``required``), as is ``shuffle_seed``, which the run's seed fills
-    (``rlvr.config.compose.build_task``)."""
+    """The dataclass of ``task.options`` for the task ``cls``: a field per keyword argument of its constructor, with the
+    help and rules the task declares (``GradedTask.options``). A required argument's field is null until given, as is
+    ``shuffle_seed``, which the run's seed fills."""
     hints, fields = get_type_hints(cls.__init__), []
     for name, p in inspect.signature(cls).parameters.items():
         metadata, default = dict(cls.options[name]), cls.config_defaults.get(name, p.default)
@@ -58,9 +56,8 @@ globals().update({section.__name__: section for section in TASK_OPTIONS.values()
 
 
 def check_prompts_fit(task: Task, policy: Policy) -> None:
-    """Every prompt ``task`` knows before training (its ``fixed_prompts``) fits ``policy``
-    (its ``check_prompts``): a PromptError naming the first that does not, before any
-    work. Sorting and the positional policy take the defaults: nothing to check."""
+    """Every prompt ``task`` knows before training (its ``fixed_prompts``) fits ``policy`` (its ``check_prompts``): a
+    PromptError naming the first that does not, before any work."""
     for what, prompts in task.fixed_prompts().items():
         try:
             policy.check_prompts(prompts, what)
