@@ -349,9 +349,13 @@ def test_exit_interrupt_and_chdir_in_process_are_errors(tmp_path, monkeypatch):
 
 
 def test_interrupt_propagates_under_the_default_ctrl_c_handler():
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # library use, no rlvr handler
-    with pytest.raises(KeyboardInterrupt):
-        RewardRunner([RewardSpec(escaping_reward)])(["p"], ["interrupt"], {"where": ["."]})
+    # library use, no rlvr handler: Python's own (a test runner's worker may have set another)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            RewardRunner([RewardSpec(escaping_reward)])(["p"], ["interrupt"], {"where": ["."]})
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _exit_interrupt_and_chdir(tmp_path):

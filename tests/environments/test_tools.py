@@ -466,9 +466,14 @@ BOX_TOOLS = dict(TOOLS, fail=fail, hang=hang, greet=greet, leave_children=leave_
                  hog=hog, connect=connect, leave=leave)
 
 
+# a call's time limit: short, since the hanging tools wait it out, and long enough for a jailed
+# python to start on a loaded machine (two test workers on two cores)
+BOX_TIMEOUT = 2
+
+
 @pytest.fixture(scope="module")
 def box():
-    with ToolBox(BOX_TOOLS, timeout=0.5, memory_mb=300, max_output_chars=1000, num_workers=2) as tool_box:
+    with ToolBox(BOX_TOOLS, timeout=BOX_TIMEOUT, memory_mb=300, max_output_chars=1000, num_workers=2) as tool_box:
         yield tool_box
 
 
@@ -506,7 +511,7 @@ def test_plain_turn_through_the_box(box):
 @pytest.mark.parametrize(
     ("name", "content"),
     [
-        ("hang", "timed out after 0.5s"),
+        ("hang", f"timed out after {BOX_TIMEOUT}s"),
         ("hog", "MemoryError"),
         ("connect", "PermissionError: tools have no network access"),
         ("leave", "its process exited with code 3 and no result"),
@@ -530,7 +535,7 @@ def test_toolbox_bounds_output(box, name):
 def test_toolbox_call_leaves_no_process(box, tmp_path, then_hang):
     pid_file = tmp_path / "pids"
     (result,) = box.run([ToolCall("leave_children", {"pid_file": str(pid_file), "then_hang": then_hang})])
-    assert result == (ToolResult("leave_children", "timed out after 0.5s", True) if then_hang
+    assert result == (ToolResult("leave_children", f"timed out after {BOX_TIMEOUT}s", True) if then_hang
                       else ToolResult("leave_children", "started"))
     pids = [int(pid) for pid in pid_file.read_text().split()]
     assert len(pids) == 2 and not any(_alive(pid) for pid in pids)
@@ -540,9 +545,9 @@ def test_toolbox_call_leaves_no_process(box, tmp_path, then_hang):
 def test_close_leaves_no_process_or_file(monkeypatch, tmp_path):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     before = _descendants()
-    with ToolBox(BOX_TOOLS, timeout=0.5, num_workers=2) as tool_box:
+    with ToolBox(BOX_TOOLS, timeout=BOX_TIMEOUT, num_workers=2) as tool_box:
         results = tool_box.run([ToolCall("python", {"code": "open('f', 'w').write('x'); print(1)"}), ToolCall("hang")])
-        assert [r.content for r in results] == ["1\n", "timed out after 0.5s"]
+        assert [r.content for r in results] == ["1\n", f"timed out after {BOX_TIMEOUT}s"]
         assert _descendants() - before  # the workers and their reaper
     assert not any(_alive(pid) for pid in _descendants() - before)
     assert list(tmp_path.iterdir()) == []

@@ -47,6 +47,10 @@ class EpisodePolicy(Policy):
         """The base model a checkpoint of this policy's weights names (``rlvr.runs.checkpoint``)."""
         return self.lm.base_identity
 
+    def encode_prompts(self, prompts: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The LM's prompt encoding (``rlvr.loop.sft`` trains on whole episodes written as text)."""
+        return self.lm.encode_prompts(prompts)
+
     @property
     def max_response_length(self) -> int:
         """An episode's tokens after the prompt, the policy's and the environment's: at most ``max_tokens``."""
