@@ -25,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rlvr.base.modeling import init_model, quiet_libraries
+from rlvr.modeling import init_model, quiet_libraries
 
 
 def parameters(hidden: int, layers: int) -> int:

@@ -103,7 +103,7 @@ def load(model: str, new_tokens: int):
         return CausalLMPolicy.from_pretrained(str(locate_model(model)), max_new_tokens=new_tokens)
     from transformers import AutoTokenizer
 
-    from rlvr.base.modeling import init_model
+    from rlvr.modeling import init_model
 
     folder = Path(tempfile.mkdtemp()) / "model"
     chars = string.printable.replace("\r", "").replace("\x0b", "").replace("\x0c", "")

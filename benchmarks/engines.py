@@ -39,10 +39,10 @@ from pathlib import Path
 
 import torch
 
-from rlvr.base.modeling import init_model
 from rlvr.config import config_from_dict, merge, parse_overrides
 from rlvr.loop.step import optimizer_step
 from rlvr.loop.trainer import collect_rollout, setup
+from rlvr.modeling import init_model
 
 MODELS = {
     "tiny": dict(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2),

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import torch
 
-from rlvr.base.modeling import init_model, quiet_libraries
 from rlvr.environments.episodes import EpisodeLimits, run_episodes
 from rlvr.environments.games import GuessingGame
-from rlvr.environments.hosts import EnvironmentHosts
+from rlvr.environments.workers import EnvironmentHosts
+from rlvr.modeling import init_model, quiet_libraries
 from rlvr.policies.causal_lm import CausalLMPolicy
 
 GROUP = 4

@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from grpo_step import PHASES, Baseline, Ours  # noqa: E402
-from rlvr.base.modeling import build_char_tokenizer  # noqa: E402
+from rlvr.modeling import build_char_tokenizer  # noqa: E402
 
 QWEN_0_5B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
                  intermediate_size=4864, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6,

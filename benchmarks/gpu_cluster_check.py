@@ -35,14 +35,14 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).parent))
 from learner_memory import held_bytes  # noqa: E402
-from rlvr.base.modeling import init_model, quiet_libraries  # noqa: E402
 from rlvr.cluster.weight_sync import free_port  # noqa: E402
+from rlvr.modeling import init_model, quiet_libraries  # noqa: E402
 
 
 def batch(policy: object) -> object:
     """8 responses of 6 random tokens to 4 prompts of 4 (a learner trains on batches the
     rollout workers sampled: it never samples itself)."""
-    from rlvr.base.rollout import Samples
+    from rlvr.batch.rollout import Samples
 
     generator = torch.Generator().manual_seed(0)
     vocab = policy.module.get_input_embeddings().weight.shape[0]
@@ -58,7 +58,7 @@ def learner_rank(rank: int, world_size: int, port: int, model: str, device: str,
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    from rlvr.base.rollout import Rollout
+    from rlvr.batch.rollout import Rollout
     from rlvr.cluster.learner_rank import LearnerRank
     from rlvr.config import load_config
     from rlvr.core import aggregation_weights

@@ -68,10 +68,10 @@ from pathlib import Path
 import torch
 
 from rlvr import core
-from rlvr.base.modeling import build_char_tokenizer, build_model
 from rlvr.config import Config, OptimConfig, PolicyConfig
 from rlvr.loop import optim
 from rlvr.loop.optim import build_optimizer
+from rlvr.modeling import build_char_tokenizer, build_model
 from rlvr.policies.causal_lm import CausalLMPolicy
 
 # the trainer's update; revisions without optimizer_update (--memory of an older checkout) step()

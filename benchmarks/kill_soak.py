@@ -3,7 +3,7 @@ must end exactly where an uninterrupted run ends, and leave no process behind.
 
 Two workloads, both with reward functions that fail at random (``faulty_rewards``:
 one raises, one returns NaN, one hangs past its time limit): the sorting toy and a
-tiny character LM on text sorting (written offline with ``rlvr.base.modeling.init_model``).
+tiny character LM on text sorting (written offline with ``rlvr.modeling.init_model``).
 Each is first run straight through the CLI. Then, run after run, each process is sent
 one signal at a moment drawn from four kinds:
 
@@ -277,7 +277,7 @@ def main() -> None:
     try:
         plan = plans(rng)
         soak("toy", COMMON + TOY, root, (args.kills + 1) // 2, rng, plan, counts)
-        from rlvr.base.modeling import init_model
+        from rlvr.modeling import init_model
 
         model = init_model(root / "model", hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2)
         soak("lm", COMMON + lm_args(model), root, args.kills // 2, rng, plan, counts)

@@ -21,10 +21,10 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-from rlvr.base.modeling import init_model, quiet_libraries
 from rlvr.cluster.learner_rank import LearnerRank
 from rlvr.cluster.weight_sync import free_port
 from rlvr.config import load_config
+from rlvr.modeling import init_model, quiet_libraries
 
 
 def local_bytes(tensor: torch.Tensor) -> int:

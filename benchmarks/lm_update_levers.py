@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 
-from rlvr.base.modeling import init_model, load_model_and_tokenizer, quiet_libraries
 from rlvr.config import OptimConfig
 from rlvr.loop.optim import build_optimizer
+from rlvr.modeling import init_model, load_model_and_tokenizer, quiet_libraries
 from rlvr.policies.causal_lm import CausalLMPolicy
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -80,8 +80,8 @@ def rlvr_curve(recipe, overrides: list[str]) -> list[tuple[float, float]]:
     """(training seconds so far, held-out greedy accuracy) at each evaluation of rlvr's run of
     ``recipe`` (a YAML path or a Config) with ``overrides``, in memory (no run directory)."""
     from rlvr.api import resolve_config
-    from rlvr.base.modeling import quiet_libraries
     from rlvr.loop.trainer import seams, setup, train
+    from rlvr.modeling import quiet_libraries
 
     config = resolve_config(recipe, overrides)
     with quiet_libraries():

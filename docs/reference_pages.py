@@ -1,6 +1,6 @@
 """The docs' reference pages, made from the code (never copied): every config key with its
 type, default, rules and help (``config_markdown``), each task's options, the command line
-from its parsers (``cli_markdown``), and TRL's and verl's names (``rlvr.base.trl_names``).
+from its parsers (``cli_markdown``), and TRL's and verl's names (``rlvr.config.trl_names``).
 The docs site's hook (``hooks.py`` beside this file) puts each where its page says."""
 
 from __future__ import annotations
@@ -83,8 +83,8 @@ def cli_markdown() -> str:
 
 
 def trl_names_markdown() -> str:
-    """TRL's and verl's names for rlvr's settings, the tables ``rlvr.base.trl_names`` holds."""
-    from rlvr.base.trl_names import markdown_table
+    """TRL's and verl's names for rlvr's settings, the tables ``rlvr.config.trl_names`` holds."""
+    from rlvr.config.trl_names import markdown_table
 
     return "\n".join(f"## {framework}\n\n{markdown_table(framework)}\n" for framework in ("TRL", "verl"))
 

@@ -57,7 +57,7 @@ def tiny_model(tmp_path_factory):
     """A 2-layer Llama (hidden 32) with a character tokenizer, written by ``init_model``:
     the model every language-model test trains (a few hundred ms to build, once)."""
     pytest.importorskip("transformers")
-    from rlvr.base.modeling import init_model
+    from rlvr.modeling import init_model
 
     out = tmp_path_factory.mktemp("tiny") / "model"
     init_model(out, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, seed=0)
@@ -68,7 +68,7 @@ def tiny_model(tmp_path_factory):
 def llama_dir(tmp_path_factory):
     """A 2-layer Llama of ``TINY`` sizes (64 positions), the policy and engine tests' model."""
     pytest.importorskip("transformers")
-    from rlvr.base.modeling import init_model
+    from rlvr.modeling import init_model
 
     return init_model(tmp_path_factory.mktemp("llama"), arch="llama", **TINY)
 
@@ -77,7 +77,7 @@ def llama_dir(tmp_path_factory):
 def model_dir(request, tmp_path_factory):
     """A model of ``TINY`` sizes in each architecture: rotary positions (Llama), learned ones (GPT-2)."""
     pytest.importorskip("transformers")
-    from rlvr.base.modeling import init_model
+    from rlvr.modeling import init_model
 
     return init_model(tmp_path_factory.mktemp(request.param), arch=request.param, **TINY)
 
@@ -90,7 +90,7 @@ def chat_model(tmp_path_factory):
 
     from transformers import AutoTokenizer
 
-    from rlvr.base.modeling import init_model
+    from rlvr.modeling import init_model
 
     out = tmp_path_factory.mktemp("chat") / "model"
     chars = string.printable.replace("\r", "").replace("\x0b", "").replace("\x0c", "")

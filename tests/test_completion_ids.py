@@ -4,7 +4,7 @@ import pickle
 
 import torch
 
-from rlvr.base.rollout import CompletionIds, Samples
+from rlvr.batch.rollout import CompletionIds, Samples
 
 
 def samples() -> Samples:

@@ -5,7 +5,7 @@ import torch
 
 from helpers import QUIET, train_record
 from rlvr import core
-from rlvr.base.rollout import Rollout
+from rlvr.batch.rollout import Rollout
 from rlvr.config import ConfigError, load_config
 from rlvr.loop.diagnostics import (
     GradientNoiseMeter,

@@ -106,7 +106,7 @@ def test_lora_export_merges_into_the_base_model_the_run_loaded(tmp_path, monkeyp
 
     from transformers import AutoModelForCausalLM
 
-    from rlvr.base.modeling import init_model
+    from rlvr.modeling import init_model
 
     for folder, seed in (("trained", 0), ("elsewhere", 1)):  # two different models, both named "model" relatively
         init_model(tmp_path / folder / "model", hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2,

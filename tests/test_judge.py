@@ -233,7 +233,7 @@ def test_the_judge_in_a_reward_config_scores_through_the_runner(grader):
 def test_a_judges_reply_reaches_samples_md_and_the_report_escaped(tmp_path):
     """A score's note (the judge's reply, run-directory data) is a column of samples.md and
     of the report's samples table, escaped there."""
-    from rlvr.base.rollout import Grades
+    from rlvr.batch.rollout import Grades
     from rlvr.loop.evaluation import sample_table
     from rlvr.runs.metrics import write_samples_markdown
 

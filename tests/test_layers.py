@@ -1,4 +1,4 @@
-"""The package's layers (the layout page, docs/layout.md): every import of
+"""The package's layers (the layout page, docs/explanation/layout.md): every import of
 every module under src/rlvr, read with ``ast`` (those inside functions and under
 TYPE_CHECKING included), points to a module of its own layer or a lower one, and no
 modules import each other in a cycle."""
@@ -15,11 +15,10 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 LAYERS = {
     # pure tensor math
     "rlvr.core": 0,
-    # what every part shares (rlvr.base): the batch and its interfaces (rollout), the one-line
-    # errors, a metrics record, the rule check, the generic config loader (settings, and the
-    # foreign names it maps), which optional install each back end needs (extras), tiny models
-    # and loading (modeling), data files (data)
-    "rlvr.base": 1,
+    # what every part shares: errors, declared rules, optional installs, data files, process
+    # limits (rlvr.base); the batch, its interfaces and a step's record (rlvr.batch); tiny models
+    # and their loading (rlvr.modeling)
+    "rlvr.base": 1, "rlvr.batch": 1, "rlvr.modeling": 1,
     # the parts that take plain arguments; rewards and engines know no task or policy
     "rlvr.rewards": 2, "rlvr.engines": 2,
     "rlvr.tasks": 3, "rlvr.policies": 3, "rlvr.environments": 3, "rlvr.agents": 3,

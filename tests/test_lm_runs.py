@@ -9,8 +9,8 @@ pytest.importorskip("transformers")
 
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from rlvr.base.modeling import init_model  # noqa: E402
 from rlvr.cli import main  # noqa: E402
+from rlvr.modeling import init_model  # noqa: E402
 from rlvr.runs.checkpoint import list_checkpoints, load_latest  # noqa: E402
 from rlvr.runs.metrics import read_records, without_timings  # noqa: E402
 
@@ -190,7 +190,7 @@ def test_unknown_task_option_suggests_the_nearest(tmp_path, capsys):
 def test_dropout_is_disabled_so_sampling_log_probs_are_the_trained_policy(arch):
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-    from rlvr.base.modeling import build_char_tokenizer
+    from rlvr.modeling import build_char_tokenizer
     from rlvr.policies.causal_lm import CausalLMPolicy
 
     tokenizer = build_char_tokenizer()

@@ -10,7 +10,7 @@ import torch
 from helpers import QUIET
 from rlvr import core
 from rlvr.base.errors import ConfigError
-from rlvr.base.interfaces import Policy, sampler_log_probs_exact
+from rlvr.batch.interfaces import Policy, sampler_log_probs_exact
 from rlvr.config import load_config
 from rlvr.engines import Engine
 from rlvr.loop.state import TrainingError

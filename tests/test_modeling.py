@@ -9,7 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from helpers import TINY
-from rlvr.base.modeling import (
+from rlvr.cli import main
+from rlvr.modeling import (
     DEFAULT_CHARS,
     add_init_model_arguments,
     build_char_tokenizer,
@@ -18,7 +19,6 @@ from rlvr.base.modeling import (
     load_model_and_tokenizer,
     run_init_model,
 )
-from rlvr.cli import main
 
 
 def test_char_tokenizer_round_trips():

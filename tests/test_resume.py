@@ -133,7 +133,7 @@ def test_resume_from_the_middle_of_an_epoch(tmp_path):
 
 def test_a_rollout_saved_before_the_policy_mask_loads_with_the_response_mask():
     # Checkpoints written before Samples had a policy mask hold none: every response token was the policy's.
-    from rlvr.base.rollout import Rollout, Samples
+    from rlvr.batch.rollout import Rollout, Samples
 
     mask = torch.tensor([[True, True, False], [True, False, False]])
     samples = Samples(None, torch.zeros(2, 3, dtype=torch.long), mask, torch.zeros(2, 1, dtype=torch.long),
@@ -276,9 +276,9 @@ def test_a_mid_epoch_text_checkpoint_is_plain_data_and_resumes_exactly(tmp_path,
     # Text responses are lists of strings and the reward metrics ride along in the
     # rollout: all of it must load with weights_only=True and continue exactly.
     pytest.importorskip("transformers")
-    from rlvr.base.modeling import init_model
     from rlvr.config import load_config
     from rlvr.loop.seams import LocalLearner
+    from rlvr.modeling import init_model
     from rlvr.runs.launch import run_training
 
     model = tmp_path / "model"

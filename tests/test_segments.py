@@ -5,7 +5,7 @@ is laid out and trained exactly as before."""
 
 import torch
 
-from rlvr.base.rollout import Samples
+from rlvr.batch.rollout import Samples
 from rlvr.environments.base import Episode, Turn
 from rlvr.environments.episodes import episodes_samples
 
@@ -42,7 +42,7 @@ def test_a_split_episode_is_one_row_per_segment_and_the_rest_one_row_each():
 def test_build_rollout_gives_each_row_its_responses_delta(tiny_model):
     from types import SimpleNamespace
 
-    from rlvr.base.rollout import Grades
+    from rlvr.batch.rollout import Grades
     from rlvr.config import config_from_dict
     from rlvr.loop.trainer import build_rollout
 

@@ -11,8 +11,8 @@ import torch
 
 from helpers import QUIET
 from rlvr import core
-from rlvr.base.interfaces import Policy, Task
-from rlvr.base.rollout import Grades, Samples
+from rlvr.batch.interfaces import Policy, Task
+from rlvr.batch.rollout import Grades, Samples
 from rlvr.config import ConfigError, load_config
 from rlvr.loop.state import TrainState
 from rlvr.loop.step import optimizer_step
@@ -156,7 +156,7 @@ def test_policies_report_their_longest_response():
     assert positional.max_response_length == samples.response_ids.shape[1] == 3
 
     pytest.importorskip("transformers")
-    from rlvr.base.modeling import build_char_tokenizer, build_model
+    from rlvr.modeling import build_char_tokenizer, build_model
     from rlvr.policies.causal_lm import CausalLMPolicy
 
     tokenizer = build_char_tokenizer()

@@ -8,8 +8,8 @@ import pytest
 import torch
 import yaml
 
-from rlvr.base.trl_names import TRL_NAMES, VERL_NAMES, foreign_hint, markdown_table
 from rlvr.config import ConfigError, load_config, presets
+from rlvr.config.trl_names import TRL_NAMES, VERL_NAMES, foreign_hint, markdown_table
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "how-to" / "from-trl.md"
 LM = ["task.name=sort_text", "policy.name=causal_lm", "policy.options.model=m"]

@@ -120,7 +120,7 @@ def test_fixed_prompts_are_checked_before_any_work(tmp_path, llama_dir):
     tokenizer lacks in a generated task's eval set."""
     import json
 
-    from rlvr.base.modeling import init_model
+    from rlvr.modeling import init_model
     from rlvr.policies.causal_lm import CausalLMPolicy, PromptError
     from rlvr.tasks import check_prompts_fit
     from rlvr.tasks.gsm8k import Gsm8kTask

@@ -16,7 +16,7 @@ from typing import Any
 
 from rlvr.base.errors import ConfigError
 from rlvr.base.extras import missing_module_hint
-from rlvr.base.record import Record
+from rlvr.batch.record import Record
 from rlvr.config import Config, check_options, config_from_dict, merge, parse_overrides, read_mapping
 from rlvr.config.compose import check_extras
 
@@ -27,7 +27,7 @@ class TrainResult:
 
     records: every record of the run, as ``metrics.jsonl`` holds them.
     run_dir: the run directory, or None for a run in memory.
-    policy:  the trained policy (``rlvr.base.interfaces.Policy``; for a causal LM ``policy.module`` is the
+    policy:  the trained policy (``rlvr.batch.interfaces.Policy``; for a causal LM ``policy.module`` is the
              transformers model and ``policy.tokenizer`` its tokenizer).
     config:  the resolved config the run used.
     """
@@ -109,7 +109,7 @@ def train(config: Config | dict | str | Path | None = None, overrides: Sequence[
                   TRL-style class): the task becomes ``environment`` with it.
     transformers' progress bars and deprecation warnings are off while it runs, as in the CLI.
     """
-    from rlvr.base.modeling import quiet_libraries
+    from rlvr.modeling import quiet_libraries
 
     with quiet_libraries():
         resolved = resolve_config(config, overrides, reward_funcs, out_dir, environment_factory)

@@ -15,12 +15,12 @@ from rlvr.api import check
 from rlvr.base.data import DataError, check_not_shadowed
 from rlvr.base.errors import RunError
 from rlvr.base.extras import LM_MODULES, missing_module_hint, require
-from rlvr.base.modeling import quiet_libraries
 from rlvr.config import ConfigError, load_config
 from rlvr.config.compose import check_extras
 from rlvr.config.presets import markdown_table as presets_table
 from rlvr.loop.evaluation import eval_prompts_label
 from rlvr.loop.state import TrainingError
+from rlvr.modeling import quiet_libraries
 from rlvr.rewards import RewardError
 from rlvr.runs.checkpoint import CheckpointError
 from rlvr.runs.directory import new_run_dir, write_atomically
@@ -127,7 +127,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_init_model(args: argparse.Namespace) -> int:
-    from rlvr.base.modeling import run_init_model
+    from rlvr.modeling import run_init_model
 
     require("init-model", LM_MODULES)
     try:
@@ -233,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_sft)
     p = _command(sub, "init-model", "write a character tokenizer and a random tiny LM (offline)")
     try:
-        from rlvr.base.modeling import add_init_model_arguments
+        from rlvr.modeling import add_init_model_arguments
 
         add_init_model_arguments(p)
     except ImportError:  # transformers not installed: the command explains when run

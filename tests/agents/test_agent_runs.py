@@ -129,7 +129,7 @@ def test_the_example_agent_and_its_config_run(tmp_path, monkeypatch):
     import random
     from pathlib import Path
 
-    from rlvr.base.modeling import init_model
+    from rlvr.modeling import init_model
 
     root = Path(__file__).resolve().parents[2]
     monkeypatch.chdir(root)  # the example's agent is found from the repository root, as its script runs it

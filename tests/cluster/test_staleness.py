@@ -11,7 +11,7 @@ import torch
 from helpers import QUIET
 from rlvr.api import run_loop
 from rlvr.base.errors import ConfigError
-from rlvr.base.rollout import Samples
+from rlvr.batch.rollout import Samples
 from rlvr.cluster.jobs import Job
 from rlvr.cluster.session import loop_parts
 from rlvr.cluster.staleness import Shift, sample_versions, staleness_stats, step_bound, too_old

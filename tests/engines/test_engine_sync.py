@@ -16,7 +16,6 @@ pytest.importorskip("transformers")
 
 from helpers import QUIET  # noqa: E402
 from rlvr.base.errors import ConfigError  # noqa: E402
-from rlvr.base.modeling import load_model_and_tokenizer  # noqa: E402
 from rlvr.config import load_config  # noqa: E402
 from rlvr.config.compose import build_policy  # noqa: E402
 from rlvr.engines import SamplingParams, WeightSyncError  # noqa: E402
@@ -28,6 +27,7 @@ from rlvr.engines.vllm import (  # noqa: E402
 )
 from rlvr.loop.seams import sync_engine  # noqa: E402
 from rlvr.loop.state import TrainingError  # noqa: E402
+from rlvr.modeling import load_model_and_tokenizer  # noqa: E402
 from rlvr.policies import engine_sync  # noqa: E402
 from rlvr.policies.causal_lm import CausalLMPolicy  # noqa: E402
 
@@ -44,7 +44,7 @@ def no_loading(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr("rlvr.base.modeling.load_model_and_tokenizer", refuse)
+    monkeypatch.setattr("rlvr.modeling.load_model_and_tokenizer", refuse)
 
 
 def test_engine_vllm_without_the_package_is_a_config_error_before_loading(tiny_model, monkeypatch, no_loading):

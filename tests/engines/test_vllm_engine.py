@@ -22,7 +22,6 @@ if not vllm_installed():
     pytest.skip("needs the vllm package (pip install 'rlvr[vllm]')", allow_module_level=True)
 
 from helpers import QUIET  # noqa: E402
-from rlvr.base.modeling import init_model  # noqa: E402
 from rlvr.config import load_config  # noqa: E402
 from rlvr.engines import SamplingParams, WeightSyncError  # noqa: E402
 from rlvr.engines.vllm import (  # noqa: E402
@@ -33,6 +32,7 @@ from rlvr.engines.vllm import (  # noqa: E402
 from rlvr.loop.seams import sync_engine  # noqa: E402
 from rlvr.loop.state import TrainingError  # noqa: E402
 from rlvr.loop.trainer import train  # noqa: E402
+from rlvr.modeling import init_model  # noqa: E402
 from rlvr.policies import engine_sync  # noqa: E402
 from rlvr.policies.causal_lm import CausalLMPolicy  # noqa: E402
 
@@ -142,7 +142,7 @@ class _Hops:
 
 def test_greedy_episodes_equal_the_hf_engines_and_seeded_episodes_do_not_depend_on_the_batch(started, policy):
     from rlvr.environments.episodes import EpisodeLimits, run_episodes
-    from rlvr.environments.hosts import EnvironmentHosts
+    from rlvr.environments.workers import EnvironmentHosts
 
     limits = EpisodeLimits(max_turns=3, max_tokens=60)  # room for three 12-token turns and their replies
     starts = [12, 345, 6]

@@ -224,7 +224,7 @@ class Incrementer:
 
 
 def test_plain_tool_arguments_arrive_as_their_annotated_types():
-    from rlvr.environments.operations import _OPERATIONS
+    from rlvr.environments.calls import _OPERATIONS
     from rlvr.environments.tool_parsing import call_arguments, parse_tool_calls, typed_arguments
 
     envs = {0: TRLEnvironment(Incrementer())}

@@ -108,12 +108,12 @@ def calls_made(prompts, completions, environments, **kwargs):
 def test_the_policys_tool_calls_run_in_the_sandbox_and_their_results_come_back_as_tokens(tmp_path, monkeypatch):
     import torch
 
-    from rlvr.base.modeling import init_model
     from rlvr.engines import Generation
     from rlvr.environments.episodes import EpisodeLimits, run_episodes
     from rlvr.environments.games import CalculatorArithmetic
-    from rlvr.environments.hosts import EnvironmentHosts
     from rlvr.environments.tools import TOOLS, ToolBox
+    from rlvr.environments.workers import EnvironmentHosts
+    from rlvr.modeling import init_model
     from rlvr.policies import turns
     from rlvr.policies.causal_lm import CausalLMPolicy
 

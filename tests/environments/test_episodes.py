@@ -12,7 +12,7 @@ from helpers import CHAT_TEMPLATE
 from rlvr.config import config_from_dict
 from rlvr.environments.base import Step
 from rlvr.environments.episodes import EpisodeLimits, episodes_samples, run_episodes
-from rlvr.environments.hosts import EnvironmentHosts
+from rlvr.environments.workers import EnvironmentHosts
 
 pytest.importorskip("transformers")
 
@@ -94,7 +94,7 @@ def test_the_trained_ids_are_the_sampled_ids_and_only_the_policys_tokens_train(p
 
 
 def _gradient(policy, samples, deltas, config):
-    from rlvr.base.rollout import Rollout
+    from rlvr.batch.rollout import Rollout
     from rlvr.core import aggregation_weights
     from rlvr.loop.step import accumulate_gradients
 
@@ -367,14 +367,14 @@ def test_a_chat_episode_takes_text_or_messages_only():
 def test_a_hanging_environment_is_said_on_the_console_at_its_first_timeout(policy, caplog):
     import logging
 
-    from rlvr.environments import hosts
+    from rlvr.environments import workers as hosts
 
     hosts._TIMED_OUT.discard("SlowStep.step")
 
     class SlowStep(Hangs):
         pass
 
-    with caplog.at_level(logging.WARNING, logger="rlvr.environments.hosts"):
+    with caplog.at_level(logging.WARNING, logger="rlvr.environments.workers"):
         found, _ = sample(policy, env=SlowStep, starts=(1, 2), group=2, limits=EpisodeLimits(4, 40, step_timeout=0.1))
     assert all("no answer within 0.1 s" in e.error for e in found)
     said = [r.getMessage() for r in caplog.records if "ran past its time limit" in r.getMessage()]

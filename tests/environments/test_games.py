@@ -9,7 +9,6 @@ import random
 import pytest
 
 from rlvr.base.data import read_jsonl
-from rlvr.base.modeling import DEFAULT_CHARS, PRINTABLE
 from rlvr.environments.base import ToolResult
 from rlvr.environments.games import (
     ENVIRONMENTS,
@@ -22,6 +21,7 @@ from rlvr.environments.games import (
 from rlvr.environments.retry import RETRY_MESSAGE, GoldCheck, RetryEnvironment, gold_check
 from rlvr.environments.tool_parsing import PLAIN_ARGUMENT, format_tool_results, parse_tool_calls
 from rlvr.environments.tools import TOOLS
+from rlvr.modeling import DEFAULT_CHARS, PRINTABLE
 from rlvr.rewards import RewardSpec
 
 
@@ -323,7 +323,7 @@ def test_calculator_sft_examples_keep_each_episode_whole_but_the_last():
 
 def test_texts_encode_with_a_character_tokenizer_over_the_environment_chars():
     pytest.importorskip("transformers")
-    from rlvr.base.modeling import build_char_tokenizer
+    from rlvr.modeling import build_char_tokenizer
 
     for env in (GuessingGame(), CalculatorArithmetic(), CalculatorArithmetic(use_tools=False)):
         tokenizer = build_char_tokenizer(env.chars)
@@ -334,7 +334,7 @@ def test_texts_encode_with_a_character_tokenizer_over_the_environment_chars():
 
 def test_turn_end_puts_the_eos_id_after_each_earlier_turn_as_an_episode_context_has_it():
     pytest.importorskip("transformers")
-    from rlvr.base.modeling import build_char_tokenizer
+    from rlvr.modeling import build_char_tokenizer
 
     tokenizer = build_char_tokenizer(GuessingGame().chars)
 

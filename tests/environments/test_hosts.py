@@ -13,7 +13,7 @@ import pytest
 from helpers import tagged
 from rlvr.base.errors import STOPPING, CutShort
 from rlvr.environments.base import Step
-from rlvr.environments.hosts import HARD_GRACE, EnvironmentFailed, EnvironmentHosts
+from rlvr.environments.workers import HARD_GRACE, EnvironmentFailed, EnvironmentHosts
 
 
 class Echo:
@@ -328,7 +328,7 @@ def test_an_answer_past_the_reply_limit_ends_its_episode_named(monkeypatch):
     import pickle
 
     from rlvr.base import workers
-    from rlvr.environments import hosts as hosts_module
+    from rlvr.environments import workers as hosts_module
 
     monkeypatch.setattr(hosts_module, "reply_limit", lambda max_chars: 1000)  # the worker checks it before sending
     hosts = EnvironmentHosts(Floods, 1)

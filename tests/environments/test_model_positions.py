@@ -10,7 +10,7 @@ pytest.importorskip("transformers")
 
 
 def model(tmp_path, arch, positions):
-    from rlvr.base.modeling import init_model
+    from rlvr.modeling import init_model
 
     return init_model(tmp_path / f"{arch}-{positions}", arch=arch, hidden_size=32, intermediate_size=64,
                       num_layers=2, num_heads=2, max_positions=positions, seed=0)

@@ -45,10 +45,10 @@ class StuckTicks(Ticks):
 
 
 def episodes_calling(tmp_path, monkeypatch, calls, limits, env=Ticks, workers=0):
-    from rlvr.base.modeling import init_model
     from rlvr.engines import Generation
     from rlvr.environments.episodes import run_episodes
-    from rlvr.environments.hosts import EnvironmentHosts
+    from rlvr.environments.workers import EnvironmentHosts
+    from rlvr.modeling import init_model
     from rlvr.policies import turns
     from rlvr.policies.causal_lm import CausalLMPolicy
 
@@ -104,7 +104,7 @@ def test_an_own_tool_that_hangs_for_good_ends_its_episode_within_the_limit(tmp_p
     import time
 
     from rlvr.environments.episodes import EpisodeLimits
-    from rlvr.environments.hosts import HARD_GRACE
+    from rlvr.environments.workers import HARD_GRACE
 
     began = time.monotonic()
     episodes = episodes_calling(tmp_path, monkeypatch, 1, EpisodeLimits(max_turns=2, max_tokens=250,

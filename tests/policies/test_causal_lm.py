@@ -13,11 +13,11 @@ import pytest
 import torch
 from tiny_lm import make_policy
 
-from rlvr.base.modeling import load_model_and_tokenizer
 from rlvr.config import CausalLMOptions, ConfigError, PolicyConfig, config_from_dict
 from rlvr.config.compose import build_causal_lm_policy
 from rlvr.engines.base import cut_at_stop_string
 from rlvr.engines.hf import draw_tokens
+from rlvr.modeling import load_model_and_tokenizer
 from rlvr.policies import engine_sync
 from rlvr.policies.causal_lm import CausalLMPolicy
 

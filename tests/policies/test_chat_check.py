@@ -7,7 +7,7 @@ import string
 
 import pytest
 
-from rlvr.base.modeling import build_char_tokenizer
+from rlvr.modeling import build_char_tokenizer
 from rlvr.policies.chat_check import ChatTemplateMismatch, check_chat_template, check_turn_end, render_delta
 
 # ChatML-like: every message "<|role|>\n{content}<eos>\n", the generation prompt "<|assistant|>\n".

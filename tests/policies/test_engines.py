@@ -11,9 +11,9 @@ import pytest
 import torch
 from tiny_lm import PROMPTS, make_policy
 
-from rlvr.base.modeling import load_model_and_tokenizer
 from rlvr.engines import SamplingParams
 from rlvr.engines.hf import HFEngine
+from rlvr.modeling import load_model_and_tokenizer
 from rlvr.policies.causal_lm import CausalLMPolicy
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlvr.base.modeling import load_model_and_tokenizer
+from rlvr.modeling import load_model_and_tokenizer
 from rlvr.policies.causal_lm import CausalLMPolicy
 
 PROMPTS = ["123456>", "98>", "5"]

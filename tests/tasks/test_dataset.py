@@ -58,7 +58,7 @@ def test_every_format_gives_the_same_prompts(tmp_path, jsonl):
 
 def test_chat_prompts_render_with_the_template_and_system_prompt(jsonl, tiny_model):
     from rlvr.base.errors import PromptError
-    from rlvr.base.modeling import load_model_and_tokenizer
+    from rlvr.modeling import load_model_and_tokenizer
     from rlvr.policies.prompts import prompt_token_ids
 
     task = DatasetTask(jsonl, system_prompt="s", answer_column="answer", gold="exact")

@@ -200,7 +200,7 @@ def test_a_run_whose_gold_check_grades_nothing_stops_with_one_line(tmp_path, tin
 
 
 def test_a_prompt_too_long_for_the_model_is_named_by_file_and_line(tmp_path):
-    from rlvr.base.modeling import init_model
+    from rlvr.modeling import init_model
     from rlvr.policies.causal_lm import CausalLMPolicy, PromptError
     from rlvr.tasks import check_prompts_fit
 

@@ -45,8 +45,8 @@ def test_unknown_generator_and_bad_settings_are_config_errors():
 def test_tiny_run_on_a_reasoning_gym_task(tmp_path):
     """Two epochs of a tiny LM on text prompts (no system prompt): every response graded by
     the scorer in the reward workers, and the held-out evaluation recorded."""
-    from rlvr.base.modeling import init_model
     from rlvr.loop.trainer import train
+    from rlvr.modeling import init_model
 
     model = init_model(tmp_path / "model", hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2,
                        chars=string.printable.replace("\r", "").replace("\x0b", "").replace("\x0c", ""))

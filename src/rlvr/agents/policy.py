@@ -16,7 +16,7 @@ import torch
 from rlvr.agents.runner import AgentLimits, run_agents
 from rlvr.agents.server import Endpoint
 from rlvr.base.errors import PromptError
-from rlvr.base.rollout import Samples
+from rlvr.batch.rollout import Samples
 from rlvr.environments.base import EpisodeText
 from rlvr.environments.episodes import SEED_RANGE, episodes_samples
 from rlvr.environments.policy import EpisodePolicy

@@ -34,7 +34,7 @@ def setting(default: Any, help: str, *, choices: Any = None, min: float | None =
             above: float | None = None, below: float | None = None, sections: dict[str, type] | None = None) -> Any:
     """A config field: its default, one line of help and its own rules, declared once.
 
-    choices: the allowed values (a tuple, a registry whose keys are the names, or ``rlvr.base.settings.Names``); min,
+    choices: the allowed values (a tuple, a registry whose keys are the names, or ``rlvr.config.settings.Names``); min,
     max: inclusive bounds; above, below: exclusive ones. An optional field's null passes every rule. sections: a nested
     section whose class the section's ``name`` picks (``policy.options``), ``default`` being the default name's.
     """

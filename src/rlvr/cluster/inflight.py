@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rlvr.base.rollout import Grades, Samples, checkpoint_data
+from rlvr.batch.rollout import Grades, Samples, checkpoint_data
 from rlvr.loop.diagnostics import prompt_key
 
 JOB_FIELDS = ("epoch", "worker", "version", "weights_epoch")  # a batch's place, and the weights it was sampled with

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlvr.base.rollout import Grades, Samples
+from rlvr.batch.rollout import Grades, Samples
 
 
 def epoch_generator_state(seed: int, epoch: int) -> torch.Tensor:

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rlvr.base.record import Record
-from rlvr.base.rollout import Rollout, Samples, contiguous_bounds
+from rlvr.batch.record import Record
+from rlvr.batch.rollout import Rollout, Samples, contiguous_bounds
 from rlvr.cluster import READY_TIMEOUT, quiet_actor
 from rlvr.cluster.sharded import load_sharded, save_sharded
 from rlvr.cluster.watch import IDLE, Activity

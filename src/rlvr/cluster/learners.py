@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from rlvr.base.record import Record
-from rlvr.base.rollout import Rollout, Samples
+from rlvr.batch.record import Record
+from rlvr.batch.rollout import Rollout, Samples
 from rlvr.cluster import READY_TIMEOUT, first_line
 from rlvr.cluster.learner_rank import LearnerRank, load_train_state, policy_device, share_bounds
 from rlvr.cluster.sharded import has_reference

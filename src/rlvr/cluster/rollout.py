@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from rlvr.base.interfaces import Task
-from rlvr.base.record import Record
-from rlvr.base.rollout import Grades, Samples, contiguous_bounds
+from rlvr.batch.interfaces import Task
+from rlvr.batch.record import Record
+from rlvr.batch.rollout import Grades, Samples, contiguous_bounds
 from rlvr.cluster import READY_TIMEOUT, ClusterError, first_line, stopped
 from rlvr.cluster.inflight import batch_from_dict, batch_to_dict
 from rlvr.cluster.jobs import Job, epoch_generator_state

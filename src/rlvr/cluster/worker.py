@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlvr.base.record import Record
-from rlvr.base.rollout import Grades, Samples
+from rlvr.batch.record import Record
+from rlvr.batch.rollout import Grades, Samples
 from rlvr.cluster import ClusterError, quiet_actor
 from rlvr.config import Config
 from rlvr.loop.evaluation import evaluate

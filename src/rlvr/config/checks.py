@@ -19,7 +19,6 @@ import torch
 
 from rlvr.base.errors import ConfigError
 from rlvr.base.rules import finite
-from rlvr.base.settings import check_fields
 from rlvr.config.sections import (
     MAX_RESPONSES,
     AlgoConfig,
@@ -28,6 +27,7 @@ from rlvr.config.sections import (
     PositionalOptions,
     TaskConfig,
 )
+from rlvr.config.settings import check_fields
 from rlvr.core import CAP_MASKING_CORRECTIONS, KL_LOSS_ESTIMATORS, MASKING_CORRECTIONS, TRUNCATING_CORRECTIONS
 from rlvr.engines import ENGINES
 from rlvr.engines.vllm import INSTALL_HINT, vllm_installed

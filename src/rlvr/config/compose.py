@@ -22,7 +22,7 @@ from rlvr.tasks.grading import GradedTask, reward_runner
 
 if TYPE_CHECKING:
     from rlvr.agents.server import Endpoint
-    from rlvr.base.interfaces import Policy, Task
+    from rlvr.batch.interfaces import Policy, Task
     from rlvr.config import Config, PolicyConfig
     from rlvr.policies.causal_lm import CausalLMPolicy
 

@@ -7,7 +7,10 @@ import warnings
 from pathlib import Path
 
 from rlvr.base.errors import ConfigError
-from rlvr.base.settings import (
+from rlvr.config.checks import validate
+from rlvr.config.presets import resolve_defaults
+from rlvr.config.sections import Config
+from rlvr.config.settings import (
     build,
     merge_into,
     parse_overrides,
@@ -15,9 +18,6 @@ from rlvr.base.settings import (
     unknown_keys,
     unknown_message,
 )
-from rlvr.config.checks import validate
-from rlvr.config.presets import resolve_defaults
-from rlvr.config.sections import Config
 
 # the settings of the sorting task and of the positional policy, read from where they were before their options held
 # them (a run directory written then resumes as it was): section -> (the name they are for, the keys)
@@ -54,7 +54,7 @@ def moved_into_options(data: dict) -> dict:
 
 def merge(base: dict, update: dict) -> dict:
     """Config mappings merged, ``update`` winning: sections key by key, mappings (``policy.options.lora``) one level
-    deep (``rlvr.base.settings.merge_into``); a key of MOVED_INTO_OPTIONS in ``update`` wins over ``base``'s in the
+    deep (``rlvr.config.settings.merge_into``); a key of MOVED_INTO_OPTIONS in ``update`` wins over ``base``'s in the
     section's options, and the reverse."""
     merged = merge_into(Config, base, update)
     for section, (_, keys) in MOVED_INTO_OPTIONS.items():

@@ -1,7 +1,7 @@
 """One typed config: a dataclass per concern, YAML in and out, ``key=value`` overrides.
 
 The sections of rlvr's config, each field declared in one line (``setting``: its default, help and own rules), with the
-facts derived from them (``AlgoConfig.kl_in_reward``, ...); ``rlvr.base.settings`` builds, checks and writes them,
+facts derived from them (``AlgoConfig.kl_in_reward``, ...); ``rlvr.config.settings`` builds, checks and writes them,
 ``rlvr.config.checks`` holds the rules between fields. Defaults reproduce the lecture's sorting experiment.
 """
 
@@ -14,14 +14,14 @@ from typing import Any
 
 import torch
 
-from rlvr.base.modeling import DTYPES
 from rlvr.base.rules import setting
-from rlvr.base.settings import commented_yaml, to_yaml
 from rlvr.config.presets import ALGO_PRESETS
+from rlvr.config.settings import commented_yaml, to_yaml
 from rlvr.core import AGGREGATIONS, DELTA_MODES, IS_CORRECTIONS, KL_ESTIMATORS, LOSS_MODES
 from rlvr.core.logprobs import DEFAULT_CHUNK_ELEMENTS
 from rlvr.engines import ENGINES
 from rlvr.engines.vllm import VLLMOptions
+from rlvr.modeling import DTYPES
 from rlvr.tasks import TASK_OPTIONS, TASKS
 
 POLICIES = ("positional", "causal_lm")

@@ -88,7 +88,7 @@ class Engine(Protocol):
     """Decodes responses to prompts given as token ids; holds the weights it samples with."""
 
     weights_version: int  # counts the weights received by ``load_weights`` (0: the ones it was built with)
-    # its sample log-probs are the trainer's (``rlvr.base.interfaces.sampler_log_probs_exact``)
+    # its sample log-probs are the trainer's (``rlvr.batch.interfaces.sampler_log_probs_exact``)
     exact_log_probs: bool = True
     # partial rollouts: asked between tokens; takes newer weights if any are published and says
     # whether it did (the running responses then go on with them). None: a call keeps its weights

@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlvr.base.modeling import DTYPES
 from rlvr.base.rules import setting
 from rlvr.engines.base import Engine, Generation, SamplingParams, check_seeds
 from rlvr.engines.vllm_requests import Drawn, Requests, can_pause
+from rlvr.modeling import DTYPES
 
 INSTALL_HINT = "pip install 'rlvr[vllm]'"
 CPU_KV_CACHE_BYTES = 256 << 20  # vLLM's CPU default, most of the machine's memory, refuses to start beside a trainer

@@ -20,7 +20,7 @@ from typing import Any
 
 from rlvr.base.errors import ConfigError
 from rlvr.environments.base import Environment, EnvironmentFactory, Message, Observation, Step
-from rlvr.environments.operations import public_attributes
+from rlvr.environments.calls import public_attributes
 from rlvr.environments.tool_parsing import tool_schema
 from rlvr.rewards.calls import RewardError
 from rlvr.rewards.loading import _import

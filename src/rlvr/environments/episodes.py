@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlvr.base.rollout import Samples
+from rlvr.batch.rollout import Samples
 from rlvr.environments.base import Episode, EpisodeText, Observation, ToolCall, ToolResult, Turn
-from rlvr.environments.hosts import EnvironmentFailed, EnvironmentHosts
-from rlvr.environments.operations import as_observation, episode_chars
+from rlvr.environments.calls import as_observation, episode_chars
+from rlvr.environments.workers import EnvironmentFailed, EnvironmentHosts
 from rlvr.policies import turns
 from rlvr.policies.prompts import content_chars
 

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rlvr.base.errors import PromptError
-from rlvr.base.interfaces import Policy
-from rlvr.base.rollout import Samples
+from rlvr.batch.interfaces import Policy
+from rlvr.batch.rollout import Samples
 from rlvr.environments.base import EpisodeText
 from rlvr.environments.episodes import EpisodeLimits, episodes_samples, run_episodes, start_episodes
-from rlvr.environments.hosts import EnvironmentHosts
+from rlvr.environments.workers import EnvironmentHosts
 
 CHECKED_STARTS = 8  # starts whose prompts are checked before any work
 

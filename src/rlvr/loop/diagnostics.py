@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from rlvr.base.record import Record, prompt_text
+from rlvr.batch.record import Record, prompt_text
 
 # ---------------------------------------------------------------- gradient noise
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 
 from rlvr import core
-from rlvr.base.rollout import Grades, Samples
+from rlvr.batch.rollout import Grades, Samples
 from rlvr.config import AlgoConfig
 
 Sample = Callable[[], tuple[Samples, Grades, dict[str, float]]]

@@ -12,9 +12,9 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from rlvr.base.interfaces import Policy, Task
-from rlvr.base.record import Record
-from rlvr.base.rollout import Grades
+from rlvr.batch.interfaces import Policy, Task
+from rlvr.batch.record import Record
+from rlvr.batch.rollout import Grades
 from rlvr.config import Config
 from rlvr.rewards import TrainerState
 
@@ -105,7 +105,7 @@ def eval_records(greedy: Sequence[Grades], sampled: Sequence[Grades], first: tup
 
 def sample_table(prompts: Any, responses: Any, grades: Any, epoch: int, step: int, rows: int) -> Record:
     """The first ``rows`` eval prompts, one sampled response each, with reward and verdict; a prompt is kept as data
-    (``rlvr.base.record.prompt_text`` renders it)."""
+    (``rlvr.batch.record.prompt_text`` renders it)."""
     count = min(rows, len(prompts))
     rewards, correct = grades.rewards[:count, 0].tolist(), grades.correct[:count, 0].tolist()
     notes = getattr(grades, "notes", None)

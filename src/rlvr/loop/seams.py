@@ -14,9 +14,9 @@ from typing import Any, Protocol
 
 import torch
 
-from rlvr.base.interfaces import Policy, Task
-from rlvr.base.record import Record
-from rlvr.base.rollout import Grades, Rollout, Samples
+from rlvr.batch.interfaces import Policy, Task
+from rlvr.batch.record import Record
+from rlvr.batch.rollout import Grades, Rollout, Samples
 from rlvr.config import Config
 from rlvr.engines import WeightSyncError
 from rlvr.loop.dynamic_sampling import fill_with_learning_groups

@@ -16,8 +16,8 @@ import torch
 
 from rlvr import core
 from rlvr.base.data import DataError, read_jsonl_lines
-from rlvr.base.record import Record
-from rlvr.base.rollout import Samples
+from rlvr.batch.record import Record
+from rlvr.batch.rollout import Samples
 from rlvr.config import Config, ConfigError
 from rlvr.config.compose import build_policy, build_task
 from rlvr.loop.optim import build_optimizer, clear_grads

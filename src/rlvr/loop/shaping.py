@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from rlvr import core
-from rlvr.base.interfaces import Policy
-from rlvr.base.rollout import Samples
+from rlvr.batch.interfaces import Policy
+from rlvr.batch.rollout import Samples
 from rlvr.config import Config
 
 

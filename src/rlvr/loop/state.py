@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from rlvr.base.interfaces import Policy
-from rlvr.base.record import Record
-from rlvr.base.rollout import Rollout
+from rlvr.batch.interfaces import Policy
+from rlvr.batch.record import Record
+from rlvr.batch.rollout import Rollout
 
 
 class TrainingError(RuntimeError):

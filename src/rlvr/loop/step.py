@@ -18,9 +18,9 @@ from typing import Any
 import torch
 
 from rlvr import core
-from rlvr.base.interfaces import Policy
-from rlvr.base.record import Record
-from rlvr.base.rollout import Rollout, contiguous_bounds
+from rlvr.batch.interfaces import Policy
+from rlvr.batch.record import Record
+from rlvr.batch.rollout import Rollout, contiguous_bounds
 from rlvr.config import Config
 from rlvr.loop.diagnostics import GradientNoiseMeter, flat_grad
 from rlvr.loop.optim import clear_grads, optimizer_update

@@ -20,9 +20,9 @@ import torch
 
 from rlvr import core
 from rlvr.base.errors import CutShort
-from rlvr.base.interfaces import Policy, Task, sampler_log_probs_exact
-from rlvr.base.record import Record
-from rlvr.base.rollout import Grades, Rollout, Samples
+from rlvr.batch.interfaces import Policy, Task, sampler_log_probs_exact
+from rlvr.batch.record import Record
+from rlvr.batch.rollout import Grades, Rollout, Samples
 from rlvr.config import AlgoConfig, Config
 from rlvr.config.compose import build_policy, build_task, check_extras, driver_holds_weights, runs_on_ray
 from rlvr.loop.diagnostics import max_reward_stats, prompt_solve_shares

@@ -1,4 +1,4 @@
-"""Policies: what samples responses and scores their log-probs (``rlvr.base.interfaces.Policy``).
+"""Policies: what samples responses and scores their log-probs (``rlvr.batch.interfaces.Policy``).
 
 positional.py: the lecture's non-autoregressive sorting model; causal_lm.py: Hugging Face causal LMs (the ``lm``
 extra, imported only when asked for).

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlvr.base.interfaces import Policy
-from rlvr.base.rollout import Samples
+from rlvr.batch.interfaces import Policy
+from rlvr.batch.rollout import Samples
 from rlvr.core import token_log_probs
 from rlvr.core.logprobs import DEFAULT_CHUNK_ELEMENTS, token_log_probs_and_entropy
 from rlvr.engines import Engine, Generation, SamplingParams
@@ -146,13 +146,13 @@ class CausalLMPolicy(Policy):
                         lora: dict | None = None, engine: str = "hf", engine_options: VLLMOptions | None = None,
                         temperature: float = 1.0, chat_template: str | None = None,
                         **settings: Any) -> CausalLMPolicy:
-        """Load with ``rlvr.base.modeling.load_model_and_tokenizer``; ``settings`` go to the constructor.
+        """Load with ``rlvr.modeling.load_model_and_tokenizer``; ``settings`` go to the constructor.
 
         engine: "hf" or "vllm" (``VLLMEngine`` with ``engine_options``, its log-prob mode exact at ``temperature``
         when it can be), handed the loaded weights and probed before this returns. chat_template: a Jinja chat
         template in place of the tokenizer's own; checkpoints save it.
         """
-        from rlvr.base.modeling import load_model_and_tokenizer
+        from rlvr.modeling import load_model_and_tokenizer
         from rlvr.policies.hf_model import locate_model, model_identity
 
         check_device(device)

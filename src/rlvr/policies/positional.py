@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rlvr.base.interfaces import Policy
-from rlvr.base.rollout import Samples
+from rlvr.batch.interfaces import Policy
+from rlvr.batch.rollout import Samples
 
 
 @dataclass
@@ -170,7 +170,7 @@ def consecutive_groups(prompt_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 
 
 class PositionalPolicy(Policy):
-    """Policy over fixed-length responses of n tokens; see ``rlvr.base.interfaces.Policy``."""
+    """Policy over fixed-length responses of n tokens; see ``rlvr.batch.interfaces.Policy``."""
 
     def __init__(self, vocab_size: int, embedding_dim: int, num_numbers: int, embedding_std: float = 1.0):
         self.module = PositionalModel(vocab_size, embedding_dim, num_numbers, embedding_std)

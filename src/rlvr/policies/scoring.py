@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from rlvr.base.rollout import Samples
+from rlvr.batch.rollout import Samples
 from rlvr.core import entropy_from_logits
 from rlvr.core.logprobs import row_chunks
 

@@ -24,7 +24,7 @@ import torch
 
 from rlvr.base.data import hash_file
 from rlvr.base.errors import CheckpointError
-from rlvr.base.rollout import Rollout
+from rlvr.batch.rollout import Rollout
 from rlvr.policies import frozen_copy, holds_weights
 
 if TYPE_CHECKING:

@@ -126,7 +126,7 @@ def _export_causal_lm(config: Config, model_dir: Path, files: list[str], out: Pa
     import peft
     from transformers import AutoTokenizer
 
-    from rlvr.base.modeling import load_model_and_tokenizer
+    from rlvr.modeling import load_model_and_tokenizer
 
     options = config.policy.options
     model, _ = load_model_and_tokenizer(_base_model(config, model_dir, base), dtype=options.dtype)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.base.errors import ConfigError, RunError, Stopped, os_reason
-from rlvr.base.record import Record
+from rlvr.batch.record import Record
 from rlvr.cluster.learners import LearnerGroup
 from rlvr.cluster.session import loop_parts, trained_policy
 from rlvr.cluster.sharded import load_sharded

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from rlvr.base.record import Record, json_safe, plain_text, prompt_text, response_text
+from rlvr.batch.record import Record, json_safe, plain_text, prompt_text, response_text
 
 
 class JsonlSink:

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.base.errors import ConfigError, RunError
-from rlvr.base.record import Record
-from rlvr.base.settings import load_yaml
+from rlvr.batch.record import Record
+from rlvr.config.settings import load_yaml
 from rlvr.runs.metrics import read_records
 
 MAX_METRICS_BYTES = 2**30  # a metrics.jsonl the report reads (a long LM run writes tens of MB)

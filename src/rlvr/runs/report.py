@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from rlvr.base.errors import RunError
-from rlvr.base.record import Record, plain_text, prompt_text, response_text
+from rlvr.batch.record import Record, plain_text, prompt_text, response_text
 from rlvr.loop.diagnostics import (
     classify_prompts,
     epoch_series,

@@ -10,7 +10,7 @@ from typing import Any
 
 from rlvr.base.data import hash_file
 from rlvr.base.errors import ConfigError, RunError
-from rlvr.base.record import Record, json_safe
+from rlvr.batch.record import Record, json_safe
 from rlvr.config import Config, LogConfig, load_config
 from rlvr.runs.directory import DATA_FILES, write_atomically
 from rlvr.runs.metrics import read_records

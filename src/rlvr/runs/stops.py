@@ -12,7 +12,7 @@ from typing import IO, Any
 from tqdm import tqdm
 
 from rlvr.base.errors import STOPPING, CutShort, Stopped
-from rlvr.base.record import Record
+from rlvr.batch.record import Record
 from rlvr.loop.state import TrainState
 
 

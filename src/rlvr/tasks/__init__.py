@@ -14,7 +14,7 @@ import inspect
 from typing import get_type_hints
 
 from rlvr.base.errors import ConfigError, PromptError, did_you_mean
-from rlvr.base.interfaces import Policy, Task
+from rlvr.batch.interfaces import Policy, Task
 from rlvr.tasks.agent import AgentTask
 from rlvr.tasks.arithmetic import ArithmeticTask
 from rlvr.tasks.dataset import DatasetTask

@@ -13,9 +13,9 @@ from rlvr.agents.chat import MAX_CHOICES
 from rlvr.agents.runner import AgentLimits, AgentRun
 from rlvr.agents.server import MAX_CALLS
 from rlvr.base.errors import ConfigError
-from rlvr.base.interfaces import Policy
-from rlvr.base.rollout import Grades
 from rlvr.base.rules import option
+from rlvr.batch.interfaces import Policy
+from rlvr.batch.rollout import Grades
 from rlvr.tasks.environment import EpisodeTask, start_rows
 
 

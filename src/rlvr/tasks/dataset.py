@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from rlvr.base.data import DataError
-from rlvr.base.interfaces import Policy
 from rlvr.base.rules import SEED_MAX, option
+from rlvr.batch.interfaces import Policy
 from rlvr.rewards import RewardSpec
 from rlvr.rewards.runner import ARGUMENTS
 from rlvr.rewards.verifiers import EXTRACTORS, exact_match, math_answer, numeric_match, parse_number

@@ -16,12 +16,12 @@ import torch
 
 from rlvr.base.data import read_jsonl
 from rlvr.base.errors import ConfigError, RunError
-from rlvr.base.interfaces import Policy
-from rlvr.base.rollout import Grades
 from rlvr.base.rules import option
+from rlvr.batch.interfaces import Policy
+from rlvr.batch.rollout import Grades
 from rlvr.environments.base import Environment, Episode
 from rlvr.environments.episodes import EpisodeLimits
-from rlvr.environments.hosts import WORKERS, EnvironmentHosts
+from rlvr.environments.workers import WORKERS, EnvironmentHosts
 from rlvr.rewards import RewardSpec
 from rlvr.tasks.grading import GradedTask
 

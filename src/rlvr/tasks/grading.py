@@ -16,8 +16,8 @@ from typing import Any, ClassVar
 import torch
 
 from rlvr.base.errors import ConfigError, RunError
-from rlvr.base.interfaces import Task
-from rlvr.base.rollout import Grades
+from rlvr.batch.interfaces import Task
+from rlvr.batch.rollout import Grades
 from rlvr.rewards import RewardError, RewardResult, RewardRunner, RewardSpec, TrainerState, load_reward_specs
 
 Prompt = dict[str, Any]

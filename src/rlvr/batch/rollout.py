@@ -1,4 +1,4 @@
-"""The batch that flows through one epoch (the interfaces that produce it: ``rlvr.base.interfaces``).
+"""The batch that flows through one epoch (the interfaces that produce it: ``rlvr.batch.interfaces``).
 
 Shapes: B prompts, G responses per prompt (the group), N = B*G responses (row
 ``b * G + g`` is response g of prompt b), P prompt tokens, T response tokens.

@@ -1,4 +1,4 @@
-"""The two interfaces that produce a batch (``rlvr.base.rollout``): a ``Policy`` samples responses and scores their
+"""The two interfaces that produce a batch (``rlvr.batch.rollout``): a ``Policy`` samples responses and scores their
 log-probs, a ``Task`` gives prompts and grades responses.
 
 Shapes: B prompts, G responses per prompt, N = B*G responses, n any number of rows, T response tokens.
@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 import torch
 
-from rlvr.base.rollout import Grades, Samples
+from rlvr.batch.rollout import Grades, Samples
 
 
 class Policy(Protocol):

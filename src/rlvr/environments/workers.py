@@ -19,7 +19,7 @@ from typing import Any
 from rlvr.base.errors import STOPPING, CutShort
 from rlvr.base.workers import WorkerFailed, WorkerPool
 from rlvr.environments.base import Environment, describe_error
-from rlvr.environments.operations import EnvironmentHost, call_name, reply_limit
+from rlvr.environments.calls import EnvironmentHost, call_name, reply_limit
 
 HARD_GRACE = 2.0  # seconds past a call's limit before its worker is killed
 WORKERS = 64  # worker processes at most by default: episodes beyond share them

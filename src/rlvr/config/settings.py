@@ -19,7 +19,7 @@ import yaml
 
 from rlvr.base.errors import ConfigError, did_you_mean
 from rlvr.base.rules import check_rules, coerce, rules_text
-from rlvr.base.trl_names import VERL_NAMES, foreign_hint
+from rlvr.config.trl_names import VERL_NAMES, foreign_hint
 
 
 def section_type(cls: type, key: str, name: Any) -> type | None:

@@ -1,4 +1,4 @@
-"""What a host does with an environment (``rlvr.environments.hosts``): the operations a request names (make,
+"""What a host does with an environment (``rlvr.environments.workers``): the operations a request names (make,
 reset, tools, tool, step, final, schemas, snapshot), each run under its time limit (``time_limit``), with the checks
 of what the environment answered (``step_reward``, ``as_observation``); ``EnvironmentHost`` runs them.
 
