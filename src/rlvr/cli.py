@@ -23,8 +23,9 @@ from rlvr.loop.state import TrainingError
 from rlvr.modeling import quiet_libraries
 from rlvr.rewards import RewardError
 from rlvr.runs.checkpoint import CheckpointError
+from rlvr.runs.compare import side_by_side
 from rlvr.runs.directory import new_run_dir, write_atomically
-from rlvr.runs.launch import run_training, side_by_side
+from rlvr.runs.launch import run_training
 from rlvr.runs.metrics import plot_runs, read_records
 from rlvr.runs.report import cmd_report
 from rlvr.runs.resume import resume_config, take_accept_data_change

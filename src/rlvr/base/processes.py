@@ -16,9 +16,11 @@ import errno
 import functools
 import itertools
 import os
+import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 MAX_PROCESSES = 128  # processes (threads count too) a jailed program and all it starts may hold at once
@@ -46,6 +48,25 @@ def die_with_parent(parent: int | None = None) -> None:
         return
     if parent is not None and os.getppid() != parent:  # it died before the prctl took hold
         os._exit(0)
+
+
+def die_with(pid: int) -> None:
+    """Linux 5.3+: SIGKILL this process when process ``pid`` ends, any process, not only the parent (a fork server's
+    child dies with the process that asked for it, while the server outlives that one)."""
+    if not hasattr(os, "pidfd_open"):  # Linux alone
+        return
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:  # it has ended already
+        os._exit(0)
+    except OSError:  # a kernel without pidfds (before Linux 5.3)
+        return
+
+    def watch() -> None:
+        select.select([pidfd], [], [])  # readable when the process ends
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, daemon=True).start()
 
 
 def limit_address_space(limit_bytes: int, grow: bool = False) -> None:
