@@ -16,9 +16,7 @@ import torch
 from rlvr.agents.runner import AgentLimits, run_agents
 from rlvr.agents.server import Endpoint
 from rlvr.base.errors import PromptError
-from rlvr.batch.rollout import Samples
-from rlvr.environments.base import EpisodeText
-from rlvr.environments.episodes import SEED_RANGE, episodes_samples
+from rlvr.environments.episodes import SEED_RANGE
 from rlvr.environments.policy import EpisodePolicy
 
 if TYPE_CHECKING:
@@ -38,21 +36,13 @@ class AgentPolicy(EpisodePolicy):
         """An episode's tokens after its first prompt, sampled and appended: at most ``max_tokens``."""
         return self.agent_limits.max_tokens
 
-    def sample(self, prompts: Sequence[Any], group_size: int, temperature: float,
-               generator: torch.Generator) -> Samples:
-        """G agent episodes from each of B rows, each with its own seed drawn from ``generator``."""
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0 for sampling, got {temperature} (use greedy)")
-        seeds = torch.randint(SEED_RANGE, (len(prompts) * group_size,), generator=generator).tolist()
+    def run(self, prompts: Sequence[Any], group_size: int, temperature: float,
+            generator: torch.Generator | None) -> list[Any]:
+        """G agent episodes from each of B rows, each with its own seed drawn from ``generator`` (greedy: seed 0)."""
+        count = len(prompts) * group_size
+        seeds = [0] * count if generator is None else torch.randint(SEED_RANGE, (count,), generator=generator).tolist()
         self.endpoint.start()
-        runs = run_agents(self.endpoint, self.agent, prompts, group_size, temperature, seeds, self.agent_limits)
-        return episodes_samples(runs, group_size, self.lm.pad_id)
-
-    def greedy(self, prompts: Sequence[Any]) -> list[list[EpisodeText]]:
-        """One greedy agent episode from each row, as B lists of one ``EpisodeText``."""
-        self.endpoint.start()
-        runs = run_agents(self.endpoint, self.agent, prompts, 1, 0.0, [0] * len(prompts), self.agent_limits)
-        return [[EpisodeText(run)] for run in runs]
+        return run_agents(self.endpoint, self.agent, prompts, group_size, temperature, seeds, self.agent_limits)
 
     def check_prompts(self, prompts: Sequence[Any], what: str = "row") -> None:
         """The chat template alone (the rows are the agent's to read): it must end each assistant turn with the

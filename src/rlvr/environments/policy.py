@@ -61,14 +61,17 @@ class EpisodePolicy(Policy):
         """G episodes from each of B starts (``prompts``: rows or seeds), drawn with ``generator``."""
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0 for sampling, got {temperature} (use greedy)")
-        episodes = run_episodes(self.lm, self.hosts, prompts, group_size, temperature, generator, self.limits,
-                                self.toolbox)
-        return episodes_samples(episodes, group_size, self.lm.pad_id)
+        return episodes_samples(self.run(prompts, group_size, temperature, generator), group_size, self.lm.pad_id)
 
     def greedy(self, prompts: Sequence[Any]) -> list[list[EpisodeText]]:
         """One greedy episode from each start, as B lists of one ``EpisodeText``."""
-        episodes = run_episodes(self.lm, self.hosts, prompts, 1, 0.0, None, self.limits, self.toolbox)
-        return [[EpisodeText(e)] for e in episodes]
+        return [[EpisodeText(e)] for e in self.run(prompts, 1, 0.0, None)]
+
+    def run(self, prompts: Sequence[Any], group_size: int, temperature: float,
+            generator: torch.Generator | None) -> list[Any]:
+        """The episodes ``sample`` and ``greedy`` lay out (greedy: temperature 0, no generator)."""
+        return run_episodes(self.lm, self.hosts, prompts, group_size, temperature, generator, self.limits,
+                            self.toolbox)
 
     def log_probs(self, samples: Samples, temperature: float, with_entropy: bool = False,
                   module: torch.nn.Module | None = None, entropy_grad: bool = False,
