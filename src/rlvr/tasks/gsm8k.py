@@ -17,8 +17,9 @@ from rlvr.base.data import read_jsonl
 from rlvr.base.rules import option
 from rlvr.rewards import RewardSpec
 from rlvr.rewards.verifiers import is_equivalent, math_verify
+from rlvr.tasks.dataset import RowsTask
 from rlvr.tasks.grading import Prompt
-from rlvr.tasks.text import TextTask, resolve_weights
+from rlvr.tasks.text import resolve_weights
 
 TEMPLATES = {
     "r1_zero": (
@@ -95,7 +96,7 @@ def _check_final_answer(row: dict[str, Any]) -> None:
 DEFAULT_WEIGHTS = {"answer": 1.0, "format": 0.1}
 
 
-class Gsm8kTask(TextTask):
+class Gsm8kTask(RowsTask):
     """GSM8K: training prompts from ``train_path``, the fixed eval set from ``eval_path``. Prompt dicts: "prompt",
     "answer" (gold number), "solution" (for SFT). ``close()`` it (or use ``with``) to stop its graders.
     """
@@ -149,13 +150,6 @@ class Gsm8kTask(TextTask):
             raise ValueError(f"asked for {num_prompts} prompts; the training set has {len(self._train)}")
         order = torch.randperm(len(self._train), generator=generator)[:num_prompts]
         return [self._train[i] for i in order.tolist()]
-
-    def eval_prompts(self) -> list[Prompt]:
-        return list(self._eval)
-
-    def fixed_prompts(self) -> dict[str, list[Prompt]]:
-        """Both sets, read from their files up front (indices in file order)."""
-        return {"training prompt": list(self._train), "eval prompt": self.eval_prompts()}
 
     def sft_completion(self, prompt: Prompt) -> str:
         """The worked solution and answer in the template's form."""
