@@ -108,8 +108,11 @@ class Engine(Protocol):
         ...
 
 
-def check_seeds(seeds: torch.Tensor | None, rows: int) -> None:
-    """ValueError unless ``seeds`` is None or one long per response row."""
+def check_group(prompt_ids: torch.Tensor, group_size: int, seeds: torch.Tensor | None) -> None:
+    """ValueError unless ``group_size`` >= 1 and ``seeds`` is None or one long per response row."""
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    rows = prompt_ids.shape[0] * group_size
     if seeds is not None and (seeds.dtype != torch.long or tuple(seeds.shape) != (rows,)):
         raise ValueError(f"seeds must be a long tensor of one seed per response ({rows}), "
                          f"got {seeds.dtype} of shape {tuple(seeds.shape)}")

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from rlvr.engines.base import Engine, Generation, SamplingParams, check_seeds
+from rlvr.engines.base import Engine, Generation, SamplingParams, check_group
 
 # (logits [n, V] of the next token, step, the running rows' indices [n]) -> (tokens [n], log pi_tau of them [n])
 TokenPicker = Callable[[torch.Tensor, int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -127,9 +127,7 @@ class HFEngine(Engine):
     def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int,
                  sampling: SamplingParams, generator: torch.Generator | None = None,
                  seeds: torch.Tensor | None = None) -> Generation:
-        if group_size < 1:
-            raise ValueError(f"group_size must be >= 1, got {group_size}")
-        check_seeds(seeds, prompt_ids.shape[0] * group_size)
+        check_group(prompt_ids, group_size, seeds)
         end_ids = torch.tensor(sampling.end_token_ids, dtype=torch.long, device=self.device)  # [k]
         pick = token_picker(sampling, end_ids, generator, seeds)
         was_training = self.module.training

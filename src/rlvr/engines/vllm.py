@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from rlvr.base.rules import setting
-from rlvr.engines.base import Engine, Generation, SamplingParams, check_seeds
+from rlvr.engines.base import Engine, Generation, SamplingParams, check_group
 from rlvr.engines.vllm_requests import Drawn, Requests, can_pause
 from rlvr.modeling import DTYPES
 
@@ -203,9 +203,7 @@ class VLLMEngine(Engine):
         from vllm.inputs import TokensPrompt
 
         self._check_usable()
-        if group_size < 1:
-            raise ValueError(f"group_size must be >= 1, got {group_size}")
-        check_seeds(seeds, prompt_ids.shape[0] * group_size)
+        check_group(prompt_ids, group_size, seeds)
         if seeds is not None and group_size != 1:
             raise ValueError("seeds (one per response) need group_size=1 with the vllm engine")
         if not sampling.greedy and generator is None and seeds is None:
