@@ -108,23 +108,12 @@ def build_model(
     return model
 
 
-def init_model(
-    out_dir: str | Path,
-    arch: str = "llama",
-    hidden_size: int = 128,
-    intermediate_size: int = 384,
-    num_layers: int = 4,
-    num_heads: int = 4,
-    tie_embeddings: bool = True,
-    chars: str | list[str] = DEFAULT_CHARS,
-    max_positions: int = 256,
-    seed: int = 0,
-) -> Path:
-    """Write a character tokenizer over ``chars`` and ``build_model(...)`` to ``out_dir``; returns it."""
+def init_model(out_dir: str | Path, chars: str | list[str] = DEFAULT_CHARS, **options: Any) -> Path:
+    """Write a character tokenizer over ``chars`` and ``build_model(**options)`` (its vocabulary the tokenizer's) to
+    ``out_dir``; returns it."""
     out_dir = Path(out_dir)
     tokenizer = build_char_tokenizer(chars)
-    model = build_model(arch, len(tokenizer), hidden_size, intermediate_size, num_layers,
-                        num_heads, tie_embeddings, max_positions, seed)
+    model = build_model(vocab_size=len(tokenizer), **options)
     tokenizer.save_pretrained(str(out_dir))
     model.save_pretrained(str(out_dir))
     return out_dir
