@@ -131,7 +131,6 @@ class LearnerRank(Activity):
                            ) -> dict[str, torch.Tensor]:
         """Backpropagate this learner's share, then sum gradients and step sums over the group. ``meter``: the
         share's parts measured here, every learner's gathered into it after the sum."""
-        self._doing("computing its share's gradients")
         clear_grads(self.st.optimizer)
         sums = accumulate_gradients(self.config, self.st.policy, self._share(rollout), self.config.optim.micro_batches,
                                     meter, batch=rollout)
@@ -176,10 +175,8 @@ class LearnerRank(Activity):
 
     def gradients(self, rollout: Rollout) -> dict[str, torch.Tensor]:
         """The full batch's gradient (summed over the group), by parameter name; no step."""
-        try:
+        with self._busy("computing its share's gradients"):
             self._reduced_gradients(rollout)
-        finally:
-            self._doing(IDLE)
         grads = {name: whole(p.grad).detach().clone() for name, p in self.st.policy.module.named_parameters()
                  if p.grad is not None}
         clear_grads(self.st.optimizer)
@@ -191,11 +188,9 @@ class LearnerRank(Activity):
         self.st.epoch = epoch
         if step is not None:
             self.st.step = step
-        try:
+        with self._busy("computing its share's gradients"):
             return optimizer_step(self.config, self.st, rollout, measure_noise,
                                   gradients=lambda meter: self._reduced_gradients(rollout, meter))
-        finally:
-            self._doing(IDLE)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The policy's weights, whole (copies, on the CPU)."""
