@@ -118,7 +118,7 @@ def test_a_run_killed_mid_partial_rollouts_trains_every_sampled_batch_once(ray_l
     pytest.importorskip("transformers")
     ray_tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # the killed run's private Ray: its folder goes here
     monkeypatch.setenv("RAY_TMPDIR", ray_tmp)
-    args = [*lm_overrides(tiny_model, 40), "log.checkpoint_every=1"]
+    args = [*lm_overrides(tiny_model, 8), "log.checkpoint_every=1"]  # killed by step 7 of 16: mid-run
     killed = tmp_path / "killed"
     try:
         sigkill_mid_run([f"out_dir={killed}", *args], killed)
@@ -129,7 +129,7 @@ def test_a_run_killed_mid_partial_rollouts_trains_every_sampled_batch_once(ray_l
     resumed_epoch = payload["epoch"]
     assert main(["train", f"resume={killed}"]) == 0
     records = trains(read_records(killed))
-    assert Counter(r["step"] for r in records) == Counter(range(80))  # every step once, none lost or repeated
+    assert Counter(r["step"] for r in records) == Counter(range(16))  # every step once, none lost or repeated
     (batch,) = held  # killed mid-run: the next epoch's batch was in flight, sampled with partial rollouts
     samples = batch["samples"]
     tokens = samples["token_versions"][samples["policy_mask"]]
