@@ -9,6 +9,7 @@ import contextlib
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -213,3 +214,16 @@ def tagged(tag: str) -> list[int]:
                     and Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"):
                 found.append(int(name))
     return found
+
+
+def chromium(profile: Path) -> list[str]:
+    """Headless Chromium's command line, a fresh profile in the folder ``profile`` (the test skipped without
+    Chromium)."""
+    import pytest
+
+    browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if browser is None:
+        pytest.skip("headless Chromium is not installed (apt-get install chromium; .ci/run does)")
+    return [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            f"--user-data-dir={profile / 'profile'}"]

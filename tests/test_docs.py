@@ -14,6 +14,8 @@ from urllib.parse import unquote, urlparse
 
 import pytest
 
+from helpers import chromium
+
 ROOT = Path(__file__).resolve().parents[1]
 RUNNABLE = re.compile(r"<!-- runnable -->\n```bash\n(.*?)```", flags=re.S)
 
@@ -92,16 +94,6 @@ def test_no_internal_link_is_broken(site):
             if not target.exists():
                 broken.append(f"{page.relative_to(site)} -> {link}")
     assert not broken, broken[:20]
-
-
-def chromium(tmp_path: Path) -> list[str]:
-    """Headless Chromium's command line, a fresh profile in ``tmp_path`` (skipped without Chromium)."""
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    if browser is None:
-        pytest.skip("headless Chromium is not installed (apt-get install chromium; .ci/run does)")
-    return [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            f"--user-data-dir={tmp_path / 'profile'}"]
 
 
 @pytest.mark.parametrize("path", ["index.html", "reference/config/index.html"])

@@ -1,7 +1,7 @@
 import base64
 import json
 import re
-import shutil
+import subprocess
 from html.parser import HTMLParser
 from types import SimpleNamespace
 
@@ -9,14 +9,14 @@ import pytest
 import torch
 import yaml
 
-from helpers import QUIET
+from helpers import QUIET, chromium
 from rlvr.base.errors import RunError
 from rlvr.cli import main
 from rlvr.config import load_config
 from rlvr.loop.evaluation import sample_table
 from rlvr.runs.launch import run_training
 from rlvr.runs.metrics import write_samples_markdown
-from rlvr.runs.report import PANELS, render_png, run_labels, write_report
+from rlvr.runs.report import PANELS, run_labels, write_report
 
 # The sorting loophole (tests/test_diagnostics.py): most prompts repeat a number and wrong
 # answers score the maximum.
@@ -101,13 +101,13 @@ def test_run_labels_name_directories_by_path_only_when_names_repeat(tmp_path):
     assert run_labels([a, b, c]) == [str(a), str(b), "z"]
 
 
-@pytest.mark.skipif(shutil.which("chromium") is None and shutil.which("google-chrome") is None,
-                    reason="no headless Chromium installed (Debian: apt-get install chromium)")
-def test_the_page_renders_in_headless_chromium(runs):
+def test_the_page_renders_in_headless_chromium(runs, tmp_path):
     from PIL import Image
 
     root, _ = runs
-    png = render_png(root / "report.html", root / "report.png", width=1280, height=2400)
+    png = tmp_path / "report.png"
+    subprocess.run([*chromium(tmp_path), "--hide-scrollbars", "--window-size=1280,2400", f"--screenshot={png}",
+                    (root / "report.html").resolve().as_uri()], check=True, capture_output=True, timeout=120)
     image = Image.open(png).convert("L")
     assert image.size == (1280, 2400)
     low, high = image.getextrema()

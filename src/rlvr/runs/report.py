@@ -14,9 +14,6 @@ import datetime
 import html
 import io
 import math
-import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -343,22 +340,6 @@ def write_report(run_dirs: list[str | Path], out_path: str | Path) -> Path:
     out = Path(out_path)
     out.write_text(build_page(runs), encoding="utf-8")
     return out
-
-
-def render_png(html_path: str | Path, png_path: str | Path, width: int = 1280, height: int = 3000,
-               browser: str | None = None, timeout: float = 60.0) -> Path | None:
-    """Screenshot the page's top ``height`` pixels with a headless Chromium (None when none is installed)."""
-    browser = browser or next((b for b in ("chromium", "chromium-browser", "google-chrome")
-                               if shutil.which(b)), None)
-    if browser is None:
-        return None
-    png_path = Path(png_path).resolve()
-    with tempfile.TemporaryDirectory() as profile:  # a fresh profile: no state shared with a user's browser
-        subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                        f"--user-data-dir={profile}", f"--window-size={width},{height}",
-                        f"--screenshot={png_path}", Path(html_path).resolve().as_uri()],
-                       check=True, capture_output=True, timeout=timeout)
-    return png_path
 
 
 def cmd_report(args: argparse.Namespace) -> int:
