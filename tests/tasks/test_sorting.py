@@ -11,13 +11,26 @@ from rlvr.tasks.sorting import (
     NumberTexts,
     SortingTask,
     exact_reward,
-    exact_scalar,
     inclusion_ordering_reward,
-    inclusion_ordering_scalar,
     position_match_reward,
-    position_match_scalar,
     sorting_reward,
 )
+
+
+# The lecture's definitions, one prompt and one response as lists: what the vectorised rewards must equal
+def exact_scalar(prompt: list[int], response: list[int]) -> float:
+    return float(list(response) == sorted(prompt))
+
+
+def position_match_scalar(prompt: list[int], response: list[int]) -> float:
+    return float(sum(1 for x, y in zip(response, sorted(prompt)) if x == y))
+
+
+def inclusion_ordering_scalar(prompt: list[int], response: list[int]) -> float:
+    inclusion = sum(1 for x in prompt if x in response)
+    ordering = sum(1 for x, y in zip(response, response[1:]) if x <= y)
+    return float(inclusion + ordering)
+
 
 PROMPT = [3, 1, 0, 2]
 RESPONSES = [[0, 1, 2, 3], [7, 2, 2, 5], [0, 3, 1, 2]]

@@ -1,9 +1,9 @@
 """The lecture's toy task: sort n numbers.
 
 Prompts are n tokens from a vocabulary of V numbers; a response is n tokens. The reward functions are vectorised
-over ``prompts [B, n]`` and ``responses [B, G, n]`` and equal the lecture's scalar definitions (``*_scalar``, the
-tests' reference); they see numbers written as text (``"3 1 2"``). ``inclusion_ordering`` has a loophole on prompts
-with repeated numbers (docs/explanation/tasks.md)."""
+over ``prompts [B, n]`` and ``responses [B, G, n]`` and equal the lecture's scalar definitions (written out in
+tests/tasks/test_sorting.py); they see numbers written as text (``"3 1 2"``). ``inclusion_ordering`` has a loophole
+on prompts with repeated numbers (docs/explanation/tasks.md)."""
 
 from __future__ import annotations
 
@@ -19,21 +19,6 @@ from rlvr.rewards import RewardResult, RewardSpec, TrainerState
 from rlvr.tasks.grading import GradedTask
 
 LECTURE_PROMPTS = [[1, 0, 2], [3, 2, 4], [1, 2, 3]]
-
-
-# Scalar reference definitions (the lecture's, one prompt and one response as lists).
-def exact_scalar(prompt: list[int], response: list[int]) -> float:
-    return float(list(response) == sorted(prompt))
-
-
-def position_match_scalar(prompt: list[int], response: list[int]) -> float:
-    return float(sum(1 for x, y in zip(response, sorted(prompt)) if x == y))
-
-
-def inclusion_ordering_scalar(prompt: list[int], response: list[int]) -> float:
-    inclusion = sum(1 for x in prompt if x in response)
-    ordering = sum(1 for x, y in zip(response, response[1:]) if x <= y)
-    return float(inclusion + ordering)
 
 
 # Vectorised versions: prompts [B, n], responses [B, G, n] -> rewards [B, G].
