@@ -178,3 +178,29 @@ def test_policy_loss_bad_inputs():
         policy_loss(lp, torch.zeros(2), "clipped", old_log_probs=torch.zeros(2, 4))
     with pytest.raises(ValueError, match="deltas must be"):
         policy_loss(lp, torch.zeros(3), "naive")
+
+
+@pytest.mark.parametrize("mode", ["naive", "ratio", "clipped", "dual_clip", "gspo", "cispo"])
+def test_per_token_deltas_equal_to_the_row_delta_change_nothing(mode):
+    torch.manual_seed(0)
+    lp = torch.randn(3, 5)
+    old = lp + 0.3 * torch.randn(3, 5)
+    mask = torch.ones(3, 5, dtype=torch.bool)
+    deltas = torch.tensor([1.5, -0.7, 0.2])
+    by_row, _ = policy_loss(lp, deltas, mode, old, 0.2, response_mask=mask)
+    by_token, _ = policy_loss(lp, deltas.unsqueeze(-1).expand(3, 5), mode, old, 0.2, response_mask=mask)
+    torch.testing.assert_close(by_token, by_row, rtol=0, atol=0)
+
+
+def test_per_token_deltas_weigh_their_own_token():
+    lp = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
+    old = torch.tensor([[-1.1, -1.0, -0.5]])
+    deltas = torch.tensor([[2.0, -1.0, 0.0]])
+    loss, _ = policy_loss(lp, deltas, "clipped", old, 0.2)
+    ratio = torch.exp(lp.detach() - old)
+    expected = -torch.minimum(ratio * deltas, ratio.clamp(0.8, 1.2) * deltas)
+    torch.testing.assert_close(loss.detach(), expected)
+    loss.sum().backward()
+    # token 0: ratio e^0.1 < 1.2, unclipped: d/dlp = -ratio * 2; token 1: ratio e^-1 < 0.8 with delta < 0: clipped
+    # branch is the min, flat: gradient 0; token 2: delta 0
+    torch.testing.assert_close(lp.grad, torch.tensor([[-2.0 * math.exp(0.1), 0.0, 0.0]]))

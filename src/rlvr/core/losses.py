@@ -1,7 +1,8 @@
 """Per-token policy-gradient losses.
 
 Shapes: N responses, T response tokens. ``log_probs`` [N, T] are log pi(a_t | s_t) of the sampled tokens under the
-current policy; ``deltas`` [N] or [N, 1] apply to every token of their response (outcome reward).
+current policy; ``deltas`` [N] or [N, 1] apply to every token of their response (outcome reward), or [N, T] one per
+token (per-token advantages, as a Tinker client sends them).
 
 ``LOSS_MODES`` maps each mode to ``LossInputs -> (per_token_loss [N, T], stats)``, stats ``ratio`` [N, T] (detached)
 and ``clipped`` [N, T] bool: the tokens whose term the clip changed (their gradient is 0, but for ``cispo``, which
@@ -30,7 +31,7 @@ class LossInputs:
     """What every loss mode reads; each mode uses the fields it needs."""
 
     log_probs: torch.Tensor  # [N, T], carries the gradient
-    deltas: torch.Tensor  # [N, 1], constants in the dtype of log_probs
+    deltas: torch.Tensor  # [N, 1] or [N, T], constants in the dtype of log_probs
     old_log_probs: torch.Tensor | None  # [N, T], pi_old's; every mode but naive needs them
     clip_eps: float | None  # the ratio's lower clip range (None: no lower clip)
     clip_eps_high: float | None  # its upper clip range (None: clip_eps)
@@ -120,7 +121,7 @@ def dual_clip_loss(x: LossInputs) -> tuple[torch.Tensor, LossStats]:
                          f"got {x.clip_ratio_c}")
     ratio = _ratio(x, "dual_clip")
     objective, was_clipped = _clipped_objective(ratio, x.deltas, *_clip_range(x))
-    floor = x.clip_ratio_c * x.deltas  # [N, 1]
+    floor = x.clip_ratio_c * x.deltas  # [N, 1] or [N, T]
     floored = (x.deltas < 0) & (floor > objective)  # [N, T]
     objective = torch.where(floored, floor, objective)
     return -objective, {"ratio": ratio.detach(), "clipped": (was_clipped | floored).detach()}
@@ -137,10 +138,11 @@ def gspo_loss(x: LossInputs) -> tuple[torch.Tensor, LossStats]:
     ratios: GSPO's clip ranges are small (3e-4 / 4e-4 in the paper).
 
     Computed in the per-token form s_i,t = sg(s_i) * pi_t / sg(pi_t): the value is s_i at every token, and token t's
-    gradient is s_i * delta_i * grad log pi_t. With weights constant over a response's tokens (every aggregation)
-    this is exactly the sequence-level gradient, since sum_t grad log pi_t / |y_i| = grad log s_i; a per-token weight
-    (TIS, a token selection) acts on its own token. With seq_mean_token_mean the loss is the paper's
-    -mean_i min(s_i delta_i, clip(s_i) delta_i). ``clipped``: every token of a clipped response.
+    gradient is s_i * delta_i * grad log pi_t (per-token deltas [N, T]: delta_i,t on token t). With weights constant
+    over a response's tokens (every aggregation) this is exactly the sequence-level gradient, since
+    sum_t grad log pi_t / |y_i| = grad log s_i; a per-token weight (TIS, a token selection) acts on its own token.
+    With seq_mean_token_mean the loss is the paper's -mean_i min(s_i delta_i, clip(s_i) delta_i).
+    ``clipped``: every token of a clipped response.
     """
     if x.response_mask is None:
         raise ValueError("loss mode 'gspo' needs response_mask: its ratio is a mean over each response's tokens")
@@ -180,14 +182,15 @@ def policy_loss(log_probs: torch.Tensor, deltas: torch.Tensor, mode: str, old_lo
                 clip_eps: float | None = 0.2, clip_eps_high: float | None = None, *, clip_ratio_c: float = 3.0,
                 response_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """``LOSS_MODES[mode]``: per-token loss [N, T] whose gradient is the (clipped, importance-weighted) policy
-    gradient, and stats ``ratio``, ``clipped`` [N, T]. log_probs [N, T]; deltas [N] or [N, 1] and old_log_probs
-    [N, T] (every mode but ``naive``) are detached; response_mask [N, T] bool (``gspo``)."""
+    gradient, and stats ``ratio``, ``clipped`` [N, T]. log_probs [N, T]; deltas [N], [N, 1] or [N, T] and
+    old_log_probs [N, T] (every mode but ``naive``) are detached; response_mask [N, T] bool (``gspo``)."""
     loss_fn = lookup(LOSS_MODES, mode, "loss mode")
     if deltas.dim() == 1:
         deltas = deltas.unsqueeze(-1)  # [N] -> [N, 1]
-    if deltas.shape != (log_probs.shape[0], 1):
-        raise ValueError(f"deltas must be [N] or [N, 1] with N={log_probs.shape[0]}, got {tuple(deltas.shape)}")
-    deltas = deltas.to(log_probs.dtype).detach()  # [N, 1]
+    if deltas.shape not in ((log_probs.shape[0], 1), log_probs.shape):
+        raise ValueError(f"deltas must be [N], [N, 1] or [N, T] with [N, T]={list(log_probs.shape)}, "
+                         f"got {tuple(deltas.shape)}")
+    deltas = deltas.to(log_probs.dtype).detach()  # [N, 1] or [N, T]
     if response_mask is not None and response_mask.shape != log_probs.shape:
         raise ValueError(f"response_mask shape {tuple(response_mask.shape)} != log_probs shape "
                          f"{tuple(log_probs.shape)}")
