@@ -32,7 +32,7 @@ LAYERS = {
     "rlvr.loop.optim": 5,
     "rlvr.loop.state": 6, "rlvr.loop.step": 6, "rlvr.loop.diagnostics": 6,
     "rlvr.loop.seams": 7, "rlvr.loop.shaping": 7, "rlvr.loop.dynamic_sampling": 7, "rlvr.loop.evaluation": 7,
-    "rlvr.cluster": 7, "rlvr.loop.trainer": 8, "rlvr.loop.sft": 9, "rlvr.loop": 9,
+    "rlvr.cluster": 7, "rlvr.tinker": 7, "rlvr.loop.trainer": 8, "rlvr.loop.sft": 9, "rlvr.loop": 9,
     # a run on disk (rlvr.runs), then the library's entry points, then the command line
     "rlvr.runs": 10, "rlvr.runs.export": 11,
     "rlvr.api": 12, "rlvr": 12,

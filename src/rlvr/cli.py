@@ -30,6 +30,8 @@ from rlvr.runs.metrics import plot_runs, read_records
 from rlvr.runs.report import cmd_report
 from rlvr.runs.resume import resume_config, take_accept_data_change
 from rlvr.runs.summary import plot_labels, print_mode_means, print_summary
+from rlvr.tinker.command import add_arguments as add_tinker_arguments
+from rlvr.tinker.command import cmd_tinker
 
 DELTA_COMPARE = ("raw", "centered", "normalized")
 
@@ -197,6 +199,14 @@ reward-hacking monitor, per-prompt learning and sample tables.""",
 
 A causal LM's folder holds the weights (LoRA adapters merged), its config and the
 tokenizer. The positional toy's holds policy.pt (its state_dict) and config.yaml.""",
+    "tinker": """examples:
+  rlvr tinker --port 8000 --api-key tml-local
+  TINKER_BASE_URL=http://127.0.0.1:8000 TINKER_API_KEY=tml-local \\
+    python -m tinker_cookbook.recipes.math_rl.train env=arithmetic \\
+    model_name=HuggingFaceTB/SmolLM2-135M-Instruct renderer_name=role_colon
+
+The SDK (tinker) and the recipes (tinker-cookbook) come with pip install 'rlvr[tinker]'.
+Checkpoints are tinker:// paths under --state-dir and survive a restart.""",
 }
 
 
@@ -260,6 +270,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--base", help="a LoRA run's base model, where it is now (default: where the run loaded it from; "
                    "either way it must be the same model, checked by its digest)")
     p.set_defaults(func=cmd_export)
+    p = _command(sub, "tinker", "serve the Tinker API (the tinker SDK's and tinker-cookbook's recipes' server) on "
+                 "this machine")
+    add_tinker_arguments(p)
+    p.set_defaults(func=cmd_tinker)
     return parser
 
 

@@ -21,6 +21,7 @@ EXTRA_OF = {
     "textarena": "textarena",
     "starlette": "agents", "uvicorn": "agents", "openai": "agents",
     "verifiers": "verifiers",
+    "tinker": "tinker", "zstandard": "tinker",
 }
 LM_MODULES = ("transformers", "tokenizers", "safetensors", "huggingface_hub")
 AGENT_MODULES = ("starlette", "uvicorn", "openai")  # the endpoint agents call (task.name=agent)
