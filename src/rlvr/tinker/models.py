@@ -68,6 +68,11 @@ def build_model(folder: str, adapters: Adapters, seed: int, device: str = "cpu")
         targets = adapters.target_modules(model)
         if not targets:
             raise ModelError(f"the model in {folder} has none of the layers LoRA should adapt")
+        layers = dict(model.named_modules())
+        smallest = min(min(layers[t].in_features, layers[t].out_features) for t in targets)
+        if adapters.rank > smallest:
+            raise ModelError(f"lora rank {adapters.rank} is more than the {smallest} features of the model's "
+                             f"smallest adapted layer (a rank of at most {smallest} fits)")
         with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
             # LoRA on a tied unembedding (train_unembed) trains the adapter on the output layer alone, as meant
             warnings.filterwarnings("ignore", message=".*tie_word_embeddings.*")

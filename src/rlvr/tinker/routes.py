@@ -17,7 +17,7 @@ from typing import Any
 from rlvr.environments.base import describe_error
 from rlvr.tinker import wire
 from rlvr.tinker.models import AdamStep, Adapters
-from rlvr.tinker.service import USER_ERRORS, RunInfo, Service
+from rlvr.tinker.service import SESSION_TIMEOUT, USER_ERRORS, RunInfo, Service
 from rlvr.tinker.store import CheckpointPath, StoreError, checked_name
 from rlvr.tinker.wire import WireError, field
 
@@ -97,10 +97,13 @@ class Api:
     def create_session(self, body: dict) -> dict:
         return {"type": "create_session", "session_id": self.service.create_session()}
 
-    def heartbeat(self, body: dict) -> dict:
+    def heartbeat(self, body: dict) -> Any:
+        self.service.expire()
         session = self.service.sessions.get(body.get("session_id"))
-        if session is not None:
-            session.last_seen = time.monotonic()
+        if session is None:  # 410: the SDK stops beating for it
+            return error(410, f"session {body.get('session_id')!r} has ended (closed, silent for "
+                              f"{SESSION_TIMEOUT:.0f} s, or the server restarted)")
+        session.last_seen = time.monotonic()
         return {"type": "session_heartbeat"}
 
     def finish(self, body: dict, session_id: str) -> dict:

@@ -37,6 +37,7 @@ logger = logging.getLogger(__name__)
 POLL_SECONDS = 20.0  # retrieve_future waits this long for a result before answering try_again
 KEPT_RESULTS = 4096  # finished futures kept for retrieval (the oldest dropped first)
 KEPT_SNAPSHOTS = 16  # unsaved sampler weights kept in memory (the least recently used dropped first)
+SESSION_TIMEOUT = 300.0  # seconds without a request or heartbeat (the SDK beats every 10) before a session ends
 USER_ERRORS = (ModelError, LossError, StoreError, wire.WireError)
 
 Result = bytes | dict
@@ -144,6 +145,7 @@ class Service:
     # ---- sessions -----------------------------------------------------------------------
 
     def create_session(self) -> str:
+        self.expire()
         session = Session(f"s{uuid.uuid4().hex[:12]}")
         self.sessions[session.id] = session
         return session.id
@@ -155,6 +157,14 @@ class Service:
                              "survive a restart, checkpoints do)")
         session.last_seen = time.monotonic()
         return session
+
+    def expire(self, timeout: float = SESSION_TIMEOUT) -> None:
+        """End the sessions whose client has gone silent (its process ended without closing them)."""
+        now = time.monotonic()
+        for session in list(self.sessions.values()):
+            if now - session.last_seen > timeout:
+                logger.info("rlvr tinker: session %s ended after %.0f s without a heartbeat", session.id, timeout)
+                self.finish_session(session.id)
 
     def finish_session(self, session_id: str) -> None:
         """Release the session's training models and sampling sessions (their saved checkpoints stay)."""
