@@ -21,10 +21,11 @@ share the process's cores (and GIL) the way a client and a server on one laptop 
 alternating which side goes first, after a warm-up step each; the script prints the medians and server / direct - 1,
 and exits 1 when that overhead passes ``--limit`` (15 %).
 
-It needs the tinker SDK and tinker-cookbook (``pip install 'rlvr[tinker]'``):
+It needs the tinker SDK and tinker-cookbook, the ``tinker`` extra, in an environment of their own (their pins stay
+out of rlvr's main one): ``python -m venv .venv-tinker && .venv-tinker/bin/pip install -e '.[tinker]'``.
 
-    /work/main/.venv-tinker/bin/python benchmarks/tinker_overhead.py              # SmolLM2, 8 x 4, 2 threads
-    /work/main/.venv-tinker/bin/python benchmarks/tinker_overhead.py --rounds 5 --groups 4
+    .venv-tinker/bin/python benchmarks/tinker_overhead.py                 # SmolLM2, 8 groups x 4, 2 threads
+    .venv-tinker/bin/python benchmarks/tinker_overhead.py --rounds 5 --threads 1
 """
 
 from __future__ import annotations
