@@ -37,16 +37,18 @@ def chatml_model(tmp_path_factory):
 
 def test_supervised_loop_lowers_its_loss(chatml_model, tmp_path):
     """Three steps of the cookbook's supervised loop, each over the same 16 conversations: the NLL it logs falls at
-    every step."""
+    every step, by more than float noise (4.60, 4.52, 4.46 here). The learning rate is ten times the example's: at
+    2e-4 the tiny random model's NLL moves by 0.01 in three steps."""
     model = served_model(str(chatml_model))
     log = tmp_path / "log"
     with Running([model], tmp_path / "state", KEY) as server:
         env = {**os.environ, "TINKER_BASE_URL": server.url, "TINKER_API_KEY": KEY, "HF_HUB_OFFLINE": "1"}
         run = subprocess.run([sys.executable, str(ROOT / "examples" / "tinker" / "sl_local.py"),
-                              f"model_name={model.name}", f"log_path={log}", "num_epochs=3"],
+                              f"model_name={model.name}", f"log_path={log}", "num_epochs=3", "learning_rate=2e-3"],
                              env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-4000:]
     steps = [json.loads(line) for line in (log / "metrics.jsonl").read_text().splitlines()]
     nll = [step["train_mean_nll"] for step in steps]
     assert [step["step"] for step in steps] == [0, 1, 2]
     assert nll[0] > nll[1] > nll[2], nll
+    assert nll[0] - nll[2] > 0.05, nll
