@@ -9,6 +9,10 @@ the training client's current weights, makes the RL loop's datums of them with t
 forward_backward does), and prints ``rl.metrics.compute_kl_sample_train`` of the two, with the largest difference.
 Then one Adam step on the completions' cross-entropy, so that later steps sample with a trained adapter (a new LoRA
 adapter adds nothing).
+
+The cookbook's own check, ``tinker_cookbook.recipes.rl_numerics_check``, does not run offline: its documents are pages
+of WikiText-103, loaded from the Hugging Face hub, and by default 62-80K tokens read over about 30 turns, past
+SmolLM2's 8192 positions.
 """
 
 from __future__ import annotations
@@ -17,13 +21,14 @@ import json
 from pathlib import Path
 
 import chz
-import tinker
 from tinker_cookbook import renderers
 from tinker_cookbook.completers import TokensWithLogprobs
 from tinker_cookbook.rl.data_processing import assemble_training_data, compute_advantages
 from tinker_cookbook.rl.metrics import compute_kl_sample_train
 from tinker_cookbook.rl.types import Trajectory, TrajectoryGroup, Transition
 from tinker_cookbook.tokenizer_utils import get_tokenizer
+
+import tinker
 
 PROMPTS = Path(__file__).parent / "arithmetic_conversations.jsonl"
 
