@@ -107,7 +107,7 @@ def test_a_model_that_does_not_fit_in_memory_is_refused_before_it_loads(tiny_mod
         p.numel() for p in __import__("transformers").AutoModelForCausalLM.from_pretrained(tiny_model).parameters())
 
 
-def test_forward_in_several_passes_equals_one_pass_and_checkpoints_round_trip(tiny_model, tmp_path, monkeypatch):
+def test_forward_in_several_passes_equals_one_pass_and_checkpoints_round_trip(tiny_model, tmp_path):
     from rlvr.tinker import models
     from rlvr.tinker.models import AdamStep, Adapters, Datum, ModelError, TrainingModel
 
@@ -118,7 +118,7 @@ def test_forward_in_several_passes_equals_one_pass_and_checkpoints_round_trip(ti
                             {"target_tokens": torch.randint(3, 20, (n,), generator=g), "weights": torch.rand(n)}))
     model = TrainingModel("tiny", str(tiny_model), Adapters(rank=4), seed=0)
     whole, metrics = model.forward(datums, "cross_entropy", None, backward=False)
-    monkeypatch.setattr(models, "TOKENS_PER_PASS", 10)
+    model.tokens_per_pass = 10
     assert len(models.passes(datums, 10)) > 1
     split, split_metrics = model.forward(datums, "cross_entropy", None, backward=False)
     for a, b in zip(whole, split):

@@ -15,11 +15,12 @@ import torch
 
 pytestmark = pytest.mark.tinker
 tinker = pytest.importorskip("tinker")
+from tinker import types  # noqa: E402
+
 from rlvr import core  # noqa: E402
 from rlvr.tinker.models import Adapters, build_model  # noqa: E402
 from rlvr.tinker.names import ServedModel, place_tokenizer, served_model  # noqa: E402
 from rlvr.tinker.server import Running  # noqa: E402
-from tinker import types  # noqa: E402
 
 KEY = "tml-test-key"
 FAILED = (tinker.RequestFailedError, tinker.APIStatusError)

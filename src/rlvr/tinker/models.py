@@ -25,7 +25,8 @@ ATTN = ("q_proj", "k_proj", "v_proj", "o_proj", "c_attn", "c_proj")  # llama-sty
 MLP = ("gate_proj", "up_proj", "down_proj", "c_fc", "mlp.c_proj")
 UNEMBED = ("lm_head",)
 LORA_ALPHA = 32  # Tinker's: the adapters' scale is alpha / rank
-TOKENS_PER_PASS = 8192  # datums are run through the model in passes of about this many positions
+TOKENS_PER_PASS = 8192  # datums are run through the model in passes of at most this many positions,
+LOGITS_PER_PASS = 256 << 20  # and of at most this many bytes of float32 logits (a pass holds a few such tensors)
 
 
 class ModelError(ValueError):
@@ -167,6 +168,8 @@ class TrainingModel:
         config = getattr(self.module, "config", None)
         self.vocab_size = self.module.get_output_embeddings().weight.shape[0]
         self.max_positions = getattr(config, "max_position_embeddings", None)
+        # a 49k vocabulary's logits, log-softmax and their gradients: ~1 GiB a pass at 1365 positions
+        self.tokens_per_pass = max(64, min(TOKENS_PER_PASS, LOGITS_PER_PASS // (4 * self.vocab_size)))
 
     # ---- forward and backward -----------------------------------------------------------
 
@@ -178,7 +181,7 @@ class TrainingModel:
         settings = loss_config(loss_fn, config)
         out: list[torch.Tensor] = [torch.empty(0)] * len(datums)
         total = 0.0
-        for group in passes(datums):
+        for group in passes(datums, self.tokens_per_pass):
             tokens, mask, inputs = batch([datums[i] for i in group], self.device)
             with torch.set_grad_enabled(backward):
                 logits = self.module(input_ids=tokens, attention_mask=mask.long()).logits  # [n, L, V]

@@ -34,7 +34,7 @@ from rlvr.tinker.store import CheckpointPath, Store, StoreError, checked_name
 
 logger = logging.getLogger(__name__)
 
-POLL_SECONDS = 20.0  # retrieve_future waits this long for a result before answering try_again
+POLL_SECONDS = 40.0  # retrieve_future waits this long for a result before answering try_again (the SDK: 45)
 KEPT_RESULTS = 4096  # finished futures kept for retrieval (the oldest dropped first)
 KEPT_SNAPSHOTS = 16  # unsaved sampler weights kept in memory (the least recently used dropped first)
 SESSION_TIMEOUT = 300.0  # seconds without a request or heartbeat (the SDK beats every 10) before a session ends
