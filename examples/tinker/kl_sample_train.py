@@ -21,14 +21,13 @@ import json
 from pathlib import Path
 
 import chz
+import tinker
 from tinker_cookbook import renderers
 from tinker_cookbook.completers import TokensWithLogprobs
 from tinker_cookbook.rl.data_processing import assemble_training_data, compute_advantages
 from tinker_cookbook.rl.metrics import compute_kl_sample_train
 from tinker_cookbook.rl.types import Trajectory, TrajectoryGroup, Transition
 from tinker_cookbook.tokenizer_utils import get_tokenizer
-
-import tinker
 
 PROMPTS = Path(__file__).parent / "arithmetic_conversations.jsonl"
 

@@ -7,9 +7,7 @@ sl_basic's config, but for what needs the network or a model the cookbook knows:
 arithmetic_conversations.jsonl beside this file, 16 questions of examples/data/chat_arithmetic_train.jsonl answered
 with the number alone) and the renderer is named (qwen3_instruct, ChatML, as SmolLM2's chat template is). With
 ``batch_size`` the file's length an epoch is one step over all of it, so ``train_mean_nll`` in
-``log_path``/metrics.jsonl is comparable from step to step. (The cookbook's example_data/conversations.jsonl works
-too, in batches that fit the server's memory: one step over all 128 of its conversations took a SmolLM2 server past
-13 GiB.)
+``log_path``/metrics.jsonl is comparable from step to step.
 """
 
 from __future__ import annotations

@@ -374,3 +374,31 @@ def test_smollm2_by_its_hub_name_with_its_tokenizer_offline(smollm2, tmp_path):
     assert result["vocab"] == len(AutoTokenizer.from_pretrained(folder))
     assert result["second"] < result["first"]  # one Adam step on the datum lowers its loss
     assert result["diff"] < 1e-4
+
+
+# ---- the command --------------------------------------------------------------------------------------------------
+
+
+def test_the_command_prints_its_url_and_key_serves_and_stops_on_sigterm(tiny_model, tmp_path):
+    import signal
+
+    import httpx
+
+    refused = subprocess.run([sys.executable, "-m", "rlvr", "tinker", "--api-key", "secret"], capture_output=True,
+                             text=True, timeout=120, cwd=tmp_path)
+    assert refused.returncode == 2 and "--api-key must start with tml-" in refused.stderr
+    server = subprocess.Popen([sys.executable, "-m", "rlvr", "tinker", "--model", str(tiny_model), "--port", "0",
+                               "--state-dir", str(tmp_path / "state")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, cwd=tmp_path)
+    try:
+        lines = [server.stdout.readline() for _ in range(4)]
+        url = lines[1].split("TINKER_BASE_URL=")[1].strip()
+        key = lines[2].split("TINKER_API_KEY=")[1].strip()
+        assert url.startswith("http://127.0.0.1:") and key.startswith("tml-") and len(key) > 20
+        assert httpx.get(f"{url}/api/v1/healthz", headers={"X-API-Key": key}).json() == {"status": "ok"}
+        listed = tinker.RestClient(base_url=url, api_key=key).get_server_capabilities().result()
+        assert str(tiny_model.resolve()) in [m.model_name for m in listed.supported_models]
+    finally:
+        server.send_signal(signal.SIGTERM)
+        _, err = server.communicate(timeout=60)
+    assert server.returncode == 128 + signal.SIGTERM and "stopped by SIGTERM" in err

@@ -15,6 +15,7 @@ import logging
 import os
 import socket
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 from rlvr.agents.chat import RequestError
@@ -152,12 +153,18 @@ def guarded_protocol(guard: Guard) -> type:
     return Guarded
 
 
-def one_line_errors(app: Any) -> Any:
+def one_line_errors(app: Any, name: str = "the agent endpoint", reply: Callable[[str], Any] | None = None) -> Any:
     """``app`` (ASGI) with every exception answered as a 500 of the exception's one line (where nothing has been
     sent yet; else the reply is cut short), and raised no further: not a Starlette middleware, whose outermost
-    layer would raise it again for the server to log with its traceback."""
+    layer would raise it again for the server to log with its traceback. ``reply(line)``: the 500's response
+    (default: OpenAI's error shape); ``name`` says whose it was in the log."""
     from starlette.requests import ClientDisconnect
     from starlette.responses import JSONResponse
+
+    def openai_error(line: str) -> Any:
+        return JSONResponse(RequestError(500, line, kind="server_error").body(), status_code=500)
+
+    answer = reply or openai_error
 
     async def guarded(scope: dict, receive: Any, send: Any) -> None:
         started = False
@@ -171,11 +178,10 @@ def one_line_errors(app: Any) -> Any:
             await app(scope, receive, sending)
         except Exception as exc:  # noqa: BLE001 - the request's failure is its reply, never the server's
             line = describe_error(exc, 300).replace("\n", " ")
-            if not isinstance(exc, ClientDisconnect):  # a client gone (or dropped) is no fault of the endpoint's
-                logger.warning("the agent endpoint answered 500: %s", line)
+            if not isinstance(exc, ClientDisconnect):  # a client gone (or dropped) is no fault of the server's
+                logger.warning("%s answered 500: %s", name, line)
             if not started and scope["type"] == "http":
-                error = RequestError(500, line, kind="server_error")
-                await JSONResponse(error.body(), status_code=500)(scope, receive, send)
+                await answer(line)(scope, receive, send)
 
     return guarded
 

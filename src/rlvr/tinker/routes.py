@@ -14,7 +14,6 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
 from typing import Any
 
-from rlvr.environments.base import describe_error
 from rlvr.tinker import wire
 from rlvr.tinker.models import AdamStep, Adapters
 from rlvr.tinker.service import SESSION_TIMEOUT, USER_ERRORS, RunInfo, Service
@@ -374,33 +373,21 @@ async def _not_allowed(request: Any, exc: Any) -> Any:
 def guarded(inner: Any, api_key: str | None) -> Any:
     """``inner`` behind the key check (``X-API-Key`` or a bearer token), every exception answered as a 500 of its
     one line (never a traceback)."""
-    import logging
+    from rlvr.agents.listen import one_line_errors
 
-    logger = logging.getLogger(__name__)
+    def failed(line: str) -> Any:
+        return error(500, f"the server failed: {line}")
+
+    checked = one_line_errors(inner, "rlvr tinker", failed)
 
     async def outer(scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return await inner(scope, receive, send)
-        if api_key is not None:
+        if scope["type"] == "http" and api_key is not None:
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
             given = headers.get("x-api-key") or headers.get("authorization", "").removeprefix("Bearer ").strip()
             if not hmac.compare_digest(given.encode(), api_key.encode()):
                 return await error(401, "missing or wrong API key: pass the key rlvr tinker printed "
                                         "(TINKER_API_KEY)")(scope, receive, send)
-        started = False
-
-        async def sending(message: dict) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await inner(scope, receive, sending)
-        except Exception as exc:  # noqa: BLE001 - a request's failure is its reply, never the server's
-            line = describe_error(exc, 300).replace("\n", " ")
-            logger.warning("rlvr tinker answered 500: %s", line)
-            if not started:
-                await error(500, f"the server failed: {line}")(scope, receive, send)
+        await checked(scope, receive, send)
 
     return outer
 
