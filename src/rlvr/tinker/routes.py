@@ -10,6 +10,7 @@ from __future__ import annotations
 import hmac
 import json
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
 from typing import Any
@@ -260,7 +261,7 @@ class Api:
         wire.sample_request(body)  # refused here, before it queues, when it asks for what is not supported
         count = field(body, "num_samples", int, 1)
         return self.future(lambda: self.service.sample(snapshot, body),
-                      sample_sequence_ids=[f"seq-{i}-{id(body):x}" for i in range(max(count, 0))])
+                           sample_sequence_ids=[f"seq-{uuid.uuid4().hex[:16]}" for _ in range(max(count, 0))])
 
     # ---- futures ------------------------------------------------------------------------
 
@@ -278,9 +279,12 @@ class Api:
         live = self.service.runs.get(run_id)
         if live is None:
             record = self.service.store.read_run(run_id)
-            adapters = Adapters(**record["adapters"])
-            live = RunInfo(run_id, record["base_model"], adapters, int(record.get("seed", 0)),
-                           record.get("user_metadata"))
+            try:
+                live = RunInfo(run_id, record["base_model"], Adapters(**record["adapters"]),
+                               int(record.get("seed", 0)), record.get("user_metadata"))
+            except (KeyError, TypeError, ValueError) as err:
+                raise StoreError(f"training run {run_id!r}: its run.json is damaged ({type(err).__name__})") from None
+        metadata = live.user_metadata if isinstance(live.user_metadata, dict) else {}
         checkpoints = self.service.store.checkpoints(run_id)
         last = {kind: next((c for c in reversed(checkpoints) if c["checkpoint_type"] == kind), None)
                 for kind in ("training", "sampler")}
@@ -289,7 +293,7 @@ class Api:
                 "is_lora": live.adapters.rank > 0, "lora_rank": live.adapters.rank or None, "corrupted": False,
                 "last_request_time": stamp, "last_checkpoint": last["training"],
                 "last_sampler_checkpoint": last["sampler"],
-                "user_metadata": {str(k): str(v) for k, v in (live.user_metadata or {}).items()} or None}
+                "user_metadata": {str(k): str(v) for k, v in metadata.items()} or None}
 
     def training_runs(self, body: dict) -> dict:
         runs = [self.run_record(run_id) for run_id in self.service.store.run_ids()]
