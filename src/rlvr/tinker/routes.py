@@ -258,10 +258,10 @@ class Api:
             snapshot = self.service.snapshot_of_path(CheckpointPath.parse(body["model_path"]))
         else:
             snapshot = self.service.snapshot_of_base(self.service.base(body.get("base_model")))
-        wire.sample_request(body)  # refused here, before it queues, when it asks for what is not supported
-        count = field(body, "num_samples", int, 1)
-        return self.future(lambda: self.service.sample(snapshot, body),
-                           sample_sequence_ids=[f"seq-{uuid.uuid4().hex[:16]}" for _ in range(max(count, 0))])
+        request = wire.sample_request(body)  # refused here, before it queues, when it asks for what is not served
+        return self.future(lambda: self.service.sample(snapshot, request),
+                           sample_sequence_ids=[f"seq-{uuid.uuid4().hex[:16]}"
+                                                for _ in range(max(request.num_samples, 0))])
 
     # ---- futures ------------------------------------------------------------------------
 

@@ -154,18 +154,16 @@ class Samplers:
             stopped = n < max_tokens or (n > 0 and tokens[-1] in ends) or _ends_with_stop(m, tokens, params)
             log_probs = out.sample_log_probs[row, :n].tolist()
             sequences.append(Completion(tokens, log_probs, "stop" if stopped else "length"))
-        prompt_logprobs = self.prompt_logprobs(snapshot, prompt) if request.prompt_logprobs else None
-        return Sampled(sequences, prompt_logprobs)
+        return Sampled(sequences, _prompt_logprobs(m, ids) if request.prompt_logprobs else None)
 
-    def prompt_logprobs(self, snapshot: Snapshot, prompt: torch.Tensor) -> list[float | None]:
-        """log p(prompt[t] | prompt[:t]) for each position; None for the first, which nothing predicts."""
-        m = self._module(snapshot)
-        _check_prompt(prompt, m.vocab_size)
-        ids = prompt.to(m.device).unsqueeze(0)
-        with torch.inference_mode():
-            logits = m.module(input_ids=ids).logits[:, :-1]  # [1, P - 1, V]
-            values = core.token_log_probs(logits, ids[:, 1:], 1.0)[0].tolist()
-        return [None, *values]
+
+def _prompt_logprobs(m: _Module, ids: torch.Tensor) -> list[float | None]:
+    """log p(prompt[t] | prompt[:t]) for each position of ``ids`` [1, P]; None for the first, which nothing
+    predicts."""
+    with torch.inference_mode():
+        logits = m.module(input_ids=ids).logits[:, :-1]  # [1, P - 1, V]
+        values = core.token_log_probs(logits, ids[:, 1:], 1.0)[0].tolist()
+    return [None, *values]
 
 
 def _check_prompt(prompt: torch.Tensor, vocab_size: int) -> None:

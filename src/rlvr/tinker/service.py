@@ -29,7 +29,7 @@ from rlvr.tinker import wire
 from rlvr.tinker.losses import LossError
 from rlvr.tinker.models import Adapters, ModelError, TrainingModel, read_meta
 from rlvr.tinker.names import ServedModel
-from rlvr.tinker.sampling import Samplers, Snapshot
+from rlvr.tinker.sampling import Request, Samplers, Snapshot
 from rlvr.tinker.store import CheckpointPath, Store, StoreError, checked_name
 
 logger = logging.getLogger(__name__)
@@ -253,13 +253,12 @@ class Service:
     def snapshot_of_base(self, base: ServedModel) -> Snapshot:
         return Snapshot(base.name, base.folder, Adapters(rank=0), {}, 0)
 
-    def sample(self, snapshot: Snapshot, body: dict) -> bytes:
+    def sample(self, snapshot: Snapshot, request: Request) -> bytes:
         if snapshot.state is None:
             raise ModelError(f"these sampler weights were released: the server keeps the last {KEPT_SNAPSHOTS} "
                              "unsaved ones (save_weights_for_sampler with a name keeps them on disk)")
         if snapshot.id in self._unsaved:
             self._unsaved.move_to_end(snapshot.id)
-        request = wire.sample_request(body)
         return wire.sample_result(self._samplers.sample(snapshot, request))
 
     def new_sampling_session(self, session: Session, seq: Any, snapshot: Snapshot) -> str:
