@@ -309,6 +309,8 @@ def test_each_refusal_names_what_is_wrong(client, served):
     refused("topk_prompt_logprobs is not supported", lambda: sampler.sample(
         prompt=prompt, num_samples=1, sampling_params=types.SamplingParams(max_tokens=2), include_prompt_logprobs=True,
         topk_prompt_logprobs=2).result())
+    refused("num_samples must be 1 to 1024", lambda: sampler.sample(
+        prompt=prompt, num_samples=5000, sampling_params=types.SamplingParams(max_tokens=2)).result())
     refused("passes the model's 256 positions", lambda: sampler.sample(
         prompt=prompt, num_samples=1, sampling_params=types.SamplingParams(max_tokens=300)).result())
 
@@ -326,6 +328,26 @@ def test_routes_it_does_not_serve_and_a_wrong_key_answer_in_the_sdks_shape(serve
     assert broken.status_code == 400 and "not a ForwardBackwardRequest" in broken.json()["detail"]
     with pytest.raises(tinker.AuthenticationError):
         tinker.RestClient(base_url=url, api_key="tml-wrong").get_server_capabilities().result()
+
+
+def test_a_silent_session_ends_and_releases_its_models(served):
+    import httpx
+
+    url, headers = served[0].url, {"X-API-Key": KEY}
+
+    def post(route, **body):
+        return httpx.post(f"{url}/api/v1/{route}", json=body, headers=headers, timeout=60)
+
+    session = post("create_session").json()["session_id"]
+    created = post("create_model", session_id=session, model_seq_id=0, base_model=served[2].name,
+                   lora_config={"rank": 2}).json()
+    assert post("retrieve_future", request_id=created["request_id"]).json()["model_id"] == created["model_id"]
+    assert post("session_heartbeat", session_id=session).status_code == 200
+    served[0].service.sessions[session].last_seen -= 1000  # silent past the timeout
+    ended = post("session_heartbeat", session_id=session)
+    assert ended.status_code == 410 and "has ended" in ended.json()["detail"]  # the SDK stops beating on 410
+    assert post("get_info", model_id=created["model_id"]).status_code == 404
+    assert post("create_model", session_id=session, model_seq_id=1, base_model=served[2].name).status_code == 404
 
 
 # ---- SmolLM2, its tokenizer by hub name offline ---------------------------------------------------------------

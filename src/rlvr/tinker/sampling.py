@@ -22,6 +22,7 @@ from rlvr.policies.hf_model import eos_token_ids
 from rlvr.tinker.models import Adapters, ModelError, build_model
 
 _ids = itertools.count(1)
+MAX_SAMPLES = 1024  # responses to one request: sampled as one batch, so its memory is bounded by this
 
 
 @dataclass
@@ -134,8 +135,8 @@ class Samplers:
         if room is not None and max_tokens > room:
             raise ModelError(f"max_tokens={max_tokens} with a {len(prompt)}-token prompt passes the model's "
                              f"{m.max_positions} positions")
-        if request.num_samples < 1:
-            raise ModelError(f"num_samples must be >= 1, got {request.num_samples}")
+        if not 1 <= request.num_samples <= MAX_SAMPLES:
+            raise ModelError(f"num_samples must be 1 to {MAX_SAMPLES}, got {request.num_samples}")
         try:
             params = SamplingParams(temperature=request.temperature, top_k=max(request.top_k, 0),
                                     top_p=request.top_p, max_new_tokens=max_tokens, eos_token_ids=m.eos,
