@@ -15,17 +15,22 @@ from contextlib import contextmanager
 class TrainingClock:
     """Starts when made (just before the run loads its model). ``evaluation()`` brackets each
     evaluation: its wall time is not training, and the training seconds at its start are kept
-    in ``at_evaluations`` (in order)."""
+    in ``at_evaluations`` (in order). ``step_ended()`` keeps the training seconds at the end of
+    each optimizer step in ``at_steps`` (both sides call it just after their optimizer steps)."""
 
     def __init__(self, now: Callable[[], float] = time.perf_counter) -> None:
         self._now = now
         self._start = now()
         self._evaluating = 0.0
         self.at_evaluations: list[float] = []
+        self.at_steps: list[float] = []
 
     def seconds(self) -> float:
         """Wall seconds since the start, less those spent in evaluations."""
         return self._now() - self._start - self._evaluating
+
+    def step_ended(self) -> None:
+        self.at_steps.append(self.seconds())
 
     @contextmanager
     def evaluation(self) -> Iterator[None]:

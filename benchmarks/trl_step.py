@@ -135,6 +135,7 @@ def main() -> None:
 
         def on_step_end(self, *_, **__):
             times.append({"wall": time.perf_counter() - self.start[0], "cpu": time.process_time() - self.start[1]})
+            clock.step_ended()
 
     class Evaluator(TrainerCallback):  # after StepTimer in the callbacks: outside the timed steps
         def on_train_begin(self, *_, **__):
@@ -160,6 +161,7 @@ def main() -> None:
         trainer.train()
     print(json.dumps({"trl": __import__("trl").__version__, "transformers": __import__("transformers").__version__,
                       "threads": torch.get_num_threads(), "steps": times, "evals": evals,
+                      "at_steps": clock.at_steps,
                       "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 
 

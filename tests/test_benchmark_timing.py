@@ -3,6 +3,7 @@ less the evaluations' (benchmarks/training_clock.py), rlvr's read around its rea
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -78,3 +79,35 @@ def test_rlvr_curve_on_the_real_loop(benchmarks, chat_model, monkeypatch):
     seconds = [s for s, _ in curve]
     assert 0 < seconds[0] < seconds[1] < seconds[2]
     assert all(accuracy in (0.0, 0.25, 0.5, 0.75, 1.0) for _, accuracy in curve)
+
+
+def test_rlvr_run_stops_at_its_target_and_times_each_step(benchmarks, chat_model, monkeypatch):
+    training_clock, time_to_accuracy = benchmarks
+    monkeypatch.chdir(BENCHMARKS.parent)
+    overrides = [f"policy.options.model={chat_model}", "policy.options.max_new_tokens=3", "algo.epochs=3",
+                 "algo.group_size=2", "task.prompts_per_epoch=2", "log.eval_every=1", "log.eval_samples=1",
+                 "task.options.num_eval=4", "log.checkpoint_every=0", "threads=1"]
+    clock = training_clock.TrainingClock()
+    # every accuracy is at or above 0: the run stops after the step that follows the first evaluation
+    curve = time_to_accuracy.rlvr_curve(time_to_accuracy.RECIPE, overrides, stop_at=0.0, clock=clock)
+    assert len(curve) == 2 and len(clock.at_steps) == 1
+    assert curve[0][0] < clock.at_steps[0] <= curve[1][0]
+
+
+def test_summary_reads_each_seed_and_takes_the_median(benchmarks, tmp_path, capsys):
+    _, time_to_accuracy = benchmarks
+    files = []
+    for seed, (trl, ours) in enumerate([([(0, .2), (100, .6), (200, .7)], [(0, .2), (30, .7)]),
+                                        ([(0, .2), (100, .66), (200, .6)], [(0, .2), (50, .6), (80, .66)]),
+                                        ([(0, .2), (100, .7)], [(0, .2), (40, .6)])]):
+        path = tmp_path / f"{seed}.json"
+        path.write_text(json.dumps({"settings": {"seed": seed}, "timing": time_to_accuracy.TIMING,
+                                    "trl": trl, "rlvr": ours}))
+        files.append(str(path))
+    time_to_accuracy.summarize(files, fixed=0.65)
+    out = capsys.readouterr().out
+    # TRL's final (0.7, 0.6, 0.7): 30/200, 50/100 (TRL first at or above 0.6 at 100 s), none (rlvr never
+    # reaches 0.7): median 0.50; fixed 0.65: 30/200, 80/100, none: median 0.80
+    medians = [line for line in out.splitlines() if "median" in line]
+    assert medians == ["  median rlvr / TRL over 3 seeds: 0.50x", "  median rlvr / TRL over 3 seeds: 0.80x"]
+    assert "none" in out
