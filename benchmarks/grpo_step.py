@@ -73,6 +73,10 @@ from rlvr.loop import optim
 from rlvr.loop.optim import build_optimizer
 from rlvr.modeling import build_char_tokenizer, build_model
 from rlvr.policies.causal_lm import CausalLMPolicy
+from rlvr.policies.scoring import length_buckets
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling machine_limits.py
+from machine_limits import Shapes, StepTokens, copy_bandwidth, decode_limit, update_limit  # noqa: E402
 
 # the trainer's update; revisions without optimizer_update (--memory of an older checkout) step()
 optimizer_update = getattr(optim, "optimizer_update", lambda optimizer: optimizer.step())
@@ -106,6 +110,9 @@ def parse_args() -> argparse.Namespace:
                         help="ours: score each prompt once for its group (CausalLMPolicy.share_prompts)")
     parser.add_argument("--seed", type=int, default=0, help="model, prompt and sampling seed")
     parser.add_argument("--memory", action="store_true", help="also each side's peak RSS, each in a process of its own")
+    parser.add_argument("--limits", action="store_true",
+                        help="also ours's update and generation against this machine's limits (machine_limits.py)")
+    parser.add_argument("--profile", action="store_true", help="also one step of ours under torch's profiler")
     parser.add_argument("--memory-child", choices=("ours", "baseline"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.prompts = args.prompts or (4 if args.model else 8)
@@ -150,22 +157,53 @@ class Ours:
         # the trainer's optimizer (fused AdamW) and its scoring call, entropy included
         self.optimizer = build_optimizer(OptimConfig(name="adamw", lr=1e-4), list(model.parameters()))
         self.group_size = args.group_size
+        self.tokens: list[StepTokens] = []  # each step's real tokens, for --limits
+        self.positions: list[tuple[int, int]] = []  # each update's (positions run, real tokens)
 
     def step(self, prompts: list[str], generator: torch.Generator) -> dict[str, float]:
         times = [self.clock()]
-        samples = self.policy.sample(prompts, self.group_size, 1.0, generator)
+        samples = self.generate(prompts, generator)
         times.append(self.clock())
         old_log_probs = samples.sample_log_probs  # [N, T]: log pi_old, recorded while sampling
         times.append(self.clock())
         rewards = rewards_of(prompts, samples.responses)  # [B, G]
         start = self.clock()
+        self.update(samples, old_log_probs, rewards)
+        times.append(self.clock() - start + times[-1])
+        self.last_tokens = int(samples.response_mask.sum())  # response tokens of this step
+        self.tokens.append(step_tokens(samples, self.group_size))
+        self.positions.append(positions_run(samples, self.tokens[-1], self.policy.share_prompts))
+        return {phase: b - a for phase, a, b in zip(PHASES, times, times[1:])}
+
+
+    def generate(self, prompts: list[str], generator: torch.Generator):
+        return self.policy.sample(prompts, self.group_size, 1.0, generator)
+
+    def update(self, samples, old_log_probs: torch.Tensor, rewards: torch.Tensor) -> None:
         log_probs, _ = self.policy.log_probs(samples, 1.0, with_entropy=True)
         grpo_loss(log_probs, old_log_probs, rewards, samples.response_mask).backward()
         optimizer_update(self.optimizer)  # as the trainer steps (rlvr.loop.step.optimizer_step)
         clear_grads(self.optimizer)
-        times.append(self.clock() - start + times[-1])
-        self.last_tokens = int(samples.response_mask.sum())  # response tokens of this step
-        return {phase: b - a for phase, a, b in zip(PHASES, times, times[1:])}
+
+
+def step_tokens(samples, group_size: int) -> StepTokens:
+    """The real tokens of a step's samples (rows b * G + g: prompt b's g-th response)."""
+    prompt_lengths = samples.prompt_mask.sum(dim=1).tolist()[::group_size]
+    response_lengths = samples.response_mask.sum(dim=1).tolist()
+    return StepTokens(prompt_lengths, response_lengths, [row // group_size for row in range(len(response_lengths))])
+
+
+def positions_run(samples, tokens: StepTokens, share: bool) -> tuple[int, int]:
+    """(positions the update's forward runs, real tokens among them): rlvr's buckets of like response width
+    (``length_buckets``, as ``CausalLMPolicy.log_probs`` splits), each prompt padded to the widest."""
+    width = samples.prompt_ids.shape[1]
+    ends = torch.tensor(tokens.response_lengths)
+    run = 0
+    for rows in length_buckets(ends, len(tokens.prompt_lengths) * width if share else 0):
+        prompts = len({tokens.prompt_of_row[r] for r in rows.tolist()}) if share else len(rows)
+        run += len(rows) * int(ends[rows].max()) + prompts * width
+    real_prompts = sum(tokens.prompt_lengths) if share else sum(tokens.prompt_lengths[b] for b in tokens.prompt_of_row)
+    return run, real_prompts + sum(tokens.response_lengths)
 
 
 class Baseline:
@@ -217,9 +255,9 @@ def clock_name(threads: int, clock: str) -> str:
     return clock if clock != "auto" else ("cpu" if threads == 1 else "wall")
 
 
-def time_pair(model, tokenizer, args, threads: tuple[int, int], prompts: list[list[str]]) -> dict:
+def time_pair(model, tokenizer, args, threads: tuple[int, int], prompts: list[list[str]]) -> tuple[dict, Ours]:
     """Ours and the baseline (threads[0], threads[1]) from copies of ``model``, interleaved
-    step by step on the same prompts: {path: [{phase: seconds}]} of the timed steps."""
+    step by step on the same prompts: {path: [{phase: seconds}]} of the timed steps, and ours."""
     clock = CLOCKS[clock_name(max(threads), args.clock)]
     paths = {"ours": Ours(copy.deepcopy(model), tokenizer, args),
              "baseline": Baseline(copy.deepcopy(model), tokenizer, args)}
@@ -232,7 +270,7 @@ def time_pair(model, tokenizer, args, threads: tuple[int, int], prompts: list[li
             times = path.step(step_prompts, generator)
             if i >= args.warmup:
                 results[name].append(times)
-    return results
+    return results, paths["ours"]
 
 
 def medians(steps: list[dict[str, float]]) -> dict[str, float]:
@@ -273,6 +311,43 @@ def trl_step_times(args, model, tokenizer, prompts: list[list[str]], threads: in
     print(f"  (TRL {result['trl']}, transformers {result['transformers']}; peak RSS {result['peak_rss_mib']:.0f} MiB "
           f"at {threads} thread(s))")
     return result["steps"][args.warmup:]
+
+
+def report_limits(model, ours: Ours, steps: list[dict[str, float]]) -> None:
+    """Ours's timed steps against this machine's limits (``machine_limits.py``), medians over the steps."""
+    shapes, bandwidth = Shapes.of(model), copy_bandwidth()
+    update, generate, padding = [], [], []
+    for times, tokens, (run, real) in zip(steps, ours.tokens[-len(steps):], ours.positions[-len(steps):]):
+        limit, bound = update_limit(shapes, tokens), decode_limit(shapes, tokens, bandwidth)
+        update.append((limit["flops"] / times["update"], limit["flops_per_s"], limit["seconds"] / times["update"]))
+        decoded = sum(tokens.response_lengths) / times["generate"]
+        generate.append((decoded, sum(tokens.response_lengths) / bound["bandwidth_seconds"],
+                         sum(tokens.response_lengths) / bound["compute_seconds"], bound["tokens_per_s"],
+                         decoded / bound["tokens_per_s"]))
+        padding.append(run / real)
+    u = [statistics.median(column) for column in zip(*update)]
+    g = [statistics.median(column) for column in zip(*generate)]
+    print(f"  limits (medians of {len(steps)} steps; copy bandwidth {bandwidth / 1e9:.1f} GB/s):")
+    print(f"    update:   {u[0] / 1e9:.1f} GFLOP/s useful (forward + backward of the real tokens); the same matmuls "
+          f"here {u[1] / 1e9:.1f} GFLOP/s: {u[2]:.0%} of the limit")
+    print(f"    generate: {g[0]:.0f} tokens/s (prefill included); bounds: memory bandwidth {g[1]:.0f}, matmuls "
+          f"{g[2]:.0f}, the larger at each position {g[3]:.0f} tokens/s: {g[4]:.0%} of the limit "
+          f"({g[0] / g[1]:.0%} of the bandwidth bound)")
+    print(f"    padding:  the update runs {statistics.median(padding):.2f}x the real tokens' positions "
+          "(what packing could save at most)")
+
+
+def report_profile(ours: Ours, prompts: list[str], generator: torch.Generator, rows: int = 12) -> None:
+    """One more step of ours under torch's profiler: each phase's ops by self CPU time."""
+    from torch.profiler import profile
+
+    with profile() as sampling:
+        samples = ours.generate(prompts, generator)
+    with profile() as updating:
+        ours.update(samples, samples.sample_log_probs, rewards_of(prompts, samples.responses))
+    for name, prof in (("generate", sampling), ("update", updating)):
+        print(f"\n  profile of ours's {name}:")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows))
 
 
 def peak_rss_mib() -> float:
@@ -345,7 +420,12 @@ def main() -> None:
         settings[f"defaults (rlvr {defaults[0]}, baseline {defaults[1]} threads)"] = defaults
     for title, threads in settings.items():
         name = clock_name(max(threads), args.clock)
-        table = report(f"{title}, {name} time", time_pair(model, tokenizer, args, threads, prompts))
+        results, ours = time_pair(model, tokenizer, args, threads, prompts)
+        table = report(f"{title}, {name} time", results)
+        if args.limits and threads[0] == threads[1]:
+            report_limits(model, ours, results["ours"])
+        if args.profile and threads[0] == threads[1]:
+            report_profile(ours, prompts[-1], torch.Generator().manual_seed(args.seed + 2))
         if threads == defaults and not title.startswith("defaults"):
             print("  (this row is each side's default)")
         if args.trl and threads[0] == threads[1]:
