@@ -422,13 +422,24 @@ def test_scoring_in_buckets_of_like_width_equals_scoring_all_rows_at_once(llama_
 
     def scored():
         policy = make_policy(llama_dir)
+        forward, passes = policy.forward, []
+
+        def counted(module=None, **inputs):
+            passes.append(inputs["input_ids"].shape)
+            return forward(module, **inputs)
+
+        policy.forward = counted
         log_probs, entropy = policy.log_probs(samples, 0.9, with_entropy=True)
         (log_probs * torch.linspace(-1, 1, log_probs.shape[1])).sum().backward()
-        return log_probs.detach(), entropy, [p.grad for p in policy.module.parameters()]
+        return log_probs.detach(), entropy, [p.grad for p in policy.module.parameters()], passes
 
     monkeypatch.setattr(scoring, "MIN_SAVING", 0.0)
-    assert len(scoring.length_buckets(ends, 0)) > 1
+    buckets = scoring.length_buckets(ends, 0)
+    assert len(buckets) > 1
     bucketed = scored()
+    # the prompts encoded once (their distinct rows), then one pass per bucket (its rows)
+    assert bucketed[3] == [samples.prompt_ids[::4].shape] + [(len(rows), int(ends[rows].max()) - 1)
+                                                             for rows in buckets]
     monkeypatch.setattr(scoring, "MAX_BUCKETS", 1)
     whole = scored()
     torch.testing.assert_close(bucketed[0], whole[0], atol=1e-5, rtol=0)

@@ -6,6 +6,7 @@ heads, P prompt tokens, L filled positions, D head size. The design: ``docs/expl
 
 from __future__ import annotations
 
+import copy
 import functools
 from typing import Any
 
@@ -24,6 +25,14 @@ def cache_name() -> str:
 def cache_of(out: Any) -> Any:
     """The KV cache a forward returned (``use_cache=True``)."""
     return out[cache_name()]
+
+
+def rows_of(cache: Cache, rows: torch.Tensor) -> Cache:
+    """A new cache of ``cache``'s ``rows`` [n] (repeats allowed), differentiable; ``cache`` itself unchanged."""
+    selected = copy.copy(cache)
+    selected.layers = [copy.copy(layer) for layer in cache.layers]
+    selected.batch_select_indices(rows)
+    return selected
 
 
 # Positions a cache has room for past the prompt before it first doubles. Not all of P + max_new_tokens at once:

@@ -17,7 +17,7 @@ import torch
 from rlvr.batch.interfaces import Policy
 from rlvr.batch.rollout import Samples
 from rlvr.core import token_log_probs
-from rlvr.core.logprobs import DEFAULT_CHUNK_ELEMENTS, token_log_probs_and_entropy
+from rlvr.core.logprobs import DEFAULT_CHUNK_ELEMENTS, head_token_log_probs, token_log_probs_and_entropy
 from rlvr.engines import Engine, Generation, SamplingParams
 from rlvr.engines.base import cut_at_stop_string
 from rlvr.engines.hf import HFEngine, autocast_context
@@ -40,6 +40,7 @@ from rlvr.policies.prompts import (
 )
 from rlvr.policies.scoring import (
     chunked_entropy,
+    encode_prompts,
     hidden_forward,
     length_buckets,
     logits_forward,
@@ -63,8 +64,8 @@ def _sharded(module: torch.nn.Module) -> bool:
 
 
 def _onto_mask(mask: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """values [M, 1] of the M True positions of mask [n, T] as [n, T], 0 elsewhere (differentiable)."""
-    return torch.zeros(mask.shape, dtype=values.dtype, device=values.device).masked_scatter(mask, values.squeeze(1))
+    """values [M] (or [M, 1]) of the M True positions of mask [n, T] as [n, T], 0 elsewhere (differentiable)."""
+    return torch.zeros(mask.shape, dtype=values.dtype, device=values.device).masked_scatter(mask, values.reshape(-1))
 
 _AUTOCAST = {None: None, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -265,18 +266,26 @@ class CausalLMPolicy(Policy):
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         scored = self.module if module is None else module
+        parts = None if module is None and self.compiled is not None else self._split_head(scored)
+        # the whole model's logits at every response position, or the body's hidden states (the head applied at
+        # the real response tokens only)
+        forward = (logits_forward(functools.partial(self.forward, module)) if parts is None
+                   else hidden_forward(functools.partial(self.forward, parts[0])))
         # gradient checkpointing drops the caches that sharing a prompt's encoding needs
         share = self.share_prompts and not checkpointing_active(scored)
+        prompts = encode_prompts(forward, samples) if share else None  # once, for every bucket
         n, width = samples.response_ids.shape
         ends = (samples.response_mask * torch.arange(1, width + 1, device=self.device)).amax(dim=1).cpu()  # [n]
-        prompts = 1 + int((samples.prompt_ids[1:] != samples.prompt_ids[:-1]).any(dim=1).sum())
-        buckets = length_buckets(ends, prompts * samples.prompt_ids.shape[1] if share else 0)
-        scores = [self._scored((samples if len(buckets) == 1 else samples.rows(rows.to(self.device)))
-                               .narrow(max(1, int(ends[rows].max()))), temperature, with_entropy, module,
-                               entropy_grad, share) for rows in buckets]
+        buckets = length_buckets(ends, 0)  # another pass encodes no prompt again: it costs its rows alone
+        scores = []
+        for rows in buckets:
+            part = samples if len(buckets) == 1 else samples.rows(rows.to(self.device))
+            part = part.narrow(max(1, int(ends[rows].max())))
+            outputs = response_outputs(forward, part, prompts, None if len(buckets) == 1 else rows.to(self.device))
+            scores.append(self._scored(outputs, part, parts, temperature, with_entropy, entropy_grad))
 
-        def whole(parts: list[torch.Tensor]) -> torch.Tensor:  # [k_b, w_b] per bucket -> [n, T] in row order
-            padded = [torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts]
+        def whole(pieces: list[torch.Tensor]) -> torch.Tensor:  # [k_b, w_b] per bucket -> [n, T] in row order
+            padded = [torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in pieces]
             if len(padded) == 1:
                 return padded[0]
             order = torch.cat(buckets).to(self.device)
@@ -285,20 +294,24 @@ class CausalLMPolicy(Policy):
         log_probs = whole([lp for lp, _ in scores])
         return log_probs, whole([e for _, e in scores]) if with_entropy else None
 
-    def _scored(self, samples: Samples, temperature: float, with_entropy: bool, module: torch.nn.Module | None,
-                entropy_grad: bool, share: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``log_probs`` of rows of like width (one bucket, narrowed to its widest row)."""
-        scored = self.module if module is None else module
+    def _scored(self, outputs: torch.Tensor, samples: Samples, parts: tuple[torch.nn.Module, torch.nn.Module] | None,
+                temperature: float, with_entropy: bool, entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``log_probs`` of rows of like width (one bucket, narrowed to its widest row) from their ``outputs``: the
+        logits [n, T, V] (``parts`` None), else the body's hidden states [n, T, H] and ``parts`` (body, head)."""
         mask = samples.response_mask  # [n, T]
-        parts = None if module is None and self.compiled is not None else self._split_head(scored)
-        if parts is None:  # the whole model's logits at every response position
-            logits = response_outputs(logits_forward(functools.partial(self.forward, module)), samples, share)
-            tokens = samples.response_ids  # logits [n, T, V], tokens [n, T]
-        else:  # the body's hidden states, then the head at the M real response tokens only
-            body, head = parts
-            hidden = response_outputs(hidden_forward(functools.partial(self.forward, body)), samples, share)
+        if parts is None:
+            logits, tokens = outputs, samples.response_ids  # logits [n, T, V], tokens [n, T]
+        else:  # the head at the M real response tokens only
+            head = parts[1]
+            hidden = outputs[mask]  # [M, H]
+            spread = functools.partial(_onto_mask, mask)  # [M] or [M, 1] -> [n, T], 0 off the mask
+            if type(head) is torch.nn.Linear and self.autocast is None and not entropy_grad:
+                # the head's logits made a chunk at a time, forward and backward: never the whole [M, V]
+                log_probs, entropy = head_token_log_probs(hidden, head, samples.response_ids[mask], temperature,
+                                                          self.chunk_elements, with_entropy)
+                return spread(log_probs), None if entropy is None else spread(entropy)
             with autocast_context(self.device, self.autocast):
-                logits = head(hidden[mask]).unsqueeze(1)  # [M, 1, V]
+                logits = head(hidden).unsqueeze(1)  # [M, 1, V]
             tokens = samples.response_ids[mask].unsqueeze(1)  # [M, 1]
         entropy = None
         if with_entropy and not entropy_grad:  # one pass over the logits for both
@@ -309,7 +322,6 @@ class CausalLMPolicy(Policy):
                 entropy = chunked_entropy(logits, temperature, self.chunk_elements)
         if parts is None:
             return log_probs.masked_fill(~mask, 0.0), None if entropy is None else entropy.masked_fill(~mask, 0.0)
-        spread = functools.partial(_onto_mask, mask)  # [M, 1] -> [n, T], 0 off the mask
         return spread(log_probs), None if entropy is None else spread(entropy)
 
     def _split_head(self, module: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:

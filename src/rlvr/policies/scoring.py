@@ -8,6 +8,7 @@ vocabulary, H hidden size, D either (what ``forward`` returns), u distinct promp
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -111,40 +112,54 @@ def length_buckets(widths: torch.Tensor, bucket_cost: int) -> list[torch.Tensor]
     return [torch.nonzero((rounded > low) & (rounded <= high)).squeeze(1) for low, high in reversed(bounds)]
 
 
-def response_outputs(forward: Forward, samples: Samples, share_prompts: bool) -> torch.Tensor:
-    """Outputs [n, T, D] at the positions that predict each response token (positions counted over real tokens).
-    With ``share_prompts`` (False under gradient checkpointing, which drops caches), a repeated prompt is encoded
-    once and its KV cache shared by its rows (same values up to float rounding)."""
+@dataclass(frozen=True)
+class EncodedPrompts:
+    """A batch's u distinct prompts encoded once: the output at each prompt's last position [u, 1, D] (it predicts
+    response token 0), their KV cache, each row's prompt ``inverse`` [n] and the prompts' mask [u, P]."""
+
+    last: torch.Tensor
+    cache: Any
+    inverse: torch.Tensor
+    mask: torch.Tensor
+
+
+def encode_prompts(forward: Forward, samples: Samples) -> EncodedPrompts | None:
+    """The distinct prompts of ``samples`` encoded once, for ``response_outputs`` of any of its rows; None when no
+    prompt repeats (nothing to share)."""
     prompt_key = torch.cat([samples.prompt_ids, samples.prompt_mask.long()], dim=1)  # [n, 2P]
     _, inverse, counts = torch.unique_consecutive(prompt_key, dim=0, return_inverse=True, return_counts=True)
-    if share_prompts and len(counts) < len(inverse):
-        first_rows = counts.cumsum(0) - counts  # [u]: one row per distinct prompt
-        return shared_prompt_outputs(forward, samples, first_rows, inverse)
-    response_ids, response_mask = samples.response_ids, samples.response_mask  # [n, T]
-    input_ids = torch.cat([samples.prompt_ids, response_ids], dim=1)  # [n, P + T]
-    attention = torch.cat([samples.prompt_mask, response_mask], dim=1).long()
-    positions = (attention.cumsum(-1) - 1).clamp(min=0)
-    return forward(response_ids.shape[1] + 1, input_ids=input_ids, attention_mask=attention,
-                   position_ids=positions, use_cache=False)[0][:, :-1]
-
-
-def shared_prompt_outputs(forward: Forward, samples: Samples, first_rows: torch.Tensor,
-                         inverse: torch.Tensor) -> torch.Tensor:
-    """Response outputs [n, T, D]: u distinct prompts encoded once (``first_rows`` [u]), then all n responses
-    (``inverse`` [n]: each row's prompt)."""
-    from rlvr.engines import kv_cache  # imports transformers, like the model it runs
-
+    if len(counts) == len(inverse):
+        return None
+    first_rows = counts.cumsum(0) - counts  # [u]: one row per distinct prompt
     prompt_ids, prompt_mask = samples.prompt_ids[first_rows], samples.prompt_mask[first_rows].long()  # [u, P]
     last, cache = forward(1, input_ids=prompt_ids, attention_mask=prompt_mask,
                           position_ids=(prompt_mask.cumsum(-1) - 1).clamp(min=0), use_cache=True)
-    first_outputs = last[:, -1:][inverse]  # [n, 1, D]: predicts response token 0
+    return EncodedPrompts(last[:, -1:], cache, inverse, prompt_mask)
+
+
+def response_outputs(forward: Forward, samples: Samples, prompts: EncodedPrompts | None = None,
+                     rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Outputs [n, T, D] at the positions that predict each response token (positions counted over real tokens).
+    With ``prompts`` (``encode_prompts`` of the batch whose ``rows`` [n] ``samples`` holds; default: all of them),
+    each row's prompt is not encoded again: its KV cache is the shared one (same values up to float rounding)."""
+    if prompts is None:
+        response_ids, response_mask = samples.response_ids, samples.response_mask  # [n, T]
+        input_ids = torch.cat([samples.prompt_ids, response_ids], dim=1)  # [n, P + T]
+        attention = torch.cat([samples.prompt_mask, response_mask], dim=1).long()
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        return forward(response_ids.shape[1] + 1, input_ids=input_ids, attention_mask=attention,
+                       position_ids=positions, use_cache=False)[0][:, :-1]
+    from rlvr.engines import kv_cache  # imports transformers, like the model it runs
+
+    inverse = prompts.inverse if rows is None else prompts.inverse[rows]  # [n]: each row's prompt
+    first_outputs = prompts.last[inverse]  # [n, 1, D]: predicts response token 0
     num_tokens = samples.response_ids.shape[1]
     if num_tokens == 1:
         return first_outputs
-    cache.batch_select_indices(inverse)  # [u, ...] -> [n, ...], differentiable
+    cache = kv_cache.rows_of(prompts.cache, inverse)  # [u, ...] -> [n, ...], differentiable
     inputs = samples.response_ids[:, :-1]  # [n, T - 1]: token t predicts token t + 1
-    attention = torch.cat([prompt_mask[inverse], samples.response_mask[:, :-1].long()], dim=1)
-    positions = prompt_mask.sum(-1)[inverse].unsqueeze(-1) + torch.arange(num_tokens - 1, device=inputs.device)
+    attention = torch.cat([prompts.mask[inverse], samples.response_mask[:, :-1].long()], dim=1)
+    positions = prompts.mask.sum(-1)[inverse].unsqueeze(-1) + torch.arange(num_tokens - 1, device=inputs.device)
     rest, _ = forward(num_tokens - 1, input_ids=inputs, attention_mask=attention, position_ids=positions,
                       use_cache=True, **{kv_cache.cache_name(): cache})  # [n, T - 1, D]
     return torch.cat([first_outputs, rest], dim=1)
