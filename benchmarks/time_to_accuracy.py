@@ -23,7 +23,8 @@ the script prints the training seconds at its first evaluation at or above each,
 TRL (goal: at most 0.5). ``--rlvr-steps`` lets rlvr train longer than TRL's ``--steps`` to
 reach them, and rlvr stops at the first evaluation at or above both. ``--save`` writes both
 curves (and the settings) to a JSON file; ``--trl-curve`` reuses the TRL curve of such a file
-made with the same settings instead of running TRL again; ``--summarize`` prints the table of
+made with the same settings instead of running TRL again (``--trl-only`` makes such a file
+without running rlvr); ``--summarize`` prints the table of
 several saved seeds and the median ratio on each target.
 
     python benchmarks/time_to_accuracy.py --trl-python /tmp/trl-venv/bin/python
@@ -60,11 +61,15 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rlvr-steps", type=int, default=None, help="rlvr's optimizer steps (default: --steps)")
     parser.add_argument("--save", default=None, help="write both curves and the settings to this JSON file")
     parser.add_argument("--trl-curve", default=None, help="reuse the TRL curve of a --save file (same settings)")
+    parser.add_argument("--trl-only", action="store_true", help="run TRL alone and --save its curve (for "
+                                                                  "--trl-curve later)")
     parser.add_argument("--fixed-target", type=float, default=0.65, help="the second target accuracy")
     parser.add_argument("--summarize", nargs="+", metavar="FILE", help="print the table of these --save files")
     args = parser.parse_args()
     if not args.summarize and not args.trl_python:
         parser.error("give --trl-python (or --summarize FILE ...)")
+    if args.trl_only and not args.save:
+        parser.error("--trl-only needs --save FILE")
     return args
 
 
@@ -252,6 +257,11 @@ def main() -> None:
         else:
             trl, versions = [tuple(point) for point in reused["trl"]], reused["versions"]
             trl_steps = reused.get("trl_at_steps", [])
+        if args.trl_only:
+            Path(args.save).write_text(json.dumps({"settings": settings, "timing": TIMING, "versions": versions,
+                                                   "trl": trl, "trl_at_steps": trl_steps}))
+            print("  TRL " + " ".join(f"{s:.0f}s:{a:.3f}" for s, a in trl))
+            return
         stop_at = max(target for _, target in targets(trl, args.fixed_target))
         clock = TrainingClock()
         ours = rlvr_curve(RECIPE, rlvr_overrides(args, folder / "model"), stop_at, clock)
