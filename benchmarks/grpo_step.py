@@ -194,14 +194,14 @@ def step_tokens(samples, group_size: int) -> StepTokens:
 
 
 def positions_run(samples, tokens: StepTokens, share: bool) -> tuple[int, int]:
-    """(positions the update's forward runs, real tokens among them): rlvr's buckets of like response width
-    (``length_buckets``, as ``CausalLMPolicy.log_probs`` splits), each prompt padded to the widest."""
+    """(positions the update's forward runs, real tokens among them): the prompts, each padded to the widest (with
+    ``share``, once each: ``encode_prompts``), then rlvr's buckets of like response width (``length_buckets``, as
+    ``CausalLMPolicy.log_probs`` splits), each bucket's rows narrowed to its widest."""
     width = samples.prompt_ids.shape[1]
     ends = torch.tensor(tokens.response_lengths)
-    run = 0
-    for rows in length_buckets(ends, len(tokens.prompt_lengths) * width if share else 0):
-        prompts = len({tokens.prompt_of_row[r] for r in rows.tolist()}) if share else len(rows)
-        run += len(rows) * int(ends[rows].max()) + prompts * width
+    run = len(tokens.prompt_lengths) * width if share else 0
+    for rows in length_buckets(ends, 0):
+        run += len(rows) * (int(ends[rows].max()) + (0 if share else width))
     real_prompts = sum(tokens.prompt_lengths) if share else sum(tokens.prompt_lengths[b] for b in tokens.prompt_of_row)
     return run, real_prompts + sum(tokens.response_lengths)
 

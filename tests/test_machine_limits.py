@@ -78,7 +78,7 @@ def test_positions_run_are_the_real_tokens_without_padding(monkeypatch):
     assert tokens == grpo_step.StepTokens([5, 5], [4, 4, 4, 4], [0, 0, 1, 1])
     assert grpo_step.positions_run(even, tokens, share=True) == (2 * 5 + 16, 2 * 5 + 16)
     assert grpo_step.positions_run(even, tokens, share=False) == (4 * 5 + 16, 4 * 5 + 16)
-    uneven = samples([1, 9, 1, 9])
+    uneven = samples([1, 9, 2, 9])  # two buckets: widths 1 and 2 (run at 2), 9 and 9
     run, real = grpo_step.positions_run(uneven, grpo_step.step_tokens(uneven, 2), share=True)
-    assert real == 2 * 5 + 20 and run > real
+    assert (run, real) == (2 * 5 + 2 * 2 + 2 * 9, 2 * 5 + 21)
     assert sys.modules["machine_limits"].StepTokens is grpo_step.StepTokens
