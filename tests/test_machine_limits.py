@@ -78,7 +78,8 @@ def test_positions_run_are_the_real_tokens_without_padding(monkeypatch):
     assert tokens == grpo_step.StepTokens([5, 5], [4, 4, 4, 4], [0, 0, 1, 1])
     assert grpo_step.positions_run(even, tokens, share=True) == (2 * 5 + 16, 2 * 5 + 16)
     assert grpo_step.positions_run(even, tokens, share=False) == (4 * 5 + 16, 4 * 5 + 16)
-    uneven = samples([1, 9, 2, 9])  # two buckets: widths 1 and 2 (run at 2), 9 and 9
-    run, real = grpo_step.positions_run(uneven, grpo_step.step_tokens(uneven, 2), share=True)
-    assert (run, real) == (2 * 5 + 2 * 2 + 2 * 9, 2 * 5 + 21)
+    split = samples([1, 9, 2, 9])  # a bucket per width: no padding run
+    assert grpo_step.positions_run(split, grpo_step.step_tokens(split, 2), share=True) == (2 * 5 + 21, 2 * 5 + 21)
+    close = samples([8, 9, 8, 9])  # splitting would save under a quarter: one pass, 9 wide
+    assert grpo_step.positions_run(close, grpo_step.step_tokens(close, 2), share=True) == (2 * 5 + 36, 2 * 5 + 34)
     assert sys.modules["machine_limits"].StepTokens is grpo_step.StepTokens
