@@ -43,6 +43,7 @@ the script prints TRL / ours, or "TRL not installed".
     python benchmarks/grpo_step.py --trl --trl-python /tmp/trl-venv/bin/python
     python benchmarks/grpo_step.py --no-share-prompts     # ours without prompt sharing
     python benchmarks/grpo_step.py --memory               # also each side's peak RSS, each in a process of its own
+    python benchmarks/grpo_step.py --no-loop --limits     # rlvr alone, against this machine's limits
     python benchmarks/grpo_step.py --model smollm2-135m-instruct --repeats 3 --warmup 1 --memory \
         --trl --trl-python /tmp/trl-venv/bin/python
 
@@ -113,6 +114,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--limits", action="store_true",
                         help="also ours's update and generation against this machine's limits (machine_limits.py)")
     parser.add_argument("--profile", action="store_true", help="also one step of ours under torch's profiler")
+    parser.add_argument("--loop", action=argparse.BooleanOptionalAction, default=True,
+                        help="also the hand-written loop (the baseline); --no-loop: rlvr (and TRL) only")
     parser.add_argument("--memory-child", choices=("ours", "baseline"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.prompts = args.prompts or (4 if args.model else 8)
@@ -259,8 +262,9 @@ def time_pair(model, tokenizer, args, threads: tuple[int, int], prompts: list[li
     """Ours and the baseline (threads[0], threads[1]) from copies of ``model``, interleaved
     step by step on the same prompts: {path: [{phase: seconds}]} of the timed steps, and ours."""
     clock = CLOCKS[clock_name(max(threads), args.clock)]
-    paths = {"ours": Ours(copy.deepcopy(model), tokenizer, args),
-             "baseline": Baseline(copy.deepcopy(model), tokenizer, args)}
+    paths = {"ours": Ours(copy.deepcopy(model), tokenizer, args)}
+    if args.loop:
+        paths["baseline"] = Baseline(copy.deepcopy(model), tokenizer, args)
     generator = torch.Generator().manual_seed(args.seed + 1)
     results = {name: [] for name in paths}
     for i, step_prompts in enumerate(prompts):
@@ -285,8 +289,9 @@ def report(title: str, results: dict[str, list[dict[str, float]]]) -> dict[str, 
     print(f"  {'path':<10}" + "".join(f"{p:>12}" for p in (*PHASES, "step")) + "   (median ms)")
     for name, m in table.items():
         print(f"  {name:<10}" + "".join(f"{1000 * m[p]:>12.1f}" for p in (*PHASES, "step")))
-    print("  baseline / ours: " + ", ".join(
-        f"{p} {table['baseline'][p] / table['ours'][p]:.2f}x" for p in ("generate", "update", "step")))
+    if "baseline" in table:
+        print("  baseline / ours: " + ", ".join(
+            f"{p} {table['baseline'][p] / table['ours'][p]:.2f}x" for p in ("generate", "update", "step")))
     return table
 
 
@@ -367,7 +372,7 @@ def memory_child(args, model, tokenizer, prompts: list[list[str]]) -> None:
 
 def report_memory(args) -> None:
     """Each side's peak RSS from ``memory_child`` in a fresh interpreter."""
-    for side in ("ours", "baseline"):
+    for side in ("ours", "baseline") if args.loop else ("ours",):
         command = [sys.executable, __file__, "--memory-child", side, "--prompts", str(args.prompts), "--group-size",
                    str(args.group_size), "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats),
                    "--warmup", str(args.warmup), "--seed", str(args.seed),
