@@ -26,8 +26,12 @@ DEFAULT_CHUNK_ELEMENTS = 2**24
 
 def row_chunks(logits: torch.Tensor, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> list[slice]:
     """Slices of the rows of logits [N, T, V], each about ``chunk_elements`` logits (at least one row)."""
-    num_rows = logits.shape[0]
-    chunk_rows = max(1, chunk_elements // max(1, logits.shape[1] * logits.shape[2]))
+    return _slices(logits.shape[0], logits.shape[1] * logits.shape[2], chunk_elements)
+
+
+def _slices(num_rows: int, per_row: int, chunk_elements: int) -> list[slice]:
+    """Slices of ``num_rows`` rows of ``per_row`` elements each, about ``chunk_elements`` a slice (at least a row)."""
+    chunk_rows = max(1, chunk_elements // max(1, per_row))
     return [slice(start, min(start + chunk_rows, num_rows)) for start in range(0, num_rows, chunk_rows)]
 
 
@@ -141,8 +145,7 @@ def head_token_log_probs(hidden: torch.Tensor, head: torch.nn.Linear, tokens: to
     """log softmax(head(hidden) / temperature) at ``tokens`` and, with ``with_entropy``, the entropy (detached):
     hidden [M, D], tokens [M] -> [M] float32 each, differentiable in ``hidden`` and the head's parameters, the
     logits made about ``chunk_elements`` at a time (forward, and again in backward)."""
-    rows = max(1, chunk_elements // max(1, head.out_features))
-    chunks = [slice(start, min(start + rows, hidden.shape[0])) for start in range(0, hidden.shape[0], rows)]
+    chunks = _slices(hidden.shape[0], head.out_features, chunk_elements)
     log_probs, entropy = _HeadTokenLogProbs.apply(hidden, head.weight, head.bias, tokens, temperature, chunks,
                                                   with_entropy)
     return log_probs, entropy if with_entropy else None
