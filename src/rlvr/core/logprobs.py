@@ -50,7 +50,7 @@ class _TokenLogProbs(torch.autograd.Function):
         log_probs = torch.empty_like(log_z)
         entropy = torch.empty_like(log_z) if with_entropy else log_z.new_empty(0)
         for rows in chunks:
-            z = logits[rows].float() / temperature  # [c, T, V], this chunk's own copy
+            z = _as_scaled(logits[rows], temperature, own=False)  # [c, T, V]
             log_z[rows], log_probs[rows], chunk_entropy = _log_probs_of_chunk(z, tokens[rows], with_entropy)
             if with_entropy:
                 entropy[rows] = chunk_entropy
@@ -65,35 +65,51 @@ class _TokenLogProbs(torch.autograd.Function):
         logits, tokens, log_z = ctx.saved_tensors
         grad_logits = torch.empty_like(logits)
         for rows in ctx.chunks:
-            grad = _grad_of_chunk(logits[rows], tokens[rows], log_z[rows], grad_log_probs[rows], ctx.temperature)
+            z = _as_scaled(logits[rows], ctx.temperature, own=False)
+            grad = _grad_of_chunk(z, tokens[rows], log_z[rows], grad_log_probs[rows], ctx.temperature)
             grad_logits[rows] = grad.to(logits.dtype)
         return grad_logits, None, None, None, None
+
+
+def _as_scaled(logits: torch.Tensor, temperature: float, own: bool) -> torch.Tensor:
+    """z = logits / tau in float32, a tensor the caller may overwrite: ``logits`` itself when ``own`` (a chunk just
+    made) and already float32, else a copy; at tau = 1 no division (x / 1 is x)."""
+    z = logits.float() if own else logits.to(torch.float32, copy=True)
+    return z if temperature == 1.0 else z.div_(temperature)
 
 
 def _log_probs_of_chunk(z: torch.Tensor, tokens: torch.Tensor, with_entropy: bool,
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(logsumexp, log-prob at ``tokens``, entropy or None) of z [..., V] = logits / tau, a chunk's own copy
-    (overwritten), tokens [...]."""
-    if not with_entropy:
-        log_z = torch.logsumexp(z, dim=-1)
-        return log_z, z.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - log_z, None
-    top = z.amax(dim=-1, keepdim=True)  # shifted by the max first: log p exact to float32 at any logit scale
+    (overwritten), tokens [...]. Shifted by the max first (log p exact to float32 at any logit scale), then
+
+        Z = sum_v exp(z_v),   H = log Z - sum_v exp(z_v) z_v / Z
+
+    one exp and three reductions over the chunk (a -inf logit adds 0 to both sums)."""
+    top = z.amax(dim=-1, keepdim=True)
     top = top.masked_fill_(top == float("-inf"), 0.0)  # a row of -inf stays -inf, not NaN
-    log_p = z.sub_(top)
-    shifted_log_z = torch.logsumexp(log_p, dim=-1)
-    log_prob = log_p.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - shifted_log_z
-    log_p = log_p.sub_(shifted_log_z.unsqueeze(-1))
-    p = log_p.exp()
-    entropy = -(p * log_p.masked_fill_(p == 0, 0.0)).sum(dim=-1)
+    shifted = z.sub_(top)
+    exp = shifted.exp()
+    total = exp.sum(dim=-1)
+    shifted_log_z = total.log()
+    log_prob = shifted.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - shifted_log_z
+    entropy = None
+    if with_entropy:
+        weighted = torch.linalg.vecdot(exp, shifted)  # sum_v exp(z_v) z_v; NaN in a row with a -inf logit (0 * -inf)
+        if weighted.isnan().any():
+            weighted = torch.linalg.vecdot(exp, shifted.masked_fill_(exp == 0, 0.0))
+        entropy = shifted_log_z - weighted / total
     return top.squeeze(-1) + shifted_log_z, log_prob, entropy
 
 
-def _grad_of_chunk(logits: torch.Tensor, tokens: torch.Tensor, log_z: torch.Tensor, grad: torch.Tensor,
+def _grad_of_chunk(z: torch.Tensor, tokens: torch.Tensor, log_z: torch.Tensor, grad: torch.Tensor,
                    temperature: float) -> torch.Tensor:
-    """d log-prob / d logits of a chunk times ``grad``: (onehot(token) - softmax(z)) * grad / tau, in float32."""
+    """d log-prob / d logits of a chunk times ``grad``: (onehot(token) - softmax(z)) * grad / tau, in float32, made in
+    z [..., V] = logits / tau, a chunk's own copy (``_as_scaled``)."""
     grad = grad.unsqueeze(-1)
-    probs = torch.exp(logits.float() / temperature - log_z.unsqueeze(-1))
-    return (-probs * grad).scatter_add_(-1, tokens.unsqueeze(-1), grad) / temperature
+    probs = z.sub_(log_z.unsqueeze(-1)).exp_()
+    out = probs.mul_(grad.neg()).scatter_add_(-1, tokens.unsqueeze(-1), grad)
+    return out if temperature == 1.0 else out.div_(temperature)
 
 
 class _HeadTokenLogProbs(torch.autograd.Function):
@@ -109,7 +125,7 @@ class _HeadTokenLogProbs(torch.autograd.Function):
         log_probs = torch.empty_like(log_z)
         entropy = torch.empty_like(log_z) if with_entropy else log_z.new_empty(0)
         for rows in chunks:
-            z = torch.nn.functional.linear(hidden[rows], weight, bias).float() / temperature
+            z = _as_scaled(torch.nn.functional.linear(hidden[rows], weight, bias), temperature, own=True)
             log_z[rows], log_probs[rows], chunk_entropy = _log_probs_of_chunk(z, tokens[rows], with_entropy)
             if with_entropy:
                 entropy[rows] = chunk_entropy
@@ -126,8 +142,8 @@ class _HeadTokenLogProbs(torch.autograd.Function):
         grad_weight = grad_bias = None
         for rows in ctx.chunks:
             logits = torch.nn.functional.linear(hidden[rows], weight, bias)
-            grad = _grad_of_chunk(logits, tokens[rows], log_z[rows], grad_log_probs[rows], ctx.temperature)
-            grad = grad.to(logits.dtype)  # [c, V]
+            grad = _grad_of_chunk(_as_scaled(logits, ctx.temperature, own=True), tokens[rows], log_z[rows],
+                                  grad_log_probs[rows], ctx.temperature).to(logits.dtype)  # [c, V]
             if need_hidden:
                 grad_hidden[rows] = grad.mm(weight)
             if need_weight:
