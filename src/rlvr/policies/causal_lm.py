@@ -30,6 +30,7 @@ from rlvr.policies.hf_model import (
     eos_token_ids,
     max_positions,
 )
+from rlvr.policies.lean_mlp import lean_mlps
 from rlvr.policies.prompts import (
     PromptError,
     UnknownCharacters,
@@ -133,6 +134,7 @@ class CausalLMPolicy(Policy):
             self.sync_engine()
 
     def _prepare_module(self, no_dropout: bool, gradient_checkpointing: bool) -> None:
+        lean_mlps(self.module)  # the same gradients, half the MLP's activations kept for backward
         if no_dropout:
             disable_dropout(self.module)
         if gradient_checkpointing:
