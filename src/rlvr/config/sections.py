@@ -75,6 +75,8 @@ class CausalLMOptions:
     chunk_elements: int = setting(DEFAULT_CHUNK_ELEMENTS, "float32 logits per chunk when turning logits into "
                                                           "log-probs", above=0)
     share_prompts: bool = setting(True, "scoring encodes each prompt once for its G responses")
+    pack_linears: bool = setting(True, "the hf engine runs float32 CPU linear layers by oneDNN on weights reordered "
+                                       "once per generation (faster decoding; float32 rounding apart)")
     compile: bool = setting(False, "score with a torch.compile'd forward of the trained module (inductor; "
                                    "the first scoring of each new shape compiles, seconds to minutes; "
                                    "python benchmarks/lm_update_levers.py measures it)")

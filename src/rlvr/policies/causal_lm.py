@@ -85,6 +85,8 @@ class CausalLMPolicy(Policy):
                       (a test); generation and the reference stay eager.
     share_prompts:    when scoring, encode a prompt once for all its rows (``scoring.response_outputs``).
     engine:           what generates, handed the model's weights now; None: an ``HFEngine`` sharing ``model``.
+    pack_linears:     that ``HFEngine``'s float32 CPU linear layers run by oneDNN on weights reordered once per
+                      generation (``rlvr.engines.packed_linear``): faster decoding, float32 rounding apart.
     """
 
     # a LoRA policy's base model (``rlvr.policies.hf_model.model_identity``), saved with its checkpoints
@@ -109,6 +111,7 @@ class CausalLMPolicy(Policy):
         disable_dropout: bool = True,
         engine: Engine | None = None,
         compile: bool = False,
+        pack_linears: bool = True,
     ):
         # temperature is each call's; the rest of the sampling settings are the policy's
         self.sampling = SamplingParams(top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens,
@@ -129,7 +132,8 @@ class CausalLMPolicy(Policy):
         self.device = next(model.parameters()).device
         self._heads: dict[int, tuple[torch.nn.Module, torch.nn.Module] | None] = {}  # id(module) -> split_head
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.engine = engine if engine is not None else HFEngine(model, tokenizer, self.pad_id, self.autocast)
+        self.engine = engine if engine is not None else HFEngine(model, tokenizer, self.pad_id, self.autocast,
+                                                                     pack_linears)
         if engine is not None:
             self.sync_engine()
 
