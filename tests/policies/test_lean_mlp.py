@@ -6,22 +6,10 @@ from __future__ import annotations
 import copy
 
 import torch
+from tiny_lm import saved_bytes
 
 from rlvr.modeling import build_model
 from rlvr.policies.lean_mlp import lean_mlps
-
-
-def saved_bytes(model: torch.nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """(logits, bytes of every tensor autograd keeps for backward) of one forward."""
-    kept = {}
-
-    def pack(tensor):
-        kept[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        logits = model(input_ids=ids).logits
-    return logits, sum(kept.values())
 
 
 def test_lean_mlp_gives_the_same_numbers_and_keeps_less():

@@ -22,6 +22,7 @@ from rlvr.engines import Engine, Generation, SamplingParams
 from rlvr.engines.base import cut_at_stop_string
 from rlvr.engines.hf import HFEngine, autocast_context
 from rlvr.policies import engine_sync
+from rlvr.policies.grouped_attention import grouped_attention
 from rlvr.policies.hf_model import (
     check_device,
     checkpointing_active,
@@ -139,6 +140,7 @@ class CausalLMPolicy(Policy):
 
     def _prepare_module(self, no_dropout: bool, gradient_checkpointing: bool) -> None:
         lean_mlps(self.module)  # the same gradients, half the MLP's activations kept for backward
+        grouped_attention(self.module)  # grouped keys and values not repeated per query head
         if no_dropout:
             disable_dropout(self.module)
         if gradient_checkpointing:
