@@ -5,10 +5,12 @@ the measured copy bandwidth (``grpo_step.py --limits``).
 The update's useful work is the forward and backward (twice the forward) of every linear layer
 at each real token (each prompt once, as rlvr shares it across its group, and every response
 token up to its end), the LM head at the response tokens only, and causal attention. Its limit
-is those matmuls timed here at the same thread count and the same shapes (attention, a small
-share, at the linear layers' measured rate). Decoding's limit, at each generated position, is
-the larger of one read of the weights and of every active row's KV cache at the measured copy
-bandwidth, and the forward matmuls of the rows still going.
+is those matmuls timed here at the same thread count and the same shapes, each product the faster
+of torch's own ``linear`` and oneDNN's on an operand reordered beforehand (reordering not timed;
+rlvr samples with oneDNN's: ``rlvr.engines.packed_linear``), attention, a small share, at
+the linear layers' measured rate. Decoding's limit, at each generated position, is the larger
+of one read of the weights and of every active row's KV cache at the measured copy bandwidth,
+and the forward matmuls of the rows still going.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import time
 from dataclasses import dataclass
 
 import torch
+
+from rlvr.engines.packed_linear import available
 
 
 @dataclass(frozen=True)
@@ -82,11 +86,23 @@ def _best_seconds(run, repeats: int = 2) -> float:
     return best
 
 
+def _product_seconds(rows: torch.Tensor, weight: torch.Tensor, repeats: int = 2) -> float:
+    """Wall seconds of rows [m, k] times weight [n, k]^T, the faster of torch's ``linear`` and oneDNN's on the
+    weight reordered beforehand (``rlvr.engines.packed_linear``)."""
+    best = _best_seconds(lambda: torch.nn.functional.linear(rows, weight), repeats)
+    if available():
+        reordered = torch.ops.mkldnn._reorder_linear_weight(weight, rows.shape[0])
+        best = min(best, _best_seconds(
+            lambda: torch.ops.mkldnn._linear_pointwise(rows, reordered, None, "none", [], ""), repeats))
+    return best
+
+
 def matmul_seconds(rows: int, n_in: int, n_out: int) -> float:
     """Wall seconds of a linear layer's forward and backward matmuls at ``rows`` tokens, here, now:
-    y = x W^T, dx = dy W, dW = dy^T x (float32, the threads set)."""
+    y = x W^T, dx = dy W, dW = dy^T x (float32, the threads set), each by ``_product_seconds``."""
     x, w, dy = torch.randn(rows, n_in), torch.randn(n_out, n_in), torch.randn(rows, n_out)
-    return _best_seconds(lambda: (torch.nn.functional.linear(x, w), dy @ w, dy.t() @ x))
+    return (_product_seconds(x, w) + _product_seconds(dy, w.t().contiguous())
+            + _product_seconds(dy.t().contiguous(), x.t().contiguous()))
 
 
 def update_limit(shapes: Shapes, tokens: StepTokens) -> dict[str, float]:
@@ -109,9 +125,8 @@ def copy_bandwidth(megabytes: int = 256) -> float:
 
 
 def forward_seconds(rows: int, n_in: int, n_out: int) -> float:
-    """Wall seconds of a linear layer's forward matmul at ``rows`` tokens, here, now."""
-    x, w = torch.randn(rows, n_in), torch.randn(n_out, n_in)
-    return _best_seconds(lambda: torch.nn.functional.linear(x, w), repeats=5)
+    """Wall seconds of a linear layer's forward matmul at ``rows`` tokens, here, now (``_product_seconds``)."""
+    return _product_seconds(torch.randn(rows, n_in), torch.randn(n_out, n_in), repeats=5)
 
 
 def decode_limit(shapes: Shapes, tokens: StepTokens, bandwidth: float) -> dict[str, float]:
