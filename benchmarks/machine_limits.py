@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlvr.engines.packed_linear import available
+from rlvr.engines.packed_linear import available, reorder, reordered_linear
 
 
 @dataclass(frozen=True)
@@ -91,9 +91,8 @@ def _product_seconds(rows: torch.Tensor, weight: torch.Tensor, repeats: int = 2)
     weight reordered beforehand (``rlvr.engines.packed_linear``)."""
     best = _best_seconds(lambda: torch.nn.functional.linear(rows, weight), repeats)
     if available():
-        reordered = torch.ops.mkldnn._reorder_linear_weight(weight, rows.shape[0])
-        best = min(best, _best_seconds(
-            lambda: torch.ops.mkldnn._linear_pointwise(rows, reordered, None, "none", [], ""), repeats))
+        reordered = reorder(weight, rows.shape[0])
+        best = min(best, _best_seconds(lambda: reordered_linear(rows, reordered, None), repeats))
     return best
 
 

@@ -42,6 +42,18 @@ def test_packed_linears_follow_weights_changed_in_place(llama_dir):
     torch.testing.assert_close(after, torch.nn.functional.linear(x, layer.weight, layer.bias), rtol=0, atol=1e-5)
 
 
+def test_packed_linear_with_a_bias_on_batched_input():
+    layer = torch.nn.Linear(8, 5)
+    x = torch.randn(3, 4, 8, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        expected = layer(x)
+    with packed_linears(layer, rows=12) as packed, torch.inference_mode():
+        assert packed == 1
+        got = layer(x)
+    assert got.shape == (3, 4, 5)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+
+
 def test_engine_samples_the_same_with_and_without_packing(llama_dir):
     """Same draws and log-probs within float32 rounding (a fixed seed: no draw lies within rounding of a boundary)."""
     policy = make_policy(llama_dir, max_new_tokens=8)

@@ -21,6 +21,17 @@ def available() -> bool:
         ops, "_reorder_linear_weight")
 
 
+def reorder(weight: torch.Tensor, rows: int) -> torch.Tensor:
+    """weight [out, in] in oneDNN's blocked layout for products of about ``rows`` rows."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
+
+
+def reordered_linear(x: torch.Tensor, reordered: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [..., in] times a ``reorder``ed weight, plus bias -> [..., out], by oneDNN."""
+    out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), reordered, bias, "none", [], "")
+    return out.view(*x.shape[:-1], out.shape[-1])
+
+
 class _PackedForward:
     """A ``nn.Linear``'s forward: oneDNN on the weight reordered for ``rows`` rows (reordered again whenever the
     weight changes in place, e.g. new weights loaded mid-generation); torch's own ``linear`` where autograd records
@@ -37,15 +48,16 @@ class _PackedForward:
             return torch.nn.functional.linear(x, weight, bias)
         key = (weight.data_ptr(), weight._version)
         if key != self.key:
-            self.packed, self.key = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), self.rows), key
-        out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), self.packed, bias, "none", [], "")
-        return out.view(*x.shape[:-1], out.shape[-1])
+            self.packed, self.key = reorder(weight, self.rows), key
+        return reordered_linear(x, self.packed, bias)
 
 
 def packable(layer: torch.nn.Module) -> bool:
-    """A plain ``nn.Linear`` with float32 weights on the CPU (a peft layer's ``base_layer`` is one)."""
-    return (type(layer) is torch.nn.Linear and layer.weight.dtype == torch.float32
-            and layer.weight.device.type == "cpu" and "forward" not in vars(layer))
+    """A plain ``nn.Linear`` with plain (not sharded) float32 weights on the CPU (a peft layer's ``base_layer`` is
+    one)."""
+    return (type(layer) is torch.nn.Linear and type(layer.weight.data) is torch.Tensor
+            and layer.weight.dtype == torch.float32 and layer.weight.device.type == "cpu"
+            and "forward" not in vars(layer))
 
 
 @contextlib.contextmanager
